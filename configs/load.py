@@ -1,0 +1,132 @@
+"""Load a config: schema defaults <- YAML file <- command-line dotlist, then validate.
+
+One path for every entry point. Unknown keys, wrong types and out-of-range values raise `ConfigError`, whose
+message names the offending key and the valid keys of its section.
+"""
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from .schema import Config
+
+CONFIG_DIR = Path(__file__).resolve().parent
+DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
+
+ARCHS = ("vit_tiny", "vit_small", "vit_base", "vit_large")
+CHOICES = {
+    "student.arch": ARCHS,
+    "student.ffn_layer": ("mlp",),
+    "train.centering": ("centering", "sinkhorn_knopp"),
+    "train.amp_dtype": ("bf16", "fp16", "fp32"),
+    "optim.scaling_rule": ("sqrt_wrt_1024", "linear_wrt_1024", "none"),
+    "data.dataset": ("imagenet_folder", "digits"),
+    "data.on_corrupt": ("skip", "raise"),
+    "sparsity.kind": ("weight", "activation"),
+    "sparsity.backend": ("auto", "cusparselt", "cutlass", "dense"),
+    "sparsity.pruning": ("tile_greedy", "tile_optimal", "rowwise", "soft_threshold"),
+}
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used as written."""
+
+
+def _section_keys(full_key: str) -> str:
+    """The valid keys next to `full_key` (e.g. 'train.batchsize' -> the fields of TrainConfig)."""
+    node: object = Config
+    parts = full_key.split(".")[:-1]
+    for part in parts:
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if part not in fields:
+            break
+        node = fields[part].default_factory  # every section is a dataclass default_factory
+    names = [f.name for f in dataclasses.fields(node)]
+    where = ".".join(parts) or "top level"
+    return f"valid keys in {where}: {', '.join(names)}"
+
+
+def _merge(base: DictConfig, other: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, other)
+    except ConfigKeyError as e:
+        key = getattr(e, "full_key", "") or ""
+        raise ConfigError(f"{source}: unknown config key '{key}'. {_section_keys(key)}") from None
+    except ValidationError as e:
+        key = getattr(e, "full_key", "") or ""
+        raise ConfigError(f"{source}: wrong type for '{key}': {e.msg.splitlines()[0]}") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _parse_dotlist(overrides: Sequence[str]) -> DictConfig:
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"command-line override '{item}' is not of the form key=value")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"command line: {e}") from None
+
+
+def validate(cfg: Config) -> None:
+    """Range and choice checks the type system cannot express."""
+    for key, allowed in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    checks = [
+        (0.0 <= cfg.sparsity.sparse_fraction <= 1.0, "sparsity.sparse_fraction must be in [0, 1]"),
+        (cfg.train.batch_size_per_gpu >= 2, "train.batch_size_per_gpu must be >= 2 (KoLeo needs a neighbour)"),
+        (cfg.optim.epochs > 0 and cfg.train.epoch_length > 0, "optim.epochs and train.epoch_length must be > 0"),
+        (cfg.train.log_period > 0 and cfg.train.checkpoint_period > 0, "log and checkpoint periods must be > 0"),
+        (cfg.crops.local_crops_number >= 0, "crops.local_crops_number must be >= 0"),
+        (len(cfg.ibot.mask_ratio_min_max) == 2, "ibot.mask_ratio_min_max must be [min, max]"),
+        (len(cfg.crops.global_crops_scale) == 2, "crops.global_crops_scale must be [min, max]"),
+        (len(cfg.crops.local_crops_scale) == 2, "crops.local_crops_scale must be [min, max]"),
+        (cfg.crops.global_crops_size % cfg.student.patch_size == 0, "crops.global_crops_size must be a multiple of "
+         "student.patch_size"),
+        (cfg.crops.local_crops_size % cfg.student.patch_size == 0, "crops.local_crops_size must be a multiple of "
+         "student.patch_size"),
+        (cfg.data.dataset != "imagenet_folder" or bool(cfg.data.root), "data.root is required for imagenet_folder"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def load_config(path: Optional[Path | str] = None, overrides: Iterable[str] = ()) -> Config:
+    """Schema defaults, then the YAML at `path` (default: the embedded default), then `overrides`."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    merged = OmegaConf.structured(Config)
+    merged = _merge(merged, OmegaConf.load(path), str(path))
+    merged = _merge(merged, _parse_dotlist(list(overrides)), "command line")
+    missing = sorted(OmegaConf.missing_keys(merged))
+    if missing:
+        raise ConfigError(f"required config values not set: {', '.join(missing)} (set them as key=value)")
+    cfg = OmegaConf.to_object(merged)
+    assert isinstance(cfg, Config)
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def scaled_lr(cfg: Config, world_size: int) -> float:
+    """The peak learning rate for this global batch, by `optim.scaling_rule` (the reference's only rule is sqrt)."""
+    ratio = cfg.train.batch_size_per_gpu * world_size / 1024.0
+    rule = cfg.optim.scaling_rule
+    if rule == "sqrt_wrt_1024":
+        return cfg.optim.base_lr * math.sqrt(ratio)
+    if rule == "linear_wrt_1024":
+        return cfg.optim.base_lr * ratio
+    return cfg.optim.base_lr

@@ -1,0 +1,74 @@
+"""The contract between the sparse autograd functions and the GEMM backends.
+
+A backend turns a dense weight W (out x in, in the compute dtype) into a `SparseWeight`: W pruned to a
+transposable 2:4 pattern and packed however its GEMMs want it, for both products a linear layer needs:
+
+    forward        y  = x  @ W_s^T     (`SparseWeight.matmul`)
+    input grad     dx = dy @ W_s       (`SparseWeight.matmul_t`: W_s^T is 2:4 too, because the pattern is
+                                        transposable; backends keep a second packed copy for it)
+
+The weight gradient dW = dy^T @ x is always a dense GEMM and is done by the autograd function, not here.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend was asked for on a device, dtype or shape it cannot serve; the message says why."""
+
+
+class SparseWeight(abc.ABC):
+    """A weight pruned to 2:4 and packed for one backend."""
+
+    shape: torch.Size  # (out_features, in_features) of the dense weight
+
+    @abc.abstractmethod
+    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (tokens, in) -> x @ W_s^T + bias (tokens, out)."""
+
+    @abc.abstractmethod
+    def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:
+        """dy (tokens, out) -> dy @ W_s (tokens, in)."""
+
+    @abc.abstractmethod
+    def to_dense(self) -> torch.Tensor:
+        """The pruned weight as a dense (out, in) tensor: zeros where pruned."""
+
+    @abc.abstractmethod
+    def mask(self) -> torch.Tensor:
+        """Boolean (out, in): True where W is kept."""
+
+
+class Backend(abc.ABC):
+    """A way to run the two sparse GEMMs of a linear layer."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Raise `BackendUnavailable` with a clear reason if this backend cannot run here."""
+
+    @abc.abstractmethod
+    def sparsify(self, weight: torch.Tensor, pruning: str) -> SparseWeight:
+        """Prune `weight` (out, in) with the named transposable method and pack it. Called every step."""
+
+    def describe(self) -> dict:
+        """What this backend decided (e.g. `auto`'s per-shape choices), for the run log."""
+        return {"backend": self.name}
+
+
+@dataclass(frozen=True)
+class GemmKey:
+    """What a cached plan or timing decision is keyed by."""
+
+    tokens: int
+    in_features: int
+    out_features: int
+    dtype: torch.dtype
+    device_index: int

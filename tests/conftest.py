@@ -1,0 +1,23 @@
+"""Test-session set-up: CPU runs use Triton's interpreter, GPU-only tests skip with a reason."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before any @triton.jit decorator runs, i.e. before sparsity's kernel modules are imported.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from configs.torch_env import ensure_torchvision_importable  # noqa: E402
+
+ensure_torchvision_importable()
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
