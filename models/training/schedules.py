@@ -1,0 +1,77 @@
+"""Per-iteration hyper-parameter schedules, precomputed as arrays (the reference's CosineScheduler).
+
+Everything is counted in iterations: an "epoch" is `train.epoch_length` iterations, whatever the dataset size.
+Precomputed arrays make resuming trivial (index by step) and every value loggable.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from configs import Config, scaled_lr
+
+
+def cosine_schedule(
+    base_value: float,
+    final_value: float,
+    total_iters: int,
+    warmup_iters: int = 0,
+    start_warmup_value: float = 0.0,
+    freeze_iters: int = 0,
+) -> np.ndarray:
+    """`freeze_iters` zeros, then a linear warm-up from `start_warmup_value`, then a cosine to `final_value`."""
+    if freeze_iters + warmup_iters > total_iters:
+        raise ValueError(f"freeze ({freeze_iters}) + warm-up ({warmup_iters}) iterations exceed {total_iters}")
+    freeze = np.zeros(freeze_iters)
+    warmup = np.linspace(start_warmup_value, base_value, warmup_iters)
+    iters = np.arange(total_iters - warmup_iters - freeze_iters)
+    cosine = final_value + 0.5 * (base_value - final_value) * (1 + np.cos(np.pi * iters / max(len(iters), 1)))
+    return np.concatenate((freeze, warmup, cosine))
+
+
+def linear_then_constant(start: float, end: float, ramp_iters: int, total_iters: int) -> np.ndarray:
+    ramp = np.linspace(start, end, min(ramp_iters, total_iters))
+    return np.concatenate((ramp, np.full(total_iters - len(ramp), end)))
+
+
+@dataclass(frozen=True)
+class Schedules:
+    lr: np.ndarray
+    last_layer_lr: np.ndarray
+    weight_decay: np.ndarray
+    momentum: np.ndarray
+    teacher_temp: np.ndarray
+
+    def at(self, step: int) -> dict:
+        """Values for iteration `step`; past the end every schedule holds its final value."""
+        i = min(step, len(self.lr) - 1)
+        return {
+            "lr": float(self.lr[i]),
+            "last_layer_lr": float(self.last_layer_lr[i]),
+            "wd": float(self.weight_decay[i]),
+            "momentum": float(self.momentum[i]),
+            "teacher_temp": float(self.teacher_temp[i]),
+        }
+
+
+def build_schedules(cfg: Config, world_size: int) -> Schedules:
+    """The reference's `build_schedulers`: lr (warm-up + cosine), wd and momentum (cosine), teacher temperature
+    (linear warm-up then constant), last-layer lr = lr with the first `freeze_last_layer_epochs` zeroed."""
+    epoch = cfg.train.epoch_length
+    total = cfg.total_steps
+    peak_lr = scaled_lr(cfg, world_size)
+    lr = cosine_schedule(peak_lr, cfg.optim.min_lr, total, warmup_iters=cfg.optim.warmup_epochs * epoch)
+    last_layer_lr = lr.copy()
+    last_layer_lr[: cfg.optim.freeze_last_layer_epochs * epoch] = 0.0
+    return Schedules(
+        lr=lr,
+        last_layer_lr=last_layer_lr,
+        weight_decay=cosine_schedule(cfg.optim.weight_decay, cfg.optim.weight_decay_end, total),
+        momentum=cosine_schedule(cfg.teacher.momentum_teacher, cfg.teacher.final_momentum_teacher, total),
+        teacher_temp=linear_then_constant(
+            cfg.teacher.warmup_teacher_temp,
+            cfg.teacher.teacher_temp,
+            cfg.teacher.warmup_teacher_temp_epochs * epoch,
+            total,
+        ),
+    )

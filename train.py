@@ -1,0 +1,63 @@
+"""DINOv2 pre-training with sparse-then-dense 2:4 MLP schedules.
+
+    python train.py [--config FILE] [--output-dir DIR] [key=value ...]
+    torchrun --nproc_per_node=8 train.py --config configs/vitl16_imagenet.yaml data.root=/datasets/imagenet
+
+Without --config it runs the embedded default (a small ViT on scikit-learn's digits, a few minutes on a CPU).
+Rerunning with the same --output-dir resumes from its newest checkpoint.
+"""
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from configs import DEFAULT_CONFIG, ConfigError, load_config
+from configs.torch_env import ensure_torchvision_importable
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="YAML config (default: %(default)s)")
+    parser.add_argument("--output-dir", type=Path, default=None,
+                        help="run directory (default: runs/<config name>-<date>-<time>)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.seed=1")
+    return parser.parse_args(argv)
+
+
+def setup_logging(output_dir: Path, is_main: bool) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(output_dir / "log.txt"))
+    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    ensure_torchvision_importable()
+    from models.training.distributed import init_distributed, shutdown
+    from models.training.trainer import Trainer
+
+    ctx = init_distributed()
+    setup_logging(output_dir, ctx.is_main)
+    try:
+        teacher = Trainer(cfg, output_dir, ctx).train()
+        if ctx.is_main:
+            logging.getLogger("train").info("done: %s (metrics in %s)", teacher, output_dir / "metrics.jsonl")
+    finally:
+        shutdown(ctx)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
