@@ -1,0 +1,81 @@
+"""Checkpoint files survive kills mid-save; metrics truncation on resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from models.training.checkpoint import CheckpointManager, atomic_save
+from models.training.metrics import MetricsLog, read_metrics, without_timing
+
+
+def test_history_is_bounded_and_latest_loads(tmp_path):
+    manager = CheckpointManager(tmp_path, max_to_keep=2)
+    for step in (10, 20, 30):
+        manager.save({"step": step, "w": torch.full((3,), float(step))}, step)
+    assert [p.name for p in manager.checkpoints()] == ["step_00000020.pt", "step_00000030.pt"]
+    assert manager.load_latest()["step"] == 30
+
+
+def test_unreadable_newest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path, max_to_keep=3)
+    manager.save({"step": 1}, 1)
+    manager.path_for(2).write_bytes(b"\x00garbage, e.g. a disk that filled up")
+    assert manager.load_latest()["step"] == 1
+    assert "cannot read checkpoint" in caplog.text
+    assert manager.path_for(2).exists()  # reported, never deleted
+
+
+def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
+    """SIGKILL a process while it writes a large checkpoint: the old one must still load, the stray .tmp goes."""
+    manager = CheckpointManager(tmp_path, max_to_keep=3)
+    manager.save({"step": 1, "w": torch.ones(4)}, 1)
+    script = textwrap.dedent(
+        f"""
+        import sys, torch
+        sys.path.insert(0, {os.getcwd()!r})
+        from models.training.checkpoint import atomic_save
+        print("start", flush=True)
+        atomic_save({{"step": 2, "w": torch.randn(64, 1024, 1024)}}, __import__("pathlib").Path({str(manager.path_for(2))!r}))
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"start"
+    tmp = manager.path_for(2).with_name("step_00000002.pt.tmp")
+    for _ in range(2000):  # wait until the write is under way, then kill it
+        if tmp.exists() and tmp.stat().st_size > 0:
+            break
+        subprocess.run(["sleep", "0.005"])
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not manager.path_for(2).exists()
+    state = manager.load_latest()
+    assert state["step"] == 1 and torch.equal(state["w"], torch.ones(4))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_atomic_save_loads_with_weights_only(tmp_path):
+    atomic_save({"a": torch.arange(3), "b": {"c": 1.5}}, tmp_path / "x.pt")
+    loaded = torch.load(tmp_path / "x.pt", weights_only=True)
+    assert torch.equal(loaded["a"], torch.arange(3)) and loaded["b"] == {"c": 1.5}
+
+
+def test_metrics_truncation_drops_steps_the_resumed_run_repeats(tmp_path):
+    log = MetricsLog(tmp_path / "m.jsonl")
+    for step in range(6):
+        log.write({"step": step, "loss": torch.tensor(1.0 / (step + 1)), "images_per_s": 100.0 + step})
+    with open(tmp_path / "m.jsonl", "a") as f:
+        f.write('{"step": 6, "lo')  # a line cut by a kill
+    log.truncate_after(4)
+    assert [r["step"] for r in read_metrics(tmp_path / "m.jsonl")] == [0, 1, 2, 3]
+    assert without_timing(read_metrics(tmp_path / "m.jsonl"))[1] == {"step": 1, "loss": 0.5}
+
+
+def test_non_finite_values_stay_valid_json(tmp_path):
+    log = MetricsLog(tmp_path / "m.jsonl")
+    log.write({"step": 0, "loss": float("nan")})
+    assert json.loads((tmp_path / "m.jsonl").read_text())["loss"] == "nan"
