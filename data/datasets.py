@@ -1,0 +1,167 @@
+"""Image datasets for SSL training and probes: an ImageNet-style folder tree, and scikit-learn's bundled digits.
+
+Both return `(PIL RGB image, int label)` from `__getitem__`, and expose `classes`, `targets` and `describe(i)`
+(what to name in a log line about item i). `build_dataset(cfg)` picks one by `data.dataset`.
+"""
+
+import logging
+import os
+from typing import List, Optional, Tuple
+
+import numpy as np
+from PIL import Image
+
+from configs.torch_env import ensure_torchvision_importable
+
+ensure_torchvision_importable()
+
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+
+class DatasetError(FileNotFoundError):
+    """A dataset that cannot be built as configured; the message says what was expected."""
+
+
+class CorruptImageError(OSError):
+    """An image file that cannot be decoded. `path` and `reason` say which and why."""
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(f"cannot read image '{path}': {reason}")
+
+
+def _listing(path: str, limit: int = 8) -> str:
+    try:
+        names = sorted(os.listdir(path))
+    except OSError as e:
+        return f"(cannot list: {e})"
+    if not names:
+        return "(empty)"
+    more = f", ... ({len(names)} entries)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+class ImageFolderDataset:
+    """ImageNet-style tree `root/<split>/<class>/<image>` (extensions as torchvision's ImageFolder, any case).
+
+    Classes are the sorted non-hidden sub-folders of `root/<split>`; images are listed with torchvision's
+    `make_dataset` (sorted, so indices are stable across processes and runs). Paths are kept in one bytes blob
+    plus offsets rather than a list of Python strings, so forked DataLoader workers do not copy them page by page
+    on access (refcount writes), which matters at ImageNet scale.
+    """
+
+    def __init__(self, root: str, split: str = "train"):
+        if not root:
+            raise DatasetError("data.root is empty: set data.root to the folder holding "
+                               f"{split}/<class>/<image>.JPEG (e.g. data.root=/datasets/imagenet)")
+        root = os.path.expanduser(str(root))
+        if not os.path.isdir(root):
+            raise DatasetError(f"data.root={root!r} does not exist or is not a folder (config key data.root); "
+                               f"expected {os.path.join(root, split, '<class>', '<image>.JPEG')}")
+        split_dir = os.path.join(root, split)
+        if not os.path.isdir(split_dir):
+            raise DatasetError(f"data.root={root!r} has no '{split}' folder (data.split={split!r}): expected "
+                               f"{os.path.join(split_dir, '<class>', '<image>.JPEG')}; {root} holds: {_listing(root)}")
+        classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+        if not classes:
+            raise DatasetError(f"{split_dir} has no class folders: expected {split_dir}/<class>/<image>.JPEG "
+                               f"(one sub-folder per class); it holds: {_listing(split_dir)}")
+        class_to_idx = {c: i for i, c in enumerate(classes)}
+        samples = make_dataset(split_dir, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+        if not samples:
+            raise DatasetError(f"no images under {split_dir}/<class>/: expected files ending in "
+                               f"{', '.join(IMG_EXTENSIONS)} (any case) in its {len(classes)} class folders "
+                               f"({_listing(split_dir, 4)})")
+        counts = np.bincount([t for _, t in samples], minlength=len(classes))
+        empty = [c for c, n in zip(classes, counts) if n == 0]
+        if empty:
+            logger.warning("%d class folders of %s hold no images: %s", len(empty), split_dir, ", ".join(empty[:10]))
+
+        self.root, self.split, self.split_dir = root, split, split_dir
+        self.classes: List[str] = classes
+        self.class_to_idx = class_to_idx
+        encoded = [os.path.relpath(p, split_dir).encode("utf-8", "surrogateescape") for p, _ in samples]
+        self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in encoded], out=self._offsets[1:])
+        self._blob = b"".join(encoded)
+        self.targets = np.asarray([t for _, t in samples], dtype=np.int64)
+        logger.info("ImageFolderDataset %s: %d images, %d classes", split_dir, len(self), len(classes))
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def path(self, index: int) -> str:
+        rel = self._blob[self._offsets[index]: self._offsets[index + 1]].decode("utf-8", "surrogateescape")
+        return os.path.join(self.split_dir, rel)
+
+    describe = path
+
+    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+        path = self.path(index)
+        try:
+            with open(path, "rb") as f:
+                image = Image.open(f)
+                image = image.convert("RGB")  # decodes the whole file: truncated data raises here
+        except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... on bad files
+            raise CorruptImageError(path, f"{type(e).__name__}: {e}") from e
+        return image, int(self.targets[index])
+
+
+DIGITS_SPLITS = ("train", "val", "all")
+
+
+class DigitsDataset:
+    """scikit-learn's bundled handwritten digits (`sklearn.datasets.load_digits`): 1797 real 8x8 grayscale
+    images of the digits 0-9 (UCI optical recognition set), shipped inside scikit-learn, so nothing is downloaded.
+
+    Pixel values 0..16 are scaled to 0..255 (ink bright on a dark background), replicated to RGB and upscaled to
+    `image_size` x `image_size` with bicubic interpolation (from `data.digits_image_size`), so the multi-crop
+    augmentation sees images larger than its crops. Splits: "val" = every 5th image (indices 0, 5, 10, ...: 360
+    images), "train" = the other 1437, "all" = all 1797; the SSL run uses "train" and a probe can hold out "val".
+    """
+
+    def __init__(self, image_size: int = 64, split: str = "train"):
+        if split not in DIGITS_SPLITS:
+            raise DatasetError(f"data.split={split!r} is not a split of the digits dataset: use one of "
+                               f"{', '.join(DIGITS_SPLITS)}")
+        from sklearn.datasets import load_digits  # lazy: scikit-learn takes a moment to import
+
+        digits = load_digits()
+        keep = np.arange(len(digits.target))
+        if split != "all":
+            is_val = keep % 5 == 0
+            keep = keep[is_val] if split == "val" else keep[~is_val]
+        self.images = np.round(digits.images[keep] * (255.0 / 16.0)).astype(np.uint8)  # (n, 8, 8)
+        self.targets = digits.target[keep].astype(np.int64)
+        self.indices = keep  # indices into load_digits()
+        self.classes = [str(c) for c in range(10)]
+        self.image_size = int(image_size)
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def describe(self, index: int) -> str:
+        return f"digits[{int(self.indices[index])}]"
+
+    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+        image = Image.fromarray(self.images[index]).convert("RGB")
+        if self.image_size != image.width:
+            image = image.resize((self.image_size, self.image_size), Image.Resampling.BICUBIC)
+        return image, int(self.targets[index])
+
+
+def build_dataset(cfg, split: Optional[str] = None):
+    """The dataset named by `data.dataset` (`imagenet_folder` | `digits`), for `split` (default `data.split`).
+
+    `cfg` is a `Config` or its `DataConfig`.
+    """
+    data = getattr(cfg, "data", cfg)
+    split = data.split if split is None else split
+    if data.dataset == "imagenet_folder":
+        return ImageFolderDataset(data.root, split)
+    if data.dataset == "digits":
+        return DigitsDataset(data.digits_image_size, split)
+    raise DatasetError(f"data.dataset={data.dataset!r} is not one of imagenet_folder, digits")

@@ -1,0 +1,114 @@
+"""The SSL training loader: dataset + multi-crop augmentation + masks, on an infinite resumable stream.
+
+Every random draw is a function of (train.seed, rank, stream position): the sampler's permutations of (seed, pass),
+each sample's augmentation of (seed, global position) through `torch.random.fork_rng` + `torch.manual_seed`
+(torchvision's v1 transforms draw from torch's global RNG), each batch's masks of (seed, rank, position of its first
+sample). So batches do not depend on `num_workers`, and a loader started at step k yields exactly batches k, k+1, ...
+of one started at 0.
+"""
+
+import logging
+from typing import Dict, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader
+
+from .augmentations import DataAugmentationDINO, build_augmentation
+from .collate import SSLCollate, SSLSample
+from .corrupt import load_image
+from .datasets import build_dataset
+from .samplers import InfiniteShardedSampler
+from .seeding import TAG_AUGMENTATION, TAG_LOADER, torch_seed
+
+logger = logging.getLogger(__name__)
+
+
+class SSLDataset(torch.utils.data.Dataset):
+    """Maps a sampler item `(index, position)` to an augmented `SSLSample`, seeded by (seed, position)."""
+
+    def __init__(self, dataset, augmentation: DataAugmentationDINO, seed: int, on_corrupt: str = "skip"):
+        self.dataset = dataset
+        self.augmentation = augmentation
+        self.seed = int(seed)
+        self.on_corrupt = on_corrupt
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, item) -> SSLSample:
+        index, position = item
+        image, label, skipped = load_image(self.dataset, index, self.on_corrupt)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(torch_seed(TAG_AUGMENTATION, self.seed, position))
+            crops = self.augmentation(image)
+        return SSLSample(crops["global_crops"], crops["local_crops"], label, position, skipped)
+
+
+class SSLLoader:
+    """Infinite iterable of batch dicts (see `data.collate`) starting at `start_step`.
+
+    `next_step` is the step of the next batch to be yielded; `state_dict()` is the sampler state at the batches
+    actually consumed (not at the DataLoader's prefetch), for a checkpoint taken after `next_step - 1`.
+    Re-iterating restarts the stream at `next_step`.
+    """
+
+    def __init__(self, dataloader: DataLoader, sampler: InfiniteShardedSampler, batch_size: int, start_step: int):
+        self.dataloader = dataloader
+        self.sampler = sampler
+        self.dataset = dataloader.dataset.dataset
+        self.batch_size = batch_size
+        self.start_step = start_step
+        self.next_step = start_step
+
+    def __iter__(self) -> Iterator[Dict[str, object]]:
+        self.sampler.position = self.next_step * self.batch_size
+        for batch in self.dataloader:
+            self.next_step += 1
+            yield batch
+
+    def state_dict(self) -> Dict[str, int]:
+        return {**self.sampler.state_dict(), "position": self.next_step * self.batch_size,
+                "next_step": self.next_step, "batch_size": self.batch_size}
+
+
+def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int,
+                     dataset=None, num_workers: Optional[int] = None) -> SSLLoader:
+    """The training loader of one rank: `cfg.train.batch_size_per_gpu` images per batch, `cfg.train.num_workers`
+    persistent workers (pinned memory when CUDA is available), the sampler at `start_step * batch_size`.
+
+    `dataset` (default `build_dataset(cfg)`) and `num_workers` (default `cfg.train.num_workers`) are overrides for
+    tests and tools.
+    """
+    if start_step < 0:
+        raise ValueError(f"start_step must be >= 0, got {start_step}")
+    dataset = build_dataset(cfg) if dataset is None else dataset
+    num_workers = cfg.train.num_workers if num_workers is None else num_workers
+    batch_size = cfg.train.batch_size_per_gpu
+    seed = cfg.train.seed
+    patch = cfg.student.patch_size
+    if cfg.crops.global_crops_size % patch or cfg.crops.local_crops_size % patch:
+        logger.warning("crop sizes %d/%d are not multiples of patch size %d: the last pixels are not covered",
+                       cfg.crops.global_crops_size, cfg.crops.local_crops_size, patch)
+
+    ssl_dataset = SSLDataset(dataset, build_augmentation(cfg), seed=seed, on_corrupt=cfg.data.on_corrupt)
+    sampler = InfiniteShardedSampler(len(dataset), rank=rank, world_size=world_size, seed=seed,
+                                     start=start_step * batch_size)
+    collate = SSLCollate(patches_per_side=cfg.crops.global_crops_size // patch,
+                         local_crops_size=cfg.crops.local_crops_size,
+                         mask_ratio_min_max=cfg.ibot.mask_ratio_min_max,
+                         mask_sample_probability=cfg.ibot.mask_sample_probability, seed=seed, rank=rank)
+    # Our own generator: otherwise creating the DataLoader iterator draws its base seed from torch's global RNG,
+    # which would make the trainer's randomness depend on when the loader was (re)built.
+    generator = torch.Generator().manual_seed(torch_seed(TAG_LOADER, seed, rank))
+    dataloader = DataLoader(
+        ssl_dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate,
+        pin_memory=torch.cuda.is_available(),
+        drop_last=True,
+        persistent_workers=num_workers > 0,
+        generator=generator,
+    )
+    return SSLLoader(dataloader, sampler, batch_size, start_step)
