@@ -1,7 +1,7 @@
 """The SSL training loader: dataset + multi-crop augmentation + masks, on an infinite resumable stream.
 
 Every random draw is a function of (train.seed, rank, stream position): the sampler's permutations of (seed, pass),
-each sample's augmentation of (seed, global position) through `torch.random.fork_rng` + `torch.manual_seed`
+each sample's augmentation of (seed, global position) through `torch.random.fork_rng` + a seeded CPU generator
 (torchvision's v1 transforms draw from torch's global RNG), each batch's masks of (seed, rank, position of its first
 sample). So batches do not depend on `num_workers`, and a loader started at step k yields exactly batches k, k+1, ...
 of one started at 0.
@@ -38,8 +38,10 @@ class SSLDataset(torch.utils.data.Dataset):
     def __getitem__(self, item) -> SSLSample:
         index, position = item
         image, label, skipped = load_image(self.dataset, index, self.on_corrupt)
+        # fork_rng restores torch's CPU RNG afterwards. Seed only the CPU generator: torch.manual_seed would also
+        # reseed the CUDA generators of the main process (num_workers=0), which fork_rng(devices=[]) does not restore.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(torch_seed(TAG_AUGMENTATION, self.seed, position))
+            torch.default_generator.manual_seed(torch_seed(TAG_AUGMENTATION, self.seed, position))
             crops = self.augmentation(image)
         return SSLSample(crops["global_crops"], crops["local_crops"], label, position, skipped)
 

@@ -30,7 +30,8 @@ class InfiniteShardedSampler:
             raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
         if start < 0 or seed < 0:
             raise ValueError(f"start and seed must be >= 0, got start={start}, seed={seed}")
-        self.dataset_size, self.rank, self.world_size, self.seed = int(dataset_size), int(rank), int(world_size), int(seed)
+        self.dataset_size, self.rank = int(dataset_size), int(rank)
+        self.world_size, self.seed = int(world_size), int(seed)
         self.position = int(start)
         self._perm_cache: Tuple[Optional[int], Optional[np.ndarray]] = (None, None)
 

@@ -104,11 +104,12 @@ def test_output_shapes_and_build_from_config(small_cfg):
 
 def test_eval_transform():
     t = make_eval_transform(resize=32, crop=24)
-    resize, crop, normalize = t.transforms
+    resize, crop, _ = t.transforms
     assert resize.size == 32 and resize.interpolation == transforms.InterpolationMode.BICUBIC
     assert tuple(crop.size) == (24, 24)
     x = t(Image.new("RGB", (64, 40), (255, 255, 255)))
     assert x.shape == (3, 24, 24)
     expected = (1 - torch.tensor(IMAGENET_DEFAULT_MEAN)) / torch.tensor(IMAGENET_DEFAULT_STD)
     torch.testing.assert_close(x[:, 12, 12], expected)
-    assert make_eval_transform().transforms[0].size == 256 and tuple(make_eval_transform().transforms[1].size) == (224, 224)
+    default = make_eval_transform()
+    assert default.transforms[0].size == 256 and tuple(default.transforms[1].size) == (224, 224)

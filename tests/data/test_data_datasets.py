@@ -101,7 +101,7 @@ def test_corrupt_raises_naming_the_file(corrupt_folder, index, name):
 def test_corrupt_skip_logs_counts_and_takes_next(corrupt_folder, caplog):
     ds = ImageFolderDataset(str(corrupt_folder))
     with caplog.at_level(logging.WARNING, logger="data.corrupt"):
-        image, label, skipped = load_image(ds, 1, "skip")
+        image, _, skipped = load_image(ds, 1, "skip")
     assert skipped == 3 and np.array_equal(np.asarray(image), np.asarray(ds[4][0]))
     text = caplog.text
     for name, reason in (("1_truncated.jpg", "truncated"), ("2_empty.jpg", "cannot identify"),

@@ -88,3 +88,13 @@ def test_global_rng_untouched(small_cfg):
     torch.manual_seed(5)
     b = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0), 1)[0]
     assert_same(a, b)
+
+
+def test_cuda_generators_never_reseeded(small_cfg, monkeypatch):
+    """With num_workers=0 the augmentation runs in the trainer's process: it must not reseed CUDA's RNG."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the data pipeline reseeded the CUDA generators")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", forbidden)
+    monkeypatch.setattr(torch.cuda, "manual_seed", forbidden)
+    batches(build_ssl_loader(small_cfg(), rank=0, world_size=1, start_step=0), 1)
