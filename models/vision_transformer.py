@@ -1,0 +1,395 @@
+"""DINOv2 vision transformer (the reference's `DinoVisionTransformer`), with a list forward for multi-crop training.
+
+Module names follow timm's `VisionTransformer` (`patch_embed.proj`, `blocks.{i}.norm1`, `attn.qkv`, `attn.proj`,
+`ls1.gamma`, `norm2`, `mlp.fc1`, `mlp.fc2`, `ls2.gamma`, `norm`) plus the reference's `mask_token` and
+`register_tokens`, so the state dict is also the reference's (non-chunked) layout.
+
+Every MLP call receives a 2-D `(tokens, dim)` matrix: in the list forward one matrix holds the tokens of all crop
+batches, so the (possibly 2:4-sparse) `mlp.fc1` / `mlp.fc2` GEMMs see one large batch per block. Attention runs per
+crop batch (the reference does the same with a block-diagonal xFormers mask).
+
+Stochastic depth follows the reference (`dinov2/layers/block.py`), with a uniform rate across blocks:
+- single tensor, training, rate > 0.1: each residual branch runs on a random batch subset of size
+  `max(int(B * (1 - rate)), 1)` and is added back with `index_add`, scaled by `B / subset`;
+- single tensor, training, 0 < rate <= 0.1: per-sample DropPath;
+- list forward, training, rate > 0: always the batch-subset form (per crop batch; the MLP still runs once on the
+  kept subsets of all crops concatenated). This is what the reference's `NestedTensorBlock.forward_nested` does,
+  and it is the path the student takes in training.
+All random draws use torch's global RNG (`torch.randperm` / `bernoulli_` on the activations' device).
+"""
+
+import math
+from functools import partial
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.init import trunc_normal_
+
+from configs.torch_env import ensure_torchvision_importable
+
+ensure_torchvision_importable()
+
+from timm.layers import DropPath, Mlp, PatchEmbed  # noqa: E402
+
+try:  # timm >= 1.0.? exports it from timm.layers; older 1.0.x only defines it in the ViT module
+    from timm.layers import LayerScale  # noqa: E402
+except ImportError:  # pragma: no cover
+    from timm.models.vision_transformer import LayerScale  # noqa: E402
+
+ARCH_SIZES: Dict[str, Tuple[int, int, int]] = {  # embed_dim, depth, num_heads
+    "vit_tiny": (192, 12, 3),
+    "vit_small": (384, 12, 6),
+    "vit_base": (768, 12, 12),
+    "vit_large": (1024, 24, 16),
+}
+
+SUBSET_DROP_PATH_MIN_RATE = 0.1  # single-tensor forward: above this rate, drop by batch subset (reference)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention (`qkv`, `proj` as in timm / the reference) on F.scaled_dot_product_attention."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, proj_bias: bool = True):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        x = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(x.transpose(1, 2).reshape(B, N, C))
+
+
+def _subset(batch: int, rate: float, device) -> Tuple[Tensor, int, float]:
+    """The reference's `get_branges_scales`: kept sample indices, their count and the residual scale."""
+    keep = max(int(batch * (1 - rate)), 1)
+    brange = torch.randperm(batch, device=device)[:keep]
+    return brange, keep, batch / keep
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x)))."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        ffn_bias: bool = True,
+        drop_path: float = 0.0,
+        init_values: Optional[float] = None,
+        norm_layer=partial(nn.LayerNorm, eps=1e-6),
+    ):
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, proj_bias=proj_bias)
+        self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU, bias=ffn_bias)
+        self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.sample_drop_ratio = drop_path
+
+    # residual branches -------------------------------------------------------------------------------------------
+    def _attn_branch(self, x: Tensor) -> Tensor:
+        return self.ls1(self.attn(self.norm1(x)))
+
+    def _ffn_branch_2d(self, x2d: Tensor) -> Tensor:
+        """The MLP branch on a 2-D (tokens, dim) matrix."""
+        return self.ls2(self.mlp(self.norm2(x2d)))
+
+    def _ffn_branch(self, x: Tensor) -> Tensor:
+        return self._ffn_branch_2d(x.reshape(-1, x.shape[-1])).view(x.shape)
+
+    # single tensor ------------------------------------------------------------------------------------------------
+    def forward(self, x: Union[Tensor, List[Tensor]]) -> Union[Tensor, List[Tensor]]:
+        if isinstance(x, (list, tuple)):
+            return self.forward_list(list(x))
+        rate = self.sample_drop_ratio
+        if self.training and rate > SUBSET_DROP_PATH_MIN_RATE:
+            for branch in (self._attn_branch, self._ffn_branch):
+                brange, _, scale = _subset(x.shape[0], rate, x.device)
+                residual = branch(x[brange])
+                x = torch.index_add(x, 0, brange, residual.to(x.dtype), alpha=scale)
+            return x
+        if self.training and rate > 0.0:
+            x = x + self.drop_path1(self._attn_branch(x))
+            return x + self.drop_path2(self._ffn_branch(x))
+        x = x + self._attn_branch(x)
+        return x + self._ffn_branch(x)
+
+    # list of crop batches -------------------------------------------------------------------------------------------
+    def _ffn_on_concat(self, xs: List[Tensor]) -> List[Tensor]:
+        """Runs the MLP branch once on the tokens of all tensors in `xs` (each (b, n, D)); returns per-tensor results."""
+        flat = [x.reshape(-1, x.shape[-1]) for x in xs]
+        out = self._ffn_branch_2d(torch.cat(flat, dim=0) if len(flat) > 1 else flat[0])
+        return [o.view(x.shape) for o, x in zip(out.split([f.shape[0] for f in flat], dim=0), xs)]
+
+    def forward_list(self, x_list: List[Tensor]) -> List[Tensor]:
+        rate = self.sample_drop_ratio
+        if self.training and rate > 0.0:
+            # attention: per crop batch, on a random subset (reference: drop_add_residual_stochastic_depth_list)
+            subsets = [_subset(x.shape[0], rate, x.device) for x in x_list]
+            x_list = [
+                torch.index_add(x, 0, brange, self._attn_branch(x[brange]).to(x.dtype), alpha=scale)
+                for x, (brange, _, scale) in zip(x_list, subsets)
+            ]
+            # MLP: fresh subsets, kept tokens of all crop batches in one matrix
+            subsets = [_subset(x.shape[0], rate, x.device) for x in x_list]
+            residuals = self._ffn_on_concat([x[brange] for x, (brange, _, _) in zip(x_list, subsets)])
+            return [
+                torch.index_add(x, 0, brange, r.to(x.dtype), alpha=scale)
+                for x, r, (brange, _, scale) in zip(x_list, residuals, subsets)
+            ]
+        x_list = [x + self._attn_branch(x) for x in x_list]
+        return [x + r for x, r in zip(x_list, self._ffn_on_concat(x_list))]
+
+
+class DinoVisionTransformer(nn.Module):
+    """The reference backbone. `img_size` fixes the learned pos-embed grid; other sizes are interpolated."""
+
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_bias: bool = True,
+        ffn_bias: bool = True,
+        drop_path_rate: float = 0.0,
+        init_values: Optional[float] = None,  # LayerScale init; None or 0 -> no LayerScale
+        num_register_tokens: int = 0,
+        interpolate_antialias: bool = False,
+        interpolate_offset: float = 0.1,
+    ):
+        super().__init__()
+        norm_layer = partial(nn.LayerNorm, eps=1e-6)
+        self.num_features = self.embed_dim = embed_dim
+        self.num_tokens = 1
+        self.n_blocks = depth
+        self.num_heads = num_heads
+        self.patch_size = patch_size
+        self.num_register_tokens = num_register_tokens
+        self.interpolate_antialias = interpolate_antialias
+        self.interpolate_offset = interpolate_offset
+        self.chunked_blocks = False  # read by the reference's param-group code; we never chunk
+
+        self.patch_embed = PatchEmbed(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, strict_img_size=False
+        )
+        num_patches = self.patch_embed.num_patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_tokens, embed_dim))
+        if num_register_tokens < 0:
+            raise ValueError("num_register_tokens must be >= 0")
+        self.register_tokens = (
+            nn.Parameter(torch.zeros(1, num_register_tokens, embed_dim)) if num_register_tokens else None
+        )
+        self.blocks = nn.ModuleList(
+            [
+                Block(
+                    dim=embed_dim,
+                    num_heads=num_heads,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    proj_bias=proj_bias,
+                    ffn_bias=ffn_bias,
+                    drop_path=drop_path_rate,  # uniform across blocks (reference drop_path_uniform: true)
+                    init_values=init_values,
+                    norm_layer=norm_layer,
+                )
+                for _ in range(depth)
+            ]
+        )
+        self.norm = norm_layer(embed_dim)
+        self.head = nn.Identity()
+        self.mask_token = nn.Parameter(torch.zeros(1, embed_dim))
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        if self.register_tokens is not None:
+            nn.init.normal_(self.register_tokens, std=1e-6)
+        for m in self.modules():  # init_weights_vit_timm: every Linear (patch_embed's conv keeps torch's default)
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    # tokens ----------------------------------------------------------------------------------------------------------
+    def interpolate_pos_encoding(self, x: Tensor, h: int, w: int) -> Tensor:
+        """Pos-embed for an (h, w) image; `x` holds cls + patch tokens. Bicubic, as the reference (offset/antialias)."""
+        previous_dtype = x.dtype
+        npatch = x.shape[1] - 1
+        N = self.pos_embed.shape[1] - 1
+        if npatch == N and w == h:
+            return self.pos_embed
+        pos_embed = self.pos_embed.float()
+        class_pos_embed = pos_embed[:, 0]
+        patch_pos_embed = pos_embed[:, 1:]
+        dim = x.shape[-1]
+        h0, w0 = h // self.patch_size, w // self.patch_size
+        M = int(math.sqrt(N))
+        assert N == M * M, f"pos_embed holds {N} patch positions, not a square grid"
+        kwargs = {}
+        if self.interpolate_offset:
+            # historical kludge (dino issue #8) kept for compatibility: the operator uses the scale factor
+            kwargs["scale_factor"] = (float(h0 + self.interpolate_offset) / M, float(w0 + self.interpolate_offset) / M)
+        else:
+            kwargs["size"] = (h0, w0)
+        patch_pos_embed = F.interpolate(
+            patch_pos_embed.reshape(1, M, M, dim).permute(0, 3, 1, 2),
+            mode="bicubic",
+            antialias=self.interpolate_antialias,
+            **kwargs,
+        )
+        assert (h0, w0) == tuple(patch_pos_embed.shape[-2:])
+        patch_pos_embed = patch_pos_embed.permute(0, 2, 3, 1).reshape(1, -1, dim)
+        return torch.cat((class_pos_embed.unsqueeze(0), patch_pos_embed), dim=1).to(previous_dtype)
+
+    def prepare_tokens_with_masks(self, x: Tensor, masks: Optional[Tensor] = None) -> Tensor:
+        B, _, h, w = x.shape
+        x = self.patch_embed(x)
+        if masks is not None:
+            x = torch.where(masks.unsqueeze(-1), self.mask_token.to(x.dtype).unsqueeze(0), x)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        x = x + self.interpolate_pos_encoding(x, h, w)
+        if self.register_tokens is not None:
+            x = torch.cat((x[:, :1], self.register_tokens.expand(x.shape[0], -1, -1), x[:, 1:]), dim=1)
+        return x
+
+    def _output(self, x: Tensor, masks: Optional[Tensor]) -> Dict[str, Optional[Tensor]]:
+        x_norm = self.norm(x)
+        r = self.num_register_tokens
+        return {
+            "x_norm_clstoken": x_norm[:, 0],
+            "x_norm_regtokens": x_norm[:, 1 : r + 1],
+            "x_norm_patchtokens": x_norm[:, r + 1 :],
+            "x_prenorm": x,
+            "masks": masks,
+        }
+
+    # forwards --------------------------------------------------------------------------------------------------------
+    def forward_features_list(
+        self, x_list: Sequence[Tensor], masks_list: Optional[Sequence[Optional[Tensor]]] = None
+    ) -> List[Dict[str, Optional[Tensor]]]:
+        if masks_list is None:
+            masks_list = [None] * len(x_list)
+        if len(masks_list) != len(x_list):
+            raise ValueError(f"{len(x_list)} crop batches but {len(masks_list)} masks")
+        xs = [self.prepare_tokens_with_masks(x, m) for x, m in zip(x_list, masks_list)]
+        for blk in self.blocks:
+            xs = blk.forward_list(xs)
+        return [self._output(x, m) for x, m in zip(xs, masks_list)]
+
+    def forward_features(self, x, masks=None):
+        """One dict for a tensor `x` (B, 3, H, W); a list of dicts for a list of crop batches (`masks` a list too)."""
+        if isinstance(x, (list, tuple)):
+            return self.forward_features_list(x, masks)
+        x = self.prepare_tokens_with_masks(x, masks)
+        for blk in self.blocks:
+            x = blk(x)
+        return self._output(x, masks)
+
+    def forward(self, x, masks=None, is_training: bool = False):
+        """Eval: the final-norm CLS feature (B, D). `is_training=True` returns `forward_features` (reference API)."""
+        ret = self.forward_features(x, masks)
+        if is_training:
+            return ret
+        return self.head(ret["x_norm_clstoken"])
+
+    def _get_intermediate_layers(self, x: Tensor, n: Union[int, Sequence[int]] = 1) -> List[Tensor]:
+        x = self.prepare_tokens_with_masks(x)
+        total = len(self.blocks)
+        blocks_to_take = range(total - n, total) if isinstance(n, int) else n
+        output = []
+        for i, blk in enumerate(self.blocks):
+            x = blk(x)
+            if i in blocks_to_take:
+                output.append(x)
+        assert len(output) == len(blocks_to_take), f"only {len(output)} / {len(blocks_to_take)} blocks found"
+        return output
+
+    def get_intermediate_layers(
+        self,
+        x: Tensor,
+        n: Union[int, Sequence[int]] = 1,  # the n last blocks, or these block indices
+        reshape: bool = False,
+        return_class_token: bool = False,
+        norm: bool = True,
+    ):
+        """As the reference: per block, patch tokens (B, N, D) or (B, D, h, w) with `reshape`, optionally with CLS."""
+        outputs = self._get_intermediate_layers(x, n)
+        if norm:
+            outputs = [self.norm(out) for out in outputs]
+        class_tokens = [out[:, 0] for out in outputs]
+        outputs = [out[:, 1 + self.num_register_tokens :] for out in outputs]
+        if reshape:
+            B, _, h, w = x.shape
+            outputs = [
+                out.reshape(B, h // self.patch_size, w // self.patch_size, -1).permute(0, 3, 1, 2).contiguous()
+                for out in outputs
+            ]
+        if return_class_token:
+            return tuple(zip(outputs, class_tokens))
+        return tuple(outputs)
+
+
+def vit_tiny(**kwargs) -> DinoVisionTransformer:
+    return _vit("vit_tiny", **kwargs)
+
+
+def vit_small(**kwargs) -> DinoVisionTransformer:
+    return _vit("vit_small", **kwargs)
+
+
+def vit_base(**kwargs) -> DinoVisionTransformer:
+    return _vit("vit_base", **kwargs)
+
+
+def vit_large(**kwargs) -> DinoVisionTransformer:
+    return _vit("vit_large", **kwargs)
+
+
+def _vit(arch: str, **kwargs) -> DinoVisionTransformer:
+    embed_dim, depth, num_heads = ARCH_SIZES[arch]
+    return DinoVisionTransformer(embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=4.0, **kwargs)
+
+
+def build_backbone(student_cfg, img_size: int, drop_path_rate: Optional[float] = None) -> DinoVisionTransformer:
+    """Backbone from `configs.schema.StudentConfig`; pos-embed sized for `img_size` (the global crop size).
+
+    `drop_path_rate` overrides the config's (the teacher is built with 0).
+    """
+    if student_cfg.arch not in ARCH_SIZES:
+        raise ValueError(f"student.arch={student_cfg.arch!r} is not one of {', '.join(ARCH_SIZES)}")
+    if student_cfg.ffn_layer != "mlp":
+        raise ValueError(f"student.ffn_layer={student_cfg.ffn_layer!r}: only 'mlp' is implemented")
+    return _vit(
+        student_cfg.arch,
+        img_size=img_size,
+        patch_size=student_cfg.patch_size,
+        qkv_bias=student_cfg.qkv_bias,
+        proj_bias=student_cfg.proj_bias,
+        ffn_bias=student_cfg.ffn_bias,
+        drop_path_rate=student_cfg.drop_path_rate if drop_path_rate is None else drop_path_rate,
+        init_values=student_cfg.layerscale or None,
+        num_register_tokens=student_cfg.num_register_tokens,
+        interpolate_antialias=student_cfg.interpolate_antialias,
+        interpolate_offset=student_cfg.interpolate_offset,
+    )
