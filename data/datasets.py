@@ -1,12 +1,13 @@
 """Image datasets for SSL training and probes: an ImageNet-style folder tree, and scikit-learn's bundled digits.
 
-Both return `(PIL RGB image, int label)` from `__getitem__`, and expose `classes`, `targets` and `describe(i)`
-(what to name in a log line about item i). `build_dataset(cfg)` picks one by `data.dataset`.
+Both return `(PIL RGB image, int label)` from `__getitem__` (or `(transform(image), label)` when given a
+`transform`, e.g. `make_eval_transform()` for a probe), and expose `classes`, `targets` and `describe(i)` (what to
+name in a log line about item i). `build_dataset(cfg)` picks one by `data.dataset`.
 """
 
 import logging
 import os
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
@@ -52,7 +53,8 @@ class ImageFolderDataset:
     on access (refcount writes), which matters at ImageNet scale.
     """
 
-    def __init__(self, root: str, split: str = "train"):
+    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None):
+        self.transform = transform
         if not root:
             raise DatasetError("data.root is empty: set data.root to the folder holding "
                                f"{split}/<class>/<image>.JPEG (e.g. data.root=/datasets/imagenet)")
@@ -106,6 +108,8 @@ class ImageFolderDataset:
                 image = image.convert("RGB")  # decodes the whole file: truncated data raises here
         except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... on bad files
             raise CorruptImageError(path, f"{type(e).__name__}: {e}") from e
+        if self.transform is not None:
+            image = self.transform(image)
         return image, int(self.targets[index])
 
 
@@ -122,7 +126,8 @@ class DigitsDataset:
     images), "train" = the other 1437, "all" = all 1797; the SSL run uses "train" and a probe can hold out "val".
     """
 
-    def __init__(self, image_size: int = 64, split: str = "train"):
+    def __init__(self, image_size: int = 64, split: str = "train", transform: Optional[Callable] = None):
+        self.transform = transform
         if split not in DIGITS_SPLITS:
             raise DatasetError(f"data.split={split!r} is not a split of the digits dataset: use one of "
                                f"{', '.join(DIGITS_SPLITS)}")
@@ -150,18 +155,19 @@ class DigitsDataset:
         image = Image.fromarray(self.images[index]).convert("RGB")
         if self.image_size != image.width:
             image = image.resize((self.image_size, self.image_size), Image.Resampling.BICUBIC)
+        if self.transform is not None:
+            image = self.transform(image)
         return image, int(self.targets[index])
 
 
-def build_dataset(cfg, split: Optional[str] = None):
-    """The dataset named by `data.dataset` (`imagenet_folder` | `digits`), for `split` (default `data.split`).
-
-    `cfg` is a `Config` or its `DataConfig`.
+def build_dataset(cfg, split: Optional[str] = None, transform: Optional[Callable] = None):
+    """The dataset named by `data.dataset` (`imagenet_folder` | `digits`), for `split` (default `data.split`),
+    applying `transform` to each image if given. `cfg` is a `Config` or its `DataConfig`.
     """
     data = getattr(cfg, "data", cfg)
     split = data.split if split is None else split
     if data.dataset == "imagenet_folder":
-        return ImageFolderDataset(data.root, split)
+        return ImageFolderDataset(data.root, split, transform)
     if data.dataset == "digits":
-        return DigitsDataset(data.digits_image_size, split)
+        return DigitsDataset(data.digits_image_size, split, transform)
     raise DatasetError(f"data.dataset={data.dataset!r} is not one of imagenet_folder, digits")

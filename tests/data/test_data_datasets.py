@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from data import (CorruptImageError, DatasetError, DigitsDataset, ImageFolderDataset, build_dataset,
-                  build_ssl_loader, load_image)
+                  build_ssl_loader, load_image, make_eval_transform)
 
 from data_test_helpers import jpeg_bytes, write_folder
 
@@ -71,6 +71,10 @@ def test_build_dataset(small_cfg, image_folder):
     ds = build_dataset(cfg)
     assert isinstance(ds, ImageFolderDataset) and ds.classes == ["a_cls", "b_cls"] and len(ds) == 6
     assert len(build_dataset(cfg.data)) == 6
+    x, label = build_dataset(cfg, split="train", transform=make_eval_transform(resize=16, crop=12))[5]
+    assert x.shape == (3, 12, 12) and label == 1
+    x, label = build_dataset(small_cfg(), split="val", transform=make_eval_transform(resize=16, crop=12))[0]
+    assert x.shape == (3, 12, 12) and label == 0
 
 
 @pytest.fixture
