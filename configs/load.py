@@ -86,7 +86,9 @@ def validate(cfg: Config) -> None:
         (cfg.optim.epochs > 0 and cfg.train.epoch_length > 0, "optim.epochs and train.epoch_length must be > 0"),
         (cfg.train.log_period > 0 and cfg.train.checkpoint_period > 0, "log and checkpoint periods must be > 0"),
         (cfg.crops.local_crops_number >= 0, "crops.local_crops_number must be >= 0"),
-        (len(cfg.ibot.mask_ratio_min_max) == 2, "ibot.mask_ratio_min_max must be [min, max]"),
+        (len(cfg.ibot.mask_ratio_min_max) == 2 and 0 <= cfg.ibot.mask_ratio_min_max[0]
+         <= cfg.ibot.mask_ratio_min_max[1] <= 1, "ibot.mask_ratio_min_max must be [min, max] with 0 <= min <= max <= 1"),
+        (0.0 <= cfg.ibot.mask_sample_probability <= 1.0, "ibot.mask_sample_probability must be in [0, 1]"),
         (len(cfg.crops.global_crops_scale) == 2, "crops.global_crops_scale must be [min, max]"),
         (len(cfg.crops.local_crops_scale) == 2, "crops.local_crops_scale must be [min, max]"),
         (cfg.crops.global_crops_size % cfg.student.patch_size == 0, "crops.global_crops_size must be a multiple of "

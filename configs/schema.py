@@ -88,7 +88,7 @@ class CropsConfig:
 class DataConfig:
     dataset: str = "imagenet_folder"  # imagenet_folder (root/<split>/<class>/*) | digits (bundled with scikit-learn)
     root: str = ""
-    split: str = "train"
+    split: str = "train"  # imagenet_folder: the sub-folder of root; digits: train (1437) | val (360) | all (1797)
     on_corrupt: str = "skip"  # skip: log, count and use the next image | raise: stop with the file's path
     digits_image_size: int = 64  # digits are 8x8; upscaled to this size before cropping
 

@@ -78,6 +78,8 @@ def test_overrides_apply_and_round_trip_through_yaml(tmp_path):
         ("sparsity.sparse_fraction=1.5", r"sparsity.sparse_fraction must be in \[0, 1\]"),
         ("sparsity.backend=cusparse", "sparsity.backend='cusparse' is not one of"),
         ("crops.global_crops_size=30", "multiple of student.patch_size"),
+        ("ibot.mask_ratio_min_max=[0.5,0.1]", "min <= max"),
+        ("ibot.mask_sample_probability=2", r"mask_sample_probability must be in \[0, 1\]"),
         ("train.seed", "not of the form key=value"),
     ],
 )
