@@ -1,0 +1,87 @@
+"""Backend registry: `get_backend(name)` -> one cached `Backend` instance per name and process.
+
+"dense" (`dense.DenseBackend`, any device) is the reference math. "cusparselt", "cutlass" and "auto" live in their own
+modules (`cusparselt.CuSparseLtBackend`, `cutlass.CutlassBackend`, `auto.AutoBackend`) and are imported lazily by
+module path, so this registry imports nothing heavy and works in builds without them: asking for a missing one raises
+`BackendUnavailable`. Instances are cached because some keep per-shape state (plans, `auto`'s decisions).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Dict, List
+
+import torch
+
+from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
+
+BACKENDS = ("dense", "cusparselt", "cutlass", "auto")
+_IMPLEMENTATIONS = {
+    "dense": ("sparsity.backends.dense", "DenseBackend"),
+    "cusparselt": ("sparsity.backends.cusparselt", "CuSparseLtBackend"),
+    "cutlass": ("sparsity.backends.cutlass", "CutlassBackend"),
+    "auto": ("sparsity.backends.auto", "AutoBackend"),
+}
+_CACHE: Dict[str, Backend] = {}
+_LOCK = threading.Lock()
+
+
+def check_backend_name(name: str) -> str:
+    if name not in _IMPLEMENTATIONS:
+        raise ValueError(f"unknown sparse backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return name
+
+
+def get_backend(name: str) -> Backend:
+    """The process-wide instance of backend `name` (ValueError if the name is unknown, BackendUnavailable if this
+    build lacks it). Whether it can run on a given device/dtype is `get_backend(name).check(device, dtype)`."""
+    backend = _CACHE.get(name)
+    if backend is not None:
+        return backend
+    module_name, class_name = _IMPLEMENTATIONS[check_backend_name(name)]
+    with _LOCK:
+        if name not in _CACHE:
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as e:
+                if e.name == module_name:
+                    raise BackendUnavailable(
+                        f"sparse backend {name!r} is not available in this build ({module_name} does not exist)"
+                    ) from e
+                raise BackendUnavailable(f"sparse backend {name!r} cannot be imported: {e}") from e
+            except ImportError as e:
+                raise BackendUnavailable(f"sparse backend {name!r} cannot be imported: {e}") from e
+            _CACHE[name] = getattr(module, class_name)()
+    return _CACHE[name]
+
+
+def available_backends(device: torch.device, dtype: torch.dtype) -> List[str]:
+    """Names of the backends that can run on `device` with `dtype` in this process."""
+    out = []
+    for name in BACKENDS:
+        try:
+            get_backend(name).check(torch.device(device), dtype)
+        except BackendUnavailable:
+            continue
+        out.append(name)
+    return out
+
+
+def clear_backend_cache() -> None:
+    """Forget the cached instances (tests; a new instance starts without plans or decisions)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BackendUnavailable",
+    "GemmKey",
+    "SparseWeight",
+    "available_backends",
+    "check_backend_name",
+    "clear_backend_cache",
+    "get_backend",
+]

@@ -1,0 +1,160 @@
+"""Autograd functions of 2:4-sparse linear layers.
+
+`semi_sparse_linear(x, weight, bias, ...)`: the weight is re-pruned on every call (by the backend's `sparsify`),
+
+    forward      y  = x  @ W_s^T + b      sparse GEMM   (SparseWeight.matmul)
+    input grad   dx = dy @ W_s            sparse GEMM when the pruning is transposable (SparseWeight.matmul_t)
+    weight grad  dW = dy^T @ x            dense GEMM, straight-through to the dense master weight (optionally
+                                          masked: `masked_grad=True` gives dW * mask)
+
+`semi_sparse_activation_linear(x, weight, bias, ...)`: torchao's SemiSparseActivationLinear semantics: the input
+x (tokens x in) is pruned 2:4 along features, y = x_s @ W^T + b, dW = dy^T @ x_s, dx = dy @ W (straight-through to x).
+
+Both run in the *compute dtype*: the autocast dtype when autocast is enabled for x's device, else x.dtype. Weight,
+bias and x are cast to it inside the function (so fp32 master weights under bf16 autocast work), x may have any
+leading dims and need not be contiguous, and gradients come back in the dtypes of the inputs. Only x (cast to the
+compute dtype) and the backend's SparseWeight are kept for backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+
+from sparsity.backends import Backend, get_backend
+from sparsity.pruning import check_method
+
+
+def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
+    """The dtype a linear layer computes in for input x: autocast's when it is on for x's device, else x.dtype."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+def _no_autocast(device_type: str):
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    return None if t is None else t.to(dtype)
+
+
+class SemiSparseWeightFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, backend: Backend, pruning: str, masked_grad: bool, scale, dtype):
+        in_features = weight.shape[1]
+        with _no_autocast(x.device.type):
+            x2 = x.reshape(-1, in_features).to(dtype)
+            sw = backend.sparsify(weight.detach().to(dtype), pruning)
+            b = _cast(bias, dtype)
+            if scale is None:
+                y = sw.matmul(x2, b)
+            else:
+                y = sw.matmul(x2) * scale
+                if b is not None:
+                    y = y + b
+        ctx.sw = sw
+        ctx.masked_grad = masked_grad
+        ctx.x_meta = (x.shape, x.dtype)
+        ctx.w_dtype = weight.dtype
+        ctx.b_dtype = None if bias is None else bias.dtype
+        ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, scale)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, scale = ctx.saved_tensors
+        sw = ctx.sw
+        x_shape, x_dtype = ctx.x_meta
+        dx = dw = db = None
+        with _no_autocast(dy.device.type):
+            dy2 = dy.reshape(-1, dy.shape[-1])  # in the compute dtype, like y
+            if ctx.needs_input_grad[0]:
+                dx = sw.matmul_t(dy2)
+                if scale is not None:
+                    dx = dx * scale
+                dx = dx.reshape(x_shape).to(x_dtype)
+            if ctx.needs_input_grad[1]:
+                dw = dy2.t() @ x2
+                if scale is not None:
+                    dw = dw * scale
+                if ctx.masked_grad:
+                    dw = torch.where(sw.mask(), dw, torch.zeros((), dtype=dw.dtype, device=dw.device))
+                dw = dw.to(ctx.w_dtype)
+            if ctx.needs_input_grad[2]:
+                db = dy2.sum(0).to(ctx.b_dtype)
+        return dx, dw, db, None, None, None, None, None
+
+
+class SemiSparseActivationFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, backend: Backend, pruning: str, dtype):
+        in_features = weight.shape[1]
+        with _no_autocast(x.device.type):
+            x2 = x.reshape(-1, in_features).to(dtype)
+            w = weight.detach().to(dtype)
+            sx = backend.sparsify(x2.detach(), pruning)  # x_s (tokens x in), 2:4 along features
+            y = sx.matmul(w).t()  # (W @ x_s^T)^T
+            if bias is not None:
+                y = y + bias.to(dtype)
+        ctx.sx = sx
+        ctx.x_meta = (x.shape, x.dtype)
+        ctx.w_dtype = weight.dtype
+        ctx.b_dtype = None if bias is None else bias.dtype
+        ctx.save_for_backward(w if ctx.needs_input_grad[0] else None)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        (w,) = ctx.saved_tensors
+        sx = ctx.sx
+        x_shape, x_dtype = ctx.x_meta
+        dx = dw = db = None
+        with _no_autocast(dy.device.type):
+            dy2 = dy.reshape(-1, dy.shape[-1])  # in the compute dtype, like y
+            if ctx.needs_input_grad[0]:
+                dx = (dy2 @ w).reshape(x_shape).to(x_dtype)  # straight-through to the dense x
+            if ctx.needs_input_grad[1]:
+                dw = sx.matmul_t(dy2.t()).to(ctx.w_dtype)  # dy^T @ x_s: sparse when the pruning is transposable
+            if ctx.needs_input_grad[2]:
+                db = dy2.sum(0).to(ctx.b_dtype)
+        return dx, dw, db, None, None, None
+
+
+def semi_sparse_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    backend: str = "dense",
+    pruning: str = "tile_greedy",
+    masked_grad: bool = False,
+    scale: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """y = x @ prune(weight)^T [* scale] + bias with straight-through weight gradients (see the module docstring).
+
+    `scale`: optional 0-d tensor multiplying the pruned weight (S-STE's beta for pruning="soft_threshold").
+    """
+    check_method(pruning)
+    return SemiSparseWeightFunction.apply(
+        x, weight, bias, get_backend(backend), pruning, masked_grad, scale, compute_dtype_for(x)
+    )
+
+
+def semi_sparse_activation_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    backend: str = "dense",
+    pruning: str = "rowwise",
+) -> torch.Tensor:
+    """y = prune(x) @ weight^T + bias, x pruned 2:4 along its last dim, straight-through gradient to x."""
+    check_method(pruning)
+    return SemiSparseActivationFunction.apply(x, weight, bias, get_backend(backend), pruning, compute_dtype_for(x))

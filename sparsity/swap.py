@@ -1,0 +1,143 @@
+"""Swap `nn.Linear` modules of a model to sparse ones and back, sharing the Parameter objects both ways.
+
+    names = swap_linear_modules(model, pattern=r"blocks\\.\\d+\\.mlp\\.fc[12]", backend="auto", pruning="tile_greedy")
+    ...
+    swap_to_dense(model)            # at the sparse -> dense switch; parameters, optimizer state, EMA untouched
+
+Selection: either a dict {fully-qualified module name: class-with-from_dense or callable(linear) -> module}
+(torchao's `swap_linear_with_semi_sparse_linear` convention), or `pattern`: a regex that must match the whole name
+(`re.fullmatch`), or a shell glob when it starts with "glob:". Only `nn.Linear` modules are considered; ones that are
+already sparse (`SPARSE_LINEAR_TYPES`) are left as they are and not reported. A pattern or dict naming no Linear
+raises ValueError listing some of the model's Linear names; a module whose shape the pruning cannot handle raises
+ValueError naming the module and shape, before anything is swapped.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Callable, Dict, List, Optional, Union
+
+from torch import nn
+
+from sparsity.block_sparse import BlockSparseLinear
+from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
+
+SPARSE_LINEAR_TYPES = (SemiSparseLinear, SemiSparseActivationLinear, BlockSparseLinear)
+
+ModuleFactory = Union[type, Callable[..., nn.Module]]
+
+
+def name_matcher(pattern: str) -> Callable[[str], bool]:
+    """Regex full match, or fnmatch-style glob when the pattern starts with "glob:"."""
+    if pattern.startswith("glob:"):
+        glob = pattern[len("glob:") :]
+        return lambda name: fnmatch.fnmatchcase(name, glob)
+    regex = re.compile(pattern)
+    return lambda name: regex.fullmatch(name) is not None
+
+
+def _linear_names(model: nn.Module) -> Dict[str, nn.Linear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+def _some_names(names, limit: int = 12) -> str:
+    names = list(names)
+    shown = ", ".join(names[:limit]) or "(none)"
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:
+    if not fqn:
+        raise ValueError("cannot swap the root module itself; swap inside a container (e.g. nn.Sequential)")
+    parent_name, _, child = fqn.rpartition(".")
+    setattr(model.get_submodule(parent_name), child, new)
+
+
+def _build(factory: ModuleFactory, linear: nn.Linear, kwargs: dict) -> nn.Module:
+    if isinstance(factory, type):
+        if not hasattr(factory, "from_dense"):
+            raise TypeError(f"{factory.__name__} has no from_dense(linear, ...) classmethod")
+        return factory.from_dense(linear, **kwargs)
+    return factory(linear, **kwargs)
+
+
+def swap_linear_modules(
+    model: nn.Module,
+    config: Optional[Dict[str, ModuleFactory]] = None,
+    *,
+    pattern: Optional[str] = None,
+    module_cls: type = SemiSparseLinear,
+    **module_kwargs,
+) -> List[str]:
+    """Replace the selected nn.Linear modules in place; returns the names swapped (model order).
+
+    config: {fqn: class or callable}; pattern: regex (full match) or "glob:..." selecting modules to turn into
+    `module_cls`. module_kwargs go to `from_dense` (e.g. backend="auto", pruning="tile_greedy", masked_grad=False).
+    """
+    if (config is None) == (pattern is None):
+        raise ValueError("give exactly one of config (a {name: class} dict) or pattern")
+    linears = _linear_names(model)
+    if config is not None:
+        unknown = [k for k in config if k not in linears]
+        if unknown:
+            raise ValueError(f"not nn.Linear modules of the model: {unknown}; Linear modules: {_some_names(linears)}")
+        selected = {name: config[name] for name in linears if name in config}
+    else:
+        match = name_matcher(pattern)
+        selected = {name: module_cls for name in linears if match(name)}
+        if not selected:
+            raise ValueError(f"pattern {pattern!r} matches no nn.Linear module; Linear modules: {_some_names(linears)}")
+    new_modules = {}
+    for name, factory in selected.items():
+        linear = linears[name]
+        if isinstance(linear, SPARSE_LINEAR_TYPES):
+            continue
+        try:
+            new_modules[name] = _build(factory, linear, module_kwargs)
+        except ValueError as e:
+            raise ValueError(f"cannot swap {name!r} (weight {tuple(linear.weight.shape)}): {e}") from None
+    for name, new in new_modules.items():  # all built before any is swapped: no half-swapped model on error
+        _replace(model, name, new)
+    return list(new_modules)
+
+
+def swap_to_dense(model: nn.Module, pattern: Optional[str] = None) -> List[str]:
+    """Turn every sparse linear module (or those whose name matches `pattern`) back into nn.Linear holding the same
+    Parameters; returns the names swapped. Their extra buffers (soft_threshold_scale, block masks) are dropped."""
+    match = name_matcher(pattern) if pattern is not None else (lambda name: True)
+    swapped = [(name, m) for name, m in model.named_modules() if isinstance(m, SPARSE_LINEAR_TYPES) and match(name)]
+    for name, m in swapped:
+        _replace(model, name, m.to_dense())
+    return [name for name, _ in swapped]
+
+
+def sparse_modules(model: nn.Module) -> Dict[str, nn.Module]:
+    """{name: module} of the model's sparse linear modules."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, SPARSE_LINEAR_TYPES)}
+
+
+def set_sparse_backend(model: nn.Module, backend: str) -> List[str]:
+    """Switch the GEMM backend of every 2:4 module (SemiSparseLinear, SemiSparseActivationLinear); returns names."""
+    names = []
+    for name, m in model.named_modules():
+        if isinstance(m, (SemiSparseLinear, SemiSparseActivationLinear)):
+            m.configure(backend=backend)
+            names.append(name)
+    return names
+
+
+# torchao-compatible names ------------------------------------------------------------------------------------
+
+
+def swap_linear_with_semi_sparse_linear(model: nn.Module, config: Dict[str, type], current: str = "") -> List[str]:
+    """torchao's API: config = {fqn: class with from_dense}; `current` is the FQN of `model` inside a larger model
+    (keys are full names). Unlike torchao, a key naming no nn.Linear raises ValueError."""
+    if current:
+        config = {k[len(current) + 1 :]: v for k, v in config.items() if k.startswith(current + ".")}
+    return swap_linear_modules(model, config)
+
+
+def swap_semi_sparse_linear_with_linear(model: nn.Module, current: str = "") -> List[str]:
+    """torchao's API: every sparse linear module back to nn.Linear (same Parameters)."""
+    return swap_to_dense(model)
