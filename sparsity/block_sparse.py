@@ -63,7 +63,9 @@ class BlockLayout:
 
         row_ptr, row_cols = csr(mask)
         col_ptr, col_rows = csr(mask.t())
-        return cls(mask.clone(), block_size, row_ptr, row_cols, col_ptr, col_rows, mask.nonzero().to(torch.int32))
+        return cls(
+            mask.clone(), block_size, row_ptr, row_cols, col_ptr, col_rows, mask.nonzero().to(torch.int32).contiguous()
+        )
 
     def dense_mask(self) -> torch.Tensor:
         b = self.block_size
