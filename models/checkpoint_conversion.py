@@ -76,9 +76,11 @@ def to_timm_state_dict(state_dict: Mapping[str, Tensor], no_embed_class: Optiona
     return sd
 
 
-def from_timm_state_dict(state_dict: Mapping[str, Tensor]) -> StateDict:
-    """timm `VisionTransformer` -> ours (layout inferred from shapes). The classifier `head.*` is dropped; `mask_token`
-    is not set (timm has none)."""
+def from_timm_state_dict(state_dict: Mapping[str, Tensor], num_patches: Optional[int] = None) -> StateDict:
+    """timm `VisionTransformer` -> ours. The classifier `head.*` is dropped; `mask_token` is not set (timm has none).
+
+    The pos-embed layout is inferred from shapes; `num_patches` (the checkpoint's patch count, when known) settles
+    the one ambiguous case (tiny grids where both readings are square)."""
     sd = {k: v for k, v in state_dict.items() if not k.startswith("head.")}
     for k in list(sd):
         if k.startswith("fc_norm.") or k.startswith("norm_pre.") or k.startswith("attn_pool."):
@@ -87,7 +89,11 @@ def from_timm_state_dict(state_dict: Mapping[str, Tensor]) -> StateDict:
     n_reg = 0 if regs is None else regs.shape[1]
     pos = sd["pos_embed"]
     P = pos.shape[1]
-    if _is_square(P):  # no_embed_class: patches only
+    if num_patches is not None and P in (num_patches, 1 + n_reg + num_patches):
+        no_embed_class = P == num_patches
+    else:
+        no_embed_class = _is_square(P)
+    if no_embed_class:  # patches only
         sd["pos_embed"] = torch.cat([pos.new_zeros(1, 1, pos.shape[2]), pos], dim=1)
     elif n_reg and _is_square(P - 1 - n_reg):  # pos covers [cls, registers, patches]
         regs = regs + pos[:, 1 : 1 + n_reg]
@@ -170,10 +176,11 @@ def from_dinov2_state_dict(state_dict: Mapping[str, Tensor], which: str = "teach
     return out
 
 
-def convert_to_backbone_state_dict(obj: Any, which: str = "teacher") -> StateDict:
+def convert_to_backbone_state_dict(obj: Any, which: str = "teacher", num_patches: Optional[int] = None) -> StateDict:
     """Any supported checkpoint (path, loaded object, module) -> our backbone state dict (`mask_token` may be absent).
 
-    `which` picks the teacher or student backbone from checkpoints holding both.
+    `which` picks the teacher or student backbone from checkpoints holding both; `num_patches` is an optional hint
+    for timm layouts (see `from_timm_state_dict`).
     """
     if isinstance(obj, (str, Path)):
         obj = load_checkpoint_file(obj)
@@ -182,7 +189,7 @@ def convert_to_backbone_state_dict(obj: Any, which: str = "teacher") -> StateDic
     if pos is None:
         raise ValueError(f"no pos_embed in the checkpoint's backbone keys ({sorted(sd)[:8]}...)")
     ours_layout = "reg_token" not in sd and _is_square(pos.shape[1] - 1)
-    return sd if ours_layout else from_timm_state_dict(sd)
+    return sd if ours_layout else from_timm_state_dict(sd, num_patches=num_patches)
 
 
 def resample_pos_embed(pos_embed: Tensor, new_grid: int, antialias: bool = False) -> Tensor:
@@ -200,7 +207,7 @@ def resample_pos_embed(pos_embed: Tensor, new_grid: int, antialias: bool = False
 def load_backbone_weights(backbone: nn.Module, obj: Any, which: str = "teacher") -> Dict[str, Any]:
     """Loads any supported checkpoint into our backbone, strictly. A missing `mask_token` keeps the model's own
     (zeros at init); a pos-embed of another grid is resampled bicubically. Returns what was adapted."""
-    sd = convert_to_backbone_state_dict(obj, which=which)
+    sd = convert_to_backbone_state_dict(obj, which=which, num_patches=backbone.pos_embed.shape[1] - 1)
     report: Dict[str, Any] = {"mask_token_kept": False, "pos_embed_resampled_from": None}
     if "mask_token" not in sd:
         sd["mask_token"] = backbone.mask_token.detach().clone()

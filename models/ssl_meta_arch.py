@@ -73,7 +73,8 @@ class SSLMetaArch(nn.Module):
         student, teacher = {"backbone": student_backbone}, {"backbone": teacher_backbone}
         student["dino_head"], teacher["dino_head"] = build_dino_head(cfg, embed_dim), build_dino_head(cfg, embed_dim)
         if self.ibot_separate_head:
-            student["ibot_head"], teacher["ibot_head"] = build_ibot_head(cfg, embed_dim), build_ibot_head(cfg, embed_dim)
+            student["ibot_head"] = build_ibot_head(cfg, embed_dim)
+            teacher["ibot_head"] = build_ibot_head(cfg, embed_dim)
         self.student = nn.ModuleDict(student)
         self.teacher = nn.ModuleDict(teacher)
 

@@ -130,7 +130,7 @@ class Block(nn.Module):
 
     # list of crop batches -------------------------------------------------------------------------------------------
     def _ffn_on_concat(self, xs: List[Tensor]) -> List[Tensor]:
-        """Runs the MLP branch once on the tokens of all tensors in `xs` (each (b, n, D)); returns per-tensor results."""
+        """The MLP branch run once on the tokens of all tensors in `xs` (each (b, n, D)); per-tensor results."""
         flat = [x.reshape(-1, x.shape[-1]) for x in xs]
         out = self._ffn_branch_2d(torch.cat(flat, dim=0) if len(flat) > 1 else flat[0])
         return [o.view(x.shape) for o, x in zip(out.split([f.shape[0] for f in flat], dim=0), xs)]

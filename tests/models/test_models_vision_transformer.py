@@ -159,7 +159,8 @@ def test_drop_path_is_reproducible_from_global_rng_and_off_in_eval():
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     m.eval()
     ref = m(g)
-    torch.testing.assert_close(m.forward_features([g, l], [None, None])[0]["x_norm_clstoken"], ref, atol=1e-5, rtol=1e-5)
+    out = m.forward_features([g, l], [None, None])[0]["x_norm_clstoken"]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 def test_masks_replace_patch_tokens_by_mask_token():
