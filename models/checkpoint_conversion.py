@@ -11,10 +11,11 @@ norm2,mlp.fc1,mlp.fc2,ls2.gamma}`, `norm`) and timm's, except for the token layo
   our cls pos entry to 0. A timm model with registers and `no_embed_class=False` (pos covers cls + registers +
   patches) is converted exactly too (the register entries are folded into `register_tokens`).
 
-Readers accept: a path or a loaded object; containers `{"teacher": ...}` (the reference's eval export), `{"model":
-...}`, `{"state_dict": ...}`, `{"student": ...}`; `module.` / `_orig_mod.` / `_fsdp_wrapped_module.` anywhere;
-`teacher.backbone.` / `student.backbone.` / `backbone.` prefixes (heads and loss buffers are dropped); BlockChunk
-names `blocks.{chunk}.{i}.` -> `blocks.{i}.`; timm layouts (above).
+Readers accept: a path or a loaded object; containers `{"teacher": ...}` (the reference's eval export),
+`{"model": ...}`, `{"state_dict": ...}`, `{"backbone": ...}` (our trainer's teacher export), `{"student": ...}`;
+`module.` / `_orig_mod.` / `_fsdp_wrapped_module.` anywhere; `teacher.backbone.` / `student.backbone.` / `backbone.`
+prefixes (heads and loss buffers are dropped); BlockChunk names `blocks.{chunk}.{i}.` -> `blocks.{i}.`; timm layouts
+(above).
 """
 
 import logging
@@ -142,7 +143,7 @@ def _unwrap(obj: Any, which: str) -> StateDict:
     if _is_tensor_dict(obj):
         return dict(obj)
     if isinstance(obj, Mapping):
-        for key in (which, "model", "state_dict", "student" if which != "student" else "teacher"):
+        for key in (which, "model", "state_dict", "backbone", "student" if which != "student" else "teacher"):
             if key in obj and isinstance(obj[key], Mapping):
                 return _unwrap(obj[key], which)
         tensors = {k: v for k, v in obj.items() if isinstance(v, Tensor)}

@@ -103,6 +103,7 @@ def test_dinov2_formats_convert_to_identical_model(tmp_path):
             "iteration": 10,
         },
         "compiled": {f"_orig_mod.{k}": v for k, v in sd.items()},
+        "our trainer's teacher export": {"backbone": dict(sd), "step": 3, "student_config": "student: {}"},
     }
     for what, obj in variants.items():
         m = DinoVisionTransformer(img_size=28, patch_size=14, embed_dim=32, depth=2, num_heads=2, init_values=1e-5,
