@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sparsity.autograd import _no_autocast, compute_dtype_for
+from sparsity.modules import SparseLinearMixin
 
 IMPLS = ("auto", "torch", "triton")
 
@@ -131,8 +132,15 @@ def block_sparse_linear(
     return BlockSparseFunction.apply(x, weight, bias, layout, impl, compute_dtype_for(x))
 
 
-class BlockSparseLinear(nn.Linear):
-    """nn.Linear using only `density` of its (block_size x block_size) weight blocks (see the module docstring)."""
+class BlockSparseLinear(SparseLinearMixin, nn.Linear):
+    """nn.Linear using only `density` of its (block_size x block_size) weight blocks (see the module docstring).
+
+    `from_dense(linear, density=, block_size=, impl=, inplace=False)` / `to_dense(inplace=False)` share the
+    Parameter objects (`sparsity.modules.SparseLinearMixin`).
+    """
+
+    _SPARSE_ATTRS = ("density", "block_size", "impl", "_layout", "_layout_key")
+    _SPARSE_BUFFERS = ("block_mask",)
 
     def __init__(
         self,
@@ -147,32 +155,16 @@ class BlockSparseLinear(nn.Linear):
         impl: str = "auto",
     ):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self._setup(density, block_size, impl)
+        self._init_sparse(density=density, block_size=block_size, impl=impl)
 
-    @classmethod
-    def from_dense(cls, linear: nn.Linear, *, density: float = 0.5, block_size: int = 32, impl: str = "auto"):
-        """A BlockSparseLinear holding `linear`'s Parameters (the same objects), blocks selected from its weight."""
-        from sparsity.modules import _share_linear_state
-
-        m = cls.__new__(cls)
-        nn.Module.__init__(m)
-        _share_linear_state(linear, m)
-        m._setup(density, block_size, impl)
-        return m
-
-    def to_dense(self) -> nn.Linear:
-        from sparsity.modules import linear_to_dense
-
-        return linear_to_dense(self)
-
-    def _setup(self, density: float, block_size: int, impl: str) -> None:
+    def _init_sparse(self, *, density: float = 0.5, block_size: int = 32, impl: str = "auto") -> None:
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-        self.density, self.block_size, self.impl = float(density), int(block_size), impl
         try:
-            mask = select_blocks(self.weight, self.density, self.block_size)
+            mask = select_blocks(self.weight, float(density), int(block_size))
         except ValueError as e:
             raise ValueError(f"BlockSparseLinear: weight (out, in) = {tuple(self.weight.shape)}: {e}") from None
+        self.density, self.block_size, self.impl = float(density), int(block_size), impl
         self.register_buffer("block_mask", mask, persistent=True)
         self._layout: Optional[BlockLayout] = None
         self._layout_key = None

@@ -10,7 +10,7 @@ weight.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -39,8 +39,65 @@ def linear_to_dense(m: nn.Linear) -> nn.Linear:
     return lin
 
 
-class _SparseLinearBase(nn.Linear):
+class SparseLinearMixin:
+    """Conversion between nn.Linear and an nn.Linear subclass that adds its state in `_init_sparse(**opts)` and
+    lists it in `_SPARSE_ATTRS` / `_SPARSE_BUFFERS` (so that it can be stripped again).
+
+    Two ways, both sharing the Parameter objects: a new module object (default), or `inplace=True`, which changes
+    the class of the given module object itself (a plain nn.Linear) and back. In-place keeps the module's identity, so
+    whatever holds a reference to it keeps working: FSDP's per-module parameter bookkeeping, forward hooks, names in
+    other containers. The swap functions use in-place conversion for plain nn.Linear modules.
+    """
+
+    _SPARSE_ATTRS: Tuple[str, ...] = ()
+    _SPARSE_BUFFERS: Tuple[str, ...] = ()
+
+    def _init_sparse(self, **opts) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, *, inplace: bool = False, **opts):
+        """A module of this class holding `linear`'s Parameters (the same objects); with inplace=True, `linear`
+        itself (which must be a plain nn.Linear) turned into this class."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"{cls.__name__}.from_dense needs an nn.Linear, got {type(linear).__name__}")
+        if inplace:
+            if type(linear) is not nn.Linear:
+                raise TypeError(f"in-place conversion needs a plain nn.Linear, got {type(linear).__name__}")
+            linear.__class__ = cls
+            try:
+                linear._init_sparse(**opts)
+            except BaseException:
+                linear._strip_sparse()
+                linear.__class__ = nn.Linear
+                raise
+            return linear
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        _share_linear_state(linear, m)
+        m._init_sparse(**opts)
+        return m
+
+    def to_dense(self, *, inplace: bool = False) -> nn.Linear:
+        """A plain nn.Linear holding this module's Parameters (the same objects); with inplace=True this module
+        object itself, its sparse state (attributes, extra buffers) removed."""
+        if inplace:
+            self._strip_sparse()
+            self.__class__ = nn.Linear
+            return self
+        return linear_to_dense(self)
+
+    def _strip_sparse(self) -> None:
+        for name in self._SPARSE_BUFFERS:
+            self._buffers.pop(name, None)
+            self._non_persistent_buffers_set.discard(name)
+        for name in self._SPARSE_ATTRS:
+            self.__dict__.pop(name, None)
+
+
+class _SparseLinearBase(SparseLinearMixin, nn.Linear):
     default_pruning = "tile_greedy"
+    _SPARSE_ATTRS = ("backend", "pruning")
 
     def __init__(
         self,
@@ -55,22 +112,10 @@ class _SparseLinearBase(nn.Linear):
         **opts,
     ):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self._init_sparse(backend=backend, pruning=pruning, **opts)
+
+    def _init_sparse(self, *, backend: str = "dense", pruning: Optional[str] = None, **opts) -> None:
         self.configure(backend=backend, pruning=pruning or self.default_pruning, **opts)
-
-    @classmethod
-    def from_dense(cls, linear: nn.Linear, *, backend: str = "dense", pruning: Optional[str] = None, **opts):
-        """A module of this class holding `linear`'s Parameters (the same objects)."""
-        if not isinstance(linear, nn.Linear):
-            raise TypeError(f"{cls.__name__}.from_dense needs an nn.Linear, got {type(linear).__name__}")
-        m = cls.__new__(cls)
-        nn.Module.__init__(m)
-        _share_linear_state(linear, m)
-        m.configure(backend=backend, pruning=pruning or cls.default_pruning, **opts)
-        return m
-
-    def to_dense(self) -> nn.Linear:
-        """A plain nn.Linear holding this module's Parameters (the same objects)."""
-        return linear_to_dense(self)
 
     def _check_pruning(self, pruning: str) -> None:
         raise NotImplementedError
@@ -97,9 +142,8 @@ class SemiSparseLinear(_SparseLinearBase):
     """
 
     masked_grad = False
-
-    def __init__(self, *args, masked_grad: bool = False, **kwargs):
-        super().__init__(*args, masked_grad=masked_grad, **kwargs)
+    _SPARSE_ATTRS = ("backend", "pruning", "masked_grad")
+    _SPARSE_BUFFERS = (SCALE_BUFFER,)
 
     def configure(
         self, *, backend: Optional[str] = None, pruning: Optional[str] = None, masked_grad: Optional[bool] = None

@@ -9,7 +9,12 @@ Selection: either a dict {fully-qualified module name: class-with-from_dense or 
 (`re.fullmatch`), or a shell glob when it starts with "glob:". Only `nn.Linear` modules are considered; ones that are
 already sparse (`SPARSE_LINEAR_TYPES`) are left as they are and not reported. A pattern or dict naming no Linear
 raises ValueError listing some of the model's Linear names; a module whose shape the pruning cannot handle raises
-ValueError naming the module and shape, before anything is swapped.
+ValueError naming the module and shape, and the modules swapped before it are swapped back.
+
+Plain nn.Linear modules are converted *in place* (their class changes; `SparseLinearMixin`), and swapped back in place,
+so the module objects stay the same: wrappers that hold module references (FSDP2's `fully_shard`, FSDP1, forward
+hooks) keep working across the sparse -> dense switch. Other selections (subclasses of nn.Linear, callables) get a
+new module object sharing the Parameters.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Union
 from torch import nn
 
 from sparsity.block_sparse import BlockSparseLinear
-from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
+from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear, SparseLinearMixin
 
 SPARSE_LINEAR_TYPES = (SemiSparseLinear, SemiSparseActivationLinear, BlockSparseLinear)
 
@@ -54,8 +59,12 @@ def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name), child, new)
 
 
-def _build(factory: ModuleFactory, linear: nn.Linear, kwargs: dict) -> nn.Module:
+def _convert(factory: ModuleFactory, linear: nn.Linear, kwargs: dict) -> nn.Module:
+    """The sparse module for `linear`: `linear` itself converted in place when the factory is one of our classes and
+    `linear` a plain nn.Linear, else a new module from `factory.from_dense(linear, **kwargs)` / `factory(linear, ...)`."""
     if isinstance(factory, type):
+        if issubclass(factory, SparseLinearMixin) and type(linear) is nn.Linear:
+            return factory.from_dense(linear, inplace=True, **kwargs)
         if not hasattr(factory, "from_dense"):
             raise TypeError(f"{factory.__name__} has no from_dense(linear, ...) classmethod")
         return factory.from_dense(linear, **kwargs)
@@ -88,18 +97,27 @@ def swap_linear_modules(
         selected = {name: module_cls for name in linears if match(name)}
         if not selected:
             raise ValueError(f"pattern {pattern!r} matches no nn.Linear module; Linear modules: {_some_names(linears)}")
-    new_modules = {}
-    for name, factory in selected.items():
-        linear = linears[name]
-        if isinstance(linear, SPARSE_LINEAR_TYPES):
-            continue
-        try:
-            new_modules[name] = _build(factory, linear, module_kwargs)
-        except ValueError as e:
-            raise ValueError(f"cannot swap {name!r} (weight {tuple(linear.weight.shape)}): {e}") from None
-    for name, new in new_modules.items():  # all built before any is swapped: no half-swapped model on error
-        _replace(model, name, new)
-    return list(new_modules)
+    done = []  # (name, original module, its sparse replacement), to undo everything if one fails
+    try:
+        for name, factory in selected.items():
+            linear = linears[name]
+            if isinstance(linear, SPARSE_LINEAR_TYPES):
+                continue
+            try:
+                new = _convert(factory, linear, module_kwargs)
+            except ValueError as e:
+                raise ValueError(f"cannot swap {name!r} (weight {tuple(linear.weight.shape)}): {e}") from None
+            if new is not linear:
+                _replace(model, name, new)
+            done.append((name, linear, new))
+    except BaseException:
+        for name, linear, new in reversed(done):
+            if new is linear:
+                new.to_dense(inplace=True)
+            else:
+                _replace(model, name, linear)
+        raise
+    return [name for name, _, _ in done]
 
 
 def swap_to_dense(model: nn.Module, pattern: Optional[str] = None) -> List[str]:
@@ -108,7 +126,10 @@ def swap_to_dense(model: nn.Module, pattern: Optional[str] = None) -> List[str]:
     match = name_matcher(pattern) if pattern is not None else (lambda name: True)
     swapped = [(name, m) for name, m in model.named_modules() if isinstance(m, SPARSE_LINEAR_TYPES) and match(name)]
     for name, m in swapped:
-        _replace(model, name, m.to_dense())
+        if type(m) in SPARSE_LINEAR_TYPES:
+            m.to_dense(inplace=True)  # same module object: references to it stay valid (FSDP, hooks)
+        else:
+            _replace(model, name, m.to_dense())
     return [name for name, _ in swapped]
 
 

@@ -71,8 +71,10 @@ def test_regex_swap_shares_parameters_and_round_trips():
     y_dense = model(x)
     params = dict(model.named_parameters())
     keys = list(model.state_dict())
+    modules = {n: model.get_submodule(n) for n in MLP_NAMES}
     names = swap_linear_modules(model, pattern=MLP_PATTERN, pruning="tile_greedy")
     assert names == MLP_NAMES
+    assert all(model.get_submodule(n) is modules[n] for n in names)  # converted in place: same module objects
     for name in names:
         m = model.get_submodule(name)
         assert type(m) is SemiSparseLinear and m.backend == "dense" and m.pruning == "tile_greedy"
@@ -82,7 +84,7 @@ def test_regex_swap_shares_parameters_and_round_trips():
     assert sorted(sparse_modules(model)) == MLP_NAMES
     back = swap_to_dense(model)
     assert back == MLP_NAMES
-    assert all(type(model.get_submodule(n)) is nn.Linear for n in MLP_NAMES)
+    assert all(type(model.get_submodule(n)) is nn.Linear and model.get_submodule(n) is modules[n] for n in MLP_NAMES)
     assert all(p is params[n] for n, p in model.named_parameters())
     assert list(model.state_dict()) == keys
     assert torch.equal(model(x), y_dense)
@@ -145,8 +147,22 @@ def test_errors():
     assert not sparse_modules(model)
     with pytest.raises(ValueError, match="unknown pruning method"):
         swap_linear_modules(model, pattern="head", pruning="magnitude")
+    # a root nn.Linear converts in place; a callable factory would need a parent to hold the new module
+    root = nn.Linear(8, 8)
+    assert swap_linear_modules(root, pattern="") == [""] and type(root) is SemiSparseLinear
     with pytest.raises(ValueError, match="root module"):
-        swap_linear_modules(nn.Linear(8, 8), pattern="")
+        swap_linear_modules(nn.Linear(8, 8), {"": lambda lin: SemiSparseLinear.from_dense(lin)})
+
+
+def test_failed_swap_rolls_back_earlier_modules():
+    model = tiny()
+    model.blocks[1].mlp.fc2 = nn.Linear(30, 16)  # the last one matched fails (in_features not divisible by 4)
+    originals = {n: model.get_submodule(n) for n in MLP_NAMES}
+    with pytest.raises(ValueError, match=r"\(16, 30\)"):
+        swap_linear_modules(model, pattern=MLP_PATTERN, pruning="soft_threshold")
+    for n, m in originals.items():
+        assert model.get_submodule(n) is m and type(m) is nn.Linear
+        assert set(m.state_dict()) == {"weight", "bias"} and not hasattr(m, "pruning")
 
 
 def test_torchao_aliases():
