@@ -146,7 +146,7 @@ class SSLMetaArch(nn.Module):
     # forward --------------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def _teacher_targets(self, global_crops, mask_indices, n_masked, n_masked_tensor, upperbound, teacher_temp):
-        out = self.teacher["backbone"].forward_features(global_crops)
+        out = self.teacher["backbone"](global_crops, is_training=True)
         cls = out["x_norm_clstoken"].chunk(N_GLOBAL_CROPS)
         cls = torch.cat((cls[1], cls[0]))  # swapped: student crop A is matched to teacher crop B
         n_cls = cls.shape[0]
@@ -202,11 +202,12 @@ class SSLMetaArch(nn.Module):
             global_crops, mask_indices, n_masked, n_masked_tensor, upperbound, teacher_temp
         )
 
-        # student: one list forward over [global crops with masks, local crops]
+        # student: one list forward over [global crops with masks, local crops]; modules are called (not their
+        # forward_features) so hooks and torch.compile wrappers apply
         if n_local:
-            s_global, s_local = self.student["backbone"].forward_features([global_crops, local_crops], [masks, None])
+            s_global, s_local = self.student["backbone"]([global_crops, local_crops], [masks, None], is_training=True)
         else:
-            (s_global,) = self.student["backbone"].forward_features([global_crops], [masks])
+            (s_global,) = self.student["backbone"]([global_crops], [masks], is_training=True)
             s_local = None
         global_cls = s_global["x_norm_clstoken"]
         head_inputs = [global_cls] + ([s_local["x_norm_clstoken"]] if n_local else [])

@@ -167,3 +167,13 @@ def test_batch_from_the_data_collate():
     for k, v in terms.items():
         torch.testing.assert_close(v, exp[k].detach(), atol=2e-5, rtol=2e-5, msg=k)
     total.backward()
+
+
+def test_compiled_student_backbone_keeps_names_for_ema_and_groups():
+    model = build(tiny_cfg())
+    model.student["backbone"] = torch.compile(model.student["backbone"], backend="eager")
+    total, _ = model(make_batch(), teacher_temp=0.04)
+    total.backward()
+    model.update_teacher(0.5)
+    names = {n for g in model.get_params_groups() for n in g["names"]}
+    assert "backbone.blocks.0.mlp.fc1.weight" in names and not any("_orig_mod" in n for n in names)
