@@ -2,8 +2,8 @@
 
 One program handles BLOCK_G groups of 4 as four (BLOCK_G,) vectors; (u1, u2) = the first two outputs of
 tl.rand4x(seed, g), g = the group's row-major index. The arithmetic follows the reference expression by expression
-in fp32; the launch disables FMA contraction (enable_fp_fusion=False) so that p_i = t_i + a_i * (k - k_i) rounds
-exactly as in torch.
+in fp32, with IEEE-rounded divisions (tl.math.div_rn; Triton's `/` is approximate on GPUs), and the launch disables
+FMA contraction (enable_fp_fusion=False) so that p_i = t_i + a_i * (k - k_i) rounds exactly as in torch.
 """
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ import triton.language as tl
 
 from sparsity.kernels._util import check_launchable, interpreting
 from sparsity.pruning.reference import MVUE_EPS
+
+
+@triton.jit
+def _div(x, y):
+    return tl.math.div_rn(x, y)  # IEEE round-to-nearest, like torch; `/` compiles to the approximate div.full.f32
 
 
 @triton.jit
@@ -34,14 +39,14 @@ def _mvue24_kernel(x_ptr, out_ptr, seed, n_groups, groups_per_row, stride_r, str
     a2 = tl.abs(x2) + EPS
     a3 = tl.abs(x3) + EPS
     s = a0 + a1 + a2 + a3
-    t0 = a0 / s
-    t1 = a1 / s
-    t2 = a2 / s
-    t3 = a3 / s
-    k0 = t0 / (s - a0)
-    k1 = t1 / (s - a1)
-    k2 = t2 / (s - a2)
-    k3 = t3 / (s - a3)
+    t0 = _div(a0, s)
+    t1 = _div(a1, s)
+    t2 = _div(a2, s)
+    t3 = _div(a3, s)
+    k0 = _div(t0, s - a0)
+    k1 = _div(t1, s - a1)
+    k2 = _div(t2, s - a2)
+    k3 = _div(t3, s - a3)
     k = k0 + k1 + k2 + k3
     p0 = t0 + a0 * (k - k0)
     p1 = t1 + a1 * (k - k1)
@@ -61,10 +66,10 @@ def _mvue24_kernel(x_ptr, out_ptr, seed, n_groups, groups_per_row, stride_r, str
     i2 = m + (m >= i1).to(tl.int32)
     dst = out_ptr + r * n_cols + c
     ty = out_ptr.dtype.element_ty
-    tl.store(dst, tl.where((i1 == 0) | (i2 == 0), x0 / p0, 0.0).to(ty), mask=valid)
-    tl.store(dst + 1, tl.where((i1 == 1) | (i2 == 1), x1 / p1, 0.0).to(ty), mask=valid)
-    tl.store(dst + 2, tl.where((i1 == 2) | (i2 == 2), x2 / p2, 0.0).to(ty), mask=valid)
-    tl.store(dst + 3, tl.where((i1 == 3) | (i2 == 3), x3 / p3, 0.0).to(ty), mask=valid)
+    tl.store(dst, tl.where((i1 == 0) | (i2 == 0), _div(x0, p0), 0.0).to(ty), mask=valid)
+    tl.store(dst + 1, tl.where((i1 == 1) | (i2 == 1), _div(x1, p1), 0.0).to(ty), mask=valid)
+    tl.store(dst + 2, tl.where((i1 == 2) | (i2 == 2), _div(x2, p2), 0.0).to(ty), mask=valid)
+    tl.store(dst + 3, tl.where((i1 == 3) | (i2 == 3), _div(x3, p3), 0.0).to(ty), mask=valid)
 
 
 def mvue24(x: torch.Tensor, seed: int) -> torch.Tensor:

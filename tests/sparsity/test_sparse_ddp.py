@@ -38,6 +38,16 @@ def _batch():
     return torch.randn(2 * WORLD, 6, 16, generator=torch.Generator().manual_seed(1))
 
 
+def _full(grad):
+    """The whole gradient: FSDP2 holds dim-0 shards (DTensor). Gathered with all_gather_object rather than
+    DTensor.full_tensor(), whose functional collective segfaults on CPU/gloo in torch 2.11."""
+    if not hasattr(grad, "to_local"):
+        return grad.clone()
+    shards = [None] * dist.get_world_size()
+    dist.all_gather_object(shards, grad.to_local())
+    return torch.cat(shards, 0)
+
+
 def _grads_two_steps(model, run, x):
     """Gradients of a sparse step, then of a dense step (after swap_to_dense on `model`)."""
     out = []
@@ -45,8 +55,7 @@ def _grads_two_steps(model, run, x):
         for p in model.parameters():
             p.grad = None
         run(x).square().mean().backward()
-        out.append({n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-                    for n, p in model.named_parameters()})
+        out.append({n: _full(p.grad) for n, p in model.named_parameters()})
         swap_to_dense(model)
     return out
 
