@@ -48,12 +48,18 @@ def main(argv=None) -> int:
     from models.training.distributed import init_distributed, shutdown
     from models.training.trainer import Trainer
 
+    from data import CorruptImageError, DatasetError
+    from models.training.trainer import TrainingDiverged
+
     ctx = init_distributed()
     setup_logging(output_dir, ctx.is_main)
+    log = logging.getLogger("train")
     try:
         teacher = Trainer(cfg, output_dir, ctx).train()
-        if ctx.is_main:
-            logging.getLogger("train").info("done: %s (metrics in %s)", teacher, output_dir / "metrics.jsonl")
+        log.info("done: %s (metrics in %s)", teacher, output_dir / "metrics.jsonl")
+    except (DatasetError, CorruptImageError, TrainingDiverged) as e:
+        log.error("%s: %s", type(e).__name__, e)
+        return 1
     finally:
         shutdown(ctx)
     return 0

@@ -1,0 +1,80 @@
+"""Bad input: each gives its clear error or documented behaviour, and loses nothing."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from configs import load_config
+from models.training.distributed import DistContext
+from models.training.metrics import read_metrics
+from models.training.trainer import Trainer, TrainingDiverged
+
+from train_runs import TINY, run_train
+
+CPU = DistContext(0, 1, 0, torch.device("cpu"))
+
+
+def _image_folder(root, n_per_class=6, corrupt=()):
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        (root / "train" / c).mkdir(parents=True)
+        for i in range(n_per_class):
+            Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(root / "train" / c / f"{i}.png")
+    for name in corrupt:
+        (root / "train" / "cat" / name).write_bytes(b"not an image at all")
+    return root
+
+
+def test_missing_dataset_path_is_a_clear_error(tmp_path):
+    result = run_train(tmp_path / "run", "data.dataset=imagenet_folder", f"data.root={tmp_path / 'nope'}", check=False)
+    assert result.returncode == 1
+    assert "DatasetError" in result.stderr and str(tmp_path / "nope") in result.stderr and "data.root" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_key_on_the_command_line_is_a_clear_error(tmp_path):
+    result = run_train(tmp_path, "train.batchsize=3", check=False)
+    assert result.returncode == 2
+    assert "unknown config key 'train.batchsize'" in result.stderr and "batch_size_per_gpu" in result.stderr
+
+
+def test_corrupt_images_are_skipped_and_counted(tmp_path):
+    root = _image_folder(tmp_path / "data", corrupt=("broken.png", "zero.png"))
+    (root / "train" / "cat" / "zero.png").write_bytes(b"")
+    run_train(tmp_path / "run", "data.dataset=imagenet_folder", f"data.root={root}", "train.max_steps=4",
+              "train.batch_size_per_gpu=7")
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert records[-1]["corrupt_skipped"] >= 1  # 14 files, 4 batches of 7 drawn: the corrupt ones are met
+    assert "broken.png" in (tmp_path / "run" / "log.txt").read_text()
+
+
+def test_corrupt_image_raises_naming_the_file_when_asked(tmp_path):
+    root = _image_folder(tmp_path / "data", n_per_class=1, corrupt=("broken.png",))
+    result = run_train(tmp_path / "run", "data.dataset=imagenet_folder", f"data.root={root}", "data.on_corrupt=raise",
+                       "train.max_steps=2", "train.batch_size_per_gpu=3", check=False)
+    assert result.returncode != 0
+    assert "broken.png" in result.stderr
+
+
+def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    cfg = load_config(None, TINY + ["train.checkpoint_period=2"])
+    trainer = Trainer(cfg, tmp_path, CPU)
+    forward = type(trainer.model).forward
+
+    def nan_at_step_5(model, batch, teacher_temp):
+        loss, terms = forward(model, batch, teacher_temp)
+        if trainer.step == 5:
+            terms = {**terms, "ibot_loss": torch.tensor(math.nan)}
+            loss = loss + terms["ibot_loss"]
+        return loss, terms
+
+    monkeypatch.setattr(type(trainer.model), "forward", nan_at_step_5)
+    with pytest.raises(TrainingDiverged, match=r"non-finite loss at step 5 \(.*ibot_loss=nan.*step_00000004.pt"):
+        trainer.train()
+    checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pt"))
+    assert checkpoints == ["step_00000002.pt", "step_00000004.pt"]  # nothing written from the diverged step
+    state = torch.load(tmp_path / "checkpoints" / "step_00000004.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())

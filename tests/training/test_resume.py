@@ -1,0 +1,74 @@
+"""Kill a run (SIGTERM or SIGKILL, at a random step, across the sparse->dense switch), resume it, and compare
+its metrics with an uninterrupted run: they must be identical (timing fields aside)."""
+
+import random
+import signal
+
+import pytest
+import torch
+
+from models.training.metrics import read_metrics, without_timing
+
+from train_runs import run_train, start_train, wait_for_step
+
+SWITCH_STEP = 8  # TINY: 16 steps, sparse_fraction 0.5
+
+
+def _assert_same_metrics(run, reference, note):
+    got, want = without_timing(read_metrics(run / "metrics.jsonl")), without_timing(read_metrics(reference / "metrics.jsonl"))
+    assert [r["step"] for r in got] == [r["step"] for r in want], note
+    for g, w in zip(got, want):
+        assert g == w, f"{note}: first difference at step {w['step']}"
+
+
+def test_reference_run_switches_phase_at_the_configured_step(reference_run):
+    records = read_metrics(reference_run / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(16))
+    assert [r["phase"] for r in records] == ["sparse"] * SWITCH_STEP + ["dense"] * (16 - SWITCH_STEP)
+    assert "step 8: sparse -> dense switch" in (reference_run / "log.txt").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sig,kill_range,period",
+    [
+        (signal.SIGTERM, (0, 14), 3),  # graceful: checkpoint at the step boundary, exit 143
+        (signal.SIGKILL, (3, 14), 3),  # hard: resume from the last periodic checkpoint
+        (signal.SIGKILL, (8, 13), 7),  # checkpoint just before the switch, resumed run crosses it
+        (signal.SIGKILL, (9, 13), 8),  # checkpoint exactly at the switch
+        (signal.SIGTERM, (7, 7), 100),  # graceful stop right before the switch step
+    ],
+    ids=["sigterm-random", "sigkill-random", "sigkill-ckpt-before-switch", "sigkill-ckpt-at-switch",
+         "sigterm-at-switch"],
+)
+def test_interrupted_run_resumes_bit_exactly(reference_run, tmp_path, sig, kill_range, period):
+    kill_after = random.Random().randint(*kill_range)
+    note = f"{sig.name} after step {kill_after}, checkpoint period {period}"
+    proc = start_train(tmp_path, f"train.checkpoint_period={period}")
+    wait_for_step(tmp_path / "metrics.jsonl", kill_after, proc)
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143, f"{note}: {proc.stderr.read()[-2000:]}"
+        saved = torch.load(sorted((tmp_path / "checkpoints").glob("step_*.pt"))[-1], weights_only=True)
+        assert saved["step"] >= kill_after + 1, note  # saved at the boundary it stopped at, not an older one
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) < 16, f"{note}: the run had already finished"
+
+    run_train(tmp_path, f"train.checkpoint_period={period}")  # same command: resumes
+    _assert_same_metrics(tmp_path, reference_run, note)
+    a = torch.load(tmp_path / "teacher_backbone.pth", weights_only=True)["backbone"]
+    b = torch.load(reference_run / "teacher_backbone.pth", weights_only=True)["backbone"]
+    assert all(torch.equal(a[k], b[k]) for k in b), note
+
+
+def test_resume_refuses_a_different_world_size(reference_run, tmp_path):
+    import shutil
+
+    shutil.copytree(reference_run / "checkpoints", tmp_path / "checkpoints")
+    state = torch.load(sorted((tmp_path / "checkpoints").glob("*.pt"))[-1], weights_only=True)
+    state["world_size"] = 4
+    torch.save(state, sorted((tmp_path / "checkpoints").glob("*.pt"))[-1])
+    result = run_train(tmp_path, check=False)
+    assert result.returncode != 0 and "written by 4 processes" in result.stderr

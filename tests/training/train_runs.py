@@ -1,0 +1,53 @@
+"""Helpers for end-to-end runs of train.py in subprocesses (imported by the tests of this folder)."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A run small enough to repeat several times per test on 2 CPU cores, with every feature on: multi-crop, masks,
+# drop-path, both phases (switch after 8 of 16 steps), checkpoints every 3 steps, a metrics line per step.
+TINY = [
+    "student.arch=vit_tiny", "student.drop_path_rate=0.2",
+    "dino.head_n_prototypes=256", "ibot.head_n_prototypes=256",
+    "dino.head_hidden_dim=64", "ibot.head_hidden_dim=64", "dino.head_bottleneck_dim=32", "ibot.head_bottleneck_dim=32",
+    "crops.global_crops_size=16", "crops.local_crops_size=8", "crops.local_crops_number=2",
+    "data.digits_image_size=24", "train.batch_size_per_gpu=8", "train.num_workers=0",
+    "optim.epochs=4", "train.epoch_length=4", "optim.warmup_epochs=1", "teacher.warmup_teacher_temp_epochs=1",
+    "sparsity.sparse_fraction=0.5", "train.log_period=1", "train.checkpoint_period=3", "train.max_to_keep=10",
+    "train.teacher_export_period=8",
+]
+
+
+def train_command(output_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, str(REPO / "train.py"), "--output-dir", str(output_dir), *TINY, *overrides]
+
+
+def run_train(output_dir: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(train_command(output_dir, *overrides), cwd=REPO, env=env, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"train.py failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def start_train(output_dir: Path, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(train_command(output_dir, *overrides), cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Block until metrics.jsonl holds a line for `step` (the run is then inside step + 1)."""
+    deadline = time.monotonic() + timeout
+    needle = f'"step": {step},'
+    while time.monotonic() < deadline:
+        if metrics.exists() and needle in metrics.read_text():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before step {step}: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
