@@ -72,12 +72,14 @@ def _worker(rank, init_file, out_dir):
             torch.save(grads, os.path.join(out_dir, "ddp.pt"))
         fsdp_result = None
         try:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
+            mesh = init_device_mesh("cpu", (WORLD,))  # else fully_shard moves the model to a GPU if there is one
             model = _model()
             for block in model[:2]:
-                fully_shard(block)
-            fully_shard(model)
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
             fsdp_result = _grads_two_steps(model, model, shard)
         except Exception as e:  # reported to the test, which skips that half with the reason
             fsdp_result = f"{type(e).__name__}: {e}"
