@@ -110,10 +110,15 @@ def lib():
         return _cslt
 
 
+_version: Optional[int] = None
+
+
 def version() -> int:
     """cuSPARSELt version as an int (e.g. 800 for 0.8.0)."""
-    st = _state()
-    return lib().get_version(st.handle(torch.cuda.current_device()))
+    global _version
+    if _version is None:
+        _version = int(lib().get_version(_state().handle(torch.cuda.current_device())))
+    return _version
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -148,6 +153,11 @@ def _state() -> _ThreadState:
 
 def _ptr(arr: np.ndarray) -> int:
     return arr.ctypes.data
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda idx: torch.cuda.current_stream(idx).cuda_stream
+)
 
 
 @dataclass
@@ -273,12 +283,17 @@ class GemmPlan:
         self.alpha = np.ones(1, dtype=np.float32)
         self.beta = np.zeros(1, dtype=np.float32)
         self.streams = np.zeros(1, dtype=np.uint64)
+        # raw pointers once (arr.ctypes.data costs microseconds per access)
+        self._alpha_p, self._beta_p, self._streams_p = _ptr(self.alpha), _ptr(self.beta), _ptr(self.streams)
+        self._ws_p = self.workspace.data_ptr()
+        self._matmul = c.matmul
 
     def _alloc_workspace(self):
         ws = int(lib().matmul_get_workspace(self.h, self.plan))
         if self.workspace is None or self.workspace.numel() < ws:
             with torch.cuda.device(self.device_index):
                 self.workspace = torch.empty(max(ws, 16), dtype=torch.uint8, device="cuda")
+        self._ws_p = self.workspace.data_ptr()
 
     def current_alg(self) -> int:
         c = lib()
@@ -295,15 +310,14 @@ class GemmPlan:
     def run(self, a_compressed: torch.Tensor, b: torch.Tensor, d: torch.Tensor, bias: Optional[torch.Tensor] = None):
         if self.has_bias:
             self.bias_buf.copy_(bias)  # casts too; fixed address, so graph-capturable
-        self.streams[0] = torch.cuda.current_stream(self.device_index).cuda_stream
-        lib().matmul(
-            self.h, self.plan, _ptr(self.alpha), a_compressed.data_ptr(), b.data_ptr(), _ptr(self.beta),
-            d.data_ptr(), d.data_ptr(), self.workspace.data_ptr(), _ptr(self.streams), 1,
-        )
+        self.streams[0] = _raw_stream(self.device_index)
+        dp = d.data_ptr()
+        self._matmul(self.h, self.plan, self._alpha_p, a_compressed.data_ptr(), b.data_ptr(), self._beta_p, dp, dp,
+                     self._ws_p, self._streams_p, 1)
 
     def search(self, a_compressed: torch.Tensor, b: torch.Tensor, d: torch.Tensor):
         """cusparseLtMatmulSearch: times the algorithms and stores the best in the plan."""
-        self.streams[0] = torch.cuda.current_stream(self.device_index).cuda_stream
+        self.streams[0] = _raw_stream(self.device_index)
         # search may need the largest workspace of all algorithms: give it a generous one
         with torch.cuda.device(self.device_index):
             big = torch.empty(max(self.workspace.numel(), 64 << 20), dtype=torch.uint8, device="cuda")
@@ -333,6 +347,39 @@ def _make_plan(key, device_index, lay, n, dtype, b_transposed, d_order, has_bias
     return p
 
 
+SEARCH_MODE = os.environ.get("SPARSITY_CSLT_SEARCH", "sweep")  # sweep | library | none
+
+# Algorithm ids that must never be run: on cuSPARSELt 0.8.0 / sm90 some fp16 algorithms die with an illegal
+# instruction, which kills the CUDA context (found with sparsity/packing/probe_algs.py; results/bench/NOTES.md).
+# Keyed by (arch, cuSPARSELt version, dtype). The sweep runs only where an entry exists (bf16 and fp16 alike), or
+# when SPARSITY_CSLT_SEARCH=sweep_unsafe; elsewhere the default algorithm is used.
+BAD_ALGS: dict = {
+    ("sm90", 800, torch.bfloat16): frozenset(),
+    ("sm90", 800, torch.float16): None,  # None = not probed: no sweep
+}
+
+
+def _sweep_blocklist(device_index: int, dtype: torch.dtype):
+    arch = "sm%d%d" % torch.cuda.get_device_capability(device_index)
+    bad = BAD_ALGS.get((arch, version(), dtype))
+    if bad is None and SEARCH_MODE == "sweep_unsafe":
+        return frozenset()
+    return bad
+
+
+def _time_ms(fn, warm: int = 2, reps: int = 5) -> float:
+    for _ in range(warm):
+        fn()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    ts = sorted(s.elapsed_time(e) for s, e in ev)
+    return ts[len(ts) // 2]
+
+
 def get_plan(
     out_features: int,
     in_features: int,
@@ -349,10 +396,19 @@ def get_plan(
     b: Optional[torch.Tensor] = None,
     reference=None,
 ) -> GemmPlan:
-    """The cached plan for this GEMM; built (and its algorithm searched and checked) on first use.
+    """The cached plan for this GEMM; built (and its algorithm chosen and checked) on first use.
 
-    `reference()` returns the dense masked product (shape of D as it lies in memory) used to check the searched
-    algorithm once; without operands the default algorithm is used.
+    Algorithm choice (once per key and process, shared by all threads), `SPARSITY_CSLT_SEARCH`:
+      "sweep"   (default) every CONFIG_ID 0..max is built, run once on the given operands and checked against
+                `reference()` (the dense masked product, laid out like D: (n x m) for COL); wrong or failing ones
+                are skipped (pytorch/pytorch#155333 reports algorithms that give wrong results); the fastest of
+                the rest (median of 5, CUDA events) wins.
+      "library" cusparseLtMatmulSearch, then the winner is checked once; if wrong, the default algorithm.
+                (On the H100 with cuSPARSELt 0.8.0 this failed with an internal error for fp16 and left the
+                context broken, so it is not the default.)
+      "none"    the library's default algorithm.
+    Without operands, or inside CUDA-graph capture (timing would synchronise), the default algorithm is used and
+    the choice is not remembered.
     """
     lay = OperandLayout.for_weight(out_features, in_features, kind)
     key = (device_index, dtype, kind, out_features, in_features, n, b_transposed, d_order, has_bias)
@@ -360,42 +416,87 @@ def get_plan(
     plan = st.plans.get(key)
     if plan is not None:
         return plan
-    capturing = torch.cuda.is_current_stream_capturing()
+    args = (key, device_index, lay, n, dtype, b_transposed, d_order, has_bias)
     with _alg_lock:
         choice = _alg_choice.get(key)
     if choice is not None:
-        plan = _make_plan(key, device_index, lay, n, dtype, b_transposed, d_order, has_bias, choice["alg_id"])
+        plan = st.plans[key] = _make_plan(*args, choice["alg_id"])
+        return plan
+    capturing = torch.cuda.is_current_stream_capturing()
+    can_search = search and SEARCH_MODE != "none" and not capturing and None not in (a_compressed, b, reference)
+    blocklist = _sweep_blocklist(device_index, dtype) if SEARCH_MODE != "library" else frozenset()
+    if blocklist is None:
+        can_search = False
+    plan = _make_plan(*args)
+    if not can_search:
         st.plans[key] = plan
         return plan
-    plan = _make_plan(key, device_index, lay, n, dtype, b_transposed, d_order, has_bias)
     default_alg = plan.current_alg()
-    record = {"alg_id": None, "default_alg": default_alg, "searched_alg": None, "search_rel_err": None,
-              "status": "default (no search)"}
-    if search and not capturing and a_compressed is not None and b is not None and reference is not None:
-        d = _empty_d(plan, b.device)
+    record = {"default_alg": default_alg, "mode": SEARCH_MODE}
+    d = _empty_d(plan, b.device)
+    bias0 = torch.zeros(lay.rows, dtype=dtype, device=b.device) if has_bias else None
+    ref = reference()
+    if SEARCH_MODE == "library":
         if plan.has_bias:
             plan.bias_buf.zero_()
         plan.search(a_compressed, b, d)
         searched = plan.current_alg()
-        plan.run(a_compressed, b, d, torch.zeros(plan.lay.rows, dtype=dtype, device=b.device) if has_bias else None)
-        ref = reference()
+        plan.run(a_compressed, b, d, bias0)
         err = _rel_err(_d_as_tokens_major(plan, d), ref)
         record.update(searched_alg=searched, search_rel_err=err)
-        if err < 1e-2 and torch.isfinite(torch.tensor(err)):
-            record.update(alg_id=None, status=f"searched alg {searched} verified (rel err {err:.2e})")
-        else:
-            log.warning("cuSPARSELt searched alg %d gives rel err %.3g for %s: falling back to the default alg %d",
+        if not err < 1e-2:
+            log.warning("cuSPARSELt searched alg %d gives rel err %.3g for %s: using the default alg %d",
                         searched, err, key, default_alg)
             plan.destroy()
-            plan = _make_plan(key, device_index, lay, n, dtype, b_transposed, d_order, has_bias, default_alg)
-            record.update(status=f"searched alg {searched} WRONG (rel err {err:.2e}); default alg {default_alg}")
-        # remember the winner so other threads build the same plan without a new search
-        record["alg_id"] = plan.current_alg()
-        with _alg_lock:
-            _alg_choice[key] = record
+            plan = _make_plan(*args, default_alg)
+    else:
+        c = lib()
+        max_alg = plan.max_alg()
+        timings, rejected = {}, {}
+        best_plan, best_ms = None, float("inf")
+        for alg in range(max_alg + 1):
+            if alg in blocklist:
+                rejected[alg] = "blocklisted (crashes)"
+                continue
+            p = plan if alg == default_alg else None
+            try:
+                if p is None:
+                    p = _make_plan(*args, alg)
+                p.run(a_compressed, b, d, bias0)
+                torch.cuda.synchronize()
+                err = _rel_err(_d_as_tokens_major(p, d), ref)
+                if not err < 1e-2:
+                    rejected[alg] = f"rel err {err:.3g}"
+                    raise _Reject()
+                ms = _time_ms(lambda: p.run(a_compressed, b, d, bias0))
+                timings[alg] = round(ms, 5)
+                if ms < best_ms:
+                    if best_plan is not None and best_plan is not p:
+                        best_plan.destroy()
+                    best_plan, best_ms = p, ms
+                    continue
+            except _Reject:
+                pass
+            except c.cuSPARSELtError as e:
+                rejected[alg] = repr(e)
+            if p is not None and p is not best_plan:
+                p.destroy()
+        if best_plan is None:
+            raise BackendUnavailable(f"no cuSPARSELt algorithm gave a correct result for {key}: {rejected}")
+        plan = best_plan
+        record.update(timings_ms=timings, rejected=rejected, best_ms=best_ms)
+        if rejected:
+            log.info("cuSPARSELt %s: algorithms rejected %s", key, rejected)
+    record["alg_id"] = plan.current_alg()
+    with _alg_lock:
+        _alg_choice[key] = record
     st.plans[key] = plan
-    log.debug("cuSPARSELt plan %s: %s", key, record["status"])
+    log.info("cuSPARSELt plan %s: alg %d (default %d)", key[2:], record["alg_id"], default_alg)
     return plan
+
+
+class _Reject(Exception):
+    pass
 
 
 def plan_records() -> dict:

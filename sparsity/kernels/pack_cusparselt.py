@@ -11,12 +11,13 @@ Reads W (out x in, fp16/bf16, any strides) once and, per aligned 4x4 tile,
 This replaces prune + two `sp_mma_compress` calls (about 0.15-0.23 ms per layer on an H100) by one memory-bound
 kernel: 2 bytes read and 2 x (1 + 1/8) bytes written per weight element (+1/8 for the tile masks).
 
-Greedy walk per tile: keys (|w| bits << 4) | (15 - p) are unique and order entries by |w| descending, ties to the
-lower row-major index p (|w| of fp16/bf16 compared as its 15 magnitude bits = the reference's fp32 comparison);
-16 unrolled steps take the largest remaining key and keep it iff its row and its column hold < 2 kept.
-
-Metadata bytes pair rows r and r+8 of the structured operand, so a program covers whole 16-row/16-column groups
-(TR, TC tiles, multiples of 4) and assembles each byte from two nibbles before storing it.
+Per tile (one thread owns whole tiles, all in registers; the unrolled body is generated, `_gen_pack_tile.py`):
+keys (|w| bits << 4) | (15 - p) are unique and order the 16 entries by |w| descending, ties to the lower row-major
+index p (|w| of fp16/bf16 compared as its 15 magnitude bits = the reference's fp32 comparison); a 63-comparator
+sorting network orders them and the greedy walk keeps an entry iff its row and its column hold < 2 kept. Values are
+stored as one 4-byte word per tile row (forward operand) and one 8-byte word per pair slot (input-gradient operand).
+Metadata bytes pair rows r and r+8 of the structured operand, i.e. tiles tr and tr+2 (forward) or tc and tc+2
+(input gradient), so a thread handles the four tiles {tr, tr+2} x {tc, tc+2} and stores whole bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparsity.kernels._pack_tile import _load_tile, _tile
 from sparsity.kernels._util import check_launchable, interpreting
 from sparsity.packing import layout as L
 
@@ -47,99 +49,73 @@ def _code_lut() -> int:
 
 
 CODE_LUT = _code_lut()
+LUT_LO, LUT_HI = CODE_LUT & 0xFFFFFFFF, CODE_LUT >> 32  # codes of masks 0-7 and 8-15, as int32 constants
+
+
+@triton.jit
+def _meta_addr(r, g, NKT):
+    """Byte of the metadata region holding the nibble of group (r, g) of an operand with NKT k-tiles."""
+    return (((r // 64) * NKT + g // 8) * 4 + (r % 64) // 16) * 64 + 8 * (r % 8) + 2 * (g % 4) + (g % 8) // 4
 
 
 @triton.jit
 def _prune_pack_kernel(
-    w_ptr, m_ptr, vf_ptr, mf_ptr, vd_ptr, md_ptr, bits_ptr,
-    R, C, stride_r, stride_c, stride_mr, stride_mc, NKT_F, NKT_D,
-    LUT: tl.constexpr, GIVEN_MASK: tl.constexpr, WRITE_T: tl.constexpr, WRITE_BITS: tl.constexpr,
-    TR: tl.constexpr, TC: tl.constexpr,
+    w_ptr, m_ptr, vf_ptr, mf_ptr, vd_ptr, md_ptr, bits_ptr, C, NKT_F, NKT_D, n_units,
+    LUT_LO: tl.constexpr, LUT_HI: tl.constexpr, GIVEN_MASK: tl.constexpr, WRITE_T: tl.constexpr,
+    BLOCK: tl.constexpr, PRELOAD: tl.constexpr,
 ):
-    T: tl.constexpr = TR * TC
-    tr0 = tl.program_id(0) * TR
-    tc0 = tl.program_id(1) * TC
-    t = tl.arange(0, T)
-    p = tl.arange(0, 16)
-    tr = tr0 + t // TC
-    tc = tc0 + t % TC
-    n_tr = R // 4
-    n_tc = C // 4
-    valid_t = (tr < n_tr) & (tc < n_tc)
-    prow = p // 4
-    pcol = p % 4
-    row = tr[:, None] * 4 + prow[None, :]
-    col = tc[:, None] * 4 + pcol[None, :]
-    m2 = valid_t[:, None]
-    w = tl.load(w_ptr + row * stride_r + col * stride_c, mask=m2, other=0.0)
-    wbits = w.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF  # magnitude bits
-    if GIVEN_MASK:
-        km = tl.load(m_ptr + row * stride_mr + col * stride_mc, mask=m2, other=0)
-        kbits = tl.sum((km != 0).to(tl.int32) << p[None, :], axis=1)
+    # one thread = one unit of four tiles {tr, tr+2} x {tc, tc+2} with tr % 4, tc % 4 in {0, 1}: the tiles whose
+    # metadata nibbles share bytes (rows r and r+8 of either operand)
+    u = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = u < n_units
+    upr = C // 8  # units per row of units
+    ur = u // upr
+    uc = u % upr
+    tr = 4 * (ur // 2) + ur % 2
+    tc = 4 * (uc // 2) + uc % 2
+    if PRELOAD:
+        # all 16 loads first (stores in between keep the compiler from hoisting loads: pointers may alias)
+        p0, p1, p2, p3 = _load_tile(w_ptr, tr, tc, ok, C)
+        q0, q1, q2, q3 = _load_tile(w_ptr, tr + 2, tc, ok, C)
+        s0, s1, s2, s3 = _load_tile(w_ptr, tr, tc + 2, ok, C)
+        t0, t1, t2, t3 = _load_tile(w_ptr, tr + 2, tc + 2, ok, C)
     else:
-        rem = (wbits << 4) | (15 - p[None, :])
-        kbits = tl.sum(rem * 0, axis=1)  # (T,) int32 zeros
-        for _s in tl.static_range(16):
-            mx = tl.max(rem, axis=1)
-            pos = 15 - (mx & 15)
-            rem = tl.where(p[None, :] == pos[:, None], -1, rem)
-            rb = (kbits >> ((pos >> 2) * 4)) & 15  # kept bits of its row
-            cb = kbits & (4369 << (pos & 3))  # kept bits of its column (0x1111 << col)
-            ok = ((rb & (rb - 1)) == 0) & ((cb & (cb - 1)) == 0)  # fewer than 2 kept in both
-            kbits = kbits | (ok.to(tl.int32) << pos)
-    keep = ((kbits[:, None] >> p[None, :]) & 1) != 0
-    wz = tl.where(keep, w, 0.0)  # the pruned dense matrix the library would be given
-    # the library's metadata pairs are chosen from the nonzero entries (-0.0 counts as zero)
-    nz = tl.sum((keep & (wbits != 0)).to(tl.int32) << p[None, :], axis=1)  # (T,)
-    if WRITE_BITS:
-        tl.store(bits_ptr + tr * n_tc + tc, kbits.to(tl.int16), mask=valid_t)
-
-    # ---- forward operand: A = W (R x C), groups along C: one group per (tile, tile row)
-    q4 = tl.arange(0, 4)
-    row_nib = (nz[:, None] >> (4 * q4[None, :])) & 15  # (T, 4) nonzero mask of each tile row
-    row_code = ((LUT >> (row_nib.to(tl.int64) * 4)) & 15).to(tl.int32)  # (T, 4) i0 | i1 << 2
-    cf = tl.sum(row_code << (4 * q4[None, :]), axis=1)  # (T,) the 4 codes packed
-    cr = (cf[:, None] >> (4 * prow[None, :])) & 15  # (T, 16) code of each entry's row
-    in_f = (pcol[None, :] == (cr & 3)) | (pcol[None, :] == (cr >> 2))
-    slot_f = (pcol[None, :] == (cr >> 2)).to(tl.int32)
-    tl.store(vf_ptr + row * (C // 2) + tc[:, None] * 2 + slot_f, wz, mask=m2 & in_f)
-    # metadata bytes: rows r (low nibble) and r + 8 (high nibble) = tile rows 4a+b and 4a+2+b of this program
-    x = tl.reshape(row_code, (TR // 4, 2, 2, TC, 4))
-    hsh = 4 * tl.arange(0, 2)[None, :, None, None, None]
-    byte_f = tl.sum(x << hsh, axis=1)  # (TR//4, 2, TC, 4)
-    a_i = tl.arange(0, TR // 4)[:, None, None, None]
-    b_i = tl.arange(0, 2)[None, :, None, None]
-    tcl_i = tl.arange(0, TC)[None, None, :, None]
-    rit_i = tl.arange(0, 4)[None, None, None, :]
-    trg = tr0 + 4 * a_i + b_i
-    r = 4 * trg + rit_i
-    g = tc0 + tcl_i
-    addr_f = (((r // 64) * NKT_F + g // 8) * 4 + (r % 64) // 16) * 64 + 8 * (r % 8) + 2 * (g % 4) + (g % 8) // 4
-    tl.store(mf_ptr + addr_f, byte_f.to(tl.uint8), mask=(trg < n_tr) & (g < n_tc))
-
+        p0, p1, p2, p3 = _load_tile(w_ptr, tr, tc, ok, C)
+    a0, a1, a2, a3, b0, b1, b2, b3 = _tile(p0, p1, p2, p3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr, tc, ok, C,
+                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T)
+    if not PRELOAD:
+        q0, q1, q2, q3 = _load_tile(w_ptr, tr + 2, tc, ok, C)
+    c0, c1, c2, c3, d0, d1, d2, d3 = _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr + 2, tc, ok, C,
+                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T)
+    if not PRELOAD:
+        s0, s1, s2, s3 = _load_tile(w_ptr, tr, tc + 2, ok, C)
+    e0, e1, e2, e3, f0, f1, f2, f3 = _tile(s0, s1, s2, s3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr, tc + 2, ok, C,
+                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T)
+    if not PRELOAD:
+        t0, t1, t2, t3 = _load_tile(w_ptr, tr + 2, tc + 2, ok, C)
+    g0, g1, g2, g3, h0, h1, h2, h3 = _tile(t0, t1, t2, t3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr + 2, tc + 2, ok, C,
+                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T)
+    # forward operand: rows 4tr + r (low nibble, tile tr) and 4tr + 8 + r (high nibble, tile tr + 2)
+    r0 = 4 * tr
+    tl.store(mf_ptr + _meta_addr(r0 + 0, tc, NKT_F), (a0 | (c0 << 4)).to(tl.uint8), mask=ok)
+    tl.store(mf_ptr + _meta_addr(r0 + 1, tc, NKT_F), (a1 | (c1 << 4)).to(tl.uint8), mask=ok)
+    tl.store(mf_ptr + _meta_addr(r0 + 2, tc, NKT_F), (a2 | (c2 << 4)).to(tl.uint8), mask=ok)
+    tl.store(mf_ptr + _meta_addr(r0 + 3, tc, NKT_F), (a3 | (c3 << 4)).to(tl.uint8), mask=ok)
+    tl.store(mf_ptr + _meta_addr(r0 + 0, tc + 2, NKT_F), (e0 | (g0 << 4)).to(tl.uint8), mask=ok)
+    tl.store(mf_ptr + _meta_addr(r0 + 1, tc + 2, NKT_F), (e1 | (g1 << 4)).to(tl.uint8), mask=ok)
+    tl.store(mf_ptr + _meta_addr(r0 + 2, tc + 2, NKT_F), (e2 | (g2 << 4)).to(tl.uint8), mask=ok)
+    tl.store(mf_ptr + _meta_addr(r0 + 3, tc + 2, NKT_F), (e3 | (g3 << 4)).to(tl.uint8), mask=ok)
     if WRITE_T:
-        # ---- input-gradient operand: A = W^T (C x R), groups along R: one group per (tile, tile column)
-        col_nib = ((nz[:, None] >> q4[None, :]) & 1) | (((nz[:, None] >> (q4[None, :] + 4)) & 1) << 1) \
-            | (((nz[:, None] >> (q4[None, :] + 8)) & 1) << 2) | (((nz[:, None] >> (q4[None, :] + 12)) & 1) << 3)
-        col_code = ((LUT >> (col_nib.to(tl.int64) * 4)) & 15).to(tl.int32)  # (T, 4)
-        cd = tl.sum(col_code << (4 * q4[None, :]), axis=1)
-        cc = (cd[:, None] >> (4 * pcol[None, :])) & 15  # (T, 16) code of each entry's column
-        in_d = (prow[None, :] == (cc & 3)) | (prow[None, :] == (cc >> 2))
-        slot_d = (prow[None, :] == (cc >> 2)).to(tl.int32)
-        # values of A (C x R/2) column-major = an (R/2 x C) row-major matrix
-        tl.store(vd_ptr + (tr[:, None] * 2 + slot_d) * C + col, wz, mask=m2 & in_d)
-        y = tl.reshape(col_code, (TR, TC // 4, 2, 2, 4))
-        hsh2 = 4 * tl.arange(0, 2)[None, None, :, None, None]
-        byte_d = tl.sum(y << hsh2, axis=2)  # (TR, TC//4, 2, 4)
-        trl_i = tl.arange(0, TR)[:, None, None, None]
-        a2_i = tl.arange(0, TC // 4)[None, :, None, None]
-        b2_i = tl.arange(0, 2)[None, None, :, None]
-        cit_i = tl.arange(0, 4)[None, None, None, :]
-        tcg = tc0 + 4 * a2_i + b2_i
-        c = 4 * tcg + cit_i  # row of A
-        gr = tr0 + trl_i  # group of A
-        addr_d = (((c // 64) * NKT_D + gr // 8) * 4 + (c % 64) // 16) * 64 + 8 * (c % 8) + 2 * (gr % 4) + (gr % 8) // 4
-        tl.store(md_ptr + addr_d, byte_d.to(tl.uint8), mask=(tcg < n_tc) & (gr < n_tr))
+        # input-gradient operand A = W^T: its rows are W's columns 4tc + c (tile tc) and 4tc + 8 + c (tile tc + 2)
+        c0_ = 4 * tc
+        tl.store(md_ptr + _meta_addr(c0_ + 0, tr, NKT_D), (b0 | (f0 << 4)).to(tl.uint8), mask=ok)
+        tl.store(md_ptr + _meta_addr(c0_ + 1, tr, NKT_D), (b1 | (f1 << 4)).to(tl.uint8), mask=ok)
+        tl.store(md_ptr + _meta_addr(c0_ + 2, tr, NKT_D), (b2 | (f2 << 4)).to(tl.uint8), mask=ok)
+        tl.store(md_ptr + _meta_addr(c0_ + 3, tr, NKT_D), (b3 | (f3 << 4)).to(tl.uint8), mask=ok)
+        tl.store(md_ptr + _meta_addr(c0_ + 0, tr + 2, NKT_D), (d0 | (h0 << 4)).to(tl.uint8), mask=ok)
+        tl.store(md_ptr + _meta_addr(c0_ + 1, tr + 2, NKT_D), (d1 | (h1 << 4)).to(tl.uint8), mask=ok)
+        tl.store(md_ptr + _meta_addr(c0_ + 2, tr + 2, NKT_D), (d2 | (h2 << 4)).to(tl.uint8), mask=ok)
+        tl.store(md_ptr + _meta_addr(c0_ + 3, tr + 2, NKT_D), (d3 | (h3 << 4)).to(tl.uint8), mask=ok)
 
 
 class Packed(NamedTuple):
@@ -148,8 +124,13 @@ class Packed(NamedTuple):
     tile_bits: torch.Tensor  # int16 (out/4, in/4): kept mask of each 4x4 tile, bit 4*row + col
 
 
-def _blocks():
-    return (16, 16) if not interpreting() else (16, 16)
+# launch configuration (block of units per program, warps, preload all 16 words per thread first); measured on the
+# H100 by scripts/bench_sparse.py --ops pack_variants (results/bench/NOTES.md)
+CONFIG = {"block": 128, "num_warps": 4, "preload": True}
+
+
+def _block() -> int:
+    return 1024 if interpreting() else CONFIG["block"]
 
 
 def prune_pack(
@@ -163,40 +144,40 @@ def prune_pack(
 
     `w`'s entries outside the mask are treated as zero, so `w` may be the raw weight or its pruned values (e.g. an
     S-STE soft-thresholded weight with its mask). `write_t=False` packs only the forward operand (for masks that
-    are not transposable). out/in must be multiples of 16 (cuSPARSELt).
+    are not transposable). out/in must be multiples of 16 (cuSPARSELt). Non-contiguous inputs are copied.
     """
     if w.dim() != 2 or w.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"prune_pack needs a 2-D fp16/bf16 weight, got {tuple(w.shape)} {w.dtype}")
     R, C = w.shape
     L.check_shape(R, C)
     check_launchable(w)
+    if not w.is_contiguous() or w.data_ptr() % 16:
+        w = w.contiguous() if not w.is_contiguous() else w.clone()
     if mask is not None:
         if mask.shape != w.shape:
             raise ValueError(f"mask shape {tuple(mask.shape)} != weight shape {tuple(w.shape)}")
         if mask.dtype == torch.bool:
             mask = mask.view(torch.uint8)
+        mask = mask.contiguous()
     size = L.compressed_size(R, C)  # same for both orientations
+    vb = R * C
     if out is None:
         fwd = torch.empty(size, dtype=torch.uint8, device=w.device)
         dgrad = torch.empty(size, dtype=torch.uint8, device=w.device) if write_t else None
         bits = torch.empty(R // 4, C // 4, dtype=torch.int16, device=w.device)
     else:
         fwd, dgrad, bits = out
-    vb = L.values_bytes(R, C)
-    vf, mf = fwd[:vb].view(w.dtype), fwd[vb:]
+    mf = fwd[vb:]
     if write_t:
-        vd, md = dgrad[:vb].view(w.dtype), dgrad[vb:]
+        vd, md = dgrad, dgrad[vb:]
     else:
-        vd, md = vf, mf  # unused
-    TR, TC = _blocks()
-    grid = (triton.cdiv(R // 4, TR), triton.cdiv(C // 4, TC))
-    m_arg = mask if mask is not None else w
-    _prune_pack_kernel[grid](
-        w, m_arg, vf, mf, vd, md, bits,
-        R, C, w.stride(0), w.stride(1), m_arg.stride(0), m_arg.stride(1),
-        -(-C // 32), -(-R // 32),
-        LUT=CODE_LUT, GIVEN_MASK=mask is not None, WRITE_T=write_t, WRITE_BITS=True,
-        TR=TR, TC=TC, num_warps=8,
+        vd, md = fwd, mf  # unused
+    n_units = (R // 8) * (C // 8)
+    block = _block()
+    _prune_pack_kernel[(triton.cdiv(n_units, block),)](
+        w, mask if mask is not None else w, fwd, mf, vd, md, bits, C, -(-C // 32), -(-R // 32), n_units,
+        LUT_LO=LUT_LO, LUT_HI=LUT_HI, GIVEN_MASK=mask is not None, WRITE_T=write_t, BLOCK=block,
+        PRELOAD=CONFIG["preload"], num_warps=CONFIG["num_warps"],
     )
     return Packed(fwd, dgrad, bits)
 

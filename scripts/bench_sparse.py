@@ -1,0 +1,429 @@
+#!/usr/bin/env python3
+"""Benchmark 2:4 sparse training kernels against dense, side by side in one run (GPU).
+
+    python3 scripts/bench_sparse.py --out results/bench/sparse_h100.json --md results/bench/sparse_h100.md
+
+Shapes: the ViT-L MLP linears, fc1 1024->4096 and fc2 4096->1024, at 16384, 32768 and 58496 tokens; bf16 and fp16.
+Rows (`op`):
+  gemm           one GEMM alone, `gemm` = fwd (x @ W^T) or dgrad (dy @ W): dense cuBLAS on the pruned W vs
+                 cusparselt (cached nvmath plan, searched algorithm) vs torch's stock `_cslt_sparse_mm`
+  linear_fwd_bwd a linear layer forward + backward through the real autograd function: nn.Linear vs
+                 SemiSparseLinear(backend=...), fp32 master weights under autocast (the usual training set-up),
+                 bias, input that needs a gradient; sparse rows include re-pruning and packing W every step
+  mlp_fwd_bwd    fc1 -> GELU -> fc2 forward + backward, same set-up
+  prune_pack     prune W (tile_greedy) and produce what both sparse GEMMs read (W and W^T), 4096x1024 / 1024x4096;
+                 `floor_us` = bytes moved / measured copy bandwidth
+Timing: CUDA events around each call after warm-up, median; inputs rotated over several sets (weights over 8 for
+prune_pack) so that nothing is served from the 50 MB L2. `graph` = true rows replay a captured CUDA graph (one per
+input set), false rows run eagerly (host overhead included). `dense_ms` is the dense reference of the same row
+measured in the same run; speedup = dense_ms / ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHAPES = [(1024, 4096), (4096, 1024)]  # (in, out): fc1, fc2
+TOKENS = [16384, 32768, 58496]
+N_SETS = 3
+
+
+def median_ms(fn, sets=1, warm=5, reps=30):
+    for i in range(warm):
+        fn(i % sets)
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for i, (s, e) in enumerate(ev):
+        s.record()
+        fn(i % sets)
+        e.record()
+    torch.cuda.synchronize()
+    ts = sorted(s.elapsed_time(e) for s, e in ev)
+    return ts[len(ts) // 2]
+
+
+def graph_ms(step, sets, warm=3, reps=30):
+    """Capture step(i) once per input set i, replay round-robin."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(warm):
+            step(i % sets)
+    torch.cuda.current_stream().wait_stream(s)
+    graphs = []
+    for i in range(sets):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step(i)
+        graphs.append(g)
+    return median_ms(lambda i: graphs[i].replay(), sets, warm, reps)
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.rows = []
+        self.t0 = time.time()
+
+    def add(self, **row):
+        if row.get("dense_ms") and row.get("ms"):
+            row["speedup"] = round(row["dense_ms"] / row["ms"], 4)
+        for k in ("ms", "dense_ms"):
+            if k in row and row[k] is not None:
+                row[k] = round(row[k], 5)
+        self.rows.append(row)
+        print(json.dumps(row), flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def bench_prune_pack(B, dtype, copy_tbps):
+    from sparsity.backends import _cslt_plans as P
+    from sparsity.backends import get_backend
+    from sparsity.kernels.pack_cusparselt import prune_pack
+    from sparsity.packing import layout as L
+    from sparsity.pruning import prune
+
+    dn = str(dtype).replace("torch.", "")
+    for (in_f, out_f) in SHAPES:
+        ws = [torch.randn(out_f, in_f, device="cuda", dtype=dtype) for _ in range(8)]
+        size = L.compressed_size(out_f, in_f)
+        nbytes = out_f * in_f * 2 + 2 * size + out_f * in_f // 8
+        floor_us = nbytes / (copy_tbps * 1e12) * 1e6
+        base = dict(op="prune_pack", tokens=0, in_features=in_f, out_features=out_f, dtype=dn,
+                    floor_us=round(floor_us, 2), bytes=nbytes)
+        # a plain copy of the same traffic, for the ceiling at this size
+        srcs = [torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda") for _ in range(8)]
+        dsts = [torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda") for _ in range(8)]
+        copy_ms = median_ms(lambda i: dsts[i].copy_(srcs[i]), 8, 10, 100)
+        copy_g = graph_ms(lambda i: dsts[i].copy_(srcs[i]), 8, 3, 100)
+        B.add(**base, backend="copy_same_bytes", ms=copy_ms, graph=False, dense_ms=None)
+        B.add(**base, backend="copy_same_bytes", ms=copy_g, graph=True, dense_ms=None)
+        # dense path's pruning (the Triton tile_greedy kernel writing values + mask): what "dense" pays per step
+        dense_prune = median_ms(lambda i: prune(ws[i], "tile_greedy"), 8, 10, 100)
+        fused = median_ms(lambda i: prune_pack(ws[i]), 8, 10, 100)
+        fused_g = graph_ms(lambda i: prune_pack(ws[i]), 8, 3, 100)
+        B.add(**base, backend="cusparselt_fused", ms=fused, graph=False, dense_ms=dense_prune)
+        B.add(**base, backend="cusparselt_fused", ms=fused_g, graph=True, dense_ms=dense_prune)
+        # the library path: Triton prune + cusparseLtSpMMACompress2 for W and for W^T
+        cf = P.compressor(0, P.OperandLayout.for_weight(out_f, in_f, "fwd"), dtype)
+        cd = P.compressor(0, P.OperandLayout.for_weight(out_f, in_f, "dgrad"), dtype)
+
+        def lib_path(i):
+            v, _ = prune(ws[i], "tile_greedy")
+            cf(v)
+            cd(v)
+
+        B.add(**base, backend="cusparselt_library_compress", ms=median_ms(lib_path, 8, 5, 50), graph=False,
+              dense_ms=dense_prune)
+
+        def torch_path(i):
+            v, _ = prune(ws[i], "tile_greedy")
+            torch._cslt_compress(v)
+            torch._cslt_compress(v.t().contiguous())
+
+        B.add(**base, backend="torch_cslt_compress", ms=median_ms(torch_path, 8, 5, 50), graph=False,
+              dense_ms=dense_prune)
+        del ws, srcs, dsts
+
+
+def bench_gemms(B, dtype, in_f, out_f, tokens):
+    from sparsity.backends import get_backend
+
+    dn = str(dtype).replace("torch.", "")
+    cs = get_backend("cusparselt")
+    w = torch.randn(out_f, in_f, device="cuda", dtype=dtype)
+    sw = cs.sparsify(w, "tile_greedy")
+    wp = sw.to_dense()
+    xs = [torch.randn(tokens, in_f, device="cuda", dtype=dtype) for _ in range(N_SETS)]
+    dys = [torch.randn(tokens, out_f, device="cuda", dtype=dtype) for _ in range(N_SETS)]
+    # correctness on this exact shape (fresh inputs)
+    err_f = rel(sw.matmul(xs[0]), xs[0].float() @ wp.float().t())
+    err_d = rel(sw.matmul_t(dys[0]), dys[0].float() @ wp.float())
+    base = dict(op="gemm", tokens=tokens, in_features=in_f, out_features=out_f, dtype=dn)
+    cw = torch._cslt_compress(wp)
+    cwt = torch._cslt_compress(wp.t().contiguous())
+    for gemm, dense_fn, sparse_fn, torch_fn, err in (
+        ("fwd", lambda i: F.linear(xs[i], wp), lambda i: sw.matmul(xs[i]),
+         lambda i: torch._cslt_sparse_mm(cw, xs[i].t(), transpose_result=True), err_f),
+        ("dgrad", lambda i: dys[i] @ wp, lambda i: sw.matmul_t(dys[i]),
+         lambda i: torch._cslt_sparse_mm(cwt, dys[i].t(), transpose_result=True), err_d),
+    ):
+        for graph in (False, True):
+            timer = (lambda f: graph_ms(f, N_SETS)) if graph else (lambda f: median_ms(f, N_SETS))
+            d = timer(dense_fn)
+            B.add(**base, gemm=gemm, backend="dense", ms=d, dense_ms=d, graph=graph)
+            B.add(**base, gemm=gemm, backend="cusparselt", ms=timer(sparse_fn), dense_ms=d, graph=graph,
+                  rel_err=round(err, 7))
+            try:
+                B.add(**base, gemm=gemm, backend="torch_cslt", ms=timer(torch_fn), dense_ms=d, graph=graph)
+            except Exception as e:  # noqa: BLE001
+                B.add(**base, gemm=gemm, backend="torch_cslt", ms=None, dense_ms=d, graph=graph, error=repr(e)[:200])
+
+
+def _linear_pair(in_f, out_f, backend):
+    from sparsity import SemiSparseLinear
+
+    torch.manual_seed(0)
+    lin = nn.Linear(in_f, out_f, device="cuda")
+    if backend is None:
+        return lin
+    return SemiSparseLinear.from_dense(lin, backend=backend)
+
+
+def _mlp(backend):
+    fc1 = _linear_pair(1024, 4096, backend)
+    fc2 = _linear_pair(4096, 1024, backend)
+    return nn.Sequential(fc1, nn.GELU(), fc2)
+
+
+def bench_modules(B, dtype, op, tokens, in_f, out_f, backends):
+    dn = str(dtype).replace("torch.", "")
+    xs = [torch.randn(tokens, in_f, device="cuda", requires_grad=True) for _ in range(N_SETS)]
+    dys = [torch.randn(tokens, out_f, device="cuda", dtype=dtype) for _ in range(N_SETS)]
+    base = dict(op=op, tokens=tokens, in_features=in_f, out_features=out_f, dtype=dn)
+
+    def make(backend):
+        return _mlp(backend) if op == "mlp_fwd_bwd" else _linear_pair(in_f, out_f, backend)
+
+    def stepper(model):
+        params = list(model.parameters())
+
+        def step(i):
+            for p in params:
+                p.grad = None
+            xs[i].grad = None
+            with torch.autocast("cuda", dtype=dtype):
+                y = model(xs[i])
+            y.backward(dys[i])
+
+        return step
+
+    dense = {}
+    for graph in (False, True):
+        for backend in [None] + backends:
+            name = backend or "nn.Linear"
+            try:
+                model = make(backend)
+                step = stepper(model)
+                step(0)  # first call: plans, algorithm sweeps, auto decisions
+                ms = graph_ms(step, N_SETS) if graph else median_ms(step, N_SETS)
+                if backend is None:
+                    dense[graph] = ms
+                B.add(**base, backend=name, ms=ms, dense_ms=dense.get(graph), graph=graph)
+            except Exception as e:  # noqa: BLE001
+                B.add(**base, backend=name, ms=None, dense_ms=dense.get(graph), graph=graph, error=repr(e)[:300])
+            finally:
+                torch.cuda.synchronize()
+
+
+def bench_pack_variants(B, dtype):
+    """Launch configurations of the fused kernel (block of units, warps, preload), 4096x1024 and 1024x4096."""
+    from sparsity.kernels import pack_cusparselt as K
+
+    dn = str(dtype).replace("torch.", "")
+    keep = dict(K.CONFIG)
+    for (in_f, out_f) in SHAPES:
+        ws = [torch.randn(out_f, in_f, device="cuda", dtype=dtype) for _ in range(8)]
+        ref = None
+        for preload in (True, False):
+            for block, warps in ((128, 4), (64, 2), (256, 8), (128, 8)):
+                K.CONFIG.update(block=block, num_warps=warps, preload=preload)
+                pk = K.prune_pack(ws[0])
+                same = True
+                if ref is None:
+                    ref = pk
+                else:
+                    same = all(torch.equal(a, b) for a, b in zip(ref, pk))
+                ms = graph_ms(lambda i: K.prune_pack(ws[i]), 8, 3, 100)
+                B.add(op="pack_variant", backend=f"preload={preload},block={block},warps={warps}", tokens=0,
+                      in_features=in_f, out_features=out_f, dtype=dn, ms=ms, dense_ms=None, graph=True,
+                      same_bytes=same)
+    K.CONFIG.clear()
+    K.CONFIG.update(keep)
+
+
+def bench_host(B, dtype):
+    """Host cost of one linear fwd+bwd: wall time per step at 256 tokens (GPU work negligible), and a profile of one
+    eager step at 32768 tokens (top CPU ops, synchronisations)."""
+    dn = str(dtype).replace("torch.", "")
+    for backend in (None, "cusparselt", "auto"):
+        model = _linear_pair(1024, 4096, backend)
+        x = torch.randn(256, 1024, device="cuda", requires_grad=True)
+        dy = torch.randn(256, 4096, device="cuda", dtype=dtype)
+
+        def step():
+            model.weight.grad = None
+            with torch.autocast("cuda", dtype=dtype):
+                y = model(x)
+            y.backward(dy)
+
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(50):
+            step()
+        torch.cuda.synchronize()
+        us = (time.perf_counter() - t) / 50 * 1e6
+        B.add(op="host_per_step", backend=backend or "nn.Linear", tokens=256, in_features=1024, out_features=4096,
+              dtype=dn, ms=us / 1e3, dense_ms=None, graph=False)
+    from torch.profiler import ProfilerActivity, profile
+
+    for backend in ("cusparselt", None):
+        model = _linear_pair(1024, 4096, backend)
+        x = torch.randn(32768, 1024, device="cuda", requires_grad=True)
+        dy = torch.randn(32768, 4096, device="cuda", dtype=dtype)
+
+        def step():
+            model.weight.grad = None
+            x.grad = None
+            with torch.autocast("cuda", dtype=dtype):
+                y = model(x)
+            y.backward(dy)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        tab = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60)
+        print(f"=== profile linear fwd+bwd 32768x1024->4096 {backend or 'nn.Linear'} (3 eager steps)\n{tab}",
+              file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def ceilings():
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda i: dst.copy_(src), 1, 3, 20)
+    copy_tbps = 2 * src.numel() / (ms * 1e-3) / 1e12
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = median_ms(lambda i: a @ b, 1, 3, 20)
+    tflops = 2 * 8192 ** 3 / (ms * 1e-3) / 1e12
+    return {"copy_TBps": round(copy_tbps, 3), "bf16_8192cube_TFLOPs": round(tflops, 1)}
+
+
+def fmt_table(rows):
+    hdr = "| op | gemm | backend | graph | tokens | in→out | dtype | ms | dense ms | speedup | note |"
+    lines = [hdr, "|" + "---|" * 11]
+    for r in rows:
+        note = ""
+        if r["op"] == "prune_pack":
+            note = f"floor {r['floor_us']} µs"
+        if r["op"] == "pack_variant":
+            note = f"same bytes {r.get('same_bytes')}"
+        if r.get("error"):
+            note = r["error"][:60]
+        us_ops = ("prune_pack", "pack_variant", "host_per_step")
+        ms = "-" if r.get("ms") is None else (f"{r['ms'] * 1e3:.1f} µs" if r["op"] in us_ops else f"{r['ms']:.4f}")
+        dms = "-" if r.get("dense_ms") is None else (
+            f"{r['dense_ms'] * 1e3:.1f} µs" if r["op"] == "prune_pack" else f"{r['dense_ms']:.4f}")
+        sp = "-" if r.get("speedup") is None else f"{r['speedup']:.3f}x"
+        lines.append(f"| {r['op']} | {r.get('gemm', '')} | {r['backend']} | {'yes' if r.get('graph') else 'no'} | "
+                     f"{r['tokens']} | {r['in_features']}→{r['out_features']} | {r['dtype']} | {ms} | {dms} | {sp} | "
+                     f"{note} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/bench/sparse_h100.json")
+    ap.add_argument("--md", default=None, help="also write the table as markdown here")
+    ap.add_argument("--tokens", type=int, nargs="*", default=TOKENS)
+    ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
+    ap.add_argument("--ops", nargs="*", default=["prune_pack", "gemm", "linear_fwd_bwd", "mlp_fwd_bwd"])
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_sparse.py needs a CUDA GPU")
+    logging_setup()
+    from sparsity.backends import BackendUnavailable, get_backend
+    from sparsity.backends import _cslt_plans as P
+
+    dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in args.dtypes]
+    B = Bench(args)
+    info = {
+        "gpu": torch.cuda.get_device_name(),
+        "arch": "sm%d%d" % torch.cuda.get_device_capability(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "python": platform.python_version(),
+        "cusparselt": P.version(),
+        "torch_cusparselt": torch.backends.cusparselt.version(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    info["ceilings"] = ceilings()
+    print(json.dumps(info), flush=True)
+    backends = []
+    unavailable = {}
+    for name in ("cusparselt", "cutlass", "auto"):
+        try:
+            get_backend(name).check(torch.device("cuda"), torch.bfloat16)
+            backends.append(name)
+        except BackendUnavailable as e:
+            unavailable[name] = str(e)
+    info["backends"] = backends
+    info["unavailable"] = unavailable
+    for dtype in dtypes:
+        if "pack_variants" in args.ops:
+            bench_pack_variants(B, dtype)
+        if "host" in args.ops:
+            bench_host(B, dtype)
+        if "prune_pack" in args.ops:
+            bench_prune_pack(B, dtype, info["ceilings"]["copy_TBps"])
+        for tokens in args.tokens:
+            for (in_f, out_f) in SHAPES:
+                if "gemm" in args.ops:
+                    bench_gemms(B, dtype, in_f, out_f, tokens)
+                if "linear_fwd_bwd" in args.ops:
+                    bench_modules(B, dtype, "linear_fwd_bwd", tokens, in_f, out_f, backends)
+            if "mlp_fwd_bwd" in args.ops:
+                bench_modules(B, dtype, "mlp_fwd_bwd", tokens, 1024, 1024, backends)
+            torch.cuda.empty_cache()
+    info["auto_decisions"] = get_backend("auto").describe()["decisions"] if "auto" in backends else []
+    info["cusparselt_describe"] = get_backend("cusparselt").describe() if "cusparselt" in backends else {}
+    info["elapsed_s"] = round(time.time() - B.t0, 1)
+    out = {**info, "rows": B.rows}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    table = fmt_table(B.rows)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(f"# 2:4 sparse vs dense on {info['gpu']} ({info['arch']}), torch {info['torch']}, "
+                    f"cuSPARSELt {info['cusparselt']}\n\nGenerated by `scripts/bench_sparse.py` ({info['started']}); "
+                    f"ceilings: {info['ceilings']}. Backends unavailable here: {unavailable}.\n\n{table}\n")
+    print(table)
+
+
+def logging_setup():
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("torch").setLevel(logging.WARNING)
+
+
+if __name__ == "__main__":
+    main()

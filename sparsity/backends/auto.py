@@ -1,0 +1,180 @@
+"""The `auto` backend: per GEMM shape, measure the sparse path against the dense masked path once, keep the faster.
+
+Key: (tokens, in, out, dtype, device) (`GemmKey`). The first time a key is seen (outside CUDA-graph capture and
+torch.compile tracing), both ways of running a linear layer's two weight GEMMs are timed as a training step runs
+them, on fresh random inputs of the real shapes:
+
+    sparse = cusparselt.sparsify (fused prune + pack of W and W^T) + forward GEMM + input-gradient GEMM
+    dense  = dense.sparsify (prune)                                 + forward GEMM + input-gradient GEMM
+
+(the weight-gradient GEMM is dense in both and is left out), median of CUDA-event timings after warm-up. The faster
+path is remembered for the key and used from then on; every decision is kept (`describe()`) and logged at INFO. A
+sparse phase is therefore never slower than the dense masked path beyond the timing noise. Where cuSPARSELt cannot
+run (CPU, missing nvmath, compute capability < 8.0, shapes that are not multiples of 16, fp32) auto is the dense
+backend, and the reason is recorded. A key first met inside graph capture or compilation uses dense (no timing is
+possible there) without remembering it, so a later eager call can still decide.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Optional
+
+import torch
+
+from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
+
+log = logging.getLogger(__name__)
+
+MARGIN = 1.0  # sparse must be faster than dense (ratio dense/sparse > MARGIN) to be chosen
+
+
+def _time(fn, warm: int = 3, reps: int = 15) -> float:
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    ts = sorted(s.elapsed_time(e) for s, e in ev)
+    return ts[len(ts) // 2]
+
+
+class AutoSparseWeight(SparseWeight):
+    """Defers the choice to the first product, where the token count (and so the key) is known."""
+
+    def __init__(self, backend: "AutoBackend", weight: torch.Tensor, pruning: str):
+        self._backend = backend
+        self._weight = weight
+        self._pruning = pruning
+        self.shape = weight.shape
+        self._impl: Optional[SparseWeight] = None
+        self.choice: Optional[str] = None
+
+    def _resolve(self, tokens: int, has_bias: bool) -> SparseWeight:
+        if self._impl is None:
+            self.choice = self._backend.decide(self._weight, self._pruning, tokens, has_bias)
+            self._impl = self._backend.backend(self.choice).sparsify(self._weight, self._pruning)
+            self._weight = None  # the chosen representation is all that is needed from here on
+        return self._impl
+
+    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self._resolve(x.shape[0], bias is not None).matmul(x, bias)
+
+    def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:
+        return self._resolve(dy.shape[0], False).matmul_t(dy)
+
+    def to_dense(self) -> torch.Tensor:
+        return self._resolve(0, False).to_dense() if self._impl is None else self._impl.to_dense()
+
+    def mask(self) -> torch.Tensor:
+        return self._resolve(0, False).mask() if self._impl is None else self._impl.mask()
+
+
+class AutoBackend(Backend):
+    name = "auto"
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.decisions: dict = {}  # GemmKey -> record
+
+    def backend(self, name: str) -> Backend:
+        from . import get_backend
+
+        return get_backend(name)
+
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        return None  # dense always works
+
+    def sparsify(self, weight: torch.Tensor, pruning: str) -> SparseWeight:
+        if weight.device.type != "cuda":
+            return self.backend("dense").sparsify(weight, pruning)
+        return AutoSparseWeight(self, weight.detach(), pruning)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def decide(self, weight: torch.Tensor, pruning: str, tokens: int, has_bias: bool) -> str:
+        out_f, in_f = weight.shape
+        dev = weight.device
+        key = GemmKey(tokens, in_f, out_f, weight.dtype, dev.index if dev.index is not None else 0)
+        rec = self.decisions.get(key)
+        if rec is not None:
+            return rec["choice"]
+        reason = self._sparse_unavailable(weight, tokens)
+        if reason is not None:
+            return self._record(key, "dense", reason=reason)
+        if torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
+            log.info("auto: %s first seen inside graph capture/compilation: dense for now (not remembered)", key)
+            return "dense"
+        with self._lock:
+            rec = self.decisions.get(key)
+            if rec is not None:
+                return rec["choice"]
+            try:
+                t_sparse, t_dense = self._measure(weight, pruning, tokens, has_bias)
+            except BackendUnavailable as e:
+                return self._record(key, "dense", reason=f"cusparselt unavailable: {e}")
+            choice = "cusparselt" if t_dense / t_sparse > MARGIN else "dense"
+            return self._record(key, choice, sparse_ms=round(t_sparse, 4), dense_ms=round(t_dense, 4),
+                                speedup=round(t_dense / t_sparse, 3), pruning=pruning)
+
+    def _sparse_unavailable(self, weight: torch.Tensor, tokens: int) -> Optional[str]:
+        try:
+            cs = self.backend("cusparselt")
+            cs.check(weight.device, weight.dtype)
+            cs.check_shape(*weight.shape)
+        except BackendUnavailable as e:
+            return str(e)
+        if tokens == 0:
+            return "no tokens"
+        return None
+
+    def _measure(self, weight: torch.Tensor, pruning: str, tokens: int, has_bias: bool):
+        out_f, in_f = weight.shape
+        dev, dtype = weight.device, weight.dtype
+        x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
+        dy = torch.randn(tokens, out_f, device=dev, dtype=dtype)
+        bias = torch.randn(out_f, device=dev, dtype=dtype) if has_bias else None
+        w = weight.detach()
+        cs, dn = self.backend("cusparselt"), self.backend("dense")
+        # warm the sparse path once (builds plans and chooses their algorithms: not part of a step's cost)
+        sw = cs.sparsify(w, pruning)
+        sw.matmul(x, bias)
+        sw.matmul_t(dy)
+
+        def sparse_step():
+            s = cs.sparsify(w, pruning)
+            s.matmul(x, bias)
+            s.matmul_t(dy)
+
+        def dense_step():
+            s = dn.sparsify(w, pruning)
+            s.matmul(x, bias)
+            s.matmul_t(dy)
+
+        # interleave two rounds to spread clock/thermal drift over both
+        ts, td = [], []
+        for _ in range(2):
+            ts.append(_time(sparse_step))
+            td.append(_time(dense_step))
+        return min(ts), min(td)
+
+    def _record(self, key: GemmKey, choice: str, **info) -> str:
+        rec = {"choice": choice, **info}
+        self.decisions[key] = rec
+        log.info("auto backend: tokens=%d in=%d out=%d %s -> %s %s", key.tokens, key.in_features, key.out_features,
+                 str(key.dtype).replace("torch.", ""), choice, info)
+        return choice
+
+    def describe(self) -> dict:
+        return {
+            "backend": self.name,
+            "decisions": [
+                {"tokens": k.tokens, "in_features": k.in_features, "out_features": k.out_features,
+                 "dtype": str(k.dtype).replace("torch.", ""), "device": k.device_index, **v}
+                for k, v in self.decisions.items()
+            ],
+        }

@@ -1,0 +1,99 @@
+"""Try every cuSPARSELt algorithm id (CONFIG_ID) of one GEMM, one at a time, surviving crashes (GPU).
+
+Some algorithms of cuSPARSELt 0.8.0 on sm90 crash the CUDA context for fp16 (illegal instruction), which no
+in-process check can recover from. This script writes a line before and after each attempt; a driver loop restarts
+it after the last attempted id when it dies:
+
+    s=0; while :; do python3 -m sparsity.packing.probe_algs --dtype fp16 --kind fwd --out f.jsonl --start $s && break;
+         s=$(( $(python3 -m sparsity.packing.probe_algs --last f.jsonl) + 1 )); done
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def last_alg(path: str) -> int:
+    with open(path) as f:
+        lines = [json.loads(x) for x in f if x.strip()]
+    return max(r["alg"] for r in lines if "alg" in r)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--kind", default="fwd")
+    ap.add_argument("--out-features", type=int, default=4096)
+    ap.add_argument("--in-features", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--last", default=None, help="print the last attempted alg id of this file and exit")
+    args = ap.parse_args()
+    if args.last:
+        print(last_alg(args.last))
+        return
+    import torch
+    import torch.nn.functional as F
+
+    from sparsity.backends import _cslt_plans as P
+    from sparsity.kernels.pack_cusparselt import prune_pack
+
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    o, i, n = args.out_features, args.in_features, args.tokens
+    tag = dict(dtype=args.dtype, kind=args.kind, out_features=o, in_features=i, tokens=n)
+
+    def emit(**kw):
+        with open(args.out, "a") as f:
+            f.write(json.dumps({**tag, **kw}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    torch.manual_seed(0)
+    w = torch.randn(o, i, device="cuda", dtype=dtype)
+    pk = prune_pack(w)
+    from sparsity.packing import layout as L
+
+    wp = L.unpack_reference(pk.fwd, o, i, "row", dtype)
+    if args.kind == "fwd":
+        a, b = pk.fwd, torch.randn(n, i, device="cuda", dtype=dtype)
+        ref = F.linear(b, wp)
+    else:
+        a, b = pk.dgrad, torch.randn(n, o, device="cuda", dtype=dtype)
+        ref = b @ wp
+    lay = P.OperandLayout.for_weight(o, i, args.kind)
+    h = P._state().handle(0)
+    base = P.GemmPlan(("probe",), 0, h, lay, n, dtype, True, P.ORDER_COL, False, None)
+    base.build()
+    max_alg = base.max_alg()
+    emit(event="max_alg", max_alg=max_alg, default_alg=base.current_alg(), alg=args.start - 1)
+    d = P._empty_d(base, b.device)
+    for alg in range(args.start, max_alg + 1):
+        emit(alg=alg, event="try")
+        try:
+            p = P.GemmPlan(("probe", alg), 0, h, lay, n, dtype, True, P.ORDER_COL, False, alg)
+            p.build()
+        except Exception as e:  # noqa: BLE001
+            emit(alg=alg, event="plan_error", error=repr(e)[:120])
+            continue
+        try:
+            d.fill_(float("nan"))
+            p.run(a, b, d)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            emit(alg=alg, event="run_error", error=repr(e)[:160])
+            if "cuSPARSELt" not in repr(e):
+                sys.exit(3)  # a CUDA error: the context is gone, restart after this alg
+            continue
+        err = float((d.float() - ref.float()).norm() / ref.float().norm())
+        ms = P._time_ms(lambda: p.run(a, b, d), 2, 5)
+        emit(alg=alg, event="ok", rel_err=err, ms=round(ms, 5))
+        p.destroy()
+    emit(alg=max_alg, event="done")
+
+
+if __name__ == "__main__":
+    main()

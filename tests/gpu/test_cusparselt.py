@@ -1,0 +1,393 @@
+"""GPU tests of the cuSPARSELt backend, the fused prune+pack kernel and the auto backend.
+
+Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu`. Every check draws fresh random inputs; sparse results
+are compared with the dense masked product (fp32 reference) by relative Frobenius error.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+def _rel(a, b):
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+@pytest.fixture(scope="module")
+def cs():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from sparsity.backends import BackendUnavailable, get_backend
+
+    b = get_backend("cusparselt")
+    try:
+        b.check(torch.device("cuda"), torch.bfloat16)
+    except BackendUnavailable as e:
+        pytest.skip(f"cusparselt unavailable: {e}")
+    return b
+
+
+def _masked(w, pruning="tile_greedy"):
+    from sparsity.pruning import prune
+
+    values, mask = prune(w, pruning, impl="reference")
+    return values, mask
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fused pack == library compressor
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4096, 1024), (1024, 4096), (256, 512), (48, 80), (96, 160)])
+def test_fused_pack_equals_library(cs, dtype, shape):
+    from sparsity.backends import _cslt_plans as P
+    from sparsity.kernels.pack_cusparselt import prune_pack, tile_bits_to_mask
+    from sparsity.packing import layout as L
+    from sparsity.pruning.reference import tile_greedy_mask
+
+    out_f, in_f = shape
+    w = torch.randn(out_f, in_f, device="cuda", dtype=dtype)
+    w[::5, ::3] = 0.5  # exact ties
+    pk = prune_pack(w)
+    mask = tile_bits_to_mask(pk.tile_bits)
+    assert torch.equal(mask, tile_greedy_mask(w)), "fused greedy differs from the reference mask"
+    wp = torch.where(mask, w, torch.zeros((), dtype=dtype, device="cuda"))
+    for kind, got in (("fwd", pk.fwd), ("dgrad", pk.dgrad)):
+        comp = P.compressor(0, P.OperandLayout.for_weight(out_f, in_f, kind), dtype)
+        ref = comp(wp)
+        m, k = (out_f, in_f) if kind == "fwd" else (in_f, out_f)
+        valid = L.valid_byte_mask(m, k, "cuda")
+        assert ref.numel() == got.numel()
+        assert torch.equal(ref[valid], got[valid]), f"{kind} bytes differ"
+
+
+@pytest.mark.parametrize("pruning", ["tile_optimal", "rowwise", "soft_threshold"])
+def test_pack_given_mask_equals_library(cs, pruning):
+    from sparsity.backends import _cslt_plans as P
+    from sparsity.kernels.pack_cusparselt import prune_pack
+    from sparsity.packing import layout as L
+    from sparsity.pruning import is_transposable, prune
+
+    dtype = torch.bfloat16
+    w = torch.randn(512, 256, device="cuda", dtype=dtype)
+    values, mask = prune(w, pruning)
+    pk = prune_pack(values, mask, write_t=is_transposable(pruning))
+    kinds = [("fwd", pk.fwd)] + ([("dgrad", pk.dgrad)] if is_transposable(pruning) else [])
+    for kind, got in kinds:
+        ref = P.compressor(0, P.OperandLayout.for_weight(512, 256, kind), dtype)(values)
+        m, k = (512, 256) if kind == "fwd" else (256, 512)
+        valid = L.valid_byte_mask(m, k, "cuda")
+        assert torch.equal(ref[valid], got[valid])
+
+
+def test_layout_probe_and_status(cs):
+    from sparsity.backends.cusparselt import layout_status, probe_layout
+
+    assert probe_layout(torch.device("cuda"), torch.bfloat16)
+    assert probe_layout(torch.device("cuda"), torch.float16)
+    st = layout_status(torch.device("cuda"), torch.bfloat16)
+    assert st["pack"] == "triton", st
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GEMMs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [4096, 1000, 37, 4100])
+@pytest.mark.parametrize("shape", [(4096, 1024), (1024, 4096), (192, 80)])
+def test_matmul_and_matmul_t_match_dense(cs, dtype, tokens, shape):
+    out_f, in_f = shape
+    w = torch.randn(out_f, in_f, device="cuda", dtype=dtype)
+    sw = cs.sparsify(w, "tile_greedy")
+    wp = sw.to_dense()
+    values, mask = _masked(w)
+    assert torch.equal(sw.mask(), mask) and torch.equal(wp, values)
+    for _ in range(2):  # a fresh input every check
+        x = torch.randn(tokens, in_f, device="cuda", dtype=dtype)
+        dy = torch.randn(tokens, out_f, device="cuda", dtype=dtype)
+        b = torch.randn(out_f, device="cuda", dtype=dtype)
+        assert _rel(sw.matmul(x), x.float() @ wp.float().t()) < 1e-2
+        assert _rel(sw.matmul(x, b), x.float() @ wp.float().t() + b.float()) < 1e-2
+        assert _rel(sw.matmul_t(dy), dy.float() @ wp.float()) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_non_contiguous_inputs(cs, dtype):
+    w = torch.randn(1024, 512, device="cuda", dtype=dtype)
+    sw = cs.sparsify(w, "tile_greedy")
+    wp = sw.to_dense().float()
+    big = torch.randn(2048, 1024, device="cuda", dtype=dtype)
+    cases = {
+        "column slice": big[:, 100:612],  # row stride 1024, misaligned start
+        "transposed": torch.randn(512, 2048, device="cuda", dtype=dtype).t(),  # column-major: op(B)=N path
+        "row step": big[::2, :512],
+        "expanded": torch.randn(1, 512, device="cuda", dtype=dtype).expand(64, 512),
+    }
+    for name, x in cases.items():
+        assert _rel(sw.matmul(x), x.float() @ wp.t()) < 1e-2, name
+    dy = torch.randn(1024, 2048, device="cuda", dtype=dtype).t()
+    assert _rel(sw.matmul_t(dy), dy.float() @ wp) < 1e-2
+
+
+@pytest.mark.parametrize("pruning", ["tile_optimal", "rowwise", "soft_threshold"])
+def test_other_prunings(cs, pruning):
+    dtype = torch.bfloat16
+    w = torch.randn(1024, 512, device="cuda", dtype=dtype)
+    sw = cs.sparsify(w, pruning)
+    values, mask = _masked(w, pruning)
+    assert torch.equal(sw.mask(), mask)
+    x = torch.randn(333, 512, device="cuda", dtype=dtype)
+    dy = torch.randn(333, 1024, device="cuda", dtype=dtype)
+    assert _rel(sw.matmul(x), x.float() @ values.float().t()) < 1e-2
+    assert _rel(sw.matmul_t(dy), dy.float() @ values.float()) < 1e-2
+
+
+def test_padded_rows_and_bad_shapes(cs):
+    from sparsity.backends import BackendUnavailable
+
+    w = torch.randn(100, 64, device="cuda", dtype=torch.bfloat16)  # out not a multiple of 16: zero-padded rows
+    sw = cs.sparsify(w, "tile_greedy")
+    values, _ = _masked(w)
+    x = torch.randn(50, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(100, device="cuda", dtype=torch.bfloat16)
+    assert _rel(sw.matmul(x, b), x.float() @ values.float().t() + b.float()) < 1e-2
+    dy = torch.randn(50, 100, device="cuda", dtype=torch.bfloat16)
+    assert _rel(sw.matmul_t(dy), dy.float() @ values.float()) < 1e-2
+    with pytest.raises(BackendUnavailable, match=r"\(64, 72\)"):
+        cs.sparsify(torch.randn(64, 72, device="cuda", dtype=torch.bfloat16), "tile_greedy")
+    with pytest.raises(BackendUnavailable, match="fp16 and bf16"):
+        cs.sparsify(torch.randn(64, 64, device="cuda"), "tile_greedy")
+
+
+def test_library_compressor_fallback(cs, monkeypatch):
+    import sparsity.backends.cusparselt as C
+
+    dev_index = torch.cuda.current_device()
+    monkeypatch.setitem(C._layout_status, (dev_index, torch.float16), {"pack": "library", "reason": "test"})
+    w = torch.randn(512, 256, device="cuda", dtype=torch.float16)
+    sw = cs.sparsify(w, "tile_greedy")
+    values, _ = _masked(w)
+    x = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    dy = torch.randn(256, 512, device="cuda", dtype=torch.float16)
+    assert _rel(sw.matmul(x), x.float() @ values.float().t()) < 1e-2
+    assert _rel(sw.matmul_t(dy), dy.float() @ values.float()) < 1e-2
+
+
+def test_other_thread(cs):
+    """Backward may run on autograd's device thread: plans and handles are per thread."""
+    w = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    sw = cs.sparsify(w, "tile_greedy")
+    wp = sw.to_dense().float()
+    res = {}
+
+    def work():
+        x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+        res["err"] = _rel(sw.matmul_t(x), x.float() @ wp)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert res["err"] < 1e-2
+
+
+def test_plans_record_verified_algorithms(cs):
+    from sparsity.backends import _cslt_plans as P
+
+    w = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16)
+    sw = cs.sparsify(w, "tile_greedy")
+    sw.matmul(torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16))
+    recs = [v for k, v in P.plan_records().items() if "2048, 1024, 2048" in k]
+    assert recs and all("alg_id" in r for r in recs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# through the modules: eager, autocast, CUDA graph, torch.compile
+
+
+def _pair(in_f=1024, out_f=4096, dtype=torch.float32, seed=0):
+    from sparsity import SemiSparseLinear
+
+    torch.manual_seed(seed)
+    lin = nn.Linear(in_f, out_f, device="cuda", dtype=dtype)
+    a = SemiSparseLinear.from_dense(lin, backend="cusparselt")
+    lin2 = nn.Linear(in_f, out_f, device="cuda", dtype=dtype)
+    lin2.load_state_dict(lin.state_dict())
+    b = SemiSparseLinear.from_dense(lin2, backend="dense")
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_semisparse_linear_equals_dense_backend(cs, dtype):
+    a, b = _pair(dtype=dtype)
+    x = torch.randn(8, 300, 1024, device="cuda", dtype=dtype)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    dy = torch.randn(8, 300, 4096, device="cuda", dtype=dtype)
+    ya, yb = a(xa), b(xb)
+    ya.backward(dy)
+    yb.backward(dy)
+    assert _rel(ya, yb) < 1e-2
+    assert _rel(xa.grad, xb.grad) < 1e-2
+    assert _rel(a.weight.grad, b.weight.grad) < 1e-2
+    assert _rel(a.bias.grad, b.bias.grad) < 1e-2
+
+
+def test_semisparse_linear_autocast_fp32_master(cs):
+    a, b = _pair(dtype=torch.float32)
+    x = torch.randn(4096, 1024, device="cuda")
+    dy = torch.randn(4096, 4096, device="cuda")
+    outs = []
+    for m in (a, b):
+        xx = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(xx)
+        assert y.dtype == torch.bfloat16
+        y.backward(dy.to(y.dtype))
+        assert m.weight.grad.dtype == torch.float32 and xx.grad.dtype == torch.float32
+        outs.append((y, xx.grad, m.weight.grad))
+    for u, v in zip(outs[0], outs[1]):
+        assert _rel(u, v) < 1e-2
+
+
+def test_masked_grad_and_activation_sparse(cs):
+    from sparsity import SemiSparseActivationLinear, SemiSparseLinear
+
+    torch.manual_seed(1)
+    lin = nn.Linear(512, 256, device="cuda", dtype=torch.bfloat16)
+    m = SemiSparseLinear.from_dense(lin, backend="cusparselt", masked_grad=True)
+    x = torch.randn(100, 512, device="cuda", dtype=torch.bfloat16)
+    m(x).sum().backward()
+    mask = _masked(lin.weight.detach())[1]
+    assert bool((lin.weight.grad[~mask] == 0).all())
+    # activation 2:4 (rowwise over tokens x in; odd token count -> padded sparse rows)
+    lin2 = nn.Linear(512, 256, device="cuda", dtype=torch.bfloat16)
+    ma = SemiSparseActivationLinear.from_dense(lin2, backend="cusparselt")
+    lin3 = nn.Linear(512, 256, device="cuda", dtype=torch.bfloat16)
+    lin3.load_state_dict(lin2.state_dict())
+    mb = SemiSparseActivationLinear.from_dense(lin3, backend="dense")
+    x = torch.randn(3, 37, 512, device="cuda", dtype=torch.bfloat16)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = ma(xa), mb(xb)
+    dy = torch.randn_like(ya)
+    ya.backward(dy)
+    yb.backward(dy)
+    assert _rel(ya, yb) < 1e-2 and _rel(xa.grad, xb.grad) < 1e-2 and _rel(lin2.weight.grad, lin3.weight.grad) < 1e-2
+
+
+def test_cuda_graph_capture(cs):
+    a, b = _pair(dtype=torch.bfloat16)
+    x = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up: plans and algorithm choice happen here, outside capture
+            a.weight.grad = None
+            x.grad = None
+            a(x).backward(dy)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    a.weight.grad = None
+    x.grad = None
+    with torch.cuda.graph(g):
+        y = a(x)
+        y.backward(dy)
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        a.weight.add_(0.01 * torch.randn_like(a.weight))  # the graph re-prunes and re-packs the new weight
+        b.weight.copy_(a.weight)
+    g.replay()
+    torch.cuda.synchronize()
+    xb = x.detach().clone().requires_grad_()
+    yb = b(xb)
+    yb.backward(dy)
+    assert _rel(y, yb) < 1e-2
+    assert _rel(x.grad, xb.grad) < 1e-2
+    assert _rel(a.weight.grad, b.weight.grad) < 1e-2
+
+
+def test_torch_compile(cs):
+    a, b = _pair(in_f=512, out_f=1024, dtype=torch.bfloat16)
+    mlp = nn.Sequential(a, nn.GELU()).cuda()
+    comp = torch.compile(mlp)
+    x = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = comp(x)
+    y.float().pow(2).mean().backward()
+    xb = x.detach().clone().requires_grad_()
+    yb = F.gelu(b(xb))
+    yb.float().pow(2).mean().backward()
+    assert _rel(y, yb) < 1e-2 and _rel(x.grad, xb.grad) < 1e-2 and _rel(a.weight.grad, b.weight.grad) < 1e-2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# auto
+
+
+def test_auto_decides_and_records(cs):
+    from sparsity import SemiSparseLinear
+    from sparsity.backends import get_backend
+
+    auto = get_backend("auto")
+    torch.manual_seed(0)
+    lin = nn.Linear(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    ref = nn.Linear(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    ref.load_state_dict(lin.state_dict())
+    m = SemiSparseLinear.from_dense(lin, backend="auto")
+    r = SemiSparseLinear.from_dense(ref, backend="dense")
+    for tokens in (8192, 256):
+        x = torch.randn(tokens, 1024, device="cuda", dtype=torch.bfloat16)
+        assert _rel(m(x), r(x)) < 1e-2
+    decisions = auto.describe()["decisions"]
+    got = {(d["tokens"], d["in_features"], d["out_features"]) for d in decisions}
+    assert {(8192, 1024, 4096), (256, 1024, 4096)} <= got
+    for d in decisions:
+        assert d["choice"] in ("cusparselt", "dense")
+        if "speedup" in d:
+            assert (d["choice"] == "cusparselt") == (d["speedup"] > 1.0)
+
+
+def test_auto_on_cpu_is_dense():
+    from sparsity.backends import get_backend
+    from sparsity.backends.dense import DenseSparseWeight
+
+    sw = get_backend("auto").sparsify(torch.randn(64, 64), "tile_greedy")
+    assert isinstance(sw, DenseSparseWeight)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the other helper's Triton pruning kernels on the GPU
+
+
+@pytest.mark.parametrize("method", ["rowwise", "soft_threshold", "tile_greedy", "tile_optimal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_pruning_kernels_equal_reference_on_gpu(method, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from sparsity.pruning import prune
+
+    w = torch.randn(512, 768, device="cuda").to(dtype)
+    w[::3, ::5] = 0.5
+    v_k, m_k = prune(w, method, impl="triton")
+    v_r, m_r = prune(w, method, impl="reference")
+    assert torch.equal(m_k, m_r)
+    assert torch.equal(v_k, v_r)
+
+
+def test_mvue_kernel_equals_reference_on_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from sparsity.pruning import mvue
+
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(mvue(x, 1234, impl="triton"), mvue(x, 1234, impl="reference"))
