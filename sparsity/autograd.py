@@ -45,6 +45,13 @@ def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tenso
     return None if t is None else t.to(dtype)
 
 
+def record_input_meta(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+    """Keep what backward needs to return gradients in the inputs' shapes and dtypes (not the tensors)."""
+    ctx.x_meta = (x.shape, x.dtype)
+    ctx.w_dtype = weight.dtype
+    ctx.b_dtype = None if bias is None else bias.dtype
+
+
 class SemiSparseWeightFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, backend: Backend, pruning: str, masked_grad: bool, scale, dtype):
@@ -61,9 +68,7 @@ class SemiSparseWeightFunction(torch.autograd.Function):
                     y = y + b
         ctx.sw = sw
         ctx.masked_grad = masked_grad
-        ctx.x_meta = (x.shape, x.dtype)
-        ctx.w_dtype = weight.dtype
-        ctx.b_dtype = None if bias is None else bias.dtype
+        record_input_meta(ctx, x, weight, bias)
         ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, scale)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
@@ -104,9 +109,7 @@ class SemiSparseActivationFunction(torch.autograd.Function):
             if bias is not None:
                 y = y + bias.to(dtype)
         ctx.sx = sx
-        ctx.x_meta = (x.shape, x.dtype)
-        ctx.w_dtype = weight.dtype
-        ctx.b_dtype = None if bias is None else bias.dtype
+        record_input_meta(ctx, x, weight, bias)
         ctx.save_for_backward(w if ctx.needs_input_grad[0] else None)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 

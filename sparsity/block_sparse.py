@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparsity.autograd import _no_autocast, compute_dtype_for
+from sparsity.autograd import _no_autocast, compute_dtype_for, record_input_meta
 from sparsity.modules import SparseLinearMixin
 
 IMPLS = ("auto", "torch", "triton")
@@ -94,9 +94,7 @@ class BlockSparseFunction(torch.autograd.Function):
                 w = w * layout.dense_mask()
                 y = F.linear(x2, w, b)
         ctx.layout, ctx.impl = layout, impl
-        ctx.x_meta = (x.shape, x.dtype)
-        ctx.w_dtype = weight.dtype
-        ctx.b_dtype = None if bias is None else bias.dtype
+        record_input_meta(ctx, x, weight, bias)
         ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
@@ -141,21 +139,6 @@ class BlockSparseLinear(SparseLinearMixin, nn.Linear):
 
     _SPARSE_ATTRS = ("density", "block_size", "impl", "_layout", "_layout_key")
     _SPARSE_BUFFERS = ("block_mask",)
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        device=None,
-        dtype=None,
-        *,
-        density: float = 0.5,
-        block_size: int = 32,
-        impl: str = "auto",
-    ):
-        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self._init_sparse(density=density, block_size=block_size, impl=impl)
 
     def _init_sparse(self, *, density: float = 0.5, block_size: int = 32, impl: str = "auto") -> None:
         if impl not in IMPLS:

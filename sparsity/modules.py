@@ -52,6 +52,11 @@ class SparseLinearMixin:
     _SPARSE_ATTRS: Tuple[str, ...] = ()
     _SPARSE_BUFFERS: Tuple[str, ...] = ()
 
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, **opts):
+        """Like nn.Linear(...); the keyword options go to `_init_sparse`."""
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self._init_sparse(**opts)
+
     def _init_sparse(self, **opts) -> None:
         raise NotImplementedError
 
@@ -99,22 +104,8 @@ class _SparseLinearBase(SparseLinearMixin, nn.Linear):
     default_pruning = "tile_greedy"
     _SPARSE_ATTRS = ("backend", "pruning")
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        device=None,
-        dtype=None,
-        *,
-        backend: str = "dense",
-        pruning: Optional[str] = None,
-        **opts,
-    ):
-        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self._init_sparse(backend=backend, pruning=pruning, **opts)
-
     def _init_sparse(self, *, backend: str = "dense", pruning: Optional[str] = None, **opts) -> None:
+        """backend, pruning (default: the class's default_pruning) and the class's other `configure` options."""
         self.configure(backend=backend, pruning=pruning or self.default_pruning, **opts)
 
     def _check_pruning(self, pruning: str) -> None:

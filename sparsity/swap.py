@@ -61,7 +61,8 @@ def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:
 
 def _convert(factory: ModuleFactory, linear: nn.Linear, kwargs: dict) -> nn.Module:
     """The sparse module for `linear`: `linear` itself converted in place when the factory is one of our classes and
-    `linear` a plain nn.Linear, else a new module from `factory.from_dense(linear, **kwargs)` / `factory(linear, ...)`."""
+    `linear` a plain nn.Linear, else a new module from `factory.from_dense(linear, **kwargs)` or
+    `factory(linear, **kwargs)`."""
     if isinstance(factory, type):
         if issubclass(factory, SparseLinearMixin) and type(linear) is nn.Linear:
             return factory.from_dense(linear, inplace=True, **kwargs)

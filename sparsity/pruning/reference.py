@@ -61,10 +61,6 @@ TILE_PATTERN_BITS = tuple(
 )
 
 
-def method_names() -> Tuple[str, ...]:
-    return METHODS
-
-
 def check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"unknown pruning method {method!r}; choose one of {', '.join(METHODS)}")
