@@ -117,6 +117,10 @@ def bench_prune_pack(B, dtype, copy_tbps):
         B.add(**base, backend="copy_same_bytes", ms=copy_g, graph=True, dense_ms=None)
         # dense path's pruning (the Triton tile_greedy kernel writing values + mask): what "dense" pays per step
         dense_prune = median_ms(lambda i: prune(ws[i], "tile_greedy"), 8, 10, 100)
+        from sparsity.kernels.pack_cusparselt import prune_dense
+
+        B.add(**base, backend="prune_dense_fused (auto's dense path)",
+              ms=graph_ms(lambda i: prune_dense(ws[i]), 8, 3, 100), graph=True, dense_ms=dense_prune)
         fused = median_ms(lambda i: prune_pack(ws[i]), 8, 10, 100)
         fused_g = graph_ms(lambda i: prune_pack(ws[i]), 8, 3, 100)
         B.add(**base, backend="cusparselt_fused", ms=fused, graph=False, dense_ms=dense_prune)
@@ -398,9 +402,9 @@ def main():
                 if "gemm" in args.ops:
                     bench_gemms(B, dtype, in_f, out_f, tokens)
                 if "linear_fwd_bwd" in args.ops:
-                    bench_modules(B, dtype, "linear_fwd_bwd", tokens, in_f, out_f, backends)
+                    bench_modules(B, dtype, "linear_fwd_bwd", tokens, in_f, out_f, ["dense"] + backends)
             if "mlp_fwd_bwd" in args.ops:
-                bench_modules(B, dtype, "mlp_fwd_bwd", tokens, 1024, 1024, backends)
+                bench_modules(B, dtype, "mlp_fwd_bwd", tokens, 1024, 1024, ["dense"] + backends)
             torch.cuda.empty_cache()
     info["auto_decisions"] = get_backend("auto").describe()["decisions"] if "auto" in backends else []
     info["cusparselt_describe"] = get_backend("cusparselt").describe() if "cusparselt" in backends else {}

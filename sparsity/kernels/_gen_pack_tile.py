@@ -68,8 +68,9 @@ def generate() -> str:
     w("")
     w("")
     w("@triton.jit")
-    w("def _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr, tc, ok, C,")
-    w("          LUT_LO: tl.constexpr, LUT_HI: tl.constexpr, GIVEN_MASK: tl.constexpr, WRITE_T: tl.constexpr):")
+    w("def _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr, tc, ok, C,")
+    w("          LUT_LO: tl.constexpr, LUT_HI: tl.constexpr, GIVEN_MASK: tl.constexpr, WRITE_T: tl.constexpr,")
+    w("          PACK: tl.constexpr, DENSE_OUT: tl.constexpr):")
     w("    qbase = (4 * tr) * (C // 4) + tc")
     for r in range(4):
         for c in range(4):
@@ -105,6 +106,11 @@ def generate() -> str:
     w("    # -- the pruned entries (raw bits, zero where pruned) and the nonzero-and-kept mask the library keys on")
     for p in range(16):
         w(f"    z{p} = tl.where(((kept >> {p}) & 1) != 0, x{p}, 0)")
+    w("    if DENSE_OUT:  # the pruned W itself (zeros where pruned), same layout as W")
+    w("        wpq = wp_ptr.to(tl.pointer_type(tl.int64), bitcast=True)")
+    for r in range(4):
+        terms = [f"(z{4 * r + c}.to(tl.int64) << {16 * c})" if c else f"z{4 * r}.to(tl.int64)" for c in range(4)]
+        w(f"        tl.store(wpq + qbase + {r} * (C // 4), " + " | ".join(terms) + ", mask=ok)")
     nzt = [f"(((z{p} & 32767) != 0).to(tl.int32) << {p})" for p in range(16)]
     w("    nz = " + " | ".join(nzt[:4]))
     for t in range(4, 16, 4):
@@ -115,14 +121,15 @@ def generate() -> str:
         w(f"    n = (nz >> {4 * r}) & 15")
         w(f"    rc{r} = tl.where(n < 8, LUT_LO >> ((n & 7) * 4), LUT_HI >> ((n & 7) * 4)) & 15")
         row = [f"z{4 * r + c}" for c in range(4)]
-        w(f"    a = {_select(f'(rc{r} & 3)', row)}")
-        w(f"    b = {_select(f'(rc{r} >> 2)', row)}")
-        w(f"    tl.store(vfq + (4 * tr + {r}) * (C // 4) + tc, a | (b << 16), mask=ok)")
+        w("    if PACK:")
+        w(f"        a = {_select(f'(rc{r} & 3)', row)}")
+        w(f"        b = {_select(f'(rc{r} >> 2)', row)}")
+        w(f"        tl.store(vfq + (4 * tr + {r}) * (C // 4) + tc, a | (b << 16), mask=ok)")
     w("    # -- input-gradient operand (A = W^T): per tile column, the pair code and two values")
     for c in range(4):
         w(f"    n = ((nz >> {c}) & 1) | ((nz >> {c + 3}) & 2) | ((nz >> {c + 6}) & 4) | ((nz >> {c + 9}) & 8)")
         w(f"    cc{c} = tl.where(n < 8, LUT_LO >> ((n & 7) * 4), LUT_HI >> ((n & 7) * 4)) & 15")
-    w("    if WRITE_T:")
+    w("    if WRITE_T and PACK:")
     w("        vdq = vd_ptr.to(tl.pointer_type(tl.int64), bitcast=True)")
     for s in range(2):
         parts = []

@@ -22,8 +22,9 @@ def _load_tile(w_ptr, tr, tc, ok, C):
 
 
 @triton.jit
-def _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr, tc, ok, C,
-          LUT_LO: tl.constexpr, LUT_HI: tl.constexpr, GIVEN_MASK: tl.constexpr, WRITE_T: tl.constexpr):
+def _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr, tc, ok, C,
+          LUT_LO: tl.constexpr, LUT_HI: tl.constexpr, GIVEN_MASK: tl.constexpr, WRITE_T: tl.constexpr,
+          PACK: tl.constexpr, DENSE_OUT: tl.constexpr):
     qbase = (4 * tr) * (C // 4) + tc
     x0 = ((q0 >> 0) & 65535).to(tl.int32)
     x1 = ((q0 >> 16) & 65535).to(tl.int32)
@@ -218,6 +219,12 @@ def _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr, tc, ok, C,
     z13 = tl.where(((kept >> 13) & 1) != 0, x13, 0)
     z14 = tl.where(((kept >> 14) & 1) != 0, x14, 0)
     z15 = tl.where(((kept >> 15) & 1) != 0, x15, 0)
+    if DENSE_OUT:  # the pruned W itself (zeros where pruned), same layout as W
+        wpq = wp_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+        tl.store(wpq + qbase + 0 * (C // 4), z0.to(tl.int64) | (z1.to(tl.int64) << 16) | (z2.to(tl.int64) << 32) | (z3.to(tl.int64) << 48), mask=ok)
+        tl.store(wpq + qbase + 1 * (C // 4), z4.to(tl.int64) | (z5.to(tl.int64) << 16) | (z6.to(tl.int64) << 32) | (z7.to(tl.int64) << 48), mask=ok)
+        tl.store(wpq + qbase + 2 * (C // 4), z8.to(tl.int64) | (z9.to(tl.int64) << 16) | (z10.to(tl.int64) << 32) | (z11.to(tl.int64) << 48), mask=ok)
+        tl.store(wpq + qbase + 3 * (C // 4), z12.to(tl.int64) | (z13.to(tl.int64) << 16) | (z14.to(tl.int64) << 32) | (z15.to(tl.int64) << 48), mask=ok)
     nz = (((z0 & 32767) != 0).to(tl.int32) << 0) | (((z1 & 32767) != 0).to(tl.int32) << 1) | (((z2 & 32767) != 0).to(tl.int32) << 2) | (((z3 & 32767) != 0).to(tl.int32) << 3)
     nz = nz | (((z4 & 32767) != 0).to(tl.int32) << 4) | (((z5 & 32767) != 0).to(tl.int32) << 5) | (((z6 & 32767) != 0).to(tl.int32) << 6) | (((z7 & 32767) != 0).to(tl.int32) << 7)
     nz = nz | (((z8 & 32767) != 0).to(tl.int32) << 8) | (((z9 & 32767) != 0).to(tl.int32) << 9) | (((z10 & 32767) != 0).to(tl.int32) << 10) | (((z11 & 32767) != 0).to(tl.int32) << 11)
@@ -226,24 +233,28 @@ def _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr, tc, ok, C,
     vfq = vf_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     n = (nz >> 0) & 15
     rc0 = tl.where(n < 8, LUT_LO >> ((n & 7) * 4), LUT_HI >> ((n & 7) * 4)) & 15
-    a = tl.where((rc0 & 3) == 0, z0, tl.where((rc0 & 3) == 1, z1, tl.where((rc0 & 3) == 2, z2, z3)))
-    b = tl.where((rc0 >> 2) == 0, z0, tl.where((rc0 >> 2) == 1, z1, tl.where((rc0 >> 2) == 2, z2, z3)))
-    tl.store(vfq + (4 * tr + 0) * (C // 4) + tc, a | (b << 16), mask=ok)
+    if PACK:
+        a = tl.where((rc0 & 3) == 0, z0, tl.where((rc0 & 3) == 1, z1, tl.where((rc0 & 3) == 2, z2, z3)))
+        b = tl.where((rc0 >> 2) == 0, z0, tl.where((rc0 >> 2) == 1, z1, tl.where((rc0 >> 2) == 2, z2, z3)))
+        tl.store(vfq + (4 * tr + 0) * (C // 4) + tc, a | (b << 16), mask=ok)
     n = (nz >> 4) & 15
     rc1 = tl.where(n < 8, LUT_LO >> ((n & 7) * 4), LUT_HI >> ((n & 7) * 4)) & 15
-    a = tl.where((rc1 & 3) == 0, z4, tl.where((rc1 & 3) == 1, z5, tl.where((rc1 & 3) == 2, z6, z7)))
-    b = tl.where((rc1 >> 2) == 0, z4, tl.where((rc1 >> 2) == 1, z5, tl.where((rc1 >> 2) == 2, z6, z7)))
-    tl.store(vfq + (4 * tr + 1) * (C // 4) + tc, a | (b << 16), mask=ok)
+    if PACK:
+        a = tl.where((rc1 & 3) == 0, z4, tl.where((rc1 & 3) == 1, z5, tl.where((rc1 & 3) == 2, z6, z7)))
+        b = tl.where((rc1 >> 2) == 0, z4, tl.where((rc1 >> 2) == 1, z5, tl.where((rc1 >> 2) == 2, z6, z7)))
+        tl.store(vfq + (4 * tr + 1) * (C // 4) + tc, a | (b << 16), mask=ok)
     n = (nz >> 8) & 15
     rc2 = tl.where(n < 8, LUT_LO >> ((n & 7) * 4), LUT_HI >> ((n & 7) * 4)) & 15
-    a = tl.where((rc2 & 3) == 0, z8, tl.where((rc2 & 3) == 1, z9, tl.where((rc2 & 3) == 2, z10, z11)))
-    b = tl.where((rc2 >> 2) == 0, z8, tl.where((rc2 >> 2) == 1, z9, tl.where((rc2 >> 2) == 2, z10, z11)))
-    tl.store(vfq + (4 * tr + 2) * (C // 4) + tc, a | (b << 16), mask=ok)
+    if PACK:
+        a = tl.where((rc2 & 3) == 0, z8, tl.where((rc2 & 3) == 1, z9, tl.where((rc2 & 3) == 2, z10, z11)))
+        b = tl.where((rc2 >> 2) == 0, z8, tl.where((rc2 >> 2) == 1, z9, tl.where((rc2 >> 2) == 2, z10, z11)))
+        tl.store(vfq + (4 * tr + 2) * (C // 4) + tc, a | (b << 16), mask=ok)
     n = (nz >> 12) & 15
     rc3 = tl.where(n < 8, LUT_LO >> ((n & 7) * 4), LUT_HI >> ((n & 7) * 4)) & 15
-    a = tl.where((rc3 & 3) == 0, z12, tl.where((rc3 & 3) == 1, z13, tl.where((rc3 & 3) == 2, z14, z15)))
-    b = tl.where((rc3 >> 2) == 0, z12, tl.where((rc3 >> 2) == 1, z13, tl.where((rc3 >> 2) == 2, z14, z15)))
-    tl.store(vfq + (4 * tr + 3) * (C // 4) + tc, a | (b << 16), mask=ok)
+    if PACK:
+        a = tl.where((rc3 & 3) == 0, z12, tl.where((rc3 & 3) == 1, z13, tl.where((rc3 & 3) == 2, z14, z15)))
+        b = tl.where((rc3 >> 2) == 0, z12, tl.where((rc3 >> 2) == 1, z13, tl.where((rc3 >> 2) == 2, z14, z15)))
+        tl.store(vfq + (4 * tr + 3) * (C // 4) + tc, a | (b << 16), mask=ok)
     # -- input-gradient operand (A = W^T): per tile column, the pair code and two values
     n = ((nz >> 0) & 1) | ((nz >> 3) & 2) | ((nz >> 6) & 4) | ((nz >> 9) & 8)
     cc0 = tl.where(n < 8, LUT_LO >> ((n & 7) * 4), LUT_HI >> ((n & 7) * 4)) & 15
@@ -253,7 +264,7 @@ def _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr, tc, ok, C,
     cc2 = tl.where(n < 8, LUT_LO >> ((n & 7) * 4), LUT_HI >> ((n & 7) * 4)) & 15
     n = ((nz >> 3) & 1) | ((nz >> 6) & 2) | ((nz >> 9) & 4) | ((nz >> 12) & 8)
     cc3 = tl.where(n < 8, LUT_LO >> ((n & 7) * 4), LUT_HI >> ((n & 7) * 4)) & 15
-    if WRITE_T:
+    if WRITE_T and PACK:
         vdq = vd_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
         u0 = tl.where((cc0 & 3) == 0, z0, tl.where((cc0 & 3) == 1, z4, tl.where((cc0 & 3) == 2, z8, z12))).to(tl.int64)
         u1 = tl.where((cc1 & 3) == 0, z1, tl.where((cc1 & 3) == 1, z5, tl.where((cc1 & 3) == 2, z9, z13))).to(tl.int64)

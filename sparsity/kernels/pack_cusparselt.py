@@ -60,9 +60,9 @@ def _meta_addr(r, g, NKT):
 
 @triton.jit
 def _prune_pack_kernel(
-    w_ptr, m_ptr, vf_ptr, mf_ptr, vd_ptr, md_ptr, bits_ptr, C, NKT_F, NKT_D, n_units,
+    w_ptr, m_ptr, vf_ptr, mf_ptr, vd_ptr, md_ptr, bits_ptr, wp_ptr, C, NKT_F, NKT_D, n_units,
     LUT_LO: tl.constexpr, LUT_HI: tl.constexpr, GIVEN_MASK: tl.constexpr, WRITE_T: tl.constexpr,
-    BLOCK: tl.constexpr, PRELOAD: tl.constexpr,
+    BLOCK: tl.constexpr, PRELOAD: tl.constexpr, PACK: tl.constexpr, DENSE_OUT: tl.constexpr,
 ):
     # one thread = one unit of four tiles {tr, tr+2} x {tc, tc+2} with tr % 4, tc % 4 in {0, 1}: the tiles whose
     # metadata nibbles share bytes (rows r and r+8 of either operand)
@@ -81,20 +81,22 @@ def _prune_pack_kernel(
         t0, t1, t2, t3 = _load_tile(w_ptr, tr + 2, tc + 2, ok, C)
     else:
         p0, p1, p2, p3 = _load_tile(w_ptr, tr, tc, ok, C)
-    a0, a1, a2, a3, b0, b1, b2, b3 = _tile(p0, p1, p2, p3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr, tc, ok, C,
-                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T)
+    a0, a1, a2, a3, b0, b1, b2, b3 = _tile(p0, p1, p2, p3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr, tc, ok, C,
+                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
     if not PRELOAD:
         q0, q1, q2, q3 = _load_tile(w_ptr, tr + 2, tc, ok, C)
-    c0, c1, c2, c3, d0, d1, d2, d3 = _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr + 2, tc, ok, C,
-                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T)
+    c0, c1, c2, c3, d0, d1, d2, d3 = _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr + 2, tc, ok, C,
+                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
     if not PRELOAD:
         s0, s1, s2, s3 = _load_tile(w_ptr, tr, tc + 2, ok, C)
-    e0, e1, e2, e3, f0, f1, f2, f3 = _tile(s0, s1, s2, s3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr, tc + 2, ok, C,
-                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T)
+    e0, e1, e2, e3, f0, f1, f2, f3 = _tile(s0, s1, s2, s3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr, tc + 2, ok, C,
+                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
     if not PRELOAD:
         t0, t1, t2, t3 = _load_tile(w_ptr, tr + 2, tc + 2, ok, C)
-    g0, g1, g2, g3, h0, h1, h2, h3 = _tile(t0, t1, t2, t3, m_ptr, vf_ptr, vd_ptr, bits_ptr, tr + 2, tc + 2, ok, C,
-                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T)
+    g0, g1, g2, g3, h0, h1, h2, h3 = _tile(t0, t1, t2, t3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr + 2, tc + 2, ok, C,
+                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
+    if not PACK:
+        return
     # forward operand: rows 4tr + r (low nibble, tile tr) and 4tr + 8 + r (high nibble, tile tr + 2)
     r0 = 4 * tr
     tl.store(mf_ptr + _meta_addr(r0 + 0, tc, NKT_F), (a0 | (c0 << 4)).to(tl.uint8), mask=ok)
@@ -126,7 +128,7 @@ class Packed(NamedTuple):
 
 # launch configuration (block of units per program, warps, preload all 16 words per thread first); measured on the
 # H100 by scripts/bench_sparse.py --ops pack_variants (results/bench/NOTES.md)
-CONFIG = {"block": 128, "num_warps": 4, "preload": True}
+CONFIG = {"block": 256, "num_warps": 8, "preload": False}
 
 
 def _block() -> int:
@@ -175,11 +177,34 @@ def prune_pack(
     n_units = (R // 8) * (C // 8)
     block = _block()
     _prune_pack_kernel[(triton.cdiv(n_units, block),)](
-        w, mask if mask is not None else w, fwd, mf, vd, md, bits, C, -(-C // 32), -(-R // 32), n_units,
+        w, mask if mask is not None else w, fwd, mf, vd, md, bits, w, C, -(-C // 32), -(-R // 32), n_units,
         LUT_LO=LUT_LO, LUT_HI=LUT_HI, GIVEN_MASK=mask is not None, WRITE_T=write_t, BLOCK=block,
-        PRELOAD=CONFIG["preload"], num_warps=CONFIG["num_warps"],
+        PRELOAD=CONFIG["preload"], PACK=True, DENSE_OUT=False, num_warps=CONFIG["num_warps"],
     )
     return Packed(fwd, dgrad, bits)
+
+
+def prune_dense(w: torch.Tensor):
+    """tile_greedy pruning with the same kernel, dense output: (pruned W (zeros where pruned), tile bits int16).
+
+    The cheap pruning for the dense fallback of the `auto` backend (one read, one write of W)."""
+    if w.dim() != 2 or w.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"prune_dense needs a 2-D fp16/bf16 weight, got {tuple(w.shape)} {w.dtype}")
+    R, C = w.shape
+    L.check_shape(R, C)
+    check_launchable(w)
+    if not w.is_contiguous() or w.data_ptr() % 16:
+        w = w.contiguous() if not w.is_contiguous() else w.clone()
+    wp = torch.empty_like(w)
+    bits = torch.empty(R // 4, C // 4, dtype=torch.int16, device=w.device)
+    n_units = (R // 8) * (C // 8)
+    block = _block()
+    _prune_pack_kernel[(triton.cdiv(n_units, block),)](
+        w, w, wp, wp, wp, wp, bits, wp, C, -(-C // 32), -(-R // 32), n_units,
+        LUT_LO=LUT_LO, LUT_HI=LUT_HI, GIVEN_MASK=False, WRITE_T=False, BLOCK=block,
+        PRELOAD=CONFIG["preload"], PACK=False, DENSE_OUT=True, num_warps=CONFIG["num_warps"],
+    )
+    return wp, bits
 
 
 def tile_bits_to_mask(bits: torch.Tensor) -> torch.Tensor:

@@ -17,9 +17,12 @@ import sys
 
 
 def last_alg(path: str) -> int:
+    """The last attempted alg id of the most recent configuration in the file."""
     with open(path) as f:
         lines = [json.loads(x) for x in f if x.strip()]
-    return max(r["alg"] for r in lines if "alg" in r)
+    key = lambda r: (r["dtype"], r["kind"], r["out_features"], r["in_features"], r["tokens"])  # noqa: E731
+    cur = key(lines[-1])
+    return max(r["alg"] for r in lines if "alg" in r and key(r) == cur)
 
 
 def main():

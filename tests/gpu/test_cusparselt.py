@@ -348,13 +348,28 @@ def test_auto_decides_and_records(cs):
     for tokens in (8192, 256):
         x = torch.randn(tokens, 1024, device="cuda", dtype=torch.bfloat16)
         assert _rel(m(x), r(x)) < 1e-2
+    from sparsity.backends.auto import MARGIN
+
     decisions = auto.describe()["decisions"]
     got = {(d["tokens"], d["in_features"], d["out_features"]) for d in decisions}
     assert {(8192, 1024, 4096), (256, 1024, 4096)} <= got
     for d in decisions:
         assert d["choice"] in ("cusparselt", "dense")
         if "speedup" in d:
-            assert (d["choice"] == "cusparselt") == (d["speedup"] > 1.0)
+            assert (d["choice"] == "cusparselt") == (d["speedup"] > MARGIN)
+
+
+def test_prune_dense_kernel(cs):
+    from sparsity.kernels.pack_cusparselt import prune_dense, tile_bits_to_mask
+    from sparsity.pruning.reference import tile_greedy_mask
+
+    for dtype in DTYPES:
+        w = torch.randn(1024, 4096, device="cuda", dtype=dtype)
+        w[::5, ::3] = 0.5
+        wp, bits = prune_dense(w)
+        m = tile_greedy_mask(w)
+        assert torch.equal(tile_bits_to_mask(bits), m)
+        assert torch.equal(wp, torch.where(m, w, torch.zeros((), dtype=dtype, device="cuda")))
 
 
 def test_auto_on_cpu_is_dense():
