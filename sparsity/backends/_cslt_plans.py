@@ -45,10 +45,11 @@ ORDER_COL, ORDER_ROW = 1, 2
 OP_N, OP_T = 0, 1
 ALIGN = 16  # bytes; every pointer handed to cuSPARSELt must be 16-byte aligned
 
-# Dimension multiples cuSPARSELt 0.8 accepts for 16-bit types (found on the H100, see results/bench/NOTES.md):
-# structured rows/cols and the dense token dimension. The backend pads tokens up to TOKEN_MULTIPLE.
+# Dimension multiples cuSPARSELt 0.8 accepts for 16-bit types (found on the H100, see results/bench/NOTES.md): both
+# dims of the structured operand (8, 17, 20, 24, 40 refused; 16, 32, 48, 80, ... accepted) and the token dimension
+# of the dense operand (4097 and 4100 refused with NOT_SUPPORTED, 4104 accepted). The backend pads tokens.
 STRUCT_MULTIPLE = 16
-TOKEN_MULTIPLE = 16
+TOKEN_MULTIPLE = 8
 
 _cslt = None
 _load_error: Optional[str] = None
@@ -493,7 +494,7 @@ def get_plan(
     with _alg_lock:
         _alg_choice[key] = record
     st.plans[key] = plan
-    log.info("cuSPARSELt plan %s: alg %d (default %d)", key[2:], record["alg_id"], default_alg)
+    log.info("cuSPARSELt plan %s: alg %d (default %d)", key[1:], record["alg_id"], default_alg)
     return plan
 
 

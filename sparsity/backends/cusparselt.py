@@ -282,7 +282,12 @@ def layout_status(device: torch.device, dtype: torch.dtype) -> dict:
 class CuSparseLtBackend(Backend):
     name = "cusparselt"
 
+    def __init__(self):
+        self._ok: set = set()  # (device, dtype) pairs that passed check()
+
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        if (device, dtype) in self._ok:
+            return
         device = torch.device(device)
         if device.type != "cuda":
             raise BackendUnavailable(f"cusparselt needs a CUDA device, got {device}")
@@ -292,6 +297,7 @@ class CuSparseLtBackend(Backend):
         if major < 8:
             raise BackendUnavailable(f"2:4 sparse tensor cores need compute capability >= 8.0, got {major}.{minor}")
         P.lib()  # raises BackendUnavailable with the reason if nvmath/cuSPARSELt cannot be loaded
+        self._ok.add((device, dtype))
 
     def check_shape(self, out_features: int, in_features: int) -> None:
         if in_features % 16 or out_features % 4:

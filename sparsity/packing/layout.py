@@ -54,6 +54,7 @@ def meta_bytes(m: int, k: int) -> int:
     return max(_ceil(m, 64) * _ceil(k, 32), _ceil(m, 32) * _ceil(k, 64)) // 8
 
 
+@lru_cache(maxsize=256)
 def compressed_size(m: int, k: int) -> int:
     check_shape(m, k)
     return values_bytes(m, k) + meta_bytes(m, k)
