@@ -299,11 +299,17 @@ class CuSparseLtBackend(Backend):
         P.lib()  # raises BackendUnavailable with the reason if nvmath/cuSPARSELt cannot be loaded
         self._ok.add((device, dtype))
 
-    def check_shape(self, out_features: int, in_features: int) -> None:
-        if in_features % 16 or out_features % 4:
+    def check_shape(self, out_features: int, in_features: int, pruning: str = "tile_greedy") -> None:
+        """cuSPARSELt dims are multiples of 16: rows are zero-padded up to one, the sparse K dim cannot be. Tile
+        prunings also need whole 4x4 tiles, so rows % 4 == 0 (a tile mixing real and padding rows would prune
+        differently from the dense reference); row-wise ones (e.g. an activation with any token count) do not."""
+        from sparsity.pruning import is_transposable
+
+        if in_features % 16 or (is_transposable(pruning) and out_features % 4):
             raise BackendUnavailable(
-                f"cusparselt needs in_features % 16 == 0 and out_features % 4 == 0 (cuSPARSELt dims are multiples of "
-                f"16; out is padded), got weight shape ({out_features}, {in_features})"
+                f"cusparselt needs in_features % 16 == 0{' and out_features % 4 == 0' * is_transposable(pruning)} "
+                f"for pruning={pruning!r} (cuSPARSELt dims are multiples of 16; out is padded), got weight shape "
+                f"({out_features}, {in_features})"
             )
 
     def sparsify(self, weight: torch.Tensor, pruning: str) -> CuSparseLtSparseWeight:
@@ -311,7 +317,7 @@ class CuSparseLtBackend(Backend):
 
         self.check(weight.device, weight.dtype)
         out_f, in_f = weight.shape
-        self.check_shape(out_f, in_f)
+        self.check_shape(out_f, in_f, pruning)
         rows_pad = -(-out_f // 16) * 16
         w = weight.detach()
         if rows_pad != out_f:
