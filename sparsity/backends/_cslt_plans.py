@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .base import BackendUnavailable
+from sparsity.backends._timing import median_cuda_ms
 
 log = logging.getLogger(__name__)
 
@@ -370,18 +371,6 @@ def _sweep_blocklist(device_index: int, dtype: torch.dtype):
     return bad
 
 
-def _time_ms(fn, warm: int = 2, reps: int = 5) -> float:
-    for _ in range(warm):
-        fn()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    ts = sorted(s.elapsed_time(e) for s, e in ev)
-    return ts[len(ts) // 2]
-
 
 def get_plan(
     out_features: int,
@@ -471,7 +460,7 @@ def get_plan(
                 if not err < 1e-2:
                     rejected[alg] = f"rel err {err:.3g}"
                     raise _Reject()
-                ms = _time_ms(lambda: p.run(a_compressed, b, d, bias0))
+                ms = median_cuda_ms(lambda: p.run(a_compressed, b, d, bias0), 2, 5)
                 timings[alg] = round(ms, 5)
                 if ms < best_ms:
                     if best_plan is not None and best_plan is not p:

@@ -30,24 +30,12 @@ import torch
 import torch.nn.functional as F
 
 from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
+from sparsity.backends._timing import median_cuda_ms
 
 log = logging.getLogger(__name__)
 
 MARGIN = 1.02  # sparse must be faster than dense by this ratio (dense_ms / sparse_ms) to be chosen
 
-
-def _time(fn, warm: int = 3, reps: int = 15) -> float:
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    ts = sorted(s.elapsed_time(e) for s, e in ev)
-    return ts[len(ts) // 2]
 
 
 class FastDenseSparseWeight(SparseWeight):
@@ -245,8 +233,8 @@ class AutoBackend(Backend):
         ts, td = [], []
         with torch.enable_grad():
             for _ in range(2):
-                ts.append(_time(sparse_step))
-                td.append(_time(dense_step))
+                ts.append(median_cuda_ms(sparse_step))
+                td.append(median_cuda_ms(dense_step))
         return min(ts), min(td), how
 
     def _autograd_steps(self, w, pruning, x, dy, bias):

@@ -14,20 +14,8 @@ import torch.nn.functional as F
 
 from sparsity.backends import _cslt_plans as P
 from sparsity.pruning.reference import tile_greedy_mask
+from sparsity.backends._timing import median_cuda_ms
 
-
-def bench(fn, n_warm=10, n_rep=50):
-    for _ in range(n_warm):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n_rep)]
-    for s, e in ev:
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    ts = sorted(s.elapsed_time(e) for s, e in ev)
-    return ts[len(ts) // 2]
 
 
 def rel(a, b):
@@ -66,7 +54,7 @@ def main():
     part = args.part
     try:
         if part == "basic":
-            res["compress_ms"] = {"fwd": bench(lambda: cf(Wm, cw)), "dgrad": bench(lambda: cd(Wm, cwt))}
+            res["compress_ms"] = {"fwd": median_cuda_ms(lambda: cf(Wm, cw), 10, 50), "dgrad": median_cuda_ms(lambda: cd(Wm, cwt), 10, 50)}
             for tokens in (4096, 32768):
                 x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
                 dy = torch.randn(tokens, out_f, device=dev, dtype=dtype)
@@ -74,7 +62,7 @@ def main():
                 pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, search=False)
                 y = P._empty_d(pl, dev)
                 pl.run(cw, x, y)
-                r["fwd_col"] = {"err": rel(y, F.linear(x, Wm)), "ms": bench(lambda: pl.run(cw, x, y)),
+                r["fwd_col"] = {"err": rel(y, F.linear(x, Wm)), "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
                                 "alg": pl.current_alg(), "ws": pl.workspace.numel()}
                 torch.cuda.synchronize()
                 t = time.perf_counter()
@@ -85,25 +73,25 @@ def main():
                 pl = P.get_plan(out_f, in_f, "dgrad", tokens, dtype, 0, search=False)
                 dx = P._empty_d(pl, dev)
                 pl.run(cwt, dy, dx)
-                r["dgrad_col"] = {"err": rel(dx, dy @ Wm), "ms": bench(lambda: pl.run(cwt, dy, dx)),
+                r["dgrad_col"] = {"err": rel(dx, dy @ Wm), "ms": median_cuda_ms(lambda: pl.run(cwt, dy, dx), 10, 50),
                                   "alg": pl.current_alg()}
-                r["dense_fwd_ms"] = bench(lambda: F.linear(x, Wm))
-                r["dense_dgrad_ms"] = bench(lambda: dy @ Wm)
+                r["dense_fwd_ms"] = median_cuda_ms(lambda: F.linear(x, Wm), 10, 50)
+                r["dense_dgrad_ms"] = median_cuda_ms(lambda: dy @ Wm, 10, 50)
                 torch.cuda.synchronize()
             src = torch.empty(1 << 29, dtype=torch.uint8, device=dev).random_()
             dst = torch.empty_like(src)
-            ms = bench(lambda: dst.copy_(src))
+            ms = median_cuda_ms(lambda: dst.copy_(src), 10, 50)
             res["copy_TBps"] = 2 * src.numel() / (ms * 1e-3) / 1e12
             small = torch.empty(8 << 20, dtype=torch.uint8, device=dev).random_()
             sdst = torch.empty_like(small)
-            res["copy_8MB_us"] = bench(lambda: sdst.copy_(small), 20, 200) * 1e3
+            res["copy_8MB_us"] = median_cuda_ms(lambda: sdst.copy_(small), 20, 200) * 1e3
         elif part == "row":
             tokens = 32768
             x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
             pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, d_order=P.ORDER_ROW, search=False)
             y = P._empty_d(pl, dev)
             pl.run(cw, x, y)
-            res["fwd_row"] = {"err": rel(y.t(), F.linear(x, Wm)), "ms": bench(lambda: pl.run(cw, x, y)),
+            res["fwd_row"] = {"err": rel(y.t(), F.linear(x, Wm)), "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
                               "alg": pl.current_alg()}
         elif part == "bN":
             tokens = 32768
@@ -112,7 +100,7 @@ def main():
             pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, b_transposed=False, search=False)
             y = P._empty_d(pl, dev)
             pl.run(cw, xt, y)
-            res["fwd_bN"] = {"err": rel(y, F.linear(x, Wm)), "ms": bench(lambda: pl.run(cw, xt, y))}
+            res["fwd_bN"] = {"err": rel(y, F.linear(x, Wm)), "ms": median_cuda_ms(lambda: pl.run(cw, xt, y), 10, 50)}
         elif part == "bias":
             tokens = 32768
             x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
@@ -120,7 +108,7 @@ def main():
             pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, has_bias=True, search=False)
             y = P._empty_d(pl, dev)
             pl.run(cw, x, y, bias)
-            res["fwd_bias"] = {"err": rel(y, F.linear(x, Wm) + bias), "ms": bench(lambda: pl.run(cw, x, y, bias))}
+            res["fwd_bias"] = {"err": rel(y, F.linear(x, Wm) + bias), "ms": median_cuda_ms(lambda: pl.run(cw, x, y, bias), 10, 50)}
         elif part == "search":
             for tokens in (16384, 32768, 58496):
                 x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
@@ -130,7 +118,7 @@ def main():
                                     reference=ref)
                     d = P._empty_d(pl, dev)
                     pl.run(a, b, d)
-                    res[f"{kind}_{tokens}"] = {"err": rel(d, ref()), "ms": bench(lambda: pl.run(a, b, d)),
+                    res[f"{kind}_{tokens}"] = {"err": rel(d, ref()), "ms": median_cuda_ms(lambda: pl.run(a, b, d), 10, 50),
                                                "record": P._alg_choice.get(pl.key), "ws": pl.workspace.numel()}
                     torch.cuda.synchronize()
                     flush()
