@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 from configs import DEFAULT_CONFIG, ConfigError, load_config
-from configs.torch_env import ensure_torchvision_importable
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,7 +43,6 @@ def main(argv=None) -> int:
         return 2
     output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    ensure_torchvision_importable()
     from models.training.distributed import init_distributed, shutdown
     from models.training.trainer import Trainer
 

@@ -110,7 +110,6 @@ class TrainConfig:
     num_workers: int = 10
     centering: str = "centering"  # centering (softmax, EMA center) | sinkhorn_knopp
     amp_dtype: str = "bf16"  # autocast dtype on GPU (bf16 | fp16 | fp32); CPU always runs fp32
-    compile: bool = False
     log_period: int = 10  # iterations between metrics.jsonl lines
     checkpoint_period: int = 3750  # iterations between resumable checkpoints
     max_to_keep: int = 3

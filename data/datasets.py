@@ -11,12 +11,7 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
-
-from configs.torch_env import ensure_torchvision_importable
-
-ensure_torchvision_importable()
-
-from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset  # noqa: E402
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,6 @@
 """Small shared transforms: ImageNet normalisation, DINOv2's GaussianBlur, and the eval transform for probes."""
 
-from configs.torch_env import ensure_torchvision_importable
-
-ensure_torchvision_importable()
-
-from torchvision import transforms  # noqa: E402
+from torchvision import transforms
 
 IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)

@@ -19,9 +19,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
-from configs.torch_env import ensure_torchvision_importable  # noqa: E402
-
-ensure_torchvision_importable()
 
 from data.collate import SSLCollate, SSLSample  # noqa: E402
 from models.training.distributed import DistContext  # noqa: E402

@@ -19,14 +19,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
-from configs.torch_env import ensure_torchvision_importable  # noqa: E402
-
-ensure_torchvision_importable()
+from data import build_dataset  # noqa: E402  (first: makes torchvision importable on CPU torch)
+from data.transforms import make_normalize_transform  # noqa: E402
 
 import torchvision.transforms as T  # noqa: E402
-
-from data import build_dataset  # noqa: E402
-from data.transforms import make_normalize_transform  # noqa: E402
 from models.vision_transformer import build_backbone  # noqa: E402
 
 
