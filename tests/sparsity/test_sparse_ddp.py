@@ -86,6 +86,7 @@ def _worker(rank, init_file, out_dir):
         if rank == 0:
             torch.save(fsdp_result, os.path.join(out_dir, "fsdp.pt"))
     finally:
+        dist.barrier()  # no rank tears gloo down while the other still has collectives in flight
         dist.destroy_process_group()
 
 
