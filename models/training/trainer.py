@@ -18,7 +18,6 @@ from tqdm import tqdm
 
 from configs import Config, to_yaml
 from data import build_ssl_loader
-from models.param_groups import build_param_groups
 from models.ssl_meta_arch import SSLMetaArch
 
 from .checkpoint import CheckpointManager, atomic_save, rng_state, set_rng_state
@@ -53,10 +52,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed + ctx.rank)  # drop-path draws differ per rank
 
         self.schedules = build_schedules(cfg, ctx.world_size)
-        self.param_groups = build_param_groups(
-            self.model.student, layerwise_decay=cfg.optim.layerwise_decay,
-            patch_embed_lr_mult=cfg.optim.patch_embed_lr_mult,
-        )
+        self.param_groups = self.model.get_params_groups()
         self.optimizer = torch.optim.AdamW(
             [{k: v for k, v in g.items() if k != "names"} for g in self.param_groups],
             betas=(cfg.optim.adamw_beta1, cfg.optim.adamw_beta2),
@@ -122,7 +118,7 @@ class Trainer:
     def export_teacher(self, path: Path) -> None:
         """The teacher backbone alone, for linear probes and fine-tuning (loaded with weights_only=True)."""
         if self.ctx.is_main:
-            state = {"backbone": self.model.teacher.backbone.state_dict(), "step": self.step,
+            state = {"backbone": self.model.teacher_backbone_state_dict(), "step": self.step,
                      "student_config": to_yaml(self.cfg)}
             atomic_save(state, path)
             logger.info("exported teacher backbone to %s", path)
