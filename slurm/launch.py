@@ -1,0 +1,121 @@
+"""Launch a sparse-fraction sweep on Slurm through submitit: one training job per fraction, each followed by its
+linear probe (`afterok`), then a table of job ids and run directories.
+
+    python slurm/launch.py --config configs/vitl16_imagenet.yaml --sparse-fractions 0 0.4 0.6 0.7 0.8 0.9 1.0 \\
+        --nodes 4 --gpus-per-node 8 --partition gpu --timeout-min 4320 data.root=/datasets/imagenet
+    python slurm/launch.py status --runs-dir runs/vitl16_imagenet-sweep
+
+Each fraction trains in <runs-dir>/sparse_<fraction>. A job that reaches its time limit or is preempted gets USR2,
+saves a checkpoint at a step boundary and requeues itself; the requeued job resumes from that run directory.
+Running the same command again resumes unfinished runs and skips finished ones (and finished probes).
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+if __package__ in (None, ""):  # `python slurm/launch.py`: import the package from the repo root, not slurm/
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from configs import ConfigError, to_yaml  # noqa: E402
+from slurm.status import format_table  # noqa: E402
+from slurm.status import main as status_main  # noqa: E402
+from slurm.submit import Resources, SweepSubmitter  # noqa: E402
+from slurm.sweep import plan_sweep  # noqa: E402
+
+REFERENCE_FRACTIONS = [0.0, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0]
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"'{text}' is not of the form key=value")
+    key, value = text.split("=", 1)
+    return key, value
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="slurm/launch.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, required=True, help="training YAML, e.g. configs/vitl16_imagenet.yaml")
+    p.add_argument("--sparse-fractions", type=float, nargs="+", default=REFERENCE_FRACTIONS, metavar="X",
+                   help="one run per value of sparsity.sparse_fraction (default: %(default)s)")
+    p.add_argument("--runs-dir", type=Path, default=None,
+                   help="sweep folder, one run directory per fraction (default: runs/<config name>-sweep)")
+    slurm = p.add_argument_group("Slurm resources (training job)")
+    slurm.add_argument("--nodes", type=int, default=1)
+    slurm.add_argument("--gpus-per-node", type=int, default=8, help="also the tasks per node (0: one CPU task)")
+    slurm.add_argument("--cpus-per-task", type=int, default=10)
+    slurm.add_argument("--partition", default=None, help="default: the cluster's default partition")
+    slurm.add_argument("--timeout-min", type=int, default=4320, help="time limit of each job (it requeues itself)")
+    slurm.add_argument("--signal-delay-s", type=int, default=120,
+                       help="USR2 this long before the time limit; the checkpoint must be saved within it")
+    slurm.add_argument("--max-num-timeout", type=int, default=30,
+                       help="requeues after a time limit before the job gives up (preemptions are not counted)")
+    slurm.add_argument("--mem-gb", type=int, default=None, help="memory per node (default: the cluster's default)")
+    slurm.add_argument("--slurm-arg", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                       help="extra sbatch option for every job, e.g. account=abc or constraint=h100 (repeatable)")
+    ev = p.add_argument_group("linear probe (eval_linear.py, chained after each training job)")
+    ev.add_argument("--eval-gpus", type=int, default=1)
+    ev.add_argument("--eval-timeout-min", type=int, default=720)
+    ev.add_argument("--eval-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="override for eval_linear.py, e.g. features.batch_size=128 (repeatable)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true",
+                      help="print the resolved configs and the sbatch files; submit nothing")
+    mode.add_argument("--local", action="store_true",
+                      help="run the same jobs here with submitit's local executor, one run after the other")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="training config overrides for every run")
+    args = p.parse_args(argv)
+    for name in ("nodes", "cpus_per_task", "timeout_min", "max_num_timeout", "eval_timeout_min"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.gpus_per_node < 0 or args.eval_gpus < 0:
+        p.error("GPU counts must be >= 0")
+    return args
+
+
+def launch(args: argparse.Namespace) -> int:
+    runs_dir = args.runs_dir or Path("runs") / f"{args.config.stem}-sweep"
+    try:
+        plans = plan_sweep(args.config, args.sparse_fractions, runs_dir, args.overrides)
+    except (ConfigError, ValueError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    res = Resources(partition=args.partition, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                    cpus_per_task=args.cpus_per_task, timeout_min=args.timeout_min,
+                    signal_delay_s=args.signal_delay_s, max_num_timeout=args.max_num_timeout, mem_gb=args.mem_gb,
+                    eval_gpus=args.eval_gpus, eval_timeout_min=args.eval_timeout_min,
+                    slurm_extra=dict(args.slurm_arg))
+    submitter = SweepSubmitter(args.config, res, args.eval_arg, local=args.local)
+    if args.dry_run:
+        for plan in plans:
+            print(f"=== {plan.run_dir}  sparse_fraction={plan.fraction}  training: {plan.train_action} "
+                  f"(step {plan.done_steps}/{plan.last_step}), eval: {'done' if plan.eval_done else 'todo'}")
+            print(f"--- resolved config\n{to_yaml(plan.cfg)}--- sbatch")
+            print(submitter.preview(plan) or "(nothing to submit)")
+        print(format_table([{"fraction": f"{p.fraction:g}", "run dir": str(p.run_dir), "train": p.train_action,
+                             "eval": "done" if p.eval_done else "todo"} for p in plans]))
+        return 0
+    try:
+        rows = submitter.submit(plans)
+    except Exception as e:  # noqa: BLE001 - sbatch refusals etc.: name them, keep what was recorded
+        print(f"submission failed: {type(e).__name__}: {e}\n(jobs submitted before this are recorded in each run's "
+              "jobs.json; rerunning the launcher skips them)", file=sys.stderr)
+        return 1
+    print(format_table([{"fraction": f"{r.plan.fraction:g}", "train job": r.train, "eval job": r.eval,
+                         "run dir": str(r.plan.run_dir)} for r in rows]))
+    return 1 if any("FAILED" in r.train + r.eval for r in rows) else 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["status"]:
+        return status_main(argv[1:])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return launch(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

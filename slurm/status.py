@@ -1,0 +1,154 @@
+"""Where each run of a sweep stands: `python slurm/launch.py status --runs-dir DIR` (or `python slurm/status.py`).
+
+One line per run directory: steps done of the run's total, the sparsity phase of the last logged step, the newest
+checkpoint, the latest training and evaluation jobs with their Slurm state, and the linear-probe result. Progress
+comes from the run directory (metrics.jsonl, checkpoints/, eval_linear.json), job states from `sacct` (with
+`squeue` as a fallback where accounting is off), so it works for runs launched by hand as well.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Optional
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from slurm.sweep import CONFIG_FILE, EVAL_RESULT, latest_job, last_step, newest_checkpoint  # noqa: E402
+
+# Job states after which Slurm may still run the job (a requeued job is PENDING again).
+ACTIVE_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
+                 "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}
+FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+                 "DEADLINE"}
+
+
+def _parse_states(text: str) -> dict[str, str]:
+    lines = [line.split("|") for line in text.splitlines() if line.strip()]
+    if not lines:
+        return {}
+    header = lines[0]
+    states = {}
+    for fields in lines[1:]:
+        row = dict(zip(header, fields))
+        job_id, state = row.get("JobID", ""), row.get("State", "")
+        if job_id and "." not in job_id and state:
+            states[job_id] = state.split()[0]  # "CANCELLED by 0" -> CANCELLED; the last row of a requeued job wins
+    return states
+
+
+def query_states(job_ids: Iterable[str]) -> dict[str, str]:
+    """{job id: Slurm state} for the ids Slurm still knows; {} where no Slurm client is installed."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    command = ["sacct", "-o", "JobID,State", "--parsable2", *[a for i in ids for a in ("-j", i)]]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        if done.returncode == 0:
+            return _parse_states(done.stdout)
+        states = {}  # accounting disabled: squeue knows jobs for MinJobAge after they end
+        for job_id in ids:
+            done = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%T"], capture_output=True,
+                                  text=True, timeout=60)
+            states.update(_parse_states("JobID|State\n" + done.stdout) if done.returncode == 0 else {})
+        return states
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return {}
+
+
+def _last_metrics(run_dir: Path) -> Optional[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    for line in reversed(path.read_text().splitlines()):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill mid-write
+            continue
+    return None
+
+
+def _total_steps(run_dir: Path) -> Optional[int]:
+    from configs import ConfigError, load_config
+
+    try:
+        return last_step(load_config(run_dir / CONFIG_FILE))
+    except (ConfigError, OSError, ValueError):
+        return None
+
+
+def _eval_summary(run_dir: Path) -> str:
+    path = run_dir / EVAL_RESULT
+    if not path.exists():
+        return "-"
+    try:
+        result = json.loads(path.read_text())
+        return f"top1 {float(result['top1']):.2f}"
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        return f"unreadable {EVAL_RESULT} ({type(e).__name__})"
+
+
+def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
+    record = _last_metrics(run_dir)
+    total = _total_steps(run_dir)
+    newest = newest_checkpoint(run_dir)
+    row = {"run": run_dir.name,
+           "step": f"{record['step'] + 1 if record else 0}/{total if total is not None else '?'}",
+           "phase": record.get("phase", "?") if record else "-",
+           "checkpoint": str(newest[0]) if newest else "-"}
+    for kind in ("train", "eval"):
+        job = latest_job(run_dir, kind)
+        if job is None:
+            row[f"{kind} job"] = "-"
+        elif job.cluster == "local":
+            row[f"{kind} job"] = f"{job.job_id} (local)"
+        else:
+            row[f"{kind} job"] = f"{job.job_id} {states.get(job.job_id, 'UNKNOWN')}"
+    row["eval"] = _eval_summary(run_dir)
+    return row
+
+
+def find_runs(runs_dir: Path) -> list[Path]:
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise FileNotFoundError(f"{runs_dir}: no such sweep folder")
+    return sorted(p for p in runs_dir.iterdir() if p.is_dir() and ((p / CONFIG_FILE).exists()
+                                                                  or (p / "jobs.json").exists()))
+
+
+def sweep_rows(runs_dir: Path) -> list[dict[str, str]]:
+    runs = find_runs(runs_dir)
+    ids = [j.job_id for r in runs for k in ("train", "eval") if (j := latest_job(r, k)) and j.cluster == "slurm"]
+    states = query_states(ids)
+    return [run_row(r, states) for r in runs]
+
+
+def format_table(rows: list[dict[str, str]]) -> str:
+    if not rows:
+        return "(no runs)"
+    headers = list(rows[0])
+    widths = [max(len(h), *(len(str(r[h])) for r in rows)) for h in headers]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(str(r[h]).ljust(w) for h, w in zip(headers, widths)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="slurm/launch.py status", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs-dir", type=Path, required=True, help="the sweep folder given to the launcher")
+    args = parser.parse_args(argv)
+    try:
+        rows = sweep_rows(args.runs_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"status: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Submit a planned sweep: one checkpointable training job per fraction and an `afterok`-chained linear probe.
+
+Slurm parameters are built once, as keyword arguments of `submitit.SlurmExecutor.update_parameters`; the same
+dictionary feeds the real submission and the `--dry-run` preview of the sbatch file, so what is printed is what
+would be submitted. `--local` runs the same job objects with submitit's LocalExecutor, one run after the other
+(a workstation has one set of GPUs: parallel runs would only compete for them).
+"""
+
+import logging
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import submitit
+
+from .jobs import REPO, EvalJob, TrainJob
+from .status import ACTIVE_STATES, query_states
+from .sweep import RunPlan, latest_job, record_job
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resources:
+    partition: Optional[str]
+    nodes: int = 1
+    gpus_per_node: int = 8
+    cpus_per_task: int = 10
+    timeout_min: int = 4320
+    signal_delay_s: int = 120  # USR2 this long before the time limit: a ViT-L checkpoint must fit in it
+    max_num_timeout: int = 30  # requeues after time limits (preemptions do not count)
+    mem_gb: Optional[int] = None  # None: the cluster's default
+    eval_gpus: int = 1
+    eval_timeout_min: int = 720
+    slurm_extra: dict = field(default_factory=dict)  # further sbatch options, e.g. {"account": "abc"}
+
+    @property
+    def tasks_per_node(self) -> int:
+        return max(self.gpus_per_node, 1)  # one task per GPU (one on a CPU-only node)
+
+
+def _common(res: Resources, name: str, gpus: int, timeout_min: int) -> dict:
+    params = {
+        "job_name": name,
+        "time": timeout_min,
+        "cpus_per_task": res.cpus_per_task,
+        "signal_delay_s": res.signal_delay_s,
+        # The repo must be importable where the job unpickles its callable (slurm.jobs.*), wherever it was launched.
+        "setup": [f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}}"],
+    }
+    if res.partition:
+        params["partition"] = res.partition
+    if gpus:
+        params["gpus_per_node"] = gpus
+    if res.mem_gb is not None:
+        params["mem"] = f"{res.mem_gb}GB"
+    return params
+
+
+def train_parameters(res: Resources, name: str) -> dict:
+    params = _common(res, name, res.gpus_per_node, res.timeout_min)
+    params.update(nodes=res.nodes, ntasks_per_node=res.tasks_per_node)
+    params["additional_parameters"] = {"requeue": True, **res.slurm_extra}
+    return params
+
+
+def eval_parameters(res: Resources, name: str, after: Optional[str]) -> dict:
+    params = _common(res, name, res.eval_gpus, res.eval_timeout_min)
+    params.update(nodes=1, ntasks_per_node=1)
+    extra = {"requeue": True, **res.slurm_extra}
+    if after:
+        params["dependency"] = f"afterok:{after}"
+        extra["kill-on-invalid-dep"] = "yes"  # training failed: cancel the probe instead of leaving it pending
+    params["additional_parameters"] = extra
+    return params
+
+
+def sbatch_preview(params: dict, folder: Path) -> str:
+    """The sbatch file submitit would write for these parameters (its own formatter, nothing submitted)."""
+    from submitit.slurm.slurm import _make_sbatch_string  # noqa: PLC2701 - the formatter submit() itself uses
+
+    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {folder}"
+    return _make_sbatch_string(command=command, folder=folder, **params)
+
+
+@dataclass
+class Submitted:
+    plan: RunPlan
+    train: str = "-"  # job id, "done", or "<id> (RUNNING)" for a job already in the queue
+    eval: str = "-"
+
+
+class SweepSubmitter:
+    def __init__(self, config: Path, res: Resources, eval_overrides: list[str], local: bool = False,
+                 stop_timeout_s: Optional[float] = None):
+        self.config = Path(config).resolve()
+        self.res = res
+        self.eval_overrides = list(eval_overrides)
+        self.local = local
+        # checkpoint() must finish before Slurm's kill at the time limit: leave a margin inside the signal delay.
+        self.stop_timeout_s = stop_timeout_s or max(self.res.signal_delay_s - 20, 10)
+
+    # ------------------------------------------------------------------ executors
+    def _executor(self, run_dir: Path, params: dict):
+        folder = run_dir / "slurm" / "%j"
+        if self.local:
+            executor = submitit.LocalExecutor(folder=folder, max_num_timeout=self.res.max_num_timeout)
+            executor.update_parameters(timeout_min=params["time"], gpus_per_node=params.get("gpus_per_node", 0),
+                                       tasks_per_node=params.get("ntasks_per_node", 1))
+        else:
+            executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=self.res.max_num_timeout)
+            executor.update_parameters(**params)
+        return executor
+
+    def _train_job(self, plan: RunPlan) -> TrainJob:
+        return TrainJob(self.config, plan.run_dir.resolve(), plan.overrides, stop_timeout_s=self.stop_timeout_s)
+
+    def _eval_job(self, plan: RunPlan) -> EvalJob:
+        return EvalJob(plan.run_dir.resolve(), self.eval_overrides, stop_timeout_s=self.stop_timeout_s)
+
+    @staticmethod
+    def _names(plan: RunPlan) -> tuple[str, str]:
+        return f"s24-train-{plan.run_dir.name}", f"s24-eval-{plan.run_dir.name}"
+
+    # ------------------------------------------------------------------ dry run
+    def preview(self, plan: RunPlan) -> str:
+        train_name, eval_name = self._names(plan)
+        folder = plan.run_dir.resolve() / "slurm" / "%j"
+        parts = []
+        if not plan.train_done:
+            parts.append(f"# train job ({plan.train_action}): {' '.join(self._train_job(plan).command())}\n"
+                         + sbatch_preview(train_parameters(self.res, train_name), folder))
+        if not plan.eval_done:
+            after = None if plan.train_done else f"<job id of {train_name}>"
+            parts.append(f"# eval job: {' '.join(self._eval_job(plan).command())}\n"
+                         + sbatch_preview(eval_parameters(self.res, eval_name, after), folder))
+        return "\n".join(parts)
+
+    # ------------------------------------------------------------------ submission
+    def _active(self, plans: list[RunPlan]) -> dict[str, str]:
+        """States of the recorded Slurm jobs of these runs that are still queued or running."""
+        if self.local:
+            return {}
+        ids = [r.job_id for p in plans for kind in ("train", "eval")
+               if (r := latest_job(p.run_dir, kind)) is not None and r.cluster == "slurm"]
+        return {i: s for i, s in query_states(ids).items() if s in ACTIVE_STATES}
+
+    def submit(self, plans: list[RunPlan]) -> list[Submitted]:
+        active = self._active(plans)
+        rows = []
+        for plan in plans:
+            row = Submitted(plan)
+            rows.append(row)
+            train_name, eval_name = self._names(plan)
+            train_id = None
+            if plan.train_done:
+                row.train = "done"
+            else:
+                recorded = latest_job(plan.run_dir, "train")
+                if recorded is not None and recorded.job_id in active:
+                    train_id, row.train = recorded.job_id, f"{recorded.job_id} ({active[recorded.job_id]})"
+                else:
+                    job = self._run(plan, "train", self._train_job(plan), train_parameters(self.res, train_name))
+                    train_id, row.train = job.job_id, f"{job.job_id} ({plan.train_action})"
+                    if self.local and not self._wait_local(job, plan, "train"):
+                        row.train += " FAILED"
+                        continue
+            if plan.eval_done:
+                row.eval = "done"
+                continue
+            recorded = latest_job(plan.run_dir, "eval")
+            if recorded is not None and recorded.job_id in active:
+                row.eval = f"{recorded.job_id} ({active[recorded.job_id]})"
+                continue
+            after = None if self.local else train_id
+            job = self._run(plan, "eval", self._eval_job(plan), eval_parameters(self.res, eval_name, after))
+            row.eval = job.job_id + (f" (after {train_id})" if after else "")
+            if self.local and not self._wait_local(job, plan, "eval"):
+                row.eval += " FAILED"
+        return rows
+
+    def _run(self, plan: RunPlan, kind: str, job_fn, params: dict):
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
+        job = self._executor(plan.run_dir.resolve(), params).submit(job_fn)
+        record_job(plan.run_dir, kind, job.job_id, "local" if self.local else "slurm")
+        logger.info("submitted %s job %s for %s", kind, job.job_id, plan.run_dir)
+        return job
+
+    @staticmethod
+    def _wait_local(job, plan: RunPlan, kind: str) -> bool:
+        try:
+            job.result()
+            return True
+        except Exception as e:  # noqa: BLE001 - report and carry on with the other runs
+            logger.error("%s of %s failed: %s (log: %s)", kind, plan.run_dir, e, job.paths.stderr)
+            return False

@@ -1,0 +1,145 @@
+"""The plan of a sparse-fraction sweep: one run directory per fraction, its resolved config, and what is left to do.
+
+A sweep lives in one folder (`--runs-dir`), one sub-folder per fraction (`sparse_0.70`). What a run still needs is
+read from that folder alone, so re-running the launcher for an existing sweep resumes or skips instead of starting
+over:
+
+- training is finished when `checkpoints/` holds the checkpoint of the run's last step (train.py writes it at the
+  end); otherwise training is (re)submitted, and train.py resumes from the newest checkpoint;
+- evaluation is finished when `eval_linear.json` exists;
+- a job recorded in `jobs.json` that Slurm still lists as pending or running is not submitted twice.
+"""
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from configs import Config, ConfigError, load_config, to_yaml
+
+JOBS_FILE = "jobs.json"
+EVAL_RESULT = "eval_linear.json"
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_NAME = re.compile(r"^step_(\d{8})\.pt$")
+
+
+def run_name(fraction: float) -> str:
+    """sparse_0.70 (two decimals where they are exact, so names sort; more digits where needed)."""
+    return f"sparse_{fraction:.2f}" if round(fraction, 2) == fraction else f"sparse_{fraction:g}"
+
+
+def last_step(cfg: Config) -> int:
+    """The step a finished run stops at (train.max_steps cuts the schedule short)."""
+    total = cfg.total_steps
+    return min(total, cfg.train.max_steps) if cfg.train.max_steps > 0 else total
+
+
+def newest_checkpoint(run_dir: Path) -> Optional[tuple[int, Path]]:
+    directory = Path(run_dir) / "checkpoints"
+    if not directory.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT_NAME.match(p.name))]
+    return max(found) if found else None
+
+
+@dataclass
+class JobRecord:
+    kind: str  # train | eval
+    job_id: str
+    cluster: str  # slurm | local
+    submitted: str
+
+
+def read_jobs(run_dir: Path) -> list[JobRecord]:
+    path = Path(run_dir) / JOBS_FILE
+    if not path.exists():
+        return []
+    try:
+        return [JobRecord(**r) for r in json.loads(path.read_text())]
+    except (json.JSONDecodeError, TypeError) as e:
+        raise ValueError(f"{path}: unreadable job record ({e}); move it away to start the record afresh") from None
+
+
+def record_job(run_dir: Path, kind: str, job_id: str, cluster: str) -> None:
+    records = read_jobs(run_dir) + [JobRecord(kind, str(job_id), cluster, time.strftime("%Y-%m-%dT%H:%M:%S"))]
+    path = Path(run_dir) / JOBS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([r.__dict__ for r in records], indent=1))
+    tmp.replace(path)
+
+
+def latest_job(run_dir: Path, kind: str) -> Optional[JobRecord]:
+    matching = [r for r in read_jobs(run_dir) if r.kind == kind]
+    return matching[-1] if matching else None
+
+
+@dataclass
+class RunPlan:
+    fraction: float
+    run_dir: Path
+    overrides: list[str]  # the sweep's overrides plus this run's sparsity.sparse_fraction
+    cfg: Config
+    last_step: int
+    done_steps: int = 0  # step of the newest checkpoint
+    eval_done: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def train_done(self) -> bool:
+        return self.done_steps >= self.last_step
+
+    @property
+    def train_action(self) -> str:
+        if self.train_done:
+            return "done"
+        return f"resume@{self.done_steps}" if self.done_steps else "new"
+
+
+def _config_difference(old_yaml: str, new_yaml: str) -> list[str]:
+    from omegaconf import OmegaConf
+
+    def flat(node, prefix=""):
+        out = {}
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            out.update(flat(value, name + ".") if isinstance(value, dict) else {name: value})
+        return out
+
+    old = flat(OmegaConf.to_container(OmegaConf.create(old_yaml)))
+    new = flat(OmegaConf.to_container(OmegaConf.create(new_yaml)))
+    # Keys only the old file has are ignored: train.py may record facts of its own next to the config.
+    return [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in sorted(new.items()) if old.get(k) != v]
+
+
+def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrides: Sequence[str]) -> list[RunPlan]:
+    """Resolve every run's config (raising ConfigError before anything is submitted) and read its progress.
+
+    An existing run whose config.yaml differs from the newly resolved config is an error naming the keys: resuming
+    it with other settings would silently mix two experiments."""
+    for item in overrides:
+        if item.split("=", 1)[0].strip() == "sparsity.sparse_fraction":
+            raise ConfigError("sparsity.sparse_fraction is set per run by --sparse-fractions; drop the override")
+    if len(set(fractions)) != len(fractions):
+        raise ConfigError(f"--sparse-fractions has duplicates: {list(fractions)}")
+    plans = []
+    for fraction in fractions:
+        run_overrides = [*overrides, f"sparsity.sparse_fraction={fraction}"]
+        cfg = load_config(config, run_overrides)
+        run_dir = Path(runs_dir) / run_name(fraction)
+        plan = RunPlan(fraction, run_dir, run_overrides, cfg, last_step(cfg))
+        existing = run_dir / CONFIG_FILE
+        if existing.exists():
+            changed = _config_difference(existing.read_text(), to_yaml(cfg))
+            if changed:
+                raise ConfigError(
+                    f"{run_dir} was started with another config ({'; '.join(changed)}). Launch with the same config "
+                    "and overrides to resume it, or pick a new --runs-dir for the new settings"
+                )
+        newest = newest_checkpoint(run_dir)
+        plan.done_steps = newest[0] if newest else 0
+        plan.eval_done = (run_dir / EVAL_RESULT).exists()
+        plans.append(plan)
+    return plans
