@@ -91,9 +91,13 @@ class ScriptJob(submitit.helpers.Checkpointable):
     def __getstate__(self) -> dict:  # the child process handle does not travel in the requeue pickle
         return {**self.__dict__, "_child": None}
 
-    def __call__(self):
+    def start(self) -> subprocess.Popen:
         logger.info("running %s", " ".join(self.command()))
         self._child = subprocess.Popen(self.command(), cwd=self.repo, env=self.child_env(), preexec_fn=_ignore_usr2)
+        return self._child
+
+    def __call__(self):
+        self.start()
         # Poll rather than wait(): checkpoint() runs inside a signal handler that interrupts this loop and must be
         # able to reap the child itself (a blocking Popen.wait() would hold the lock it needs).
         while self._child.poll() is None:

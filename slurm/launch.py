@@ -57,7 +57,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     slurm.add_argument("--slurm-arg", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
                        help="extra sbatch option for every job, e.g. account=abc or constraint=h100 (repeatable)")
     ev = p.add_argument_group("linear probe (eval_linear.py, chained after each training job)")
-    ev.add_argument("--eval-gpus", type=int, default=1)
+    ev.add_argument("--eval-gpus", type=int, default=None, help="default: 1, or 0 when --gpus-per-node is 0")
     ev.add_argument("--eval-timeout-min", type=int, default=720)
     ev.add_argument("--eval-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="override for eval_linear.py, e.g. features.batch_size=128 (repeatable)")
@@ -71,6 +71,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     for name in ("nodes", "cpus_per_task", "timeout_min", "max_num_timeout", "eval_timeout_min"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.eval_gpus is None:
+        args.eval_gpus = min(args.gpus_per_node, 1)
     if args.gpus_per_node < 0 or args.eval_gpus < 0:
         p.error("GPU counts must be >= 0")
     return args

@@ -1,0 +1,171 @@
+"""The launcher without a scheduler: the ViT-L dry run, resume/skip planning, refused inputs, the status table, and
+the signal path of a job's child process."""
+
+import json
+import pickle
+import re
+import signal
+import time
+
+import pytest
+import submitit
+
+from configs import ConfigError, load_config, to_yaml
+from slurm.jobs import ScriptJob
+from slurm.status import format_table, run_row
+from slurm.sweep import plan_sweep, record_job
+
+from launcher_helpers import launch
+
+FRACTIONS = ["0", "0.4", "0.6", "0.7", "0.8", "0.9", "1.0"]
+VITL = "configs/vitl16_imagenet.yaml"
+
+
+def _sbatch_blocks(output: str) -> list[tuple[str, dict]]:
+    """(kind, {sbatch option: value}) for every previewed job, in order."""
+    blocks = []
+    for kind, body in re.findall(r"^# (train|eval) job.*?\n(.*?)(?=^# (?:train|eval) job|^=== |\Z)", output,
+                                 flags=re.S | re.M):
+        options = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", body, flags=re.M))
+        blocks.append((kind, {k: v.strip("'") for k, v in options.items()}))
+    return blocks
+
+
+def test_dry_run_of_the_vitl_sweep_prints_seven_jobs_and_seven_chained_evals(tmp_path):
+    runs = tmp_path / "sweep"
+    result = launch("--config", VITL, "--sparse-fractions", *FRACTIONS, "--nodes", "4", "--gpus-per-node", "8",
+                    "--partition", "gpu", "--timeout-min", "4320", "--runs-dir", str(runs), "--dry-run",
+                    "data.root=/datasets/imagenet")
+    out = result.stdout
+    blocks = _sbatch_blocks(out)
+    assert [k for k, _ in blocks] == ["train", "eval"] * 7, out[-3000:]
+    for i, fraction in enumerate(FRACTIONS):
+        (_, train), (_, ev) = blocks[2 * i], blocks[2 * i + 1]
+        name = f"sparse_{float(fraction):.2f}"
+        assert train["job-name"] == f"s24-train-{name}" and ev["job-name"] == f"s24-eval-{name}"
+        assert (train["nodes"], train["ntasks-per-node"], train["gpus-per-node"]) == ("4", "8", "8")
+        assert (train["partition"], train["time"], train["signal"]) == ("gpu", "4320", "USR2@120")
+        assert "requeue" in train and train["open-mode"] == "append"
+        assert ev["dependency"] == f"afterok:<job id of s24-train-{name}>" and ev["kill-on-invalid-dep"] == "yes"
+        assert (ev["nodes"], ev["gpus-per-node"]) == ("1", "1")
+        assert str(runs / name) in train["output"]
+    # each run's resolved config, with its own fraction and the sweep's override
+    configs = re.findall(r"--- resolved config\n(.*?)--- sbatch", out, flags=re.S)
+    assert len(configs) == 7
+    for text, fraction in zip(configs, FRACTIONS):
+        assert f"sparse_fraction: {float(fraction)}" in text and "root: /datasets/imagenet" in text
+        assert "arch: vit_large" in text
+    assert f"--output-dir {runs / 'sparse_0.70'} data.root=/datasets/imagenet sparsity.sparse_fraction=0.7" in out
+    assert not runs.exists(), "a dry run must not create anything"
+
+
+def _fake_progress(run_dir, cfg, steps, eval_done=False):
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    for step in steps:
+        (run_dir / "checkpoints" / f"step_{step:08d}.pt").touch()
+    if steps:
+        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": steps[-1] - 1, "phase": "dense", "loss": 1.0}) + "\n")
+    if eval_done:
+        (run_dir / "eval_linear.json").write_text(json.dumps({"top1": 12.5}))
+
+
+def test_rerunning_a_sweep_resumes_unfinished_runs_and_skips_finished_ones(tmp_path):
+    overrides = ["optim.epochs=2", "train.epoch_length=5"]  # 10 steps per run
+    cfg = {f: load_config(None, [*overrides, f"sparsity.sparse_fraction={f}"]) for f in (0.0, 0.5, 1.0)}
+    _fake_progress(tmp_path / "sparse_0.00", cfg[0.0], [10], eval_done=True)  # all done
+    _fake_progress(tmp_path / "sparse_0.50", cfg[0.5], [10])  # trained, not evaluated
+    _fake_progress(tmp_path / "sparse_1.00", cfg[1.0], [3, 6])  # interrupted at step 6
+    plans = plan_sweep("configs/default.yaml", [0.0, 0.5, 1.0, 0.7], tmp_path, overrides)
+    assert [(p.train_action, p.eval_done) for p in plans] == [("done", True), ("done", False), ("resume@6", False),
+                                                              ("new", False)]
+
+    result = launch("--config", "configs/default.yaml", "--sparse-fractions", "0", "0.5", "1", "0.7",
+                    "--runs-dir", str(tmp_path), "--gpus-per-node", "0", "--dry-run", *overrides)
+    blocks = [k for k, _ in _sbatch_blocks(result.stdout)]
+    assert blocks == ["eval", "train", "eval", "train", "eval"]  # nothing for 0.0, only the probe for 0.5
+    assert "(nothing to submit)" in result.stdout
+    eval_of_trained = _sbatch_blocks(result.stdout)[0][1]
+    assert "dependency" not in eval_of_trained  # its training is already done
+
+
+def test_an_existing_run_with_other_settings_is_refused_naming_the_keys(tmp_path):
+    cfg = load_config(None, ["optim.epochs=2", "sparsity.sparse_fraction=0.5"])
+    _fake_progress(tmp_path / "sparse_0.50", cfg, [3])
+    with pytest.raises(ConfigError, match=r"optim.epochs: 2 -> 3.*new --runs-dir"):
+        plan_sweep("configs/default.yaml", [0.5], tmp_path, ["optim.epochs=3"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["sparsity.sparse_fraction=0.3"], "set per run by --sparse-fractions"),
+    (["train.batchsize=3"], "unknown config key 'train.batchsize'"),
+    (["--sparse-fractions", "0.5", "0.5"], "duplicates"),
+    (["--sparse-fractions", "1.5"], "sparse_fraction must be in"),
+])
+def test_bad_sweeps_are_refused_before_anything_is_submitted(tmp_path, args, message):
+    result = launch("--config", "configs/default.yaml", "--runs-dir", str(tmp_path / "s"), *args, check=False)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_status_row_shows_progress_phase_checkpoint_jobs_and_eval(tmp_path):
+    cfg = load_config(None, ["optim.epochs=2", "train.epoch_length=5"])
+    run = tmp_path / "sparse_0.70"
+    _fake_progress(run, cfg, [3, 6], eval_done=True)
+    record_job(run, "train", "41", "slurm")
+    record_job(run, "train", "42", "slurm")  # a resubmission: the latest counts
+    record_job(run, "eval", "43", "slurm")
+    row = run_row(run, {"42": "RUNNING", "43": "PENDING"})
+    assert row == {"run": "sparse_0.70", "step": "6/10", "phase": "dense", "checkpoint": "6",
+                   "train job": "42 RUNNING", "eval job": "43 PENDING", "eval": "top1 12.50"}
+    table = format_table([row])
+    assert table.splitlines()[0].split() == ["run", "step", "phase", "checkpoint", "train", "job", "eval", "job",
+                                            "eval"]
+    result = launch("status", "--runs-dir", str(tmp_path))
+    assert "sparse_0.70" in result.stdout and "6/10" in result.stdout
+
+
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+marker = Path(sys.argv[1])
+def stop(signum, frame):
+    marker.write_text("stopped cleanly")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+marker.write_text("started")
+while True:
+    time.sleep(0.05)
+"""
+
+
+class _ChildJob(ScriptJob):
+    script = "child.py"
+
+
+def test_checkpoint_stops_the_child_through_sigterm_and_requeues_a_fresh_copy(tmp_path):
+    """Slurm signals the whole process tree, so USR2 reaches the child too: it must survive it and stop only on the
+    SIGTERM that checkpoint() sends (train.py then saves at a step boundary)."""
+    (tmp_path / "child.py").write_text(CHILD)
+    marker = tmp_path / "marker"
+    job = _ChildJob([str(marker)], stop_timeout_s=30, repo=tmp_path)
+    child = job.start()
+    deadline = time.monotonic() + 30
+    while not marker.exists():
+        assert time.monotonic() < deadline and child.poll() is None, "the child did not start"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGUSR2)
+    time.sleep(0.3)
+    assert child.poll() is None, "USR2 killed the child"
+    delayed = job.checkpoint()
+    assert marker.read_text() == "stopped cleanly" and child.returncode == 143
+    assert isinstance(delayed, submitit.helpers.DelayedSubmission)
+    requeued = pickle.loads(pickle.dumps(delayed.function))  # what submitit writes for the requeued job
+    assert isinstance(requeued, _ChildJob) and requeued._child is None and requeued.args == [str(marker)]
+
+
+def test_one_cpu_task_gets_as_many_torch_threads_as_cpus(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    env = _ChildJob([]).child_env()
+    assert env["OMP_NUM_THREADS"] == "3" and "RANK" not in env  # outside a multi-task job: no torchrun variables
