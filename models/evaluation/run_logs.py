@@ -1,0 +1,275 @@
+"""Read one training run directory (as written by `train.py`) into a `RunSummary`: its schedule, how far it got,
+how long each phase took, and its evaluation.
+
+A run directory holds `config.yaml` (the resolved config), `metrics.jsonl` (one line per logged step),
+`checkpoints/step_XXXXXXXX.pt`, `log.txt`, `teacher_backbone.pth` once finished, and `eval_linear.json` once
+evaluated. Anything may be missing or cut short: the summary then says so in `status` instead of raising, so a
+table of many runs always shows every run.
+"""
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
+KNN_SHOWN_K = 20  # the k-NN column of the table; dinov2's usual headline k (all k stay in the CSV)
+
+_CHECKPOINT = re.compile(r"^step_(\d{8})\.pt$")
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<logger>\S+): (?P<message>.*)$")
+
+
+@dataclass
+class RunSummary:
+    name: str
+    path: str
+    train_status: str = MISSING  # complete | partial | failed | missing | unreadable
+    reason: str = ""  # why a run is failed / partial / unreadable
+    eval_status: str = MISSING  # complete | missing | unreadable
+    eval_reason: str = ""
+    # schedule (from config.yaml)
+    arch: str = ""
+    patch_size: Optional[int] = None
+    dataset: str = ""
+    sparse_fraction: Optional[float] = None
+    total_steps: Optional[int] = None
+    sparse_steps: Optional[int] = None
+    global_batch: Optional[int] = None
+    # progress and timing (from metrics.jsonl and the checkpoints)
+    steps_done: int = 0
+    time_s: Optional[float] = None  # summed step time of the logged windows (excludes start-up and evaluation)
+    sparse_time_s: Optional[float] = None
+    dense_time_s: Optional[float] = None
+    timed_steps: int = 0  # steps covered by time_s
+    images_per_s: Optional[float] = None
+    final_loss: Optional[float] = None
+    loss_curve: list = field(default_factory=list, repr=False)  # [(step, loss)]
+    # evaluation (from eval_linear.json)
+    top1: Optional[float] = None
+    top5: Optional[float] = None
+    knn: dict = field(default_factory=dict)  # {k: top-1 %}
+    best_C: Optional[float] = None
+    solver: str = ""
+    eval_seconds: Optional[float] = None
+
+    @property
+    def dense_steps(self) -> Optional[int]:
+        if self.total_steps is None or self.sparse_steps is None:
+            return None
+        return self.total_steps - self.sparse_steps
+
+    @property
+    def knn_top1(self) -> Optional[float]:
+        return self.knn.get(KNN_SHOWN_K)
+
+    @property
+    def seconds_per_step(self) -> Optional[float]:
+        return self.time_s / self.timed_steps if self.time_s and self.timed_steps else None
+
+    @property
+    def status(self) -> str:
+        """One human-readable word or phrase: complete, no eval, partial (step x of y), failed (reason), ..."""
+        if self.train_status == COMPLETE:
+            if self.eval_status == COMPLETE:
+                return COMPLETE
+            return "no eval" if self.eval_status == MISSING else f"eval unreadable ({self.eval_reason})"
+        if self.train_status == PARTIAL:
+            detail = f"step {self.steps_done} of {self.total_steps}"
+            return f"partial ({detail}{', ' + self.reason if self.reason else ''})"
+        return f"{self.train_status} ({self.reason})" if self.reason else self.train_status
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file() or (path / "metrics.jsonl").is_file()
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _read_config(run: RunSummary, run_dir: Path) -> bool:
+    from configs import ConfigError, load_config
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        run.train_status, run.reason = UNREADABLE, "no config.yaml"
+        return False
+    try:
+        cfg = load_config(path)
+    except (ConfigError, OSError, ValueError) as e:
+        run.train_status, run.reason = UNREADABLE, _short(f"config.yaml: {e}")
+        return False
+    run.arch, run.patch_size, run.dataset = cfg.student.arch, cfg.student.patch_size, cfg.data.dataset
+    run.sparse_fraction = cfg.sparsity.sparse_fraction
+    run.total_steps, run.sparse_steps = cfg.total_steps, cfg.sparse_steps
+    run.global_batch = cfg.train.batch_size_per_gpu * _world_size(run_dir)
+    return True
+
+
+def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    directory = run_dir / "checkpoints"
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _CHECKPOINT.match(p.name))]
+    return sorted(found)
+
+
+def _world_size(run_dir: Path) -> int:
+    """The number of processes that trained the run (metrics' images/s are global): from the newest readable
+    checkpoint, memory-mapped so a ViT-L checkpoint costs no more than its header. 1 if none is readable."""
+    import torch
+
+    for _, path in reversed(_checkpoints(run_dir)):
+        try:
+            return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["world_size"])
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint: try the previous one
+            continue
+    return 1
+
+
+def _read_records(path: Path) -> list[dict]:
+    """metrics.jsonl lines; a line cut by a kill mid-write (only ever the last) is ignored."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+    return records
+
+
+def _float(value) -> Optional[float]:
+    try:
+        return float(value)  # NaN/inf are logged as strings ("nan"); float() reads them back
+    except (TypeError, ValueError):
+        return None
+
+
+def _read_metrics(run: RunSummary, run_dir: Path) -> None:
+    """Progress, loss curve and phase times. Each record's images/s covers the steps since the previous record,
+    so a window took steps * global_batch / images_per_s seconds; a window straddling the sparse->dense switch is
+    split between the phases by its step count."""
+    path = run_dir / "metrics.jsonl"
+    records = _read_records(path) if path.is_file() else []
+    checkpoint_steps = [step for step, _ in _checkpoints(run_dir)]
+    run.steps_done = max([r["step"] + 1 for r in records] + checkpoint_steps + [0])
+    run.loss_curve = [(r["step"], v) for r in records if (v := _float(r.get("loss"))) is not None]
+    if run.loss_curve:
+        run.final_loss = run.loss_curve[-1][1]
+    if not run.global_batch:
+        return
+    sparse_time = dense_time = 0.0
+    timed = images = 0
+    previous_end = 0  # first step not yet covered by a window
+    for record in records:
+        end = record["step"] + 1
+        rate = _float(record.get("images_per_s"))
+        steps = end - previous_end
+        previous_end = end
+        if not rate or rate <= 0 or steps <= 0:
+            continue
+        batch = record.get("global_batch") or run.global_batch  # a logged batch size wins over the inferred one
+        seconds = steps * batch / rate
+        sparse_part = min(max(run.sparse_steps - (end - steps), 0), steps) if run.sparse_steps is not None else 0
+        images += steps * batch
+        sparse_time += seconds * sparse_part / steps
+        dense_time += seconds * (steps - sparse_part) / steps
+        timed += steps
+    if timed:
+        run.sparse_time_s, run.dense_time_s = sparse_time, dense_time
+        run.time_s, run.timed_steps = sparse_time + dense_time, timed
+        run.images_per_s = images / run.time_s
+
+
+def _last_log_event(run_dir: Path) -> Optional[tuple[str, str]]:
+    """(level, message) of the last log line train.py wrote, if any."""
+    path = run_dir / "log.txt"
+    if not path.is_file():
+        return None
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        match = _LOG_LINE.match(line)
+        if match:
+            return match.group("level"), match.group("message")
+    return None
+
+
+def _training_status(run: RunSummary, run_dir: Path) -> None:
+    finished = run.total_steps is not None and run.steps_done >= run.total_steps
+    if finished and (run_dir / "teacher_backbone.pth").is_file():
+        run.train_status = COMPLETE
+        return
+    event = _last_log_event(run_dir)
+    if event and event[0] in ("ERROR", "CRITICAL"):
+        run.train_status, run.reason = FAILED, _short(event[1])
+    elif run.steps_done == 0 and not (run_dir / "metrics.jsonl").is_file():
+        run.train_status, run.reason = PARTIAL, "no steps logged"
+    else:
+        run.train_status = PARTIAL
+        if finished:
+            run.reason = "no teacher_backbone.pth"
+        elif event and "SIGTERM" in event[1]:
+            run.reason = "preempted"
+
+
+def _read_eval(run: RunSummary, run_dir: Path) -> None:
+    path = run_dir / "eval_linear.json"
+    if not path.is_file():
+        return
+    try:
+        result = json.loads(path.read_text())
+        if not isinstance(result, dict):
+            raise ValueError("not a JSON object")
+        run.top1, run.top5 = _float(result.get("top1")), _float(result.get("top5"))
+        run.knn = {int(k): float(v) for k, v in (result.get("knn") or {}).items() if _float(v) is not None}
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        run.eval_status, run.eval_reason = UNREADABLE, _short(f"{path.name}: {e}", 80)
+        return
+    run.best_C, run.eval_seconds = _float(result.get("best_C")), _float(result.get("seconds"))
+    run.solver = str(result.get("solver", ""))
+    run.eval_status = COMPLETE
+
+
+def read_run(run_dir: Path, name: Optional[str] = None) -> RunSummary:
+    """Everything the tables need about one run directory; never raises for a damaged or absent run."""
+    run_dir = Path(run_dir)
+    run = RunSummary(name=name or run_dir.name, path=str(run_dir))
+    if not run_dir.is_dir():
+        run.train_status, run.reason = MISSING, "no run directory"
+        return run
+    if not _read_config(run, run_dir):
+        return run
+    _read_metrics(run, run_dir)
+    _training_status(run, run_dir)
+    _read_eval(run, run_dir)
+    return run
+
+
+def find_run_dirs(paths: list[Path], max_depth: int = 3) -> list[Path]:
+    """Run directories among `paths`: each path is a run, or a folder holding runs (searched `max_depth` deep).
+    A path that does not exist is kept, so it shows as a missing run rather than vanishing."""
+    found: list[Path] = []
+
+    def walk(path: Path, depth: int) -> None:
+        if is_run_dir(path):
+            found.append(path)
+        elif depth < max_depth:
+            for child in sorted(p for p in path.iterdir() if p.is_dir()):
+                walk(child, depth + 1)
+
+    for path in map(Path, paths):
+        if not path.exists() or is_run_dir(path):
+            found.append(path)
+            continue
+        before = len(found)
+        walk(path, 0)
+        if len(found) == before:
+            raise FileNotFoundError(f"{path}: neither a run directory (no config.yaml or metrics.jsonl) nor a "
+                                    f"folder containing runs")
+    unique: dict[Path, Path] = {}
+    for path in found:  # the same run named twice (e.g. as itself and through its parent) is read once
+        unique.setdefault(path.resolve(), path)
+    return list(unique.values())

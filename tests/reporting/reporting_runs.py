@@ -1,0 +1,64 @@
+"""Fake run directories with the layout train.py writes (config.yaml, metrics.jsonl, log.txt, checkpoints,
+teacher_backbone.pth, eval_linear.json), built in milliseconds for the table and reproduce tests."""
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from configs import DEFAULT_CONFIG, load_config, to_yaml
+
+REPO = Path(__file__).resolve().parents[2]
+VITL_CONFIG = REPO / "configs" / "vitl16_imagenet.yaml"
+LOG_TIME = "2026-11-22 12:00:00,000"
+
+
+def eval_result(top1: float, knn20: Optional[float] = None) -> dict:
+    knn20 = top1 - 2.0 if knn20 is None else knn20
+    return {"top1": top1, "top5": min(top1 + 5.0, 100.0), "best_C": 0.1, "C_curve": [{"C": 0.1, "holdout_top1": top1}],
+            "feature_dim": 192, "solver": "sklearn", "seconds": 12.5, "n_train": 1437, "n_val": 360,
+            "knn": {"10": knn20 + 0.5, "20": knn20, "100": knn20 - 1.0, "200": knn20 - 2.0}, "extra_key": [1, 2]}
+
+
+def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int] = None, finished: bool = True,
+             result="default", log_tail: Optional[str] = None, vitl: bool = False, log_period: int = 5,
+             sparse_images_per_s: float = 64.0, dense_images_per_s: float = 32.0, world_size: Optional[int] = None,
+             top1: float = 90.0) -> Path:
+    """A run of the embedded default (300 steps, batch 32) or of the ViT-L recipe (125k steps, batch 64).
+
+    Throughput is constant per phase, so a phase's time is exact: steps * batch / images_per_s.
+    `result`: "default" -> an eval_linear.json with `top1`; None -> no eval; a str other than "default" -> written
+    as the file's raw text; a dict -> written as JSON. `log_tail`: a last log line (e.g. an ERROR)."""
+    run = Path(root) / name
+    run.mkdir(parents=True)
+    if vitl:
+        cfg = load_config(VITL_CONFIG, ["data.root=/datasets/imagenet", f"sparsity.sparse_fraction={fraction}"])
+    else:
+        cfg = load_config(DEFAULT_CONFIG, [f"sparsity.sparse_fraction={fraction}"])
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    total, sparse = cfg.total_steps, cfg.sparse_steps
+    steps_done = total if steps_done is None else steps_done
+    lines = []
+    for end in range(log_period, steps_done + 1, log_period):
+        phase = "sparse" if end - 1 < sparse else "dense"
+        rate = sparse_images_per_s if phase == "sparse" else dense_images_per_s
+        lines.append(json.dumps({"step": end - 1, "phase": phase, "loss": 11.0 - 3.0 * end / total, "lr": 1e-3,
+                                 "images_per_s": rate}))
+    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    log = [f"{LOG_TIME} INFO models.training.sparse_schedule: step 0: 24 linears now 2:4-sparse"]
+    if log_tail:
+        log.append(f"{LOG_TIME} {log_tail}")
+    (run / "log.txt").write_text("\n".join(log) + "\n")
+    if world_size is not None:
+        (run / "checkpoints").mkdir()
+        torch.save({"step": steps_done, "world_size": world_size}, run / "checkpoints" / f"step_{steps_done:08d}.pt")
+    if finished and steps_done >= total:
+        (run / "teacher_backbone.pth").write_bytes(b"weights")
+    if result == "default":
+        result = eval_result(top1)
+    if isinstance(result, dict):
+        (run / "eval_linear.json").write_text(json.dumps(result))
+    elif isinstance(result, str):
+        (run / "eval_linear.json").write_text(result)
+    return run
