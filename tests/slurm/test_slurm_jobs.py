@@ -1,0 +1,129 @@
+"""The launcher against a real Slurm (CI starts one on localhost with .ci/slurm_setup.sh): a two-run sweep that
+trains and evaluates through the scheduler, a job preempted with USR2 that checkpoints, requeues and ends with the
+same metrics as an uninterrupted run, and a job cancelled from outside that is reported failed instead of hanging.
+
+Everything is submitted at once by a module fixture (the machine runs two one-CPU jobs at a time), cancelled run
+first so that its slot frees early; the tests then each wait for their own outcome.
+"""
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+import torch
+
+from models.training.metrics import read_metrics, without_timing
+
+from launcher_helpers import (CPU_JOB, SLURM_TIMEOUT_S, TINY, TOTAL_STEPS, job_ids, job_state, launch, slurm_logs,
+                              wait_for)
+
+EVAL_FAST = ["--eval-arg", "linear.n_c=3", "--eval-arg", "features.num_workers=0"]
+PREEMPT_AFTER_STEP = 5  # metrics line of step 5 written: the run is inside step 6 of 16
+
+
+def _sweep(runs_dir: Path, *fractions: str) -> subprocess.CompletedProcess:
+    return launch("--config", "configs/default.yaml", "--sparse-fractions", *fractions, "--runs-dir", str(runs_dir),
+                  "--partition", "debug", *CPU_JOB, *EVAL_FAST, *TINY)
+
+
+def _metrics_reached(run: Path, step: int) -> bool:
+    path = run / "metrics.jsonl"
+    return path.exists() and f'"step": {step},' in path.read_text()
+
+
+def _interrupt(cancel_run: Path, preempt_run: Path, done: dict) -> None:
+    """Cancel one run once it trains and send USR2 (what Slurm sends before a time limit or a preemption) to the
+    other mid-run, at those moments whatever test is running meanwhile."""
+    actions = {"cancel": (cancel_run, 0, []), "preempt": (preempt_run, PREEMPT_AFTER_STEP, ["--signal=USR2"])}
+    deadline = time.monotonic() + SLURM_TIMEOUT_S
+    while len(done) < len(actions) and time.monotonic() < deadline:
+        for name, (run, step, flags) in actions.items():
+            if name not in done and _metrics_reached(run, step):
+                subprocess.run(["scancel", *flags, job_ids(run, "train")[0]], check=True)
+                done[name] = True
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def sweeps(slurm_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurm")
+    dirs = {"cancel": root / "cancel", "preempt": root / "preempt", "sweep": root / "sweep"}
+    _sweep(dirs["cancel"], "0.5")
+    _sweep(dirs["preempt"], "0.5")
+    first = _sweep(dirs["sweep"], "0.5", "0.25")
+    done: dict = {}
+    interrupter = threading.Thread(target=_interrupt, daemon=True,
+                                   args=(dirs["cancel"] / "sparse_0.50", dirs["preempt"] / "sparse_0.50", done))
+    interrupter.start()
+    yield {**dirs, "launch_output": first.stdout, "interrupted": done}
+    ids = [i for d in dirs.values() for run in d.glob("sparse_*") for k in ("train", "eval") for i in job_ids(run, k)]
+    subprocess.run(["scancel", *ids], capture_output=True)  # nothing may outlive a failed test
+
+
+def _finished(job_id: str) -> bool:
+    return job_state(job_id) not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "UNKNOWN")
+
+
+def test_a_job_cancelled_from_outside_is_reported_failed_not_left_hanging(sweeps):
+    run = sweeps["cancel"] / "sparse_0.50"
+    (train_id,), (eval_id,) = job_ids(run, "train"), job_ids(run, "eval")
+    wait_for(lambda: sweeps["interrupted"].get("cancel"), "the cancellation")
+
+    # submitit (what the launcher and users' scripts poll) must see the job end: done(), then an error, no hang
+    job = submitit.SlurmJob(folder=run / "slurm" / "%j", job_id=train_id)
+    wait_for(lambda: job.done(force_check=True), "submitit to notice the cancelled job", timeout=60)
+    with pytest.raises(submitit.core.utils.UncompletedJobError):
+        job.result()
+    # the chained probe is cancelled with it (kill-on-invalid-dep), and status names both states
+    wait_for(lambda: _finished(eval_id), "the probe of the cancelled run to leave the queue", timeout=60)
+    status = launch("status", "--runs-dir", str(sweeps["cancel"])).stdout
+    assert f"{train_id} CANCELLED" in status and f"{eval_id} CANCELLED" in status, status
+
+
+def test_usr2_checkpoints_requeues_and_resumes_to_the_uninterrupted_metrics(sweeps):
+    run = sweeps["preempt"] / "sparse_0.50"
+    (train_id,) = job_ids(run, "train")
+    wait_for(lambda: sweeps["interrupted"].get("preempt"), "USR2 to be sent")
+    wait_for(lambda: _finished(train_id), "the preempted job to requeue and finish")
+    logs = slurm_logs(run)
+    assert job_state(train_id) == "COMPLETED", logs[-4000:]
+    assert "Requeued job" in logs and "resumed at step" in logs, logs[-4000:]
+
+    # The only mid-run checkpoint (periodic ones are off) is the one the signal asked for, at a step boundary.
+    steps = sorted(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.pt"))
+    assert len(steps) == 2 and PREEMPT_AFTER_STEP < steps[0] < TOTAL_STEPS and steps[1] == TOTAL_STEPS, steps
+    assert f"resumed at step {steps[0]}" in logs
+
+    reference = sweeps["sweep"] / "sparse_0.50"  # same config, never interrupted
+    wait_for(lambda: (reference / "teacher_backbone.pth").exists(), "the uninterrupted reference run")
+    got, want = (without_timing(read_metrics(r / "metrics.jsonl")) for r in (run, reference))
+    assert [r["step"] for r in got] == list(range(TOTAL_STEPS))
+    assert got == want
+    a, b = (torch.load(r / "teacher_backbone.pth", weights_only=True)["backbone"] for r in (run, reference))
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_a_sweep_trains_and_evaluates_through_slurm_and_a_rerun_submits_nothing(sweeps):
+    runs = [sweeps["sweep"] / "sparse_0.50", sweeps["sweep"] / "sparse_0.25"]
+    table = sweeps["launch_output"]
+    for run in runs:
+        (train_id,), (eval_id,) = job_ids(run, "train"), job_ids(run, "eval")
+        assert f"{eval_id} (after {train_id})" in table and str(run) in table, table
+        wait_for(lambda: _finished(eval_id), f"the probe of {run.name}")
+        assert (job_state(train_id), job_state(eval_id)) == ("COMPLETED", "COMPLETED"), slurm_logs(run)[-4000:]
+        result = json.loads((run / "eval_linear.json").read_text())
+        assert 0.0 <= result["top1"] <= 100.0
+    assert read_metrics(runs[1] / "metrics.jsonl")[3]["phase"] == "sparse"  # 0.25 of 16 steps: dense from step 4
+    assert read_metrics(runs[1] / "metrics.jsonl")[4]["phase"] == "dense"
+
+    status = launch("status", "--runs-dir", str(sweeps["sweep"])).stdout
+    assert status.count(f"{TOTAL_STEPS}/{TOTAL_STEPS}") == 2 and status.count("COMPLETED") == 4, status
+    assert status.count("top1") == 2, status
+
+    again = _sweep(sweeps["sweep"], "0.5", "0.25")
+    assert all(len(job_ids(r, "train")) == 1 and len(job_ids(r, "eval")) == 1 for r in runs), again.stdout
+    assert again.stdout.count("done") == 4, again.stdout
