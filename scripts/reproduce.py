@@ -25,6 +25,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from models.evaluation.run_logs import COMPLETE, read_run  # noqa: E402
+from slurm.sweep import run_name  # noqa: E402  (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
 
 PUBLISHED_FRACTIONS = (0.0, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0)
 TRAIN_SCRIPT, EVAL_SCRIPT = REPO / "train.py", REPO / "eval_linear.py"
@@ -38,11 +39,6 @@ class PlannedRun:
     train: bool  # train.py must (re)start or resume it
     evaluate: bool  # eval_linear.py must (re)evaluate it
     state: str  # the run's status before this plan, for the dry-run listing
-
-
-def run_name(fraction: float) -> str:
-    """`sparse070` for 0.7: sorts by fraction and stays a valid folder name for any fraction."""
-    return f"sparse{round(fraction * 100):03d}" if round(fraction * 100, 6).is_integer() else f"sparse{fraction:g}"
 
 
 def parse_fractions(text: str) -> list[float]:

@@ -43,6 +43,8 @@ class RunSummary:
     dense_time_s: Optional[float] = None
     timed_steps: int = 0  # steps covered by time_s
     images_per_s: Optional[float] = None
+    sparse_images_per_s: Optional[float] = None
+    dense_images_per_s: Optional[float] = None
     final_loss: Optional[float] = None
     loss_curve: list = field(default_factory=list, repr=False)  # [(step, loss)]
     # evaluation (from eval_linear.json)
@@ -163,7 +165,7 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     if not run.global_batch:
         return
     sparse_time = dense_time = 0.0
-    timed = images = 0
+    timed = images = sparse_images = 0
     previous_end = 0  # first step not yet covered by a window
     for record in records:
         end = record["step"] + 1
@@ -176,6 +178,7 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
         seconds = steps * batch / rate
         sparse_part = min(max(run.sparse_steps - (end - steps), 0), steps) if run.sparse_steps is not None else 0
         images += steps * batch
+        sparse_images += sparse_part * batch
         sparse_time += seconds * sparse_part / steps
         dense_time += seconds * (steps - sparse_part) / steps
         timed += steps
@@ -183,6 +186,10 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
         run.sparse_time_s, run.dense_time_s = sparse_time, dense_time
         run.time_s, run.timed_steps = sparse_time + dense_time, timed
         run.images_per_s = images / run.time_s
+        if sparse_time > 0:
+            run.sparse_images_per_s = sparse_images / sparse_time
+        if dense_time > 0:
+            run.dense_images_per_s = (images - sparse_images) / dense_time
 
 
 def _last_log_event(run_dir: Path) -> Optional[tuple[str, str]]:

@@ -84,6 +84,8 @@ class TableRow:
     sparse_time_s: Optional[float]
     dense_time_s: Optional[float]
     images_per_s: Optional[float]
+    sparse_images_per_s: Optional[float]
+    dense_images_per_s: Optional[float]
     speedup: Optional[float]  # dense seconds per step / this run's seconds per step
     final_loss: Optional[float]
     best_C: Optional[float]
@@ -139,7 +141,8 @@ def build_rows(runs: list[RunSummary]) -> list[TableRow]:
             knn_top1=run.knn_top1, delta_top1=_difference(run.top1, dense.top1 if dense else None),
             delta_knn_top1=_difference(run.knn_top1, dense.knn_top1 if dense else None),
             time_s=run.time_s, sparse_time_s=run.sparse_time_s, dense_time_s=run.dense_time_s,
-            images_per_s=run.images_per_s, speedup=speedup, final_loss=run.final_loss, best_C=run.best_C,
+            images_per_s=run.images_per_s, sparse_images_per_s=run.sparse_images_per_s,
+            dense_images_per_s=run.dense_images_per_s, speedup=speedup, final_loss=run.final_loss, best_C=run.best_C,
             eval_seconds=run.eval_seconds, knn=dict(sorted(run.knn.items())),
             published_top1=published.top1 if published else None,
             published_delta_top1=published.top1 - PUBLISHED_DENSE_TOP1 if published else None,
@@ -188,12 +191,13 @@ def markdown(rows: list[TableRow], notes: list[str]) -> str:
         if with_published:
             cells[4:4] = [_number(r.published_top1, ".1f"), _number(r.published_delta_top1, "+.1f")]
         lines.append("| " + " | ".join(cells) + " |")
-    details = ["| Run | Steps done | Final loss | Images/s | Top-5 (%) | k-NN top-1 by k | Probe C | Eval time |",
-               "|---|---|---|---|---|---|---|---|"]
+    details = ["| Run | Steps done | Final loss | Images/s (sparse / dense phase) | Top-5 (%) | k-NN top-1 by k | "
+               "Probe C | Eval time |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         knn = ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–"
         details.append(f"| {r.run} | {r.steps_done} of {_steps(r.total_steps)} | {_number(r.final_loss, '.3f')} | "
-                       f"{_number(r.images_per_s, '.1f')} | {_number(r.top5, '.1f')} | {knn} | "
+                       f"{_number(r.images_per_s, '.1f')} ({_number(r.sparse_images_per_s, '.1f')} / "
+                       f"{_number(r.dense_images_per_s, '.1f')}) | {_number(r.top5, '.1f')} | {knn} | "
                        f"{_number(r.best_C, '.3g')} | {_duration(r.eval_seconds)} |")
     text = "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n## Runs\n\n" + "\n".join(details)
     if not with_published:
@@ -212,7 +216,7 @@ def published_markdown() -> str:
 
 CSV_FIELDS = ["run", "schedule", "status", "sparse_fraction", "sparse_steps", "dense_steps", "total_steps",
               "steps_done", "top1", "top5", "delta_top1", "knn_top1", "delta_knn_top1", "time_s", "sparse_time_s",
-              "dense_time_s", "images_per_s", "speedup", "final_loss", "best_C", "eval_seconds", "published_top1",
+              "dense_time_s", "images_per_s", "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss", "best_C", "eval_seconds", "published_top1",
               "published_delta_top1", "published_schedule", "path"]
 
 

@@ -19,31 +19,30 @@ def reproduce():
 @pytest.fixture
 def runs_dir(tmp_path):
     runs = tmp_path / "runs"
-    make_run(runs, "sparse000", 0.0)  # trained and evaluated: nothing to do
-    stale = make_run(runs, "sparse070", 0.7)  # evaluated before its teacher was re-exported: evaluate again
+    make_run(runs, "sparse_0.00", 0.0)  # trained and evaluated: nothing to do
+    stale = make_run(runs, "sparse_0.70", 0.7)  # evaluated before its teacher was re-exported: evaluate again
     os.utime(stale / "eval_linear.json", (1_000_000, 1_000_000))
-    make_run(runs, "sparse040", 0.4, result=None)  # trained, never evaluated
-    make_run(runs, "sparse090", 0.9, steps_done=100, finished=False, result=None)  # interrupted: resume
-    make_run(runs, "sparse100", 1.0, steps_done=20, finished=False, result=None,
+    make_run(runs, "sparse_0.40", 0.4, result=None)  # trained, never evaluated
+    make_run(runs, "sparse_0.90", 0.9, steps_done=100, finished=False, result=None)  # interrupted: resume
+    make_run(runs, "sparse_1.00", 1.0, steps_done=20, finished=False, result=None,
              log_tail="ERROR train: TrainingDiverged: non-finite loss at step 21")  # failed: retried
     return runs
 
 
 def test_plan_skips_finished_work(reproduce, runs_dir):
     plan = {p.run_dir.name: p for p in reproduce.plan(runs_dir, [0.0, 0.4, 0.6, 0.7, 0.9, 1.0])}
-    assert (plan["sparse000"].train, plan["sparse000"].evaluate) == (False, False)
-    assert (plan["sparse040"].train, plan["sparse040"].evaluate) == (False, True)
-    assert (plan["sparse060"].train, plan["sparse060"].evaluate) == (True, True)  # no directory yet
-    assert (plan["sparse070"].train, plan["sparse070"].evaluate) == (False, True)
-    assert (plan["sparse090"].train, plan["sparse090"].evaluate) == (True, True)
-    assert plan["sparse100"].train and plan["sparse100"].state.startswith("failed")
-    assert plan["sparse060"].fraction == 0.6
+    assert (plan["sparse_0.00"].train, plan["sparse_0.00"].evaluate) == (False, False)
+    assert (plan["sparse_0.40"].train, plan["sparse_0.40"].evaluate) == (False, True)
+    assert (plan["sparse_0.60"].train, plan["sparse_0.60"].evaluate) == (True, True)  # no directory yet
+    assert (plan["sparse_0.70"].train, plan["sparse_0.70"].evaluate) == (False, True)
+    assert (plan["sparse_0.90"].train, plan["sparse_0.90"].evaluate) == (True, True)
+    assert plan["sparse_1.00"].train and plan["sparse_1.00"].state.startswith("failed")
+    assert plan["sparse_0.60"].fraction == 0.6
 
 
 def test_run_names_and_fraction_parsing(reproduce):
     assert [reproduce.run_name(f) for f in reproduce.PUBLISHED_FRACTIONS] == [
-        "sparse000", "sparse040", "sparse060", "sparse070", "sparse080", "sparse090", "sparse100"]
-    assert reproduce.run_name(0.32) == "sparse032" and reproduce.run_name(0.325) == "sparse0.325"
+        "sparse_0.00", "sparse_0.40", "sparse_0.60", "sparse_0.70", "sparse_0.80", "sparse_0.90", "sparse_1.00"]
     assert reproduce.parse_fractions("0, 0.5,1") == [0.0, 0.5, 1.0]
     for bad in ("1.5", "a,b", ""):
         with pytest.raises(Exception, match="--fractions"):
@@ -58,22 +57,22 @@ def test_execute_runs_what_is_planned_and_continues_after_a_failure(reproduce, r
     def fake_run(command, log_path):
         calls.append((command, log_path.name))
         script = os.path.basename(command[1])
-        return 1 if script == "train.py" and "sparse090" in command[3] else 0
+        return 1 if script == "train.py" and "sparse_0.90" in command[3] else 0
 
     monkeypatch.setattr(reproduce, "_run_logged", fake_run)
     plan = reproduce.plan(runs_dir, [0.0, 0.7, 0.9, 1.0])
     failures = reproduce.execute(plan, ["train.num_workers=0"], ["solver=sklearn"])
     names = [(os.path.basename(c[1]), c[3]) for c, _ in calls]
     assert names == [
-        ("eval_linear.py", str(runs_dir / "sparse070")),
-        ("train.py", str(runs_dir / "sparse090")),  # fails: its evaluation is skipped, the next run still goes
-        ("train.py", str(runs_dir / "sparse100")),
-        ("eval_linear.py", str(runs_dir / "sparse100")),
+        ("eval_linear.py", str(runs_dir / "sparse_0.70")),
+        ("train.py", str(runs_dir / "sparse_0.90")),  # fails: its evaluation is skipped, the next run still goes
+        ("train.py", str(runs_dir / "sparse_1.00")),
+        ("eval_linear.py", str(runs_dir / "sparse_1.00")),
     ]
     train = calls[1][0]
     assert "sparsity.sparse_fraction=0.9" in train and train[-1] == "train.num_workers=0"
-    assert calls[0][0][-1] == "solver=sklearn" and calls[0][1] == "sparse070.eval.log"
-    assert [f for f in failures if "sparse090" in f] and not [f for f in failures if "sparse100" in f]
+    assert calls[0][0][-1] == "solver=sklearn" and calls[0][1] == "sparse_0.70.eval.log"
+    assert [f for f in failures if "sparse_0.90" in f] and not [f for f in failures if "sparse_1.00" in f]
 
 
 def test_without_eval_script_runs_are_trained_and_the_gap_reported(reproduce, runs_dir, monkeypatch, tmp_path):
@@ -89,5 +88,5 @@ def test_dry_run_runs_nothing(reproduce, runs_dir, monkeypatch, capsys):
     monkeypatch.setattr(reproduce, "_run_logged", lambda *a: pytest.fail("dry run started a process"))
     assert reproduce.main(["--runs-dir", str(runs_dir), "--fractions", "0,0.6", "--dry-run"]) == 0
     printed = capsys.readouterr().out
-    assert "sparse000: complete -> nothing to do" in printed
-    assert "sparse060: missing (no run directory) -> train, evaluate" in printed
+    assert "sparse_0.00: complete -> nothing to do" in printed
+    assert "sparse_0.60: missing (no run directory) -> train, evaluate" in printed
