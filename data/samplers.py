@@ -7,6 +7,21 @@ import numpy as np
 from .seeding import TAG_PERMUTATION, numpy_rng
 
 
+def local_start(samples_consumed: int, world_size: int) -> int:
+    """Where each of `world_size` ranks starts so that the run continues at global stream position
+    `samples_consumed` (positions [0, samples_consumed) already used, whatever world size used them).
+
+    Rank r then yields global positions samples_consumed + r, + r + world_size, ...: nothing repeated or skipped.
+    Exact only if `world_size` divides `samples_consumed`; otherwise the ranks would have to start at different
+    local positions and no longer advance in lockstep, so this refuses instead."""
+    if samples_consumed < 0:
+        raise ValueError(f"samples_consumed must be >= 0, got {samples_consumed}")
+    if samples_consumed % world_size:
+        raise ValueError(f"{samples_consumed} samples consumed cannot be continued by {world_size} ranks in "
+                         f"lockstep ({samples_consumed} % {world_size} != 0): samples would be repeated or skipped")
+    return samples_consumed // world_size
+
+
 class InfiniteShardedSampler:
     """Infinite stream of `(dataset index, stream position)` pairs for one rank.
 
@@ -18,6 +33,10 @@ class InfiniteShardedSampler:
     `start` (and `position`) count the samples this rank has already consumed: a sampler built with start=s
     yields exactly what one built with start=0 yields after its first s items. The yielded position is the
     *global* stream position p * world_size + r: unique across ranks, it seeds that sample's augmentation.
+
+    Since rank r's local position p is global position p * world_size + r, after every rank consumed p samples the
+    global positions [0, p * world_size) are used: `state_dict` records that count (`samples_consumed`) and
+    `load_state_dict` continues it on any world size that divides it (`local_start`).
 
     Note: a DataLoader iterates its sampler ahead of the batches it has delivered (prefetch), so `position`
     runs ahead of training; checkpoint the consumed position (step * batch size) instead, as `SSLLoader` does.
@@ -66,11 +85,14 @@ class InfiniteShardedSampler:
 
     def state_dict(self) -> Dict[str, int]:
         return {"position": self.position, "dataset_size": self.dataset_size, "rank": self.rank,
-                "world_size": self.world_size, "seed": self.seed}
+                "world_size": self.world_size, "seed": self.seed,
+                "samples_consumed": self.position * self.world_size}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
-        for key in ("dataset_size", "world_size", "seed"):
+        """Continue the global stream of `state`, possibly saved with another world size (all ranks in lockstep)."""
+        for key in ("dataset_size", "seed"):
             if key in state and int(state[key]) != getattr(self, key):
                 raise ValueError(f"sampler state was saved with {key}={state[key]}, this run has "
                                  f"{key}={getattr(self, key)}: the sample stream would not continue")
-        self.position = int(state["position"])
+        consumed = int(state["position"]) * int(state.get("world_size", self.world_size))
+        self.position = local_start(consumed, self.world_size)

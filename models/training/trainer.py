@@ -2,10 +2,19 @@
 teacher, sparse-then-dense phases, JSONL metrics, atomic resumable checkpoints, clean stops on SIGTERM and NaN.
 
 Resuming is bit-exact: a checkpoint holds the student, teacher and loss centers (all in the model's state dict),
-the optimizer, the grad scaler, the RNG states, the step (which fixes the sampler position and the sparsity phase).
+the optimizer, the grad scaler, every rank's RNG states, the step (which fixes the sampler position and the sparsity
+phase) and the number of samples consumed.
+
+Data parallel over processes (see `distributed.py`): the student is wrapped in DDP, whose bucketed gradient
+all-reduce overlaps the backward pass; every rank then applies the same update, so the EMA teacher and the loss
+centers (reduced across ranks in the losses) stay identical without any broadcast (checked at each checkpoint).
+Rank 0 alone writes metrics, checkpoints and exports. Checkpoints are full (unsharded) state dicts, so a run can
+resume on another number of processes provided the global batch (processes x `train.batch_size_per_gpu`) is the
+same: the schedules are indexed by step, and a step is one global batch.
 """
 
 import contextlib
+import inspect
 import logging
 import math
 import signal
@@ -21,7 +30,7 @@ from data import build_ssl_loader
 from models.ssl_meta_arch import SSLMetaArch
 
 from .checkpoint import CheckpointManager, atomic_save, rng_state, set_rng_state
-from .distributed import DistContext, all_reduce_mean_
+from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical
 from .metrics import MetricsLog
 from .schedules import build_schedules
 from .sparse_schedule import SparseSchedule
@@ -43,13 +52,19 @@ class Preempted(SystemExit):
         self.step = step
 
 
+class ResumeMismatch(RuntimeError):
+    """The checkpoint cannot be continued with this run's processes and batch size."""
+
+
 class Trainer:
     def __init__(self, cfg: Config, output_dir: Path, ctx: DistContext):
         self.cfg, self.output_dir, self.ctx = cfg, Path(output_dir), ctx
         self.device = ctx.device
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.model = SSLMetaArch(cfg).to(self.device)
+        self.forward_model = self._data_parallel(self.model)
         torch.manual_seed(cfg.train.seed + ctx.rank)  # drop-path draws differ per rank
+        self.global_batch = cfg.train.batch_size_per_gpu * ctx.world_size
 
         self.schedules = build_schedules(cfg, ctx.world_size)
         self.param_groups = self.model.get_params_groups()
@@ -64,29 +79,97 @@ class Trainer:
         self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", cfg.train.max_to_keep)
         self.metrics = MetricsLog(self.output_dir / "metrics.jsonl", enabled=ctx.is_main)
         self.step = 0
-        self.corrupt_skipped = 0
-        self._stop_requested = False
+        self.corrupt_skipped = 0  # over all ranks
+        self._stop_requested = False  # set by SIGTERM on this rank
+        self._stop_agreed = False  # some rank got SIGTERM (agreed on in the per-step flag all-reduce)
+
+    def _data_parallel(self, model: SSLMetaArch) -> torch.nn.Module:
+        """DDP over the whole meta-architecture: only the student has trainable parameters, so only its gradients
+        are bucketed and all-reduced, overlapped with the backward pass (the teacher runs under no_grad).
+
+        broadcast_buffers=False: the loss centers are all-reduced inside the losses, and swapping linears to 2:4
+        replaces modules (sharing their Parameters, so DDP's hooks survive) but not a buffer list DDP would hold.
+        Every student parameter gets a gradient each step unless the DINO loss is off (the DINO head then only
+        serves the iBOT loss, or nothing with a separate iBOT head)."""
+        if not self.ctx.is_distributed:
+            return model
+        ddp = torch.nn.parallel.DistributedDataParallel
+        # torch >= 2.13 renamed the switch (and deprecated the old name); older releases only know the old one
+        no_buffer_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters
+                          else "broadcast_buffers")
+        return ddp(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy in or out
+            find_unused_parameters=not model.do_dino,
+            **{no_buffer_sync: False},
+        )
 
     # ----------------------------------------------------------------- state
-    def state_dict(self) -> dict:
+    def state_dict(self, rng_per_rank: list[dict]) -> dict:
+        """Everything to continue (all ranks hold the same model and optimizer; `rng_per_rank` is gathered)."""
         return {
             "step": self.step,
             "phase": self.sparse_schedule.current,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "rng": rng_state(),
+            "rng": rng_per_rank,
             "corrupt_skipped": self.corrupt_skipped,
             "world_size": self.ctx.world_size,
+            "batch_size_per_gpu": self.cfg.train.batch_size_per_gpu,
+            "samples_consumed": self.step * self.global_batch,  # global stream positions [0, this) are used
             "config": to_yaml(self.cfg),
         }
 
+    @staticmethod
+    def _batch_bookkeeping(state: dict) -> tuple[int, int, int]:
+        """(world size, per-GPU batch, samples consumed) of a checkpoint; older ones only hold their config."""
+        world = state["world_size"]
+        if "batch_size_per_gpu" in state:
+            return world, state["batch_size_per_gpu"], state["samples_consumed"]
+        from omegaconf import OmegaConf
+
+        b = int(OmegaConf.create(state["config"]).train.batch_size_per_gpu)
+        return world, b, state["step"] * world * b
+
+    def _check_resumable(self, state: dict) -> None:
+        """The sampler restarts at global stream position `samples_consumed` (each rank at samples_consumed / W,
+        see `data.samplers.local_start`), which is where the uninterrupted run would be iff this run's global batch
+        equals the checkpoint's; the schedules (lr, momentum, sparsity switch) are indexed by step and also assume
+        that batch. So the global batch must match; the number of processes may change."""
+        saved_world, saved_b, consumed = self._batch_bookkeeping(state)
+        saved_global = saved_world * saved_b
+        if consumed != state["step"] * saved_global:
+            raise ResumeMismatch(f"checkpoint at step {state['step']} records {consumed} samples consumed, not "
+                                 f"step x {saved_global}: it is inconsistent")
+        if saved_global == self.global_batch:
+            return
+        world = self.ctx.world_size
+        if saved_global % world == 0:
+            fix = f"set train.batch_size_per_gpu={saved_global // world} to resume on {world} processes"
+        else:
+            fix = (f"no per-GPU batch gives {saved_global} images on {world} processes: resume on a number of "
+                   f"processes that divides {saved_global}")
+        raise ResumeMismatch(
+            f"checkpoint at step {state['step']} was written with a global batch of {saved_global} ({saved_world} "
+            f"processes x {saved_b} per GPU); this run has {world} x {self.cfg.train.batch_size_per_gpu} = "
+            f"{self.global_batch}. The schedules and the sample stream are counted in global batches, so the "
+            f"global batch must stay the same: {fix}")
+
+    def _restore_rng(self, rng_per_rank: list[dict]) -> None:
+        if len(rng_per_rank) == self.ctx.world_size:
+            set_rng_state(rng_per_rank[self.ctx.rank])
+            return
+        # Another number of processes: the per-rank streams (drop-path draws) cannot be continued; start fresh,
+        # distinct ones. The data order does not depend on them.
+        torch.manual_seed(self.cfg.train.seed + 1_000_003 * self.step + self.ctx.rank)
+        if self.ctx.is_main:
+            logger.warning("checkpoint written by %d processes, resumed on %d: data order preserved, per-rank "
+                           "drop-path random streams reseeded", len(rng_per_rank), self.ctx.world_size)
+
     def load_state_dict(self, state: dict) -> None:
-        if state["world_size"] != self.ctx.world_size:
-            raise RuntimeError(
-                f"checkpoint was written by {state['world_size']} processes, this run has {self.ctx.world_size}: "
-                "the data order and the per-rank RNG streams would not match; resume with the same world size"
-            )
+        self._check_resumable(state)
         self.step = state["step"]
         # Enter the phase the checkpoint was written in (that of its last step) before loading: sparse modules may
         # carry state of their own (e.g. S-STE's scale). A switch due at `step` then happens in the loop, as it
@@ -96,7 +179,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.corrupt_skipped = state["corrupt_skipped"]
-        set_rng_state(state["rng"])
+        self._restore_rng(state["rng"] if isinstance(state["rng"], list) else [state["rng"]])
 
     def resume_if_possible(self) -> bool:
         if not self.cfg.train.resume:
@@ -110,9 +193,15 @@ class Trainer:
         return True
 
     def save_checkpoint(self) -> Path:
+        """Collective: every rank calls it; rank 0 writes; returns once the file is complete (so no rank exits,
+        e.g. on SIGTERM, while rank 0 is still writing and a launcher tears the job down)."""
+        check_replicas_identical(list(self.model.parameters()) + list(self.model.buffers()), self.ctx,
+                                 "student/teacher parameters or loss centers")
+        rng = all_gather_objects(rng_state(), self.ctx)
         path = self.checkpoints.path_for(self.step)
         if self.ctx.is_main:
-            self.checkpoints.save(self.state_dict(), self.step)
+            self.checkpoints.save(self.state_dict(rng), self.step)
+        barrier(self.ctx)
         return path
 
     def export_teacher(self, path: Path) -> None:
@@ -139,11 +228,17 @@ class Trainer:
                 norms[f"grad_norm_{name}"] = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.clip_grad)
         return norms
 
-    def _check_finite(self, loss: torch.Tensor, terms: dict) -> None:
-        bad = torch.logical_not(torch.isfinite(loss.detach())).float()
+    def _sync_flags(self, loss: torch.Tensor, terms: dict, corrupt_skipped: int) -> None:
+        """One small all-reduce per step, before backward: a non-finite loss on any rank, SIGTERM on any rank,
+        corrupt images skipped over all ranks."""
+        flags = torch.stack([torch.logical_not(torch.isfinite(loss.detach())).float(),
+                             loss.new_tensor(float(self._stop_requested)), loss.new_tensor(float(corrupt_skipped))])
         if self.ctx.is_distributed:
-            torch.distributed.all_reduce(bad)
-        if bad.item() > 0:
+            torch.distributed.all_reduce(flags)
+        bad, stop, skipped = flags.tolist()
+        self._stop_agreed = stop > 0
+        self.corrupt_skipped += int(skipped)
+        if bad > 0:
             good = self.checkpoints.checkpoints()
             last = str(good[-1]) if good else "none written yet"
             detail = ", ".join(f"{k}={v.item():.4g}" for k, v in terms.items())
@@ -157,11 +252,10 @@ class Trainer:
         self._set_hyperparameters(values)
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
         with autocast:
-            loss, terms = self.model(batch, teacher_temp=values["teacher_temp"])
-        self._check_finite(loss, terms)
+            loss, terms = self.forward_model(batch, teacher_temp=values["teacher_temp"])
+        self._sync_flags(loss, terms, int(batch.get("corrupt_skipped", 0)))
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        all_reduce_mean_([p.grad for p in self.model.student.parameters() if p.grad is not None], self.ctx)
+        self.scaler.scale(loss).backward()  # under DDP: gradients averaged over ranks as they become ready
         self.scaler.unscale_(self.optimizer)
         norms = self._clip_gradients()
         if not self.scaler.is_enabled() and not all(math.isfinite(n.item()) for n in norms.values()):
@@ -180,12 +274,14 @@ class Trainer:
         for batch in iterator:
             yield {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
-    def _stop_now(self) -> bool:
-        flag = torch.tensor(float(self._stop_requested))
-        if self.ctx.is_distributed:
-            flag = flag.to(self.device)
-            torch.distributed.all_reduce(flag)
-        return flag.item() > 0
+    def _global_mean(self, loss: torch.Tensor, terms: dict) -> tuple[torch.Tensor, dict]:
+        """Loss terms averaged over ranks (each a mean over its rank's batch): the global batch's values."""
+        if not self.ctx.is_distributed:
+            return loss, terms
+        values = torch.stack([loss, *terms.values()]).float()
+        torch.distributed.all_reduce(values)
+        values /= self.ctx.world_size
+        return values[0], dict(zip(terms, values[1:]))
 
     @contextlib.contextmanager
     def _sigterm_stops_cleanly(self):
@@ -213,7 +309,6 @@ class Trainer:
         self.resume_if_possible()
         self.sparse_schedule.apply(self.model.student.backbone, self.step)
         self.model.train()
-        batch_size = cfg.train.batch_size_per_gpu * self.ctx.world_size
         progress = tqdm(total=last_step, initial=self.step, disable=not self.ctx.is_main, desc="train",
                         dynamic_ncols=True)
         with self._sigterm_stops_cleanly():
@@ -223,16 +318,16 @@ class Trainer:
                 self.sparse_schedule.apply(self.model.student.backbone, self.step)
                 values = self.schedules.at(self.step)
                 batch = next(batches)
-                self.corrupt_skipped += int(batch["corrupt_skipped"])
                 loss, terms, norms = self._train_step(batch, values)
                 window_steps += 1
                 self.step += 1
                 progress.update(1)
                 if self.step % cfg.train.log_period == 0 or self.step == last_step:
+                    loss, terms = self._global_mean(loss, terms)
                     elapsed = time.perf_counter() - window_start
                     record = {"step": self.step - 1, "phase": self.sparse_schedule.current, "loss": loss,
                               **terms, **values, **norms, "corrupt_skipped": self.corrupt_skipped,
-                              "images_per_s": batch_size * window_steps / max(elapsed, 1e-9)}
+                              "images_per_s": self.global_batch * window_steps / max(elapsed, 1e-9)}
                     self.metrics.write(record)
                     progress.set_postfix(loss=f"{loss.item():.4f}", phase=self.sparse_schedule.current)
                     window_start, window_steps = time.perf_counter(), 0
@@ -240,7 +335,7 @@ class Trainer:
                     self.save_checkpoint()
                 if self.step % cfg.train.teacher_export_period == 0 and self.step < total:
                     self.export_teacher(self.output_dir / "eval" / f"step_{self.step:08d}" / "teacher_backbone.pth")
-                if self._stop_now():
+                if self._stop_agreed:
                     self.save_checkpoint()
                     progress.close()
                     logger.warning("SIGTERM: checkpoint saved at step %d; rerun the same command to resume", self.step)
