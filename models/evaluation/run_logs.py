@@ -106,7 +106,7 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
     run.arch, run.patch_size, run.dataset = cfg.student.arch, cfg.student.patch_size, cfg.data.dataset
     run.sparse_fraction = cfg.sparsity.sparse_fraction
     run.total_steps, run.sparse_steps = cfg.total_steps, cfg.sparse_steps
-    run.global_batch = cfg.train.batch_size_per_gpu * _world_size(run_dir)
+    run.global_batch = _global_batch(run_dir, cfg.train.batch_size_per_gpu)
     return True
 
 
@@ -118,17 +118,19 @@ def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _world_size(run_dir: Path) -> int:
-    """The number of processes that trained the run (metrics' images/s are global): from the newest readable
-    checkpoint, memory-mapped so a ViT-L checkpoint costs no more than its header. 1 if none is readable."""
+def _global_batch(run_dir: Path, batch_size_per_gpu: int) -> int:
+    """Images per step (metrics' images/s are global): processes x per-GPU batch of the newest readable
+    checkpoint, memory-mapped so a ViT-L checkpoint costs no more than its header; the config's per-GPU batch on
+    one process if no checkpoint is readable."""
     import torch
 
     for _, path in reversed(_checkpoints(run_dir)):
         try:
-            return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["world_size"])
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            return int(state["world_size"]) * int(state.get("batch_size_per_gpu", batch_size_per_gpu))
         except Exception:  # noqa: BLE001 - an unreadable checkpoint: try the previous one
             continue
-    return 1
+    return batch_size_per_gpu
 
 
 def _read_records(path: Path) -> list[dict]:

@@ -52,7 +52,8 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
     (run / "log.txt").write_text("\n".join(log) + "\n")
     if world_size is not None:
         (run / "checkpoints").mkdir()
-        torch.save({"step": steps_done, "world_size": world_size}, run / "checkpoints" / f"step_{steps_done:08d}.pt")
+        state = {"step": steps_done, "world_size": world_size, "batch_size_per_gpu": cfg.train.batch_size_per_gpu}
+        torch.save(state, run / "checkpoints" / f"step_{max(steps_done - 1, 0):08d}.pt")
     if finished and steps_done >= total:
         (run / "teacher_backbone.pth").write_bytes(b"weights")
     if result == "default":

@@ -8,6 +8,7 @@ import sys
 
 import matplotlib.image
 import pytest
+import torch
 
 from models.evaluation.run_logs import read_run
 from models.evaluation.plots import plot_accuracy
@@ -91,8 +92,13 @@ def test_window_straddling_the_switch_is_split_by_steps(tmp_path):
 def test_world_size_from_checkpoint_scales_time(tmp_path):
     # images/s is global: with 2 processes a step moves 64 images, so it takes twice as long at the same rate
     one = read_run(make_run(tmp_path, "one", 0.0, result=None))
+    assert one.global_batch == 32  # no checkpoint: the config's per-GPU batch on one process
     two = read_run(make_run(tmp_path, "two", 0.0, result=None, world_size=2))
     assert two.global_batch == 64 and two.time_s == pytest.approx(2 * one.time_s)
+    # resumed on 2 processes with half the per-GPU batch (the same global batch): the newest checkpoint tells
+    half = make_run(tmp_path, "half", 0.0, result=None, world_size=1)
+    torch.save({"step": 300, "world_size": 2, "batch_size_per_gpu": 16}, half / "checkpoints" / "step_00000300.pt")
+    assert read_run(half).global_batch == 32
 
 
 def test_no_dense_run_leaves_deltas_blank(tmp_path):
