@@ -1,0 +1,56 @@
+"""scripts/bench_scaling.py in its CPU smoke mode (gloo, 1 and 2 processes, a tiny model, a few steps): the harness
+the GPU run uses, end to end, so that run is known to work before it is made."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from train_runs import REPO
+
+TINY_MODEL = [
+    "crops.global_crops_size=16", "crops.local_crops_size=8", "crops.local_crops_number=2",
+    "dino.head_n_prototypes=64", "ibot.head_n_prototypes=64", "dino.head_hidden_dim=32", "ibot.head_hidden_dim=32",
+    "dino.head_bottleneck_dim=16", "ibot.head_bottleneck_dim=16", "data.digits_image_size=24",
+]
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_scaling", REPO / "scripts" / "bench_scaling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_cpu_smoke_run_writes_rows_curves_and_plot(tmp_path):
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_scaling.py"), "--cpu", "--gpus", "1", "2", "--models", "small",
+           "--small-batches", "4", "--warmup", "1", "--iters", "2", "--curve-steps", "3", "--curve-batch", "4",
+           "--curve-workers", "0", "--out", str(tmp_path), *TINY_MODEL]
+    result = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    data = json.loads((tmp_path / "scaling_cpu.json").read_text())
+    assert data["gpu"] == "cpu" and "vit_tiny" in data["model"]
+    rows = {r["gpus"]: r for r in data["rows"]}
+    assert sorted(rows) == [1, 2] and all(r["per_gpu_batch"] == 4 and r["images_per_s"] > 0 for r in rows.values())
+    assert rows[1]["efficiency"] == 1.0
+    assert rows[2]["efficiency"] == pytest.approx(rows[2]["images_per_s"] / (2 * rows[1]["images_per_s"]))
+    runs = {(c["gpus"], c["per_gpu_batch"], c["seed"]): c for c in data["loss_curves"]["runs"]}
+    assert sorted(runs) == [(1, 8, 0), (1, 8, 1), (2, 4, 0)]
+    assert all(len(c["loss"]) == len(c["koleo_loss"]) == 3 for c in runs.values())
+    assert [c["quantity"] for c in data["loss_curves"]["comparisons"]] == ["loss", "loss - koleo_loss"]
+    assert (tmp_path / "scaling_cpu.png").stat().st_size > 0
+
+
+def test_gpu_names_and_curve_plan():
+    bench = _bench_module()
+    assert bench.gpu_slug("NVIDIA H200") == "h200"
+    assert bench.gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert bench.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert bench.curve_plan(1, [1, 2, 4], 32) == [(64, 0), (64, 1), (128, 0), (128, 1)]
+    assert bench.curve_plan(4, [1, 2, 4], 32) == [(32, 0)]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--gpus", "2", "4"])
