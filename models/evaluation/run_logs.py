@@ -224,6 +224,11 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
             run.reason = "preempted"
 
 
+def _knn_top1(value) -> Optional[float]:
+    """eval_linear.py writes {k: {"top1": .., "top5": ..}}; a bare number per k is read as top-1."""
+    return _float(value.get("top1")) if isinstance(value, dict) else _float(value)
+
+
 def _read_eval(run: RunSummary, run_dir: Path) -> None:
     path = run_dir / "eval_linear.json"
     if not path.is_file():
@@ -233,7 +238,7 @@ def _read_eval(run: RunSummary, run_dir: Path) -> None:
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
         run.top1, run.top5 = _float(result.get("top1")), _float(result.get("top5"))
-        run.knn = {int(k): float(v) for k, v in (result.get("knn") or {}).items() if _float(v) is not None}
+        run.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items() if (top1 := _knn_top1(v)) is not None}
     except (OSError, ValueError, TypeError, AttributeError) as e:
         run.eval_status, run.eval_reason = UNREADABLE, _short(f"{path.name}: {e}", 80)
         return

@@ -18,7 +18,9 @@ def eval_result(top1: float, knn20: Optional[float] = None) -> dict:
     knn20 = top1 - 2.0 if knn20 is None else knn20
     return {"top1": top1, "top5": min(top1 + 5.0, 100.0), "best_C": 0.1, "C_curve": [{"C": 0.1, "holdout_top1": top1}],
             "feature_dim": 192, "solver": "sklearn", "seconds": 12.5, "n_train": 1437, "n_val": 360,
-            "knn": {"10": knn20 + 0.5, "20": knn20, "100": knn20 - 1.0, "200": knn20 - 2.0}, "extra_key": [1, 2]}
+            "knn": {str(k): {"top1": knn20 + d, "top5": 99.0} for k, d in ((10, 0.5), (20, 0.0), (100, -1.0),
+                                                                          (200, -2.0))},
+            "extra_key": [1, 2]}
 
 
 def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int] = None, finished: bool = True,

@@ -101,6 +101,16 @@ def test_world_size_from_checkpoint_scales_time(tmp_path):
     assert read_run(half).global_batch == 32
 
 
+def test_eval_variants_knn_only_and_bare_numbers(tmp_path):
+    knn_only = {"top1": None, "top5": None, "best_C": None, "C_curve": [], "knn": {"20": {"top1": 77.0, "top5": 95.0}}}
+    run = read_run(make_run(tmp_path, "knn_only", 0.5, result=knn_only))
+    assert run.status == "complete" and run.top1 is None and run.knn_top1 == 77.0
+    bare = read_run(make_run(tmp_path, "bare", 0.5, result={"top1": 80.0, "knn": {"20": 75.5, "10": "nan"}}))
+    assert bare.top1 == 80.0 and bare.knn_top1 == 75.5
+    wrong = read_run(make_run(tmp_path, "wrong", 0.5, result="[1, 2]"))
+    assert wrong.status == "eval unreadable (eval_linear.json: not a JSON object)"
+
+
 def test_no_dense_run_leaves_deltas_blank(tmp_path):
     make_run(tmp_path / "runs", "s70", 0.7)
     out = tmp_path / "out"
