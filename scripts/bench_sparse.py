@@ -200,11 +200,14 @@ def _mlp(backend):
     return nn.Sequential(fc1, nn.GELU(), fc2)
 
 
-def bench_modules(B, dtype, op, tokens, in_f, out_f, backends):
+def bench_modules(B, dtype, op, tokens, in_f, out_f, backends, x_dtype=torch.float32, input_note=""):
+    """x_dtype: the layer input's dtype. Under autocast a ViT MLP's fc1 reads the LayerNorm output (fp32) and fc2
+    the GELU output (already bf16/fp16, no cast); both are measured, each row says which (`input_dtype`)."""
     dn = str(dtype).replace("torch.", "")
-    xs = [torch.randn(tokens, in_f, device="cuda", requires_grad=True) for _ in range(N_SETS)]
+    xs = [torch.randn(tokens, in_f, device="cuda", dtype=x_dtype, requires_grad=True) for _ in range(N_SETS)]
     dys = [torch.randn(tokens, out_f, device="cuda", dtype=dtype) for _ in range(N_SETS)]
-    base = dict(op=op, tokens=tokens, in_features=in_f, out_features=out_f, dtype=dn)
+    base = dict(op=op, tokens=tokens, in_features=in_f, out_features=out_f, dtype=dn,
+                input_dtype=str(x_dtype).replace("torch.", "") + (f" ({input_note})" if input_note else ""))
 
     def make(backend):
         return _mlp(backend) if op == "mlp_fwd_bwd" else _linear_pair(in_f, out_f, backend)
@@ -238,6 +241,40 @@ def bench_modules(B, dtype, op, tokens, in_f, out_f, backends):
                 B.add(**base, backend=name, ms=None, dense_ms=dense.get(graph), graph=graph, error=repr(e)[:300])
             finally:
                 torch.cuda.synchronize()
+
+
+def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5):
+    """Device time per kernel category of one eager linear fwd+bwd (nn.Linear vs cusparselt), from the profiler:
+    the numbers behind the fwd+bwd bound (fwd, dgrad, wgrad GEMMs, pack, casts, bias gradient)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sparsity.profiling import kernel_summary
+
+    out = []
+    x = torch.randn(tokens, in_f, device="cuda", dtype=x_dtype, requires_grad=True)
+    dy = torch.randn(tokens, out_f, device="cuda", dtype=dtype)
+    for backend in (None, "cusparselt"):
+        model = _linear_pair(in_f, out_f, backend)
+
+        def step():
+            model.weight.grad = model.bias.grad = x.grad = None
+            with torch.autocast("cuda", dtype=dtype):
+                y = model(x)
+            y.backward(dy)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        summ = kernel_summary(prof, steps=steps, top=12)
+        out.append({"backend": backend or "nn.Linear", "tokens": tokens, "in_features": in_f, "out_features": out_f,
+                    "dtype": str(dtype).replace("torch.", ""), "input_dtype": str(x_dtype).replace("torch.", ""),
+                    **summ})
+        print(json.dumps(out[-1]), flush=True)
+    return out
 
 
 def bench_pack_variants(B, dtype):
@@ -342,6 +379,8 @@ def fmt_table(rows):
             note = f"floor {r['floor_us']} µs"
         if r["op"] == "pack_variant":
             note = f"same bytes {r.get('same_bytes')}"
+        if r.get("input_dtype"):
+            note = f"x {r['input_dtype']}"
         if r.get("error"):
             note = r["error"][:60]
         us_ops = ("prune_pack", "pack_variant", "host_per_step")
@@ -361,8 +400,13 @@ def main():
     ap.add_argument("--md", default=None, help="also write the table as markdown here")
     ap.add_argument("--tokens", type=int, nargs="*", default=TOKENS)
     ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
-    ap.add_argument("--ops", nargs="*", default=["prune_pack", "gemm", "linear_fwd_bwd", "mlp_fwd_bwd"])
+    ap.add_argument("--ops", nargs="*", default=["prune_pack", "gemm", "linear_fwd_bwd", "mlp_fwd_bwd", "kernels"])
+    ap.add_argument("--merge", nargs="+", default=None, metavar="RUN",
+                    help="merge earlier runs (their JSON, or stdout logs) into --out/--md instead of measuring")
     args = ap.parse_args()
+    if args.merge:
+        merge_runs(args.merge, args.out, args.md)
+        return
     if not torch.cuda.is_available():
         sys.exit("bench_sparse.py needs a CUDA GPU")
     logging_setup()
@@ -405,9 +449,18 @@ def main():
                 if "gemm" in args.ops:
                     bench_gemms(B, dtype, in_f, out_f, tokens)
                 if "linear_fwd_bwd" in args.ops:
-                    bench_modules(B, dtype, "linear_fwd_bwd", tokens, in_f, out_f, ["dense"] + backends)
+                    fc1 = in_f < out_f
+                    bench_modules(B, dtype, "linear_fwd_bwd", tokens, in_f, out_f, ["dense"] + backends,
+                                  torch.float32, "LayerNorm output, fc1's real input" if fc1 else "cast inside")
+                    if not fc1:  # fc2's real input: the GELU output, already in the compute dtype
+                        bench_modules(B, dtype, "linear_fwd_bwd", tokens, in_f, out_f, ["dense"] + backends,
+                                      dtype, "GELU output, fc2's real input")
+                if "kernels" in args.ops and dtype == torch.bfloat16 and tokens >= 32768:
+                    info.setdefault("kernel_breakdown", []).extend(
+                        kernel_breakdown(dtype, tokens, in_f, out_f, torch.float32 if in_f < out_f else dtype))
             if "mlp_fwd_bwd" in args.ops:
-                bench_modules(B, dtype, "mlp_fwd_bwd", tokens, 1024, 1024, ["dense"] + backends)
+                bench_modules(B, dtype, "mlp_fwd_bwd", tokens, 1024, 1024, ["dense"] + backends,
+                              torch.float32, "LayerNorm output")
             torch.cuda.empty_cache()
             write_json(args.out, {**info, "complete": False, "rows": B.rows})  # partial results survive a timeout
     info["auto_decisions"] = get_backend("auto").describe()["decisions"] if "auto" in backends else []
@@ -421,6 +474,56 @@ def main():
                     f"cuSPARSELt {info['cusparselt']}\n\nGenerated by `scripts/bench_sparse.py` ({info['started']}); "
                     f"ceilings: {info['ceilings']}. Backends unavailable here: {unavailable}.\n\n{table}\n")
     print(table)
+
+
+def row_key(r):
+    return tuple(r.get(k) for k in ("op", "gemm", "backend", "graph", "tokens", "in_features", "out_features", "dtype",
+                                    "input_dtype"))
+
+
+def read_run(path):
+    """(info, rows) of one run: a JSON written by this script, or its stdout log (one JSON row per line; the info
+    line first), which also holds the rows a timed-out run printed after its last JSON write."""
+    if path.endswith(".json"):
+        d = json.load(open(path))
+        return {k: v for k, v in d.items() if k != "rows"}, d["rows"]
+    info, rows = {}, []
+    for line in open(path):
+        if line.startswith('{"gpu"'):
+            info = json.loads(line)
+        elif line.startswith('{"op"'):
+            rows.append(json.loads(line))
+        elif line.startswith('{"backend"'):  # kernel breakdown lines
+            info.setdefault("kernel_breakdown", []).append(json.loads(line))
+        elif "auto backend: tokens=" in line:
+            info.setdefault("auto_decision_log", []).append(line.strip())
+    return info, rows
+
+
+def merge_runs(paths, out, md):
+    """One result from several runs (e.g. bf16 and fp16 in separate device calls): rows of later runs replace rows
+    of earlier ones with the same key; each row keeps `run` (its index in `runs`), each run its own ceilings."""
+    merged, runs = {}, []
+    for i, path in enumerate(paths):
+        info, rows = read_run(path)
+        runs.append({"source": os.path.basename(path), **info})
+        for r in rows:
+            merged[row_key(r)] = {**r, "run": i}
+    first = runs[0]
+    result = {"gpu": first["gpu"], "arch": first.get("arch"), "torch": first["torch"], "triton": first.get("triton"),
+              "cusparselt": first["cusparselt"], "torch_cusparselt": first.get("torch_cusparselt"),
+              "runs": runs, "rows": list(merged.values())}
+    write_json(out, result)
+    if md:
+        with open(md, "w") as f:
+            f.write(f"# 2:4 sparse vs dense on {result['gpu']} ({result['arch']}), torch {result['torch']}, "
+                    f"cuSPARSELt {result['cusparselt']}\n\nGenerated by `scripts/bench_sparse.py --merge` from "
+                    f"{len(runs)} runs ({', '.join(r['source'] for r in runs)}); ceilings per run: "
+                    f"{[r.get('ceilings') for r in runs]}. `graph` = CUDA-graph replay (else eager). speedup = dense "
+                    f"ms / ms in the same run; dense = nn.Linear (linear/MLP rows, fp32 master weights under autocast; "
+                    f"`x` = the input's dtype) or cuBLAS on the pruned weight (gemm rows). Analysis: NOTES.md.\n\n"
+                    f"{fmt_table(result['rows'])}\n")
+    print(fmt_table(result["rows"]))
 
 
 def write_json(path, obj):

@@ -54,6 +54,35 @@ def time_steps(trainer: Trainer, batch: dict, warmup: int, iters: int) -> list[f
     return times
 
 
+def sparse_decisions(backends) -> dict:
+    """What the sparse backends saw and chose: auto's per-shape decisions, cuSPARSELt's plans (token counts)."""
+    from sparsity.backends import get_backend
+
+    out = {}
+    for name in backends:
+        try:
+            out[name] = get_backend(name).describe()
+        except Exception as e:  # noqa: BLE001
+            out[name] = repr(e)
+    return out
+
+
+def profile_steps(trainer: Trainer, batch: dict, steps: int) -> dict:
+    """Kernel time by category and GPU idle time per step (CUDA activity only, so host timing is barely
+    disturbed), for `steps` steps after the timed ones."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sparsity.profiling import kernel_summary
+
+    values = trainer.schedules.at(20_000)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer._train_step(batch, values)
+        torch.cuda.synchronize()
+    return kernel_summary(prof, steps=steps, top=15)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/vitl16_imagenet.yaml")
@@ -61,6 +90,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", type=int, default=2, help="steps per phase profiled for the kernel breakdown (0: off)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -77,15 +107,20 @@ def main() -> None:
         trainer.sparse_schedule.set_phase(backbone, phase, step=0)
         torch.cuda.reset_peak_memory_stats()
         times = time_steps(trainer, batch, args.warmup, args.iters)
-        rows.append({"phase": phase, "backend": backend or "-", "ms": statistics.median(times),
-                     "min_ms": min(times), "max_ms": max(times),
-                     "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+        row = {"phase": phase, "backend": backend or "-", "ms": statistics.median(times),
+               "min_ms": min(times), "max_ms": max(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+        if phase == "sparse":
+            row["sparse_modules"] = len(trainer.sparse_schedule.swapped)
+        if args.profile:
+            row["profile"] = profile_steps(trainer, batch, args.profile)
+        rows.append(row)
         trainer.sparse_schedule.set_phase(backbone, "dense", step=0)
     dense_ms = rows[0]["ms"]
     for r in rows:
         r["speedup"] = dense_ms / r["ms"]
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": args.config,
-              "overrides": args.overrides, "images_per_step": cfg.train.batch_size_per_gpu, "rows": rows}
+              "overrides": args.overrides, "images_per_step": cfg.train.batch_size_per_gpu, "rows": rows,
+              "sparse_decisions": sparse_decisions(args.backends)}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"\n{result['gpu']}, {args.config} {' '.join(args.overrides)}, batch {cfg.train.batch_size_per_gpu}/GPU")
@@ -93,6 +128,11 @@ def main() -> None:
     for r in rows:
         print(f"{r['phase']:8s}{r['backend']:12s}{r['ms']:10.1f}{r['min_ms']:8.1f}{r['max_ms']:8.1f}"
               f"{r['peak_gib']:7.1f}{r['speedup']:9.3f}x")
+    for r in rows:
+        if "profile" in r:
+            p = r["profile"]
+            print(f"{r['phase']}/{r['backend']}: span {p['span_ms']} ms, busy {p['busy_ms']}, idle {p['idle_ms']}, "
+                  f"{p['kernels_per_step']} kernels; by category (ms/step) {p['by_category_ms']}")
 
 
 if __name__ == "__main__":

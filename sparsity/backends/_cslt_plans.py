@@ -451,6 +451,7 @@ def get_plan(
                 rejected[alg] = "blocklisted (crashes)"
                 continue
             p = plan if alg == default_alg else None
+            log.debug("cuSPARSELt sweep %s: trying alg %d", key[1:], alg)
             try:
                 if p is None:
                     p = _make_plan(*args, alg)

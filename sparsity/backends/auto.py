@@ -9,8 +9,15 @@ them, on fresh random inputs of the real shapes:
     both   + the dense weight-gradient GEMM and the bias gradient, so that the step is as long as the real one
              (host overhead hides behind a long step and shows on a short one)
 
-back to back, median of CUDA-event timings after warm-up, two interleaved rounds. The sparse path must be faster by
-MARGIN (2%: the autograd function's own host time is not part of the timed step) to be chosen. The decision is
+back to back, median of CUDA-event timings after warm-up, two interleaved rounds, in the two modes a layer runs in:
+
+    eager  each step launched from Python as training runs it (host time included: on a short step the sparse
+           path's extra host work shows);
+    graph  the same steps with the host kept ahead of the GPU (a sleep kernel holds the GPU while all repetitions
+           are queued), i.e. device time only, which is what a replayed CUDA graph costs.
+
+Each mode gets its own choice (`choice` for eager, `choice_graph` used while a CUDA graph is being captured); the
+sparse path must be faster by MARGIN (2%) to be chosen. The decision is
 remembered for the key; every decision is kept (`describe()`) and logged at INFO. The dense path prunes tile_greedy
 with the fused kernel's dense-output mode (`prune_dense`, one read and one write of W) rather than the generic
 pruning kernel, so that falling back costs little next to a plain dense layer; other pruning methods use the
@@ -30,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
-from sparsity.backends._timing import median_cuda_ms
+from sparsity.backends._timing import device_only_ms, median_cuda_ms
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +161,13 @@ class AutoBackend(Backend):
         dev = weight.device
         key = GemmKey(tokens, in_f, out_f, weight.dtype, dev.index if dev.index is not None else 0)
         rec = self.decisions.get(key)
-        if rec is not None:
-            return rec["choice"]
-        reason = self._sparse_unavailable(weight, tokens)
+        reason = None if rec is not None else self._sparse_unavailable(weight, tokens)
         if reason is not None:
             return self._record(key, "dense", reason=reason)
-        if torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
+        capturing = torch.cuda.is_current_stream_capturing()
+        if rec is not None:
+            return rec["choice_graph" if capturing else "choice"]
+        if capturing or torch.compiler.is_compiling():
             log.info("auto: %s first seen inside graph capture/compilation: dense for now (not remembered)", key)
             return "dense"
         with self._lock:
@@ -167,12 +175,16 @@ class AutoBackend(Backend):
             if rec is not None:
                 return rec["choice"]
             try:
-                t_sparse, t_dense, how = self._measure(weight, pruning, tokens, has_bias, in_backward)
+                (t_sparse, t_dense), (g_sparse, g_dense), how = self._measure(weight, pruning, tokens, has_bias,
+                                                                              in_backward)
             except BackendUnavailable as e:
                 return self._record(key, "dense", reason=f"cusparselt unavailable: {e}")
             choice = "cusparselt" if t_dense / t_sparse > MARGIN else "dense"
-            return self._record(key, choice, sparse_ms=round(t_sparse, 4), dense_ms=round(t_dense, 4),
-                                speedup=round(t_dense / t_sparse, 3), pruning=pruning, timed=how)
+            choice_graph = "cusparselt" if g_dense / g_sparse > MARGIN else "dense"
+            return self._record(key, choice, choice_graph=choice_graph, sparse_ms=round(t_sparse, 4),
+                                dense_ms=round(t_dense, 4), speedup=round(t_dense / t_sparse, 3),
+                                sparse_gpu_ms=round(g_sparse, 4), dense_gpu_ms=round(g_dense, 4),
+                                speedup_graph=round(g_dense / g_sparse, 3), pruning=pruning, timed=how)
 
     def _sparse_unavailable(self, weight: torch.Tensor, tokens: int) -> Optional[str]:
         try:
@@ -230,12 +242,14 @@ class AutoBackend(Backend):
                 how = "autograd fwd+bwd (eager)"
 
         # interleave two rounds to spread clock/thermal drift over both
-        ts, td = [], []
+        ts, td, gs, gd = [], [], [], []
         with torch.enable_grad():
             for _ in range(2):
                 ts.append(median_cuda_ms(sparse_step))
                 td.append(median_cuda_ms(dense_step))
-        return min(ts), min(td), how
+                gs.append(device_only_ms(sparse_step))
+                gd.append(device_only_ms(dense_step))
+        return (min(ts), min(td)), (min(gs), min(gd)), how
 
     def _autograd_steps(self, w, pruning, x, dy, bias):
         from sparsity.autograd import SemiSparseWeightFunction
@@ -262,7 +276,7 @@ class AutoBackend(Backend):
         return steps
 
     def _record(self, key: GemmKey, choice: str, **info) -> str:
-        rec = {"choice": choice, **info}
+        rec = {"choice": choice, "choice_graph": info.pop("choice_graph", choice), **info}
         self.decisions[key] = rec
         log.info("auto backend: tokens=%d in=%d out=%d %s -> %s %s", key.tokens, key.in_features, key.out_features,
                  str(key.dtype).replace("torch.", ""), choice, info)

@@ -49,29 +49,54 @@ DTYPES = (torch.float16, torch.bfloat16)
 
 def _gemm_impl(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], out_features: int,
                in_features: int, transpose: bool, dense_ref: Optional[torch.Tensor]) -> torch.Tensor:
-    """transpose=False: x (n, in) -> x @ W^T (+bias) (n, out).  transpose=True: x (n, out) -> x @ W (n, in)."""
-    kind = "dgrad" if transpose else "fwd"
+    """transpose=False: x (n, in) -> x @ W^T (+bias) (n, out).  transpose=True: x (n, out) -> x @ W (n, in).
+
+    cuSPARSELt needs the token count to be a multiple of 8. A row-major x with n % 8 != 0 (e.g. 30779 tokens in a
+    DINOv2 step with stochastic depth) is not copied into a padded buffer (a full read + write of x, 0.06-0.25 ms
+    at ViT-L sizes): its first n - n % 8 rows go through the GEMM in place and the last n % 8 rows through a second,
+    8-token GEMM on a padded copy of just those rows."""
     k_dim = out_features if transpose else in_features
     m_dim = in_features if transpose else out_features
     if x.dim() != 2 or x.shape[1] != k_dim:
         raise ValueError(f"cslt_mm: expected a 2-D input with {k_dim} columns, got {tuple(x.shape)}")
     n = x.shape[0]
-    dtype = x.dtype
-    dev = x.device
     if n == 0:
-        return torch.zeros(0, m_dim, dtype=dtype, device=dev)
-    n_pad = -(-n // TOKEN_MULTIPLE) * TOKEN_MULTIPLE
-    # B operand: row-major x (op T), or column-major x = row-major x^T (op N); anything else is copied
-    if x.stride(1) == 1 and x.stride(0) == k_dim and n_pad == n and x.data_ptr() % 16 == 0:
-        b, b_transposed = x, True
-    elif x.stride(0) == 1 and x.stride(1) == n and n_pad == n and x.data_ptr() % 16 == 0:
-        b, b_transposed = x.t(), False  # (k x n) row-major
-    else:
-        b = torch.zeros(n_pad, k_dim, dtype=dtype, device=dev) if n_pad != n else torch.empty(n, k_dim, dtype=dtype,
-                                                                                             device=dev)
-        b[:n].copy_(x)
-        b_transposed = True
-    dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return torch.zeros(0, m_dim, dtype=x.dtype, device=x.device)
+    tail = n % TOKEN_MULTIPLE
+    aligned = x.data_ptr() % 16 == 0
+    if x.stride(1) == 1 and x.stride(0) == k_dim and aligned and (tail == 0 or n >= SPLIT_MIN_TOKENS):
+        y = torch.empty(n, m_dim, dtype=x.dtype, device=x.device)
+        main = n - tail
+        _gemm_run(packed, x[:main], True, y, bias, out_features, in_features, transpose, dense_ref)
+        if tail:
+            xt = x.new_zeros(TOKEN_MULTIPLE, k_dim)
+            xt[:tail].copy_(x[main:])
+            yt = torch.empty(TOKEN_MULTIPLE, m_dim, dtype=x.dtype, device=x.device)
+            _gemm_run(packed, xt, True, yt, bias, out_features, in_features, transpose, dense_ref)
+            y[main:].copy_(yt[:tail])
+        return y
+    if x.stride(0) == 1 and x.stride(1) == n and tail == 0 and aligned:  # column-major x = row-major x^T: op(B)=N
+        y = torch.empty(n, m_dim, dtype=x.dtype, device=x.device)
+        _gemm_run(packed, x.t(), False, y, bias, out_features, in_features, transpose, dense_ref)
+        return y
+    n_pad = n + (TOKEN_MULTIPLE - tail) % TOKEN_MULTIPLE  # anything else: a padded row-major copy
+    b = x.new_zeros(n_pad, k_dim) if n_pad != n else torch.empty(n, k_dim, dtype=x.dtype, device=x.device)
+    b[:n].copy_(x)
+    y = torch.empty(n_pad, m_dim, dtype=x.dtype, device=x.device)
+    _gemm_run(packed, b, True, y, bias, out_features, in_features, transpose, dense_ref)
+    return y if n_pad == n else y[:n]
+
+
+SPLIT_MIN_TOKENS = 64  # below this a padded copy of x is cheaper than a second GEMM call
+
+
+def _gemm_run(packed, b, b_transposed, y, bias, out_features, in_features, transpose, dense_ref) -> None:
+    """One cuSPARSELt GEMM into the first rows of y (row-major (>= n, m)); b: (n, k) row-major when b_transposed,
+    else (k, n) row-major; n a multiple of 8."""
+    kind = "dgrad" if transpose else "fwd"
+    n = b.shape[0] if b_transposed else b.shape[1]
+    dtype = b.dtype
+    dev_index = b.device.index if b.device.index is not None else torch.cuda.current_device()
 
     def reference():  # the dense masked product, used once per shape to check the chosen algorithm
         if dense_ref is not None:
@@ -83,11 +108,9 @@ def _gemm_impl(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tenso
         xb = b if b_transposed else b.t()
         return xb @ w if transpose else xb @ w.t()
 
-    plan = P.get_plan(out_features, in_features, kind, n_pad, dtype, dev_index, b_transposed=b_transposed,
+    plan = P.get_plan(out_features, in_features, kind, n, dtype, dev_index, b_transposed=b_transposed,
                       has_bias=bias is not None, a_compressed=packed, b=b, reference=reference)
-    y = torch.empty(n_pad, m_dim, dtype=dtype, device=dev)
     plan.run(packed, b, y, bias)
-    return y if n_pad == n else y[:n]
 
 
 def _unpack_dense(packed: torch.Tensor, out_features: int, in_features: int, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,96 @@
+"""CPU tests of the kernel-time summary (sparsity.profiling) and of auto's per-mode decisions (eager vs graph)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sparsity.profiling import categorize, kernel_summary
+
+
+def _event(name, start, end, device="DeviceType.CUDA"):
+    return SimpleNamespace(name=name, device_type=device,
+                           time_range=SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start))
+
+
+class _FakeProf:
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+
+@pytest.mark.parametrize("name, cat", [
+    ("sm90_xmma_sparse_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "sparse_gemm"),
+    ("_prune_pack_kernel", "prune_pack"),
+    ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", "dense_gemm"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", "attention"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda", "cast_copy"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "fill"),
+    ("void at::native::GeluCUDAKernelImpl", "other"),
+])
+def test_categorize(name, cat):
+    assert categorize(name) == cat
+
+
+def test_kernel_summary_busy_idle_and_categories():
+    prof = _FakeProf([
+        _event("nvjet_gemm", 0.0, 100.0),
+        _event("sm90_xmma_sparse_gemm", 50.0, 150.0),  # overlaps the first: busy is the union
+        _event("_prune_pack_kernel", 400.0, 420.0),  # 250 us idle before it
+        _event("cpu_op", 0.0, 5000.0, device="DeviceType.CPU"),  # host events are ignored
+    ])
+    s = kernel_summary(prof, steps=2)
+    assert s["kernels_per_step"] == 1.5
+    assert s["span_ms"] == pytest.approx(0.42 / 2)
+    assert s["busy_ms"] == pytest.approx(0.17 / 2)
+    assert s["idle_ms"] == pytest.approx(0.25 / 2)
+    assert s["by_category_ms"] == {"dense_gemm": 0.05, "sparse_gemm": 0.05, "prune_pack": 0.01}
+    assert s["top_kernels"][0]["calls"] == 0.5
+
+
+def test_kernel_summary_without_kernels():
+    assert kernel_summary(_FakeProf([]))["kernels"] == 0
+
+
+def test_auto_keeps_one_choice_per_mode(monkeypatch):
+    """auto decides once per shape and mode: eager timings (host included) pick `choice`, device-only timings pick
+    `choice_graph`, used while a CUDA graph is being captured."""
+    from sparsity.backends.auto import MARGIN, AutoBackend
+
+    auto = AutoBackend()
+    calls = []
+
+    def fake_measure(weight, pruning, tokens, has_bias, in_backward=False):
+        calls.append(tokens)
+        # eager: sparse host-bound (slower); device only: sparse faster
+        return (1.0, 0.8), (0.5, 0.6), "fake"
+
+    monkeypatch.setattr(auto, "_sparse_unavailable", lambda w, t: None)
+    monkeypatch.setattr(auto, "_measure", fake_measure)
+    capturing = {"on": False}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
+    w = torch.zeros(64, 32)
+    assert auto.decide(w, "tile_greedy", 128, True) == "dense"
+    capturing["on"] = True
+    assert auto.decide(w, "tile_greedy", 128, True) == "cusparselt"
+    assert calls == [128]  # timed once
+    (rec,) = auto.describe()["decisions"]
+    assert rec["choice"] == "dense" and rec["choice_graph"] == "cusparselt"
+    assert rec["speedup"] == pytest.approx(0.8) and rec["speedup_graph"] == pytest.approx(1.2)
+    assert rec["speedup_graph"] > MARGIN > rec["speedup"]
+    # a new shape first met during capture: dense, not remembered (no timing is possible inside a capture)
+    assert auto.decide(w, "tile_greedy", 256, True) == "dense"
+    assert len(auto.describe()["decisions"]) == 1
+
+
+def test_auto_unavailable_is_dense_in_both_modes(monkeypatch):
+    from sparsity.backends.auto import AutoBackend
+
+    auto = AutoBackend()
+    monkeypatch.setattr(auto, "_sparse_unavailable", lambda w, t: "no GPU here")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert auto.decide(torch.zeros(64, 32), "tile_greedy", 128, False) == "dense"
+    (rec,) = auto.describe()["decisions"]
+    assert rec["choice"] == rec["choice_graph"] == "dense" and rec["reason"] == "no GPU here"
