@@ -59,6 +59,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ev = p.add_argument_group("linear probe (eval_linear.py, chained after each training job)")
     ev.add_argument("--eval-gpus", type=int, default=None, help="default: 1, or 0 when --gpus-per-node is 0")
     ev.add_argument("--eval-timeout-min", type=int, default=720)
+    ev.add_argument("--skip-eval", action="store_true", help="train only (a later launch without it adds probes)")
     ev.add_argument("--eval-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="override for eval_linear.py, e.g. features.batch_size=128 (repeatable)")
     mode = p.add_mutually_exclusive_group()
@@ -90,7 +91,7 @@ def launch(args: argparse.Namespace) -> int:
                     signal_delay_s=args.signal_delay_s, max_num_timeout=args.max_num_timeout, mem_gb=args.mem_gb,
                     eval_gpus=args.eval_gpus, eval_timeout_min=args.eval_timeout_min,
                     slurm_extra=dict(args.slurm_arg))
-    submitter = SweepSubmitter(args.config, res, args.eval_arg, local=args.local)
+    submitter = SweepSubmitter(args.config, res, args.eval_arg, local=args.local, evaluate=not args.skip_eval)
     if args.dry_run:
         for plan in plans:
             print(f"=== {plan.run_dir}  sparse_fraction={plan.fraction}  training: {plan.train_action} "

@@ -94,11 +94,12 @@ class Submitted:
 
 class SweepSubmitter:
     def __init__(self, config: Path, res: Resources, eval_overrides: list[str], local: bool = False,
-                 stop_timeout_s: Optional[float] = None):
+                 evaluate: bool = True, stop_timeout_s: Optional[float] = None):
         self.config = Path(config).resolve()
         self.res = res
         self.eval_overrides = list(eval_overrides)
         self.local = local
+        self.evaluate = evaluate
         # checkpoint() must finish before Slurm's kill at the time limit: leave a margin inside the signal delay.
         self.stop_timeout_s = stop_timeout_s or max(self.res.signal_delay_s - 20, 10)
 
@@ -132,7 +133,7 @@ class SweepSubmitter:
         if not plan.train_done:
             parts.append(f"# train job ({plan.train_action}): {' '.join(self._train_job(plan).command())}\n"
                          + sbatch_preview(train_parameters(self.res, train_name), folder))
-        if not plan.eval_done:
+        if self.evaluate and not plan.eval_done:
             after = None if plan.train_done else f"<job id of {train_name}>"
             parts.append(f"# eval job: {' '.join(self._eval_job(plan).command())}\n"
                          + sbatch_preview(eval_parameters(self.res, eval_name, after), folder))
@@ -167,8 +168,8 @@ class SweepSubmitter:
                     if self.local and not self._wait_local(job, plan, "train"):
                         row.train += " FAILED"
                         continue
-            if plan.eval_done:
-                row.eval = "done"
+            if plan.eval_done or not self.evaluate:
+                row.eval = "done" if plan.eval_done else "skipped"
                 continue
             recorded = latest_job(plan.run_dir, "eval")
             if recorded is not None and recorded.job_id in active:

@@ -7,7 +7,9 @@ first so that its slot frees early; the tests then each wait for their own outco
 """
 
 import json
+import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,16 +20,16 @@ import torch
 
 from models.training.metrics import read_metrics, without_timing
 
-from launcher_helpers import (CPU_JOB, SLURM_TIMEOUT_S, TINY, TOTAL_STEPS, job_ids, job_state, launch, slurm_logs,
+from launcher_helpers import (CPU_JOB, REPO, SLURM_TIMEOUT_S, TINY, TOTAL_STEPS, job_ids, job_state, launch, slurm_logs,
                               wait_for)
 
 EVAL_FAST = ["--eval-arg", "linear.n_c=3", "--eval-arg", "features.num_workers=0"]
 PREEMPT_AFTER_STEP = 5  # metrics line of step 5 written: the run is inside step 6 of 16
 
 
-def _sweep(runs_dir: Path, *fractions: str) -> subprocess.CompletedProcess:
+def _sweep(runs_dir: Path, *fractions: str, evaluate: bool = True) -> subprocess.CompletedProcess:
     return launch("--config", "configs/default.yaml", "--sparse-fractions", *fractions, "--runs-dir", str(runs_dir),
-                  "--partition", "debug", *CPU_JOB, *EVAL_FAST, *TINY)
+                  "--partition", "debug", *CPU_JOB, *(EVAL_FAST if evaluate else ["--skip-eval"]), *TINY)
 
 
 def _metrics_reached(run: Path, step: int) -> bool:
@@ -35,15 +37,27 @@ def _metrics_reached(run: Path, step: int) -> bool:
     return path.exists() and f'"step": {step},' in path.read_text()
 
 
-def _interrupt(cancel_run: Path, preempt_run: Path, done: dict) -> None:
+def _submit_sbatch_template(root: Path) -> str:
+    """slurm/train.sbatch as a user submits it (command-line options override its #SBATCH lines)."""
+    root.mkdir()
+    # torchrun from this environment; one thread as the launcher's one-CPU jobs (so the numbers are comparable)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["sbatch", "--parsable", "--gpus-per-node=0", "--cpus-per-task=1", "--time=30",
+                           f"--output={root}/%x-%j.out", "slurm/train.sbatch", "configs/default.yaml",
+                           str(root / "run"), *TINY, "sparsity.sparse_fraction=0.5"],
+                          cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return done.stdout.strip().split(";")[0]
+
+
+def _interrupt(actions: dict, done: dict) -> None:
     """Cancel one run once it trains and send USR2 (what Slurm sends before a time limit or a preemption) to the
-    other mid-run, at those moments whatever test is running meanwhile."""
-    actions = {"cancel": (cancel_run, 0, []), "preempt": (preempt_run, PREEMPT_AFTER_STEP, ["--signal=USR2"])}
+    others mid-run, at those moments whatever test is running meanwhile."""
     deadline = time.monotonic() + SLURM_TIMEOUT_S
     while len(done) < len(actions) and time.monotonic() < deadline:
-        for name, (run, step, flags) in actions.items():
+        for name, (run, step, command) in actions.items():
             if name not in done and _metrics_reached(run, step):
-                subprocess.run(["scancel", *flags, job_ids(run, "train")[0]], check=True)
+                subprocess.run(command, check=True)
                 done[name] = True
         time.sleep(0.2)
 
@@ -52,16 +66,23 @@ def _interrupt(cancel_run: Path, preempt_run: Path, done: dict) -> None:
 def sweeps(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
     dirs = {"cancel": root / "cancel", "preempt": root / "preempt", "sweep": root / "sweep"}
+    # Slurm starts them in this order, two at a time: the reference run early, the interrupted ones after it.
     _sweep(dirs["cancel"], "0.5")
-    _sweep(dirs["preempt"], "0.5")
     first = _sweep(dirs["sweep"], "0.5", "0.25")
+    _sweep(dirs["preempt"], "0.5", evaluate=False)
+    sbatch_id = _submit_sbatch_template(root / "sbatch")
+    cancel, preempt = (dirs[k] / "sparse_0.50" for k in ("cancel", "preempt"))
     done: dict = {}
-    interrupter = threading.Thread(target=_interrupt, daemon=True,
-                                   args=(dirs["cancel"] / "sparse_0.50", dirs["preempt"] / "sparse_0.50", done))
-    interrupter.start()
-    yield {**dirs, "launch_output": first.stdout, "interrupted": done}
+    actions = {
+        "cancel": (cancel, 0, ["scancel", job_ids(cancel, "train")[0]]),
+        "preempt": (preempt, PREEMPT_AFTER_STEP, ["scancel", "--signal=USR2", job_ids(preempt, "train")[0]]),
+        # the template asks for USR2 on its batch shell (--signal=B:USR2@180), which traps it
+        "sbatch": (root / "sbatch" / "run", PREEMPT_AFTER_STEP, ["scancel", "--batch", "--signal=USR2", sbatch_id]),
+    }
+    threading.Thread(target=_interrupt, args=(actions, done), daemon=True).start()
+    yield {**dirs, "launch_output": first.stdout, "interrupted": done, "sbatch": (root / "sbatch", sbatch_id)}
     ids = [i for d in dirs.values() for run in d.glob("sparse_*") for k in ("train", "eval") for i in job_ids(run, k)]
-    subprocess.run(["scancel", *ids], capture_output=True)  # nothing may outlive a failed test
+    subprocess.run(["scancel", sbatch_id, *ids], capture_output=True)  # nothing may outlive a failed test
 
 
 def _finished(job_id: str) -> bool:
@@ -98,13 +119,29 @@ def test_usr2_checkpoints_requeues_and_resumes_to_the_uninterrupted_metrics(swee
     assert len(steps) == 2 and PREEMPT_AFTER_STEP < steps[0] < TOTAL_STEPS and steps[1] == TOTAL_STEPS, steps
     assert f"resumed at step {steps[0]}" in logs
 
-    reference = sweeps["sweep"] / "sparse_0.50"  # same config, never interrupted
+    _assert_same_as_uninterrupted(run, sweeps["sweep"] / "sparse_0.50")
+
+
+def _assert_same_as_uninterrupted(run: Path, reference: Path) -> None:
     wait_for(lambda: (reference / "teacher_backbone.pth").exists(), "the uninterrupted reference run")
     got, want = (without_timing(read_metrics(r / "metrics.jsonl")) for r in (run, reference))
     assert [r["step"] for r in got] == list(range(TOTAL_STEPS))
     assert got == want
     a, b = (torch.load(r / "teacher_backbone.pth", weights_only=True)["backbone"] for r in (run, reference))
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_the_sbatch_template_traps_usr2_checkpoints_requeues_and_resumes(sweeps):
+    folder, job_id = sweeps["sbatch"]
+    wait_for(lambda: sweeps["interrupted"].get("sbatch"), "USR2 to be sent to the sbatch job")
+    wait_for(lambda: _finished(job_id), "the sbatch job to requeue and finish")
+    log = "\n".join(p.read_text(errors="replace") for p in folder.glob("*.out"))
+    assert job_state(job_id) == "COMPLETED", log[-4000:]
+    assert "USR2: asking train.py to checkpoint" in log and "(restart 1)" in log, log[-4000:]
+    steps = sorted(int(p.stem.split("_")[1]) for p in (folder / "run" / "checkpoints").glob("step_*.pt"))
+    assert len(steps) == 2 and PREEMPT_AFTER_STEP < steps[0] < TOTAL_STEPS, steps
+    assert f"resumed at step {steps[0]}" in log
+    _assert_same_as_uninterrupted(folder / "run", sweeps["sweep"] / "sparse_0.50")
 
 
 def test_a_sweep_trains_and_evaluates_through_slurm_and_a_rerun_submits_nothing(sweeps):
