@@ -1,6 +1,8 @@
 """Typed training configs: `load_config(path, overrides)` merges schema defaults, a YAML file and a dotlist."""
 
-from .load import ConfigError, DEFAULT_CONFIG, load_config, scaled_lr, to_yaml
+from .eval_schema import EvalConfig, load_eval_config
+from .load import ConfigError, DEFAULT_CONFIG, load_config, load_structured, scaled_lr, to_yaml
 from .schema import Config
 
-__all__ = ["Config", "ConfigError", "DEFAULT_CONFIG", "load_config", "scaled_lr", "to_yaml"]
+__all__ = ["Config", "ConfigError", "DEFAULT_CONFIG", "EvalConfig", "load_config", "load_eval_config",
+           "load_structured", "scaled_lr", "to_yaml"]

@@ -7,7 +7,7 @@ message names the offending key and the valid keys of its section.
 import dataclasses
 import math
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence, Type, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -36,9 +36,9 @@ class ConfigError(ValueError):
     """A config that cannot be used as written."""
 
 
-def _section_keys(full_key: str) -> str:
+def _section_keys(full_key: str, schema: type = Config) -> str:
     """The valid keys next to `full_key` (e.g. 'train.batchsize' -> the fields of TrainConfig)."""
-    node: object = Config
+    node: object = schema
     parts = full_key.split(".")[:-1]
     for part in parts:
         fields = {f.name: f for f in dataclasses.fields(node)}
@@ -50,12 +50,12 @@ def _section_keys(full_key: str) -> str:
     return f"valid keys in {where}: {', '.join(names)}"
 
 
-def _merge(base: DictConfig, other: DictConfig, source: str) -> DictConfig:
+def _merge(base: DictConfig, other: DictConfig, source: str, schema: type = Config) -> DictConfig:
     try:
         return OmegaConf.merge(base, other)
     except ConfigKeyError as e:
         key = getattr(e, "full_key", "") or ""
-        raise ConfigError(f"{source}: unknown config key '{key}'. {_section_keys(key)}") from None
+        raise ConfigError(f"{source}: unknown config key '{key}'. {_section_keys(key, schema)}") from None
     except ValidationError as e:
         key = getattr(e, "full_key", "") or ""
         raise ConfigError(f"{source}: wrong type for '{key}': {e.msg.splitlines()[0]}") from None
@@ -116,6 +116,29 @@ def load_config(path: Optional[Path | str] = None, overrides: Iterable[str] = ()
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, Config)
     validate(cfg)
+    return cfg
+
+
+T = TypeVar("T")
+
+
+def load_structured(schema: Type[T], path: Optional[Path | str] = None, overrides: Iterable[str] = (),
+                    validator: Optional[Callable[[T], None]] = None) -> T:
+    """The same merge and checks as `load_config` for any dataclass schema (e.g. `EvalConfig`): its defaults, then
+    the YAML at `path` if given, then `overrides`; `validator` adds range checks."""
+    merged = OmegaConf.structured(schema)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        merged = _merge(merged, OmegaConf.load(path), str(path), schema)
+    merged = _merge(merged, _parse_dotlist(list(overrides)), "command line", schema)
+    missing = sorted(OmegaConf.missing_keys(merged))
+    if missing:
+        raise ConfigError(f"required config values not set: {', '.join(missing)} (set them as key=value)")
+    cfg = OmegaConf.to_object(merged)
+    if validator is not None:
+        validator(cfg)
     return cfg
 
 

@@ -52,7 +52,8 @@ def plot_accuracy(rows: list[TableRow], path: Path) -> Path:
     same_setting = any(r.published_top1 is not None for r in rows)
     fig, axes = plt.subplots(1, 1 if same_setting else 2, figsize=(7 if same_setting else 12, 4.5), squeeze=False)
     ax = axes[0][0]
-    for key, marker, label in (("top1", "o-", "linear probe top-1"), ("knn_top1", "s--", f"k-NN top-1 (k={KNN_SHOWN_K})")):
+    series = (("top1", "o-", "linear probe top-1"), ("knn_top1", "s--", f"k-NN top-1 (k={KNN_SHOWN_K})"))
+    for key, marker, label in series:
         points = sorted((_share(r), getattr(r, key)) for r in ours if getattr(r, key) is not None)
         if points:
             ax.plot(*zip(*points), marker, label=f"ours: {label}", zorder=3)
@@ -82,8 +83,8 @@ def plot_losses(runs: list[RunSummary], path: Path) -> Path:
     """One panel per run (shared axes), so seven overlapping curves stay readable."""
     columns = min(4, max(len(runs), 1))
     lines = max(math.ceil(len(runs) / columns), 1)
-    fig, axes = plt.subplots(lines, columns, figsize=(max(3.6 * columns, 6.0), 2.9 * lines + 0.4), sharex=True, sharey=True,
-                             squeeze=False)
+    size = (max(3.6 * columns, 6.0), 2.9 * lines + 0.4)
+    fig, axes = plt.subplots(lines, columns, figsize=size, sharex=True, sharey=True, squeeze=False)
     flat = [ax for line in axes for ax in line]
     for ax, run in zip(flat, runs):
         steps, losses = zip(*run.loss_curve)

@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from .run_logs import COMPLETE, KNN_SHOWN_K, RunSummary, find_run_dirs, read_run
 
@@ -183,7 +183,7 @@ def markdown(rows: list[TableRow], notes: list[str]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         time = _duration(r.time_s)
-        if r.time_s is not None:
+        if r.sparse_time_s and r.dense_time_s:  # both phases ran: show the split
             time += f" ({_duration(r.sparse_time_s)} + {_duration(r.dense_time_s)})"
         cells = [r.schedule, f"{_steps(r.sparse_steps)} → {_steps(r.dense_steps)}", _number(r.top1, ".1f"),
                  _number(r.delta_top1, "+.1f"), _number(r.knn_top1, ".1f"), time, _number(r.speedup, ".2f", "×"),
@@ -209,15 +209,16 @@ def published_markdown() -> str:
     lines = [f"## Published reference (a different setting: {PUBLISHED_SOURCE})", "",
              "| Schedule | Sparse → dense steps | Top-1 (%) | Δ top-1 (pp) |", "|---|---|---|---|"]
     for row in PUBLISHED:
-        lines.append(f"| {row.label} | {_steps(row.sparse_steps)} → {_steps(PUBLISHED_TOTAL_STEPS - row.sparse_steps)}"
-                     f" | {row.top1:.1f} | {row.top1 - PUBLISHED_DENSE_TOP1:+.1f} |")
+        dense_steps = PUBLISHED_TOTAL_STEPS - row.sparse_steps
+        lines.append(f"| {row.label} | {_steps(row.sparse_steps)} → {_steps(dense_steps)} | {row.top1:.1f} | "
+                     f"{row.top1 - PUBLISHED_DENSE_TOP1:+.1f} |")
     return "\n".join(lines)
 
 
 CSV_FIELDS = ["run", "schedule", "status", "sparse_fraction", "sparse_steps", "dense_steps", "total_steps",
               "steps_done", "top1", "top5", "delta_top1", "knn_top1", "delta_knn_top1", "time_s", "sparse_time_s",
-              "dense_time_s", "images_per_s", "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss", "best_C", "eval_seconds", "published_top1",
-              "published_delta_top1", "published_schedule", "path"]
+              "dense_time_s", "images_per_s", "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss",
+              "best_C", "eval_seconds", "published_top1", "published_delta_top1", "published_schedule", "path"]
 
 
 def write_csv(rows: list[TableRow], path: Path, knn_ks: list[int]) -> None:
@@ -245,12 +246,12 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow]) -> list[str]:
     return notes
 
 
-def make_table(run_paths: list[Path], out: Path, plots: bool = True) -> list[Path]:
+def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = ()) -> list[Path]:
     """Read the runs under `run_paths` and write the table, CSV, JSON summary and (unless `plots` is False) the
-    plots into `out`; returns the paths written."""
+    plots into `out`; returns the paths written. `extra_notes` are added to the table's notes."""
     runs = [read_run(path) for path in find_run_dirs(run_paths)]
     rows = build_rows(runs)
-    notes = table_notes(runs, rows)
+    notes = table_notes(runs, rows) + list(extra_notes)
     knn_ks = sorted({k for r in rows for k in r.knn})
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,54 @@
+"""Linear-probe and k-NN evaluation of a finished run's teacher (the dinov2 logistic-regression protocol).
+
+    python eval_linear.py --run DIR [--config EVAL.yaml] [key=value ...]
+    python eval_linear.py --run runs/default-20261122-101500                      # embedded default (digits)
+    python eval_linear.py --run runs/vitl16 data.root=/datasets/imagenet solver=torch
+    python eval_linear.py --run DIR mode=knn          # k-NN only; features come from the cache when unchanged
+
+Reads DIR/config.yaml and DIR/teacher_backbone.pth, caches features under DIR/eval/, writes DIR/eval_linear.json
+and appends a line to DIR/../eval_index.jsonl. Keys (see configs/eval_schema.py): mode=linear|knn|both,
+solver=sklearn|torch|auto, device, checkpoint, output, index, data.*, features.*, linear.*, knn.*.
+Exit status: 0 done, 1 bad run/checkpoint/dataset, 2 bad config.
+"""
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from configs import ConfigError, load_eval_config
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, required=True, help="run directory written by train.py")
+    parser.add_argument("--config", type=Path, default=None, help="optional YAML of evaluation settings")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="evaluation settings, e.g. solver=torch")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        eval_cfg = load_eval_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from data import CorruptImageError, DatasetError
+    from models.evaluation import EvalInputError, evaluate_run
+
+    try:
+        record = evaluate_run(args.run, eval_cfg)
+    except (EvalInputError, DatasetError, CorruptImageError) as e:
+        logging.getLogger("eval_linear").error("%s", e)
+        return 1
+    headline = {k: record[k] for k in ("output", "top1", "top5", "best_C", "solver", "seconds")}
+    headline["knn_top1"] = {k: round(v["top1"], 2) for k, v in record["knn"].items()}
+    print(json.dumps(headline))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Evaluate a finished run: features of its final teacher, the logistic-regression probe and k-NN, JSON out.
+
+`evaluate_run(run_dir, eval_cfg)` reads `<run>/config.yaml` (the resolved training config: model, crop size,
+dataset) and the teacher checkpoint, extracts (or reuses cached) train/val features, runs the probe and/or k-NN
+as `eval_cfg.mode` says, writes `<run>/eval_linear.json` atomically and appends one line to the results index.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .features import (EvalInputError, Features, cache_key, dataset_settings, extract, file_digest, load_cached,
+                       load_teacher, save_cached, transform_settings)
+from .knn import knn_classify
+from .logreg import build_solver, c_grid
+from .probe import run_probe
+
+logger = logging.getLogger(__name__)
+
+RESULT_FORMAT = 1
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+def load_run_config(run_dir: Path):
+    from configs import ConfigError, load_config
+
+    if not run_dir.is_dir():
+        raise EvalInputError(f"run directory not found: {run_dir}")
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise EvalInputError(f"{path} not found: --run must be a directory written by train.py")
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        raise EvalInputError(f"cannot read the run's config {path}: {e}") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise EvalInputError("device=cuda but no CUDA GPU is available (use device=auto or device=cpu)")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def append_index(path: Path, record: dict) -> None:
+    """One JSON line, written with a single O_APPEND write so concurrent evaluations do not interleave."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _split_features(backbone, data_cfg, split, transform, key, cache_dir, eval_cfg, device, amp) -> tuple[Features, list]:
+    from data import build_dataset
+
+    dataset = build_dataset(data_cfg, split=split, transform=transform)
+    classes = list(getattr(dataset, "classes", []))
+    path = cache_dir / f"features_{split}.pt"
+    cached = load_cached(path, key) if eval_cfg.features.cache else None
+    if cached is not None:
+        logger.info("%s features: %s (cached)", split, path)
+        return cached, classes
+    feats = extract(backbone, dataset, batch_size=eval_cfg.features.batch_size,
+                    num_workers=eval_cfg.features.num_workers, device=device, amp_dtype=amp, desc=f"{split} features")
+    if eval_cfg.features.cache:
+        save_cached(path, key, feats)
+    return feats, classes
+
+
+def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Path, device: torch.device) -> dict:
+    """Train and val features of the run's teacher (cached) and what they were computed from."""
+    from data import make_eval_transform
+
+    backbone, step = load_teacher(run_cfg, checkpoint)
+    data_cfg = dataclasses.replace(run_cfg.data, root=eval_cfg.data.root or run_cfg.data.root)
+    tsettings = transform_settings(run_cfg, eval_cfg.features)
+    transform = make_eval_transform(tsettings["resize"], tsettings["crop"])
+    amp = AMP_DTYPES[eval_cfg.features.amp_dtype] if device.type == "cuda" else None
+    precision = f"{device.type}-{eval_cfg.features.amp_dtype if amp is not None else 'fp32'}"
+    digest = file_digest(checkpoint)
+    out = {"checkpoint_step": step, "checkpoint_sha256": digest, "transform": tsettings, "precision": precision}
+    classes = {}
+    for role, split in (("train", eval_cfg.data.train_split), ("val", eval_cfg.data.val_split)):
+        dsettings = dataset_settings(data_cfg, split)
+        key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision)
+        out[role], classes[role] = _split_features(backbone, data_cfg, split, transform, key, run_dir / "eval",
+                                                   eval_cfg, device, amp)
+        out[f"{role}_dataset"] = dsettings
+    if classes["train"] != classes["val"]:
+        raise EvalInputError(f"the {eval_cfg.data.train_split} and {eval_cfg.data.val_split} splits have different "
+                             f"class folders ({len(classes['train'])} vs {len(classes['val'])}); labels would not match")
+    out["n_classes"] = len(classes["train"]) or int(max(out["train"].y.max(), out["val"].y.max())) + 1
+    return out
+
+
+def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, device: torch.device) -> dict:
+    lin = eval_cfg.linear
+    solver = build_solver(eval_cfg.solver, lin.max_iter, lin.tol, lin.history_size)
+    probe_device = device if solver.name == "torch" else torch.device("cpu")
+    result = run_probe(solver, train.x.to(probe_device), train.y.to(probe_device), val.x.to(probe_device),
+                       val.y.to(probe_device), n_classes=n_classes, Cs=c_grid(lin.c_min_power, lin.c_max_power, lin.n_c),
+                       holdout_fraction=lin.holdout_fraction, seed=lin.seed)
+    return {"top1": result.top1, "top5": result.top5, "best_C": result.best_C, "C_curve": result.C_curve,
+            "final_loss": result.final.loss, "final_n_iter": result.final.n_iter, "solver": solver.name,
+            "linear_seconds": round(result.seconds, 3)}
+
+
+def evaluate_run(run_dir: Path, eval_cfg) -> dict:
+    """Evaluate `run_dir` as `eval_cfg` (`configs.EvalConfig`) says; returns the record written to the JSON."""
+    from configs import to_yaml
+
+    start = time.perf_counter()
+    run_dir = Path(run_dir)
+    run_cfg = load_run_config(run_dir)
+    checkpoint = Path(eval_cfg.checkpoint) if eval_cfg.checkpoint else run_dir / "teacher_backbone.pth"
+    device = resolve_device(eval_cfg.device)
+    feats = extract_run_features(run_dir, run_cfg, eval_cfg, checkpoint, device)
+    train, val = feats["train"], feats["val"]
+    record: dict = {
+        "format": RESULT_FORMAT, "run": str(run_dir), "checkpoint": str(checkpoint),
+        "checkpoint_step": feats["checkpoint_step"], "checkpoint_sha256": feats["checkpoint_sha256"],
+        "mode": eval_cfg.mode, "device": device.type, "precision": feats["precision"], "transform": feats["transform"],
+        "train_dataset": feats["train_dataset"], "val_dataset": feats["val_dataset"],
+        "n_train": len(train.y), "n_val": len(val.y), "n_classes": feats["n_classes"],
+        "feature_dim": int(train.x.shape[1]), "features_cached": {"train": train.from_cache, "val": val.from_cache},
+        "extraction_seconds": round(time.perf_counter() - start, 3),
+        "top1": None, "top5": None, "best_C": None, "C_curve": [], "solver": None, "knn": {},
+    }
+    if eval_cfg.mode in ("linear", "both"):
+        record.update(linear_probe(train, val, feats["n_classes"], eval_cfg, device))
+    if eval_cfg.mode in ("knn", "both"):
+        knn = knn_classify(train.x.to(device), train.y, val.x, val.y, eval_cfg.knn.ks, eval_cfg.knn.temperature,
+                           n_classes=feats["n_classes"], batch_size=eval_cfg.knn.batch_size)
+        record["knn"] = {str(k): v for k, v in knn.items()}
+        record["knn_temperature"] = eval_cfg.knn.temperature
+    record["seconds"] = round(time.perf_counter() - start, 3)
+    record["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record["eval_config"] = to_yaml(eval_cfg)
+    output = Path(eval_cfg.output) if eval_cfg.output else run_dir / "eval_linear.json"
+    atomic_write_text(output, json.dumps(record, indent=1) + "\n")
+    record["output"] = str(output)
+    index = index_path(run_dir, eval_cfg.index)
+    if index is not None:
+        append_index(index, summary(record))
+    return record
+
+
+def index_path(run_dir: Path, setting: str) -> Optional[Path]:
+    if setting == "none":
+        return None
+    return Path(setting) if setting else run_dir.resolve().parent / "eval_index.jsonl"
+
+
+def summary(record: dict) -> dict:
+    """The results-index line: where the full record is and its headline numbers."""
+    keys = ("run", "output", "created", "checkpoint", "checkpoint_step", "mode", "solver", "top1", "top5", "best_C",
+            "feature_dim", "n_train", "n_val", "seconds")
+    line = {k: record.get(k) for k in keys}
+    line["knn_top1"] = {k: v["top1"] for k, v in record.get("knn", {}).items()}
+    return line

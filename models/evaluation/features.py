@@ -1,0 +1,128 @@
+"""Frozen-teacher features for probes: checkpoint loading, the eval transform, batched extraction, a disk cache.
+
+The feature is the CLS token after the backbone's final norm (what `DinoVisionTransformer.forward` returns in eval
+mode), extracted under autocast on GPU and stored as float32. The cache file `<run>/eval/features_<split>.pt`
+holds a key: a hash of the checkpoint's bytes, the transform, the dataset and the model config. Any change
+(a retrained or re-exported checkpoint, another crop size, another data root) re-extracts and overwrites.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT = 1  # bump when the stored layout or the extraction itself changes
+
+
+class EvalInputError(ValueError):
+    """A run directory, checkpoint or dataset that cannot be evaluated as given."""
+
+
+@dataclass
+class Features:
+    x: Tensor  # (n, D) float32, CPU
+    y: Tensor  # (n,) int64
+    from_cache: bool = False
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def load_teacher(run_cfg, checkpoint: Path):
+    """The run's backbone (teacher architecture, no drop-path) with the checkpoint's weights, in eval mode, and
+    the training step stored in the checkpoint (None if it has none). Loads with weights_only=True."""
+    from models.checkpoint_conversion import load_backbone_weights
+    from models.vision_transformer import build_backbone
+
+    if not checkpoint.is_file():
+        raise EvalInputError(f"no final teacher checkpoint at {checkpoint}: the run has not finished (train.py writes "
+                             "it after the last step), or pass checkpoint=<path to a teacher_backbone.pth>")
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    backbone = build_backbone(run_cfg.student, img_size=run_cfg.crops.global_crops_size, drop_path_rate=0.0)
+    try:
+        load_backbone_weights(backbone, state, which="teacher")
+    except (KeyError, RuntimeError, ValueError) as e:
+        raise EvalInputError(f"{checkpoint} does not fit the run's model ({run_cfg.student.arch}, patch "
+                             f"{run_cfg.student.patch_size}): {e}") from None
+    step = state.get("step") if isinstance(state, dict) else None
+    return backbone.eval(), (int(step) if step is not None else None)
+
+
+def transform_settings(run_cfg, feats_cfg) -> dict:
+    crop = feats_cfg.crop_size or run_cfg.crops.global_crops_size
+    return {"resize": int(round(crop * feats_cfg.resize_ratio)), "crop": int(crop), "interpolation": "bicubic",
+            "normalize": "imagenet"}
+
+
+def dataset_settings(data_cfg, split: str) -> dict:
+    settings = {"dataset": data_cfg.dataset, "split": split}
+    if data_cfg.dataset == "digits":
+        settings["digits_image_size"] = data_cfg.digits_image_size
+    else:
+        settings["root"] = os.path.realpath(os.path.expanduser(data_cfg.root)) if data_cfg.root else ""
+    return settings
+
+
+def cache_key(checkpoint_digest: str, transform: dict, dataset: dict, student_cfg, precision: str) -> str:
+    """Everything the extracted features depend on, hashed."""
+    payload = {"format": CACHE_FORMAT, "checkpoint_sha256": checkpoint_digest, "transform": transform,
+               "dataset": dataset, "student": dataclasses.asdict(student_cfg), "precision": precision}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def load_cached(path: Path, key: str) -> Optional[Features]:
+    if not path.is_file():
+        return None
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - an unreadable cache is only a cache: extract again
+        logger.warning("ignoring unreadable feature cache %s (%s)", path, e)
+        return None
+    if stored.get("key") != key:
+        logger.info("feature cache %s is stale (checkpoint, transform, data or model changed): re-extracting", path)
+        return None
+    return Features(stored["features"], stored["labels"], from_cache=True)
+
+
+def save_cached(path: Path, key: str, features: Features) -> None:
+    from models.training.checkpoint import atomic_save
+
+    atomic_save({"key": key, "features": features.x, "labels": features.y}, path)
+
+
+@torch.no_grad()
+def extract(backbone, dataset, *, batch_size: int, num_workers: int, device: torch.device,
+            amp_dtype: Optional[torch.dtype], desc: str = "features") -> Features:
+    """CLS-after-norm features of every image, in dataset order (float32 on CPU)."""
+    from torch.utils.data import DataLoader
+    from tqdm.auto import tqdm
+
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=min(num_workers, os.cpu_count() or 1),
+                        pin_memory=device.type == "cuda", drop_last=False)
+    feats: Optional[Tensor] = None
+    labels = torch.empty(len(dataset), dtype=torch.int64)
+    backbone = backbone.to(device)
+    autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+    offset = 0
+    for images, targets in tqdm(loader, desc=desc, dynamic_ncols=True):
+        with autocast:
+            out = backbone(images.to(device, non_blocking=True)).float().cpu()
+        if feats is None:
+            feats = torch.empty(len(dataset), out.shape[1], dtype=torch.float32)
+        feats[offset:offset + len(out)] = out
+        labels[offset:offset + len(out)] = targets
+        offset += len(out)
+    if feats is None:
+        raise EvalInputError(f"the {desc} dataset is empty")
+    return Features(feats, labels)

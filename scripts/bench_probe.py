@@ -1,0 +1,203 @@
+"""Benchmark: the logistic-regression probe's C sweep at ImageNet size on one GPU (torch L-BFGS) vs scikit-learn.
+
+    python scripts/bench_probe.py                                    # 1.28M x 1024, 1000 classes, 45 C, GPU
+    python scripts/bench_probe.py --n-train 2000 --dim 64 --classes 10 --sklearn-n 500   # CPU smoke test
+
+Synthetic, learnable features: class means N(0, s^2 I) plus N(0, I) noise per row, made on the device in
+`--dtype` (bf16 by default; never a float64 host copy). The whole protocol runs as `eval_linear.py` does it
+(10% hold-out, the C sweep warm-started from small to large C, refit with the best C, val top-1). scikit-learn's
+lbfgs (float64, 16 CPU threads on the H100 host) is timed on a row subset for a few C values at a fixed
+iteration count; its full-size time is extrapolated as seconds per iteration per row x rows x the iterations
+the torch sweep needed (the same algorithm on the same objective; sklearn cold-starts each C as the reference,
+so this is a lower bound). `--time-limit` stops the sweep early and reports what ran (partial=true).
+
+Prediction written before measuring (H100, bf16 features upcast per chunk, TF32 matmuls): one objective+gradient
+evaluation is two GEMMs of 2 * 1.15M * 1024 * 1000 = 2.4 TFLOP each (4.7 TFLOP; ~15 ms at ~330 TFLOP/s TF32)
+plus ~25 GB of elementwise traffic on the (n, 1000) fp32 logits (~10 ms at ~2.5 TB/s): ~25 ms per evaluation.
+Warm-started along the C path: ~5-20 iterations for C <= 1e-3, 50-300 for the larger C: ~4000 iterations,
+~5000 evaluations in all: ~2 minutes for the sweep (goal: < 30 min). sklearn on 16 CPU cores in float64: ~1000x
+slower per evaluation, i.e. days at full size.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.evaluation.logreg import SklearnLBFGS, TorchLBFGS, c_grid, topk_accuracy  # noqa: E402
+from models.evaluation.probe import best_C, holdout_split  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n-train", type=int, default=1_281_167)
+    ap.add_argument("--n-val", type=int, default=50_000)
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--classes", type=int, default=1000)
+    ap.add_argument("--n-c", type=int, default=45)
+    ap.add_argument("--mean-scale", type=float, default=0.2, help="class-mean std (noise std is 1)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--max-iter", type=int, default=1000)
+    ap.add_argument("--tol", type=float, default=1e-6)
+    ap.add_argument("--tf32", type=int, default=1, help="TF32 matmuls on GPU (1) or full fp32 (0)")
+    ap.add_argument("--time-limit", type=float, default=0.0, help="stop the sweep after this many seconds (0: none)")
+    ap.add_argument("--sklearn-n", type=int, default=20_000, help="rows of the sklearn subset (0: skip)")
+    ap.add_argument("--sklearn-iters", type=int, default=20, help="lbfgs iterations per C in the sklearn timing")
+    ap.add_argument("--sklearn-n-c", type=int, default=2, help="C values timed with sklearn")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (default: results/bench/probe_<gpu>.json)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def synthetic(n: int, means: torch.Tensor, dtype: torch.dtype, generator: torch.Generator, chunk: int = 131072):
+    """Rows mean[y] + N(0, I), built chunk by chunk on the means' device, stored in `dtype`."""
+    classes, dim = means.shape
+    device = means.device
+    y = torch.randint(0, classes, (n,), device=device, generator=generator)
+    x = torch.empty(n, dim, dtype=dtype, device=device)
+    for start in range(0, n, chunk):
+        yc = y[start:start + chunk]
+        noise = torch.randn(len(yc), dim, device=device, generator=generator)
+        x[start:start + chunk] = (means[yc] + noise).to(dtype)
+    return x, y
+
+
+def gpu_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device).lower()
+    for tag in ("h100", "h200", "a100", "l40", "a10", "v100"):
+        if tag in name:
+            return tag
+    return name.replace(" ", "_")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def torch_sweep(args, x, y, xv, yv, device) -> dict:
+    """The protocol of models.evaluation.probe.run_probe, step by step, so a time limit can stop it."""
+    solver = TorchLBFGS(max_iter=args.max_iter, tol=args.tol, tf32=bool(args.tf32))
+    fit_idx, hold_idx = holdout_split(len(y), 0.1, args.seed)
+    fit_idx, hold_idx = fit_idx.to(device), hold_idx.to(device)
+    x_fit, y_fit, x_hold, y_hold = x[fit_idx], y[fit_idx], x[hold_idx], y[hold_idx]
+    start = time.perf_counter()
+    curve, fits, previous, partial = [], {}, None, False
+    for C in c_grid(-6, 5, args.n_c):
+        fit = solver.fit(x_fit, y_fit, args.classes, C, init=previous)
+        curve.append({"C": C, "holdout_top1": topk_accuracy(x_hold, y_hold, fit, ks=(1,))[1], "loss": fit.loss,
+                      "n_iter": fit.n_iter, "seconds": round(fit.seconds, 3)})
+        fits[C] = previous = fit
+        print(json.dumps(curve[-1]), flush=True)
+        if args.time_limit and time.perf_counter() - start > args.time_limit:
+            partial = True
+            break
+    sweep_seconds = time.perf_counter() - start
+    chosen = best_C(curve)
+    del x_fit, x_hold
+    final = solver.fit(x, y, args.classes, chosen, init=fits[chosen])
+    sync(device)
+    acc = topk_accuracy(xv, yv, final, ks=(1, 5))
+    total_iter = sum(p["n_iter"] for p in curve) + final.n_iter
+    return {"seconds": round(time.perf_counter() - start, 2), "sweep_seconds": round(sweep_seconds, 2),
+            "refit_seconds": round(final.seconds, 2), "partial": partial, "n_C_done": len(curve),
+            "best_C": chosen, "val_top1": acc[1], "val_top5": acc[5], "total_iterations": total_iter,
+            "C_curve": curve}
+
+
+def time_evaluation(x, y, classes, device, tf32: bool, repeats: int = 5) -> float:
+    """Seconds per objective + gradient evaluation at the features' full size."""
+    from models.evaluation.logreg import tf32_matmuls, objective_and_grad
+
+    weight = torch.zeros(classes, x.shape[1], device=device)
+    bias = torch.zeros(classes, device=device)
+    with tf32_matmuls(device.type == "cuda" and tf32):
+        objective_and_grad(x, y, weight, bias, 1.0)
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            objective_and_grad(x, y, weight, bias, 1.0)
+        sync(device)
+    return (time.perf_counter() - start) / repeats
+
+
+def sklearn_subset(args, x, y, torch_iterations: int) -> dict:
+    """sklearn lbfgs on the first `--sklearn-n` rows (float64 host copy of the subset only), fixed iterations."""
+    n = min(args.sklearn_n, len(y))
+    xs, ys = x[:n].float().cpu(), y[:n].cpu()
+    solver = SklearnLBFGS(max_iter=args.sklearn_iters, tol=1e-30)  # never stops early: a fixed iteration count
+    Cs = c_grid(-6, 5, args.n_c)[len(c_grid(-6, 5, args.n_c)) // 2:][: args.sklearn_n_c]
+    runs = []
+    for C in Cs:
+        fit = solver.fit(xs, ys, args.classes, C)
+        runs.append({"C": C, "seconds": round(fit.seconds, 3), "n_iter": fit.n_iter, "loss": fit.loss})
+    per_iter_row = sum(r["seconds"] for r in runs) / sum(max(r["n_iter"], 1) for r in runs) / n
+    extrapolated = per_iter_row * len(y) * torch_iterations
+    return {"n_rows": n, "runs": runs, "seconds_per_iteration": round(per_iter_row * n, 4),
+            "threads": torch.get_num_threads(),
+            "extrapolated_full_seconds": round(extrapolated, 1),
+            "extrapolation": "seconds per lbfgs iteration per row on the subset x n_train x the iterations the "
+                             "torch sweep + refit took (same algorithm and objective; sklearn cold-starts each C, "
+                             "so this is a lower bound)"}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    scale = args.mean_scale
+    means = torch.randn(args.classes, args.dim, device=device, generator=gen) * scale
+    dtype = DTYPES[args.dtype]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    x, y = synthetic(args.n_train, means, dtype, gen)
+    xv, yv = synthetic(args.n_val, means, dtype, gen)
+    n_fit = args.n_train - int(args.n_train * 0.1)
+    flops = 4.0 * n_fit * args.dim * args.classes
+    eval_seconds = time_evaluation(x, y, args.classes, device, bool(args.tf32))
+    print(f"one evaluation on {args.n_train} rows: {eval_seconds * 1e3:.1f} ms "
+          f"({4.0 * args.n_train * args.dim * args.classes / eval_seconds / 1e12:.1f} TFLOP/s of GEMM)", flush=True)
+    result = torch_sweep(args, x, y, xv, yv, device)
+    record = {
+        "gpu": gpu_name(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "n_train": args.n_train, "n_val": args.n_val, "dim": args.dim, "classes": args.classes, "n_C": args.n_c,
+        "solver": "torch", "features_dtype": args.dtype, "tf32": bool(args.tf32), "max_iter": args.max_iter,
+        "tol": args.tol, "mean_scale": scale,
+        "seconds": result["seconds"], "peak_gpu_gb": (round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+                                                      if device.type == "cuda" else None),
+        "evaluation_ms": round(eval_seconds * 1e3, 2), "flops_per_evaluation_sweep": flops,
+        "prediction": {"evaluation_ms": 25, "total_iterations": 4000, "sweep_seconds": 120},
+        **{k: v for k, v in result.items() if k != "seconds"},
+        "torch_version": torch.__version__,
+    }
+    if args.sklearn_n > 0:
+        record["sklearn_subset"] = sklearn_subset(args, x, y, result["total_iterations"])
+    if result["partial"]:
+        done_iters = result["total_iterations"]
+        remaining = args.n_c - result["n_C_done"]
+        per_iter = result["sweep_seconds"] / max(done_iters, 1)
+        record["extrapolated_full_sweep_seconds"] = {
+            "if_remaining_C_take_mean_iterations": round(result["seconds"] + remaining * per_iter * done_iters
+                                                         / result["n_C_done"], 1),
+            "if_remaining_C_hit_max_iter": round(result["seconds"] + remaining * per_iter * args.max_iter, 1)}
+    out = args.out or Path("results/bench") / f"probe_{record['gpu']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in record.items() if k != "C_curve"}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
