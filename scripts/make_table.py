@@ -21,12 +21,13 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories, or folders holding them")
     parser.add_argument("--out", type=Path, default=Path("results/table"), help="output folder (default: %(default)s)")
     parser.add_argument("--no-plots", action="store_true", help="write the table, CSV and summary only")
+    parser.add_argument("--note", action="append", default=[], help="a line added to the table's notes (repeatable)")
     args = parser.parse_args(argv)
 
     from models.evaluation.table import make_table
 
     try:
-        written = make_table(args.runs, args.out, plots=not args.no_plots)
+        written = make_table(args.runs, args.out, plots=not args.no_plots, extra_notes=args.note)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ Positional key=value overrides go to every train.py call; those after --eval go 
 
 import argparse
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -108,6 +109,17 @@ def execute(planned: list[PlannedRun], train_overrides: list[str], eval_override
     return failures
 
 
+def machine_notes() -> list[str]:
+    """What the training times in the table can mean on this machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        return [f"Trained by scripts/reproduce.py on {torch.cuda.get_device_name()}."]
+    return [f"Trained by scripts/reproduce.py on a CPU ({os.cpu_count()} cores). Its times say nothing about 2:4 "
+            "speed-ups: a CPU has no sparse matmul, so the sparse phase prunes and then multiplies densely (extra "
+            "work); they also vary with whatever else the machine runs. GPU speed: results/bench/."]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/default"), help="where the runs go")
@@ -133,7 +145,7 @@ def main(argv=None) -> int:
     failures = execute(planned, args.overrides, args.eval_overrides)
     from models.evaluation.table import make_table
 
-    written = make_table([item.run_dir for item in planned], args.out)
+    written = make_table([item.run_dir for item in planned], args.out, extra_notes=machine_notes())
     print("wrote " + ", ".join(str(p) for p in written))
     for line in failures:
         print(f"FAILED: {line}", file=sys.stderr)

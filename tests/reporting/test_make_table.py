@@ -37,7 +37,8 @@ def study(tmp_path):
 
 def test_every_run_appears_with_its_state(study, tmp_path):
     out = tmp_path / "out"
-    make_table([study, tmp_path / "runs" / "s80_never_started"], out, plots=False)
+    make_table([study, tmp_path / "runs" / "s80_never_started"], out, plots=False,
+               extra_notes=["Trained on a toaster."])
     rows = _csv_rows(out)
     assert rows["dense"]["status"] == "complete"
     assert rows["s70"]["status"] == "complete"
@@ -51,6 +52,7 @@ def test_every_run_appears_with_its_state(study, tmp_path):
     for name in rows:
         assert name in table  # the per-run details list every run by name
     assert "partial (step 150 of 300, preempted)" in table and "no eval" in table
+    assert "- Trained on a toaster." in table
     # rows sorted by sparse fraction, the run without a known schedule last
     assert [r["run"] for r in _csv_rows(out).values()][-1] == "s80_never_started"
 
