@@ -87,26 +87,38 @@ def eval_command(item: PlannedRun, overrides: list[str]) -> list[str]:
     return [sys.executable, str(EVAL_SCRIPT), "--run", str(item.run_dir), *overrides]
 
 
-def execute(planned: list[PlannedRun], train_overrides: list[str], eval_overrides: list[str]) -> list[str]:
-    """Train and evaluate what the plan says; returns one line per step that failed."""
+def _train_and_evaluate(item: PlannedRun, train_overrides: list[str], eval_overrides: list[str],
+                        can_evaluate: bool) -> list[str]:
+    logs = item.run_dir.parent / "reproduce_logs"
+    if item.train:
+        code = _run_logged(train_command(item, train_overrides), logs / f"{item.run_dir.name}.train.log")
+        if code != 0:
+            return [f"{item.run_dir.name}: train.py exited with {code} (see {logs})"]
+    if item.evaluate and can_evaluate:
+        code = _run_logged(eval_command(item, eval_overrides), logs / f"{item.run_dir.name}.eval.log")
+        if code != 0:
+            return [f"{item.run_dir.name}: eval_linear.py exited with {code} (see {logs})"]
+    return []
+
+
+def execute(planned: list[PlannedRun], train_overrides: list[str], eval_overrides: list[str],
+            jobs: int = 1) -> list[str]:
+    """Train and evaluate what the plan says, `jobs` schedules at a time (in plan order); returns one line per
+    step that failed. A failed training skips that run's evaluation only."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     from tqdm import tqdm
 
     failures = []
     can_evaluate = EVAL_SCRIPT.is_file()
     if not can_evaluate:
         failures.append(f"{EVAL_SCRIPT} not found: runs left unevaluated")
-    for item in tqdm(planned, desc="schedules", unit="run", dynamic_ncols=True):
-        logs = item.run_dir.parent / "reproduce_logs"
-        if item.train:
-            code = _run_logged(train_command(item, train_overrides), logs / f"{item.run_dir.name}.train.log")
-            if code != 0:
-                failures.append(f"{item.run_dir.name}: train.py exited with {code} (see {logs})")
-                continue
-        if item.evaluate and can_evaluate:
-            code = _run_logged(eval_command(item, eval_overrides), logs / f"{item.run_dir.name}.eval.log")
-            if code != 0:
-                failures.append(f"{item.run_dir.name}: eval_linear.py exited with {code} (see {logs})")
-    return failures
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(_train_and_evaluate, item, train_overrides, eval_overrides, can_evaluate)
+                   for item in planned]
+        for _ in tqdm(as_completed(futures), total=len(futures), desc="schedules", unit="run", dynamic_ncols=True):
+            pass
+    return failures + [line for future in futures for line in future.result()]
 
 
 def machine_notes() -> list[str]:
@@ -127,10 +139,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fractions", type=parse_fractions, default=list(PUBLISHED_FRACTIONS),
                         help="comma-separated sparse fractions (default: the published table's seven)")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="schedules trained at once (default 1; more only pays with idle cores, and runs sharing "
+                             "a machine make their training times incomparable)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py config overrides")
     parser.add_argument("--eval", dest="eval_overrides", nargs="*", default=[], metavar="key=value",
                         help="eval_linear.py overrides")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    return args
 
 
 def main(argv=None) -> int:
@@ -142,7 +160,7 @@ def main(argv=None) -> int:
         print(f"{item.run_dir}: {item.state} -> {', '.join(todo) or 'nothing to do'}")
     if args.dry_run:
         return 0
-    failures = execute(planned, args.overrides, args.eval_overrides)
+    failures = execute(planned, args.overrides, args.eval_overrides, args.jobs)
     from models.evaluation.table import make_table
 
     written = make_table([item.run_dir for item in planned], args.out, extra_notes=machine_notes())

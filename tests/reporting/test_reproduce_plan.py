@@ -75,6 +75,18 @@ def test_execute_runs_what_is_planned_and_continues_after_a_failure(reproduce, r
     assert [f for f in failures if "sparse_0.90" in f] and not [f for f in failures if "sparse_1.00" in f]
 
 
+def test_parallel_jobs_run_every_planned_step(reproduce, runs_dir, monkeypatch, tmp_path):
+    (tmp_path / "eval_linear.py").write_text("")
+    monkeypatch.setattr(reproduce, "EVAL_SCRIPT", tmp_path / "eval_linear.py")
+    calls = []
+    monkeypatch.setattr(reproduce, "_run_logged", lambda command, log_path: calls.append(log_path.name) or 0)
+    assert reproduce.execute(reproduce.plan(runs_dir, [0.0, 0.4, 0.6, 0.9]), [], [], jobs=3) == []
+    assert sorted(calls) == ["sparse_0.40.eval.log", "sparse_0.60.eval.log", "sparse_0.60.train.log",
+                             "sparse_0.90.eval.log", "sparse_0.90.train.log"]
+    with pytest.raises(SystemExit):
+        reproduce.parse_args(["--jobs", "0"])
+
+
 def test_without_eval_script_runs_are_trained_and_the_gap_reported(reproduce, runs_dir, monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(reproduce, "EVAL_SCRIPT", tmp_path / "absent_eval_linear.py")
