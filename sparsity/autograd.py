@@ -145,12 +145,9 @@ def semi_sparse_linear(
     `scale`: optional 0-d tensor multiplying the pruned weight (S-STE's beta for pruning="soft_threshold").
     """
     check_method(pruning)
-    b, dtype = get_backend(backend), compute_dtype_for(x)
-    if scale is None and not masked_grad:
-        y = b.dense_linear(x, weight, bias, pruning, dtype)  # e.g. auto's dense path at nn.Linear's host cost
-        if y is not None:
-            return y
-    return SemiSparseWeightFunction.apply(x, weight, bias, b, pruning, masked_grad, scale, dtype)
+    return SemiSparseWeightFunction.apply(
+        x, weight, bias, get_backend(backend), pruning, masked_grad, scale, compute_dtype_for(x)
+    )
 
 
 def semi_sparse_activation_linear(

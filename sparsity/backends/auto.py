@@ -1,13 +1,13 @@
 """The `auto` backend: per GEMM shape, measure the sparse path against the dense masked path once, keep the faster.
 
 Key: (tokens, in, out, dtype, device) (`GemmKey`). The first time a key is seen (outside CUDA-graph capture and
-torch.compile tracing), the two ways of running the layer are timed as a training step runs them (forward +
-backward, on fresh random inputs of the real shapes):
+torch.compile tracing), both ways of running a linear layer's two weight GEMMs are timed as a training step runs
+them, on fresh random inputs of the real shapes:
 
-    sparse  the sparse autograd function with the cusparselt backend (fused prune + pack of W and W^T, sparse
-            forward and input-gradient GEMMs, dense weight-gradient GEMM)
-    dense   `pruned_dense_linear`: W pruned by the fused kernel's dense-output mode (`prune_dense`, one read and one
-            write of W; other pruning methods: the `dense` backend) and `F.linear` with a straight-through gradient
+    sparse = cusparselt.sparsify (fused prune + pack of W and W^T) + forward GEMM + input-gradient GEMM
+    dense  = prune (W pruned dense)                                 + forward GEMM + input-gradient GEMM
+    both   + the dense weight-gradient GEMM and the bias gradient, so that the step is as long as the real one
+             (host overhead hides behind a long step and shows on a short one)
 
 back to back, median of CUDA-event timings after warm-up, two interleaved rounds, in the two modes a layer runs in:
 
@@ -17,13 +17,14 @@ back to back, median of CUDA-event timings after warm-up, two interleaved rounds
            are queued), i.e. device time only, which is what a replayed CUDA graph costs.
 
 Each mode gets its own choice (`choice` for eager, `choice_graph` used while a CUDA graph is being captured); the
-sparse path must be faster by MARGIN (2%) to be chosen. The decision is remembered for the key; every decision is
-kept (`describe()`) and logged at INFO. Once a key is decided dense, `semi_sparse_linear` runs the dense path
-directly (`AutoBackend.dense_linear`): C++ autograd around the GEMMs, so that in eager mode the fallback costs about
-what nn.Linear costs plus the pruning. Where cuSPARSELt cannot run (CPU, missing nvmath, compute capability < 8.0,
-shapes that are not multiples of 16, fp32) auto is the dense backend, and the reason is recorded. A key first met
-inside graph capture or compilation uses dense (no timing is possible there) without remembering it, so a later
-eager call can still decide.
+sparse path must be faster by MARGIN (2%) to be chosen. The decision is
+remembered for the key; every decision is kept (`describe()`) and logged at INFO. The dense path prunes tile_greedy
+with the fused kernel's dense-output mode (`prune_dense`, one read and one write of W) rather than the generic
+pruning kernel, so that falling back costs little next to a plain dense layer; other pruning methods use the
+`dense` backend. Where cuSPARSELt cannot
+run (CPU, missing nvmath, compute capability < 8.0, shapes that are not multiples of 16, fp32) auto is the dense
+backend, and the reason is recorded. A key first met inside graph capture or compilation uses dense (no timing is
+possible there) without remembering it, so a later eager call can still decide.
 """
 
 from __future__ import annotations
@@ -70,45 +71,30 @@ class FastDenseSparseWeight(SparseWeight):
         return self._mask
 
 
-def dense_sparsify(weight: torch.Tensor, pruning: str, dtype: Optional[torch.dtype] = None) -> SparseWeight:
-    """auto's dense path: W pruned, dense, in `dtype` (default W's). tile_greedy on CUDA fp16/bf16 uses the fused
-    kernel's dense-output mode, reading an fp32 master weight directly (no separate cast); else the dense backend."""
-    dtype = dtype or weight.dtype
+def dense_sparsify(weight: torch.Tensor, pruning: str) -> SparseWeight:
+    """auto's dense path: the fast fused pruning where it applies, else the dense backend."""
     R, C = weight.shape
-    if (pruning == "tile_greedy" and weight.is_cuda and dtype in (torch.float16, torch.bfloat16)
-            and weight.dtype in (dtype, torch.float32) and R % 16 == 0 and C % 16 == 0):
+    if (pruning == "tile_greedy" and weight.is_cuda and weight.dtype in (torch.float16, torch.bfloat16)
+            and R % 16 == 0 and C % 16 == 0):
         from sparsity.kernels.pack_cusparselt import prune_dense
 
-        values, bits = prune_dense(weight.detach(), dtype)
+        values, bits = prune_dense(weight.detach())
         return FastDenseSparseWeight(values, bits, weight.shape)
     from . import get_backend
 
-    return get_backend("dense").sparsify(weight.to(dtype), pruning)
+    return get_backend("dense").sparsify(weight, pruning)
 
 
-class _PruneSTE(torch.autograd.Function):
-    """W -> W pruned, dense, in the compute dtype; the gradient goes straight through to W (in W's dtype)."""
+class _FastDenseBackend(Backend):
+    """auto's dense path as a Backend object, so that it can be timed through the real autograd function."""
 
-    @staticmethod
-    def forward(ctx, weight, pruning, dtype):
-        ctx.w_dtype = weight.dtype
-        return dense_sparsify(weight.detach(), pruning, dtype).to_dense()
+    name = "auto-dense"
 
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.to(ctx.w_dtype), None, None
+    def check(self, device, dtype) -> None:
+        return None
 
-
-def pruned_dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], pruning: str,
-                        dtype: torch.dtype) -> torch.Tensor:
-    """auto's dense path as `F.linear` on the pruned weight: the same math and gradients as the sparse autograd
-    function with dense GEMMs (dW = dy^T x straight through, unmasked), with nn.Linear's C++ autograd instead of a
-    Python function around the GEMMs -- in eager mode a 16k-token layer is otherwise host-bound."""
-    w = _PruneSTE.apply(weight, pruning, dtype)
-    if not torch.is_autocast_enabled(x.device.type):  # under autocast, autocast casts x and bias itself
-        x = x.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
-    return F.linear(x, w, bias)
+    def sparsify(self, weight: torch.Tensor, pruning: str) -> SparseWeight:
+        return dense_sparsify(weight, pruning)
 
 
 class AutoSparseWeight(SparseWeight):
@@ -160,19 +146,6 @@ class AutoBackend(Backend):
         if weight.device.type != "cuda":
             return self.backend("dense").sparsify(weight, pruning)
         return AutoSparseWeight(self, weight.detach(), pruning)
-
-    def dense_linear(self, x, weight, bias, pruning, dtype):
-        """`pruned_dense_linear` when the decision for this shape, in the current mode, is dense; else None (not
-        decided yet, sparse, CPU, or inside torch.compile tracing, which keeps the autograd function)."""
-        if not weight.is_cuda or x.dim() == 0 or torch.compiler.is_compiling():
-            return None
-        dev = weight.device
-        key = GemmKey(x.numel() // x.shape[-1], weight.shape[1], weight.shape[0], dtype,
-                      dev.index if dev.index is not None else 0)
-        rec = self.decisions.get(key)
-        if rec is None or rec["choice_graph" if torch.cuda.is_current_stream_capturing() else "choice"] != "dense":
-            return None
-        return pruned_dense_linear(x, weight, bias, pruning, dtype)
 
     def backend(self, name: str) -> Backend:
         b = self._backends.get(name)
@@ -281,23 +254,22 @@ class AutoBackend(Backend):
     def _autograd_steps(self, w, pruning, x, dy, bias):
         from sparsity.autograd import SemiSparseWeightFunction
 
-        cs = self.backend("cusparselt")
+        cs, fd = self.backend("cusparselt"), _FastDenseBackend()
         xg = x.detach().requires_grad_()
         wg = w.detach().requires_grad_()
         bg = None if bias is None else bias.detach().requires_grad_()
 
-        def make(layer):
+        def make(backend):
             def step():
                 xg.grad = wg.grad = None
                 if bg is not None:
                     bg.grad = None
-                layer().backward(dy)
+                y = SemiSparseWeightFunction.apply(xg, wg, bg, backend, pruning, False, None, w.dtype)
+                y.backward(dy)
 
             return step
 
-        # what runs once decided: the sparse autograd function, or the dense path through F.linear
-        steps = (make(lambda: SemiSparseWeightFunction.apply(xg, wg, bg, cs, pruning, False, None, w.dtype)),
-                 make(lambda: pruned_dense_linear(xg, wg, bg, pruning, w.dtype)))
+        steps = make(cs), make(fd)
         with torch.enable_grad():
             for st in steps:  # one untimed call each (plans, kernels), and a check that the call works at all
                 st()

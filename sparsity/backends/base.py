@@ -62,12 +62,6 @@ class Backend(abc.ABC):
         """What this backend decided (e.g. `auto`'s per-shape choices), for the run log."""
         return {"backend": self.name}
 
-    def dense_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], pruning: str,
-                     dtype: torch.dtype) -> Optional[torch.Tensor]:
-        """Optionally run the whole layer (x @ prune(W)^T + b, straight-through gradient to W) without the sparse
-        autograd function, e.g. when this backend has chosen dense GEMMs for the shape; None: use the function."""
-        return None
-
 
 @dataclass(frozen=True)
 class GemmKey:

@@ -59,49 +59,10 @@ def _meta_addr(r, g, NKT):
 
 
 @triton.jit
-def _f32_to_16(v, TO_BF16: tl.constexpr):
-    """fp32 -> the bits of the bf16/fp16 value, rounded to nearest even like torch's `.to()`, as an int64 in
-    [0, 65536). bf16 is rounded in integer arithmetic: Triton's CPU interpreter truncates fp32->bf16 casts."""
-    if TO_BF16:
-        u = v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
-        h = tl.where((u & 0x7FFFFFFF) > 0x7F800000, ((u >> 16) | 0x40) & 0xFFFF, r)  # NaN stays a (quiet) NaN
-    else:
-        h = v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
-    return h
-
-
-@triton.jit
-def _row_f32(w_ptr, off, ok, TO_BF16: tl.constexpr):
-    """Four consecutive fp32 entries of W from element `off`, as one int64 word of four 16-bit values."""
-    h0 = _f32_to_16(tl.load(w_ptr + off + 0, mask=ok, other=0.0), TO_BF16)
-    h1 = _f32_to_16(tl.load(w_ptr + off + 1, mask=ok, other=0.0), TO_BF16)
-    h2 = _f32_to_16(tl.load(w_ptr + off + 2, mask=ok, other=0.0), TO_BF16)
-    h3 = _f32_to_16(tl.load(w_ptr + off + 3, mask=ok, other=0.0), TO_BF16)
-    return h0 | (h1 << 16) | (h2 << 32) | (h3 << 48)
-
-
-@triton.jit
-def _load_any(w_ptr, tr, tc, ok, C, SRC_F32: tl.constexpr, TO_BF16: tl.constexpr):
-    """The 4 rows of tile (tr, tc) as 16-bit words (`_load_tile`); an fp32 W is rounded to bf16/fp16 on the way, so
-    the pruning of an fp32 master weight needs no separate cast kernel."""
-    if SRC_F32:
-        base = (4 * tr) * C + 4 * tc
-        q0 = _row_f32(w_ptr, base + 0 * C, ok, TO_BF16)
-        q1 = _row_f32(w_ptr, base + 1 * C, ok, TO_BF16)
-        q2 = _row_f32(w_ptr, base + 2 * C, ok, TO_BF16)
-        q3 = _row_f32(w_ptr, base + 3 * C, ok, TO_BF16)
-    else:
-        q0, q1, q2, q3 = _load_tile(w_ptr, tr, tc, ok, C)
-    return q0, q1, q2, q3
-
-
-@triton.jit
 def _prune_pack_kernel(
     w_ptr, m_ptr, vf_ptr, mf_ptr, vd_ptr, md_ptr, bits_ptr, wp_ptr, C, NKT_F, NKT_D, n_units,
     LUT_LO: tl.constexpr, LUT_HI: tl.constexpr, GIVEN_MASK: tl.constexpr, WRITE_T: tl.constexpr,
     BLOCK: tl.constexpr, PRELOAD: tl.constexpr, PACK: tl.constexpr, DENSE_OUT: tl.constexpr,
-    SRC_F32: tl.constexpr = False, TO_BF16: tl.constexpr = False,
 ):
     # one thread = one unit of four tiles {tr, tr+2} x {tc, tc+2} with tr % 4, tc % 4 in {0, 1}: the tiles whose
     # metadata nibbles share bytes (rows r and r+8 of either operand)
@@ -114,24 +75,24 @@ def _prune_pack_kernel(
     tc = 4 * (uc // 2) + uc % 2
     if PRELOAD:
         # all 16 loads first (stores in between keep the compiler from hoisting loads: pointers may alias)
-        p0, p1, p2, p3 = _load_any(w_ptr, tr, tc, ok, C, SRC_F32, TO_BF16)
-        q0, q1, q2, q3 = _load_any(w_ptr, tr + 2, tc, ok, C, SRC_F32, TO_BF16)
-        s0, s1, s2, s3 = _load_any(w_ptr, tr, tc + 2, ok, C, SRC_F32, TO_BF16)
-        t0, t1, t2, t3 = _load_any(w_ptr, tr + 2, tc + 2, ok, C, SRC_F32, TO_BF16)
+        p0, p1, p2, p3 = _load_tile(w_ptr, tr, tc, ok, C)
+        q0, q1, q2, q3 = _load_tile(w_ptr, tr + 2, tc, ok, C)
+        s0, s1, s2, s3 = _load_tile(w_ptr, tr, tc + 2, ok, C)
+        t0, t1, t2, t3 = _load_tile(w_ptr, tr + 2, tc + 2, ok, C)
     else:
-        p0, p1, p2, p3 = _load_any(w_ptr, tr, tc, ok, C, SRC_F32, TO_BF16)
+        p0, p1, p2, p3 = _load_tile(w_ptr, tr, tc, ok, C)
     a0, a1, a2, a3, b0, b1, b2, b3 = _tile(p0, p1, p2, p3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr, tc, ok, C,
                                            LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
     if not PRELOAD:
-        q0, q1, q2, q3 = _load_any(w_ptr, tr + 2, tc, ok, C, SRC_F32, TO_BF16)
+        q0, q1, q2, q3 = _load_tile(w_ptr, tr + 2, tc, ok, C)
     c0, c1, c2, c3, d0, d1, d2, d3 = _tile(q0, q1, q2, q3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr + 2, tc, ok, C,
                                            LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
     if not PRELOAD:
-        s0, s1, s2, s3 = _load_any(w_ptr, tr, tc + 2, ok, C, SRC_F32, TO_BF16)
+        s0, s1, s2, s3 = _load_tile(w_ptr, tr, tc + 2, ok, C)
     e0, e1, e2, e3, f0, f1, f2, f3 = _tile(s0, s1, s2, s3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr, tc + 2, ok, C,
                                            LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
     if not PRELOAD:
-        t0, t1, t2, t3 = _load_any(w_ptr, tr + 2, tc + 2, ok, C, SRC_F32, TO_BF16)
+        t0, t1, t2, t3 = _load_tile(w_ptr, tr + 2, tc + 2, ok, C)
     g0, g1, g2, g3, h0, h1, h2, h3 = _tile(t0, t1, t2, t3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr + 2, tc + 2, ok, C,
                                            LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
     if not PACK:
@@ -223,30 +184,25 @@ def prune_pack(
     return Packed(fwd, dgrad, bits)
 
 
-def prune_dense(w: torch.Tensor, out_dtype: Optional[torch.dtype] = None):
+def prune_dense(w: torch.Tensor):
     """tile_greedy pruning with the same kernel, dense output: (pruned W (zeros where pruned), tile bits int16).
 
-    The cheap pruning for the dense fallback of the `auto` backend (one read, one write of W). `w` may be the fp32
-    master weight with `out_dtype` fp16/bf16: it is rounded (to nearest even, as `w.to(out_dtype)`) inside the
-    kernel, so the pruned copy replaces the weight cast that autocast would do anyway."""
-    out_dtype = out_dtype or w.dtype
-    if w.dim() != 2 or out_dtype not in (torch.float16, torch.bfloat16) or w.dtype not in (out_dtype, torch.float32):
-        raise TypeError(f"prune_dense needs a 2-D fp16/bf16 weight, or fp32 with out_dtype fp16/bf16; got "
-                        f"{tuple(w.shape)} {w.dtype} -> {out_dtype}")
+    The cheap pruning for the dense fallback of the `auto` backend (one read, one write of W)."""
+    if w.dim() != 2 or w.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"prune_dense needs a 2-D fp16/bf16 weight, got {tuple(w.shape)} {w.dtype}")
     R, C = w.shape
     L.check_shape(R, C)
     check_launchable(w)
     if not w.is_contiguous() or w.data_ptr() % 16:
         w = w.contiguous() if not w.is_contiguous() else w.clone()
-    wp = torch.empty(R, C, dtype=out_dtype, device=w.device)
+    wp = torch.empty_like(w)
     bits = torch.empty(R // 4, C // 4, dtype=torch.int16, device=w.device)
     n_units = (R // 8) * (C // 8)
     block = _block()
     _prune_pack_kernel[(triton.cdiv(n_units, block),)](
         w, w, wp, wp, wp, wp, bits, wp, C, -(-C // 32), -(-R // 32), n_units,
         LUT_LO=LUT_LO, LUT_HI=LUT_HI, GIVEN_MASK=False, WRITE_T=False, BLOCK=block,
-        PRELOAD=CONFIG["preload"], PACK=False, DENSE_OUT=True, SRC_F32=w.dtype == torch.float32,
-        TO_BF16=out_dtype == torch.bfloat16, num_warps=CONFIG["num_warps"],
+        PRELOAD=CONFIG["preload"], PACK=False, DENSE_OUT=True, num_warps=CONFIG["num_warps"],
     )
     return wp, bits
 

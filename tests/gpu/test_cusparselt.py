@@ -373,40 +373,6 @@ def test_auto_decides_and_records(cs):
             assert (d["choice"] == "cusparselt") == (d["speedup"] > MARGIN)
 
 
-def test_auto_dense_decision_runs_f_linear_path(cs, monkeypatch):
-    """Once a shape is decided dense, SemiSparseLinear(auto) runs `pruned_dense_linear` (no sparse autograd
-    function) and matches the dense backend under autocast over fp32 master weights."""
-    from sparsity import SemiSparseLinear
-    from sparsity.autograd import SemiSparseWeightFunction
-    from sparsity.backends import get_backend
-    from sparsity.backends.base import GemmKey
-
-    auto = get_backend("auto")
-    key = GemmKey(3 * 300, 1024, 512, torch.bfloat16, torch.cuda.current_device())
-    monkeypatch.setitem(auto.decisions, key, {"choice": "dense", "choice_graph": "dense", "reason": "test"})
-    torch.manual_seed(3)
-    lin = nn.Linear(1024, 512, device="cuda")
-    ref = nn.Linear(1024, 512, device="cuda")
-    ref.load_state_dict(lin.state_dict())
-    m = SemiSparseLinear.from_dense(lin, backend="auto")
-    r = SemiSparseLinear.from_dense(ref, backend="dense")
-    applied = []
-    monkeypatch.setattr(SemiSparseWeightFunction, "apply", lambda *a: applied.append(1) or pytest.fail("function"))
-    x = torch.randn(3, 300, 1024, device="cuda")
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        ya = m(xa)
-    monkeypatch.undo()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        yb = r(xb)
-    dy = torch.randn_like(ya)
-    ya.backward(dy)
-    yb.backward(dy)
-    assert not applied and ya.dtype == torch.bfloat16
-    for u, v in ((ya, yb), (xa.grad, xb.grad), (lin.weight.grad, ref.weight.grad), (lin.bias.grad, ref.bias.grad)):
-        assert _rel(u, v) < 1e-2
-
-
 def test_prune_dense_kernel(cs):
     from sparsity.kernels.pack_cusparselt import prune_dense, tile_bits_to_mask
     from sparsity.pruning.reference import tile_greedy_mask
@@ -418,11 +384,6 @@ def test_prune_dense_kernel(cs):
         m = tile_greedy_mask(w)
         assert torch.equal(tile_bits_to_mask(bits), m)
         assert torch.equal(wp, torch.where(m, w, torch.zeros((), dtype=dtype, device="cuda")))
-        # from the fp32 master weight: rounded in the kernel exactly like w32.to(dtype)
-        w32 = torch.randn(1024, 4096, device="cuda")
-        wp32, bits32 = prune_dense(w32, dtype)
-        wp16, bits16 = prune_dense(w32.to(dtype))
-        assert torch.equal(bits32, bits16) and torch.equal(wp32.view(torch.int16), wp16.view(torch.int16))
 
 
 def test_auto_on_cpu_is_dense():

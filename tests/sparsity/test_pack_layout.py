@@ -149,26 +149,3 @@ def test_kernel_rejects_bad_shapes():
         prune_pack(torch.zeros(40, 64, dtype=torch.bfloat16, device=_device()))
     with pytest.raises(TypeError):
         prune_pack(torch.zeros(64, 64, dtype=torch.float32, device=_device()))
-
-
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
-def test_prune_dense_from_fp32_equals_cast_then_prune(out_dtype):
-    """prune_dense reading the fp32 master weight == casting it first (round to nearest even) and pruning: same
-    bits, same pruned values; halfway cases and exact ties included."""
-    from sparsity.kernels.pack_cusparselt import prune_dense, tile_bits_to_mask
-
-    torch.manual_seed(5)
-    w = torch.randn(32, 64)
-    w[::3, ::5] = 0.5  # exact ties
-    step = 2.0 ** -7 if out_dtype == torch.bfloat16 else 2.0 ** -10  # one ulp at [1, 2)
-    w[1, :16] = 1.0 + step * (torch.arange(16) + 0.5)  # exactly halfway between two 16-bit values: ties to even
-    w[2, :8] = -w[1, :8]
-    w = w.to(_device())
-    wp32, bits32 = prune_dense(w, out_dtype)
-    wp16, bits16 = prune_dense(w.to(out_dtype))
-    assert wp32.dtype == out_dtype
-    assert torch.equal(bits32, bits16)
-    assert torch.equal(wp32.view(torch.int16), wp16.view(torch.int16))
-    assert torch.equal(tile_bits_to_mask(bits32).cpu(), tile_greedy_mask(w.to(out_dtype).cpu()))
-    with pytest.raises(TypeError, match="out_dtype"):
-        prune_dense(w)  # fp32 without a 16-bit output dtype

@@ -94,38 +94,3 @@ def test_auto_unavailable_is_dense_in_both_modes(monkeypatch):
     assert auto.decide(torch.zeros(64, 32), "tile_greedy", 128, False) == "dense"
     (rec,) = auto.describe()["decisions"]
     assert rec["choice"] == rec["choice_graph"] == "dense" and rec["reason"] == "no GPU here"
-
-
-@pytest.mark.parametrize("autocast", [False, True])
-def test_auto_dense_path_equals_sparse_function(autocast):
-    """auto's dense path (F.linear on the pruned weight, straight-through) == the sparse autograd function with the
-    dense backend: output, dx, dW (unmasked, in W's dtype) and db, for 3-D inputs and fp32 master weights."""
-    from sparsity.autograd import semi_sparse_linear
-    from sparsity.backends.auto import pruned_dense_linear
-
-    torch.manual_seed(0)
-    w = torch.randn(32, 48, requires_grad=True)
-    b = torch.randn(32, requires_grad=True)
-    x = torch.randn(2, 5, 48, requires_grad=True)
-    dtype = torch.bfloat16 if autocast else torch.float32
-    outs = []
-    for fn in (lambda: semi_sparse_linear(x, w, b, backend="dense", pruning="tile_greedy"),
-               lambda: pruned_dense_linear(x, w, b, "tile_greedy", dtype)):
-        x.grad = w.grad = b.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y = fn()
-        y.float().pow(2).sum().backward()
-        outs.append((y.detach(), x.grad, w.grad, b.grad))
-    (y0, dx0, dw0, db0), (y1, dx1, dw1, db1) = outs
-    assert y1.dtype == y0.dtype == dtype and dw1.dtype == torch.float32 and dx1.dtype == torch.float32
-    tol = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-5, rtol=1e-5)
-    for a, e in ((y1, y0), (dx1, dx0), (dw1, dw0), (db1, db0)):
-        torch.testing.assert_close(a.float(), e.float(), **tol)
-    assert bool((dw1 != 0).float().mean() > 0.9)  # straight through: pruned entries get gradients too
-
-
-def test_auto_dense_linear_stays_out_on_cpu():
-    from sparsity.backends.auto import AutoBackend
-
-    assert AutoBackend().dense_linear(torch.randn(4, 16), torch.randn(8, 16), None, "tile_greedy",
-                                      torch.float32) is None
