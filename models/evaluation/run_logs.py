@@ -134,15 +134,20 @@ def _global_batch(run_dir: Path, batch_size_per_gpu: int) -> int:
 
 
 def _read_records(path: Path) -> list[dict]:
-    """metrics.jsonl lines; a line cut by a kill mid-write (only ever the last) is ignored."""
-    records = []
+    """metrics.jsonl lines; a line cut by a kill mid-write is ignored. A step going backwards means the run
+    restarted there (train.py truncates the file on resume, but not when it starts over without a checkpoint):
+    the later lines replace the earlier ones from that step on."""
+    records: list[dict] = []
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and "step" in record:
-            records.append(record)
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        while records and records[-1]["step"] >= record["step"]:
+            records.pop()
+        records.append(record)
     return records
 
 

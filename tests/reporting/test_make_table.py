@@ -91,6 +91,15 @@ def test_window_straddling_the_switch_is_split_by_steps(tmp_path):
     assert run.dense_time_s == pytest.approx((covered - 210) * 1.0)
 
 
+def test_restarted_metrics_are_read_once(tmp_path):
+    # a run killed at step 80 before its first checkpoint and started over appends to metrics.jsonl from step 0
+    run_dir = make_run(tmp_path, "r", 0.0, result=None)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines[:16] + ["{cut mid-wri"] + lines) + "\n")
+    run = read_run(run_dir)
+    assert run.timed_steps == 300 and run.time_s == pytest.approx(300.0) and len(run.loss_curve) == 60
+
+
 def test_world_size_from_checkpoint_scales_time(tmp_path):
     # images/s is global: with 2 processes a step moves 64 images, so it takes twice as long at the same rate
     one = read_run(make_run(tmp_path, "one", 0.0, result=None))
