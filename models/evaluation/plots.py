@@ -28,51 +28,63 @@ def _share(row: TableRow) -> float:
     return 100.0 * row.sparse_fraction
 
 
-def _published(ax, label: str) -> None:
+def _published(ax, label: str, delta: bool = False) -> None:
+    """The published curve (top-1, or its Δ to the published dense run)."""
     xs = [100.0 * p.step_fraction for p in PUBLISHED]
-    ax.plot(xs, [p.top1 for p in PUBLISHED], "D-", color="0.35", label=label, zorder=2)
-    forty = next(p for p in PUBLISHED if p.fraction == 0.4)
-    ax.annotate("\"40%\" row:\n40k of 125k steps", (100.0 * forty.step_fraction, forty.top1), fontsize=7,
-                xytext=(6, -24), textcoords="offset points", color="0.35")
+    ys = [p.top1 - (PUBLISHED[0].top1 if delta else 0.0) for p in PUBLISHED]
+    ax.plot(xs, ys, "D-", color="0.35", label=label, zorder=2)
+    ax.annotate("published \"40%\" row:\n40k of 125k steps", (xs[1], ys[1]), fontsize=7, xytext=(6, 8),
+                textcoords="offset points", color="0.35")
 
 
-def _style(ax, title: str) -> None:
+def _ours(ax, rows: list[TableRow], keys: tuple[str, str]) -> bool:
+    """Our linear-probe and k-NN series (`keys`: the two TableRow fields); an incomplete run's point is flagged."""
+    drawn = False
+    for key, marker, label in zip(keys, ("o-", "s--"), ("linear probe", f"k-NN (k={KNN_SHOWN_K})")):
+        points = sorted((_share(r), getattr(r, key)) for r in rows if getattr(r, key) is not None)
+        if points:
+            ax.plot(*zip(*points), marker, label=f"ours: {label}", zorder=3)
+            drawn = True
+    for r in rows:
+        if r.status != "complete" and getattr(r, keys[0]) is not None:
+            ax.annotate(r.status, (_share(r), getattr(r, keys[0])), fontsize=7, xytext=(4, -12),
+                        textcoords="offset points")
+    if not drawn:
+        ax.text(0.5, 0.5, "no evaluated runs yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
+    return drawn
+
+
+def _style(ax, title: str, ylabel: str) -> None:
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("steps trained 2:4-sparse before switching to dense (%)")
+    ax.set_ylabel(ylabel)
     ax.set_xlim(-5, 105)
     ax.set_xticks(range(0, 101, 10))
     ax.grid(True, alpha=0.3)
     ax.margins(y=0.15)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="lower left")
+        ax.legend(fontsize=8, loc="best")
 
 
 def plot_accuracy(rows: list[TableRow], path: Path) -> Path:
-    ours = [r for r in rows if r.sparse_fraction is not None and (r.top1 is not None or r.knn_top1 is not None)]
+    """Same setting as the published table: one panel, ours and published top-1. Otherwise two panels: our top-1,
+    then the Δ to each setting's own dense run, ours next to the published Δ (the shape is what transfers)."""
+    ours = [r for r in rows if r.sparse_fraction is not None]
     same_setting = any(r.published_top1 is not None for r in rows)
-    fig, axes = plt.subplots(1, 1 if same_setting else 2, figsize=(7 if same_setting else 12, 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, 1 if same_setting else 2, figsize=(7 if same_setting else 13, 4.8), squeeze=False)
     ax = axes[0][0]
-    series = (("top1", "o-", "linear probe top-1"), ("knn_top1", "s--", f"k-NN top-1 (k={KNN_SHOWN_K})"))
-    for key, marker, label in series:
-        points = sorted((_share(r), getattr(r, key)) for r in ours if getattr(r, key) is not None)
-        if points:
-            ax.plot(*zip(*points), marker, label=f"ours: {label}", zorder=3)
-    for r in ours:  # an incomplete run's number is shown, but flagged
-        if r.status != "complete" and r.top1 is not None:
-            ax.annotate(r.status, (_share(r), r.top1), fontsize=7, xytext=(4, -12), textcoords="offset points")
-    if not ours:
-        ax.text(0.5, 0.5, "no evaluated runs yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
-    ax.set_ylabel("top-1 accuracy (%)")
+    _ours(ax, ours, ("top1", "knn_top1"))
     if same_setting:
-        _published(ax, "published (torchao, ViT-L/16 ImageNet-1k)")
-        _style(ax, "Top-1 vs sparse share: ours and published (same setting)")
+        _published(ax, "published (torchao; ViT-L/16, ImageNet-1k)")
+        _style(ax, "Top-1 vs share of sparse steps: ours and published (same setting)", "top-1 accuracy (%)")
     else:
-        _style(ax, "Top-1 vs sparse share: our runs")
+        _style(ax, "Our runs: top-1 vs share of sparse steps", "top-1 accuracy (%)")
         ref = axes[0][1]
-        _published(ref, "published top-1")
-        ref.set_ylabel("ImageNet-1k top-1 (%)")
-        _style(ref, f"Published, for reference only: ViT-L/16, ImageNet-1k, {PUBLISHED_TOTAL_STEPS // 1000}k steps\n"
-                    "(a different setting: absolute numbers not comparable)")
+        ref.axhline(0.0, color="0.6", lw=0.8)
+        _ours(ref, ours, ("delta_top1", "delta_knn_top1"))
+        _published(ref, f"published (ViT-L/16, ImageNet-1k, {PUBLISHED_TOTAL_STEPS // 1000}k steps)", delta=True)
+        _style(ref, "Δ top-1 vs each setting's dense run\n(published: a different setting, shown for its shape)",
+               "Δ top-1 (pp)")
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -94,7 +106,8 @@ def plot_losses(runs: list[RunSummary], path: Path) -> Path:
             ax.axvline(run.sparse_steps, color=SPARSE_SHADE, ls="--", lw=1.2, label=f"switch @ {run.sparse_steps}")
         ax.plot(steps, losses, lw=1.0, color="C0", label="loss")
         fraction = "?" if run.sparse_fraction is None else f"{run.sparse_fraction * 100:g}% sparse"
-        ax.set_title(f"{run.name} ({fraction})", fontsize=9)
+        state = "" if run.status == "complete" else f"\n{run.status}"
+        ax.set_title(f"{run.name} ({fraction}){state}", fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
         if run.total_steps:
