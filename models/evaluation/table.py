@@ -17,7 +17,7 @@ from .run_logs import COMPLETE, KNN_SHOWN_K, RunSummary, find_run_dirs, read_run
 
 # torchao's sparse-training README (DINOv2 ViT-L/16, ImageNet-1k, 125k steps, 4x A100): ImageNet-1k top-1 of the
 # linear probe. Note the "40%" row ran 40k of 125k steps 2:4-sparse (32%).
-PUBLISHED_SOURCE = "torchao/sparsity/training README (DINOv2 ViT-L/16, ImageNet-1k, 125k steps)"
+PUBLISHED_SOURCE = "DINOv2 ViT-L/16 on ImageNet-1k, 125k steps (torchao sparse-training README)"
 PUBLISHED_TOTAL_STEPS = 125_000
 
 
@@ -206,7 +206,7 @@ def markdown(rows: list[TableRow], notes: list[str]) -> str:
 
 
 def published_markdown() -> str:
-    lines = [f"## Published reference (a different setting: {PUBLISHED_SOURCE})", "",
+    lines = [f"## Published reference, a different setting: {PUBLISHED_SOURCE}", "",
              "| Schedule | Sparse → dense steps | Top-1 (%) | Δ top-1 (pp) |", "|---|---|---|---|"]
     for row in PUBLISHED:
         dense_steps = PUBLISHED_TOTAL_STEPS - row.sparse_steps

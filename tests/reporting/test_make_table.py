@@ -153,7 +153,7 @@ def test_published_columns_only_for_the_vitl_imagenet_setting(tmp_path):
     assert build_rows([read_run(default / "s40")])[0].published_top1 is None
     make_table([default], tmp_path / "out_default", plots=False)
     table = (tmp_path / "out_default" / "table.md").read_text()
-    assert "Published top-1 (%)" not in table and "Published reference (a different setting" in table
+    assert "Published top-1 (%)" not in table and "Published reference, a different setting: DINOv2 ViT-L/16" in table
 
 
 def _assert_drawn(path, min_width):
