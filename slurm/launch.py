@@ -47,6 +47,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     slurm.add_argument("--nodes", type=int, default=1)
     slurm.add_argument("--gpus-per-node", type=int, default=8, help="also the tasks per node (0: one CPU task)")
     slurm.add_argument("--cpus-per-task", type=int, default=10)
+    slurm.add_argument("--cpu-tasks-per-node", type=int, default=1,
+                       help="training processes per node when --gpus-per-node is 0 (CPU/gloo runs)")
     slurm.add_argument("--partition", default=None, help="default: the cluster's default partition")
     slurm.add_argument("--timeout-min", type=int, default=4320, help="time limit of each job (it requeues itself)")
     slurm.add_argument("--signal-delay-s", type=int, default=120,
@@ -68,8 +70,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     mode.add_argument("--local", action="store_true",
                       help="run the same jobs here with submitit's local executor, one run after the other")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="training config overrides for every run")
-    args = p.parse_args(argv)
-    for name in ("nodes", "cpus_per_task", "timeout_min", "max_num_timeout", "eval_timeout_min"):
+    args = p.parse_intermixed_args(argv)  # options may follow the key=value overrides
+    for name in ("nodes", "cpus_per_task", "cpu_tasks_per_node", "timeout_min", "max_num_timeout", "eval_timeout_min"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.eval_gpus is None:
@@ -87,7 +89,8 @@ def launch(args: argparse.Namespace) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     res = Resources(partition=args.partition, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                    cpus_per_task=args.cpus_per_task, timeout_min=args.timeout_min,
+                    cpus_per_task=args.cpus_per_task, cpu_tasks_per_node=args.cpu_tasks_per_node,
+                    timeout_min=args.timeout_min,
                     signal_delay_s=args.signal_delay_s, max_num_timeout=args.max_num_timeout, mem_gb=args.mem_gb,
                     eval_gpus=args.eval_gpus, eval_timeout_min=args.eval_timeout_min,
                     slurm_extra=dict(args.slurm_arg))

@@ -36,9 +36,11 @@ class Resources:
     eval_timeout_min: int = 720
     slurm_extra: dict = field(default_factory=dict)  # further sbatch options, e.g. {"account": "abc"}
 
+    cpu_tasks_per_node: int = 1  # processes per node when there are no GPUs (gloo)
+
     @property
     def tasks_per_node(self) -> int:
-        return max(self.gpus_per_node, 1)  # one task per GPU (one on a CPU-only node)
+        return self.gpus_per_node or self.cpu_tasks_per_node  # one task per GPU
 
 
 def _common(res: Resources, name: str, gpus: int, timeout_min: int) -> dict:

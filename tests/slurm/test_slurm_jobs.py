@@ -27,9 +27,11 @@ EVAL_FAST = ["--eval-arg", "linear.n_c=3", "--eval-arg", "features.num_workers=0
 PREEMPT_AFTER_STEP = 5  # metrics line of step 5 written: the run is inside step 6 of 16
 
 
-def _sweep(runs_dir: Path, *fractions: str, evaluate: bool = True) -> subprocess.CompletedProcess:
+def _sweep(runs_dir: Path, *fractions: str, evaluate: bool = True, ranks: int = 1) -> subprocess.CompletedProcess:
+    # Two ranks: the same global batch of 8 as one rank, as 2 gloo processes x 4 images.
+    layout = ["--cpu-tasks-per-node", "2", "train.batch_size_per_gpu=4"] if ranks == 2 else []
     return launch("--config", "configs/default.yaml", "--sparse-fractions", *fractions, "--runs-dir", str(runs_dir),
-                  "--partition", "debug", *CPU_JOB, *(EVAL_FAST if evaluate else ["--skip-eval"]), *TINY)
+                  "--partition", "debug", *CPU_JOB, *(EVAL_FAST if evaluate else ["--skip-eval"]), *TINY, *layout)
 
 
 def _metrics_reached(run: Path, step: int) -> bool:
@@ -65,24 +67,33 @@ def _interrupt(actions: dict, done: dict) -> None:
 @pytest.fixture(scope="module")
 def sweeps(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
-    dirs = {"cancel": root / "cancel", "preempt": root / "preempt", "sweep": root / "sweep"}
-    # Slurm starts them in this order, two at a time: the reference run early, the interrupted ones after it.
-    _sweep(dirs["cancel"], "0.5")
-    first = _sweep(dirs["sweep"], "0.5", "0.25")
-    _sweep(dirs["preempt"], "0.5", evaluate=False)
-    sbatch_id = _submit_sbatch_template(root / "sbatch")
-    cancel, preempt = (dirs[k] / "sparse_0.50" for k in ("cancel", "preempt"))
-    done: dict = {}
-    actions = {
-        "cancel": (cancel, 0, ["scancel", job_ids(cancel, "train")[0]]),
-        "preempt": (preempt, PREEMPT_AFTER_STEP, ["scancel", "--signal=USR2", job_ids(preempt, "train")[0]]),
-        # the template asks for USR2 on its batch shell (--signal=B:USR2@180), which traps it
-        "sbatch": (root / "sbatch" / "run", PREEMPT_AFTER_STEP, ["scancel", "--batch", "--signal=USR2", sbatch_id]),
-    }
-    threading.Thread(target=_interrupt, args=(actions, done), daemon=True).start()
-    yield {**dirs, "launch_output": first.stdout, "interrupted": done, "sbatch": (root / "sbatch", sbatch_id)}
-    ids = [i for d in dirs.values() for run in d.glob("sparse_*") for k in ("train", "eval") for i in job_ids(run, k)]
-    subprocess.run(["scancel", sbatch_id, *ids], capture_output=True)  # nothing may outlive a failed test
+    dirs = {"cancel": root / "cancel", "preempt": root / "preempt", "sweep": root / "sweep",
+            "two_ranks": root / "two_ranks", "two_ranks_preempt": root / "two_ranks_preempt"}
+    sbatch_ids = []
+    try:
+        # Slurm starts them in this order, two one-CPU jobs at a time: the reference runs early, and the two-task
+        # jobs (the whole node each) last.
+        _sweep(dirs["cancel"], "0.5")
+        first = _sweep(dirs["sweep"], "0.5", "0.25")
+        _sweep(dirs["preempt"], "0.5", evaluate=False)
+        sbatch_ids.append(_submit_sbatch_template(root / "sbatch"))
+        _sweep(dirs["two_ranks"], "0.5", evaluate=False, ranks=2)
+        _sweep(dirs["two_ranks_preempt"], "0.5", evaluate=False, ranks=2)
+        cancel, preempt, preempt2 = (dirs[k] / "sparse_0.50" for k in ("cancel", "preempt", "two_ranks_preempt"))
+        done: dict = {}
+        actions = {
+            "cancel": (cancel, 0, ["scancel", job_ids(cancel, "train")[0]]),
+            "preempt": (preempt, PREEMPT_AFTER_STEP, ["scancel", "--signal=USR2", job_ids(preempt, "train")[0]]),
+            # the template asks for USR2 on its batch shell (--signal=B:USR2@180), which traps it
+            "sbatch": (root / "sbatch" / "run", PREEMPT_AFTER_STEP,
+                       ["scancel", "--batch", "--signal=USR2", sbatch_ids[0]]),
+            "two_ranks": (preempt2, PREEMPT_AFTER_STEP, ["scancel", "--signal=USR2", job_ids(preempt2, "train")[0]]),
+        }
+        threading.Thread(target=_interrupt, args=(actions, done), daemon=True).start()
+        yield {**dirs, "launch_output": first.stdout, "interrupted": done, "sbatch": (root / "sbatch", sbatch_ids[0])}
+    finally:  # nothing may outlive the tests, passed or failed
+        ids = [i for d in dirs.values() for r in d.glob("sparse_*") for k in ("train", "eval") for i in job_ids(r, k)]
+        subprocess.run(["scancel", *sbatch_ids, *ids], capture_output=True)
 
 
 def _finished(job_id: str) -> bool:
@@ -120,6 +131,22 @@ def test_usr2_checkpoints_requeues_and_resumes_to_the_uninterrupted_metrics(swee
     assert f"resumed at step {steps[0]}" in logs
 
     _assert_same_as_uninterrupted(run, sweeps["sweep"] / "sparse_0.50")
+
+
+def test_two_ranks_stop_together_on_usr2_to_rank_0_requeue_and_resume_exactly(sweeps):
+    """Slurm signals every task; submitit acts on rank 0 only. Rank 0's train.py stops on SIGTERM, the stop is
+    agreed across ranks at the same step, rank 1 waits for the requeue, and the job resumes with both ranks."""
+    run = sweeps["two_ranks_preempt"] / "sparse_0.50"
+    (train_id,) = job_ids(run, "train")
+    wait_for(lambda: sweeps["interrupted"].get("two_ranks"), "USR2 to be sent to the 2-task job")
+    wait_for(lambda: _finished(train_id), "the preempted 2-task job to requeue and finish")
+    logs = slurm_logs(run)
+    assert job_state(train_id) == "COMPLETED", logs[-4000:]
+    assert "Requeued job" in logs and "Not checkpointing nor requeuing since I am a slave (procid=1)" in logs
+    steps = sorted(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.pt"))
+    assert len(steps) == 2 and PREEMPT_AFTER_STEP < steps[0] < TOTAL_STEPS, steps
+    assert f"resumed at step {steps[0]}" in logs
+    _assert_same_as_uninterrupted(run, sweeps["two_ranks"] / "sparse_0.50")
 
 
 def _assert_same_as_uninterrupted(run: Path, reference: Path) -> None:
