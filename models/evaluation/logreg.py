@@ -73,12 +73,12 @@ def objective_and_grad(X: Tensor, y: Tensor, weight: Tensor, bias: Tensor, C: fl
     ce_sum = torch.zeros((), dtype=torch.float64, device=X.device)
     grad_w = torch.zeros_like(weight) if need_grad else None
     grad_b = torch.zeros_like(bias) if need_grad else None
+    # centring by algebra, never by a pass over X: W (x - c) + b = W x + (b - W c); d/dW adds -sum(dlogits) c^T
+    shifted_bias = bias - weight @ center if center is not None else bias
     for start in range(0, n, chunk):
         xc = X[start:start + chunk].to(weight.dtype)
-        if center is not None:
-            xc = xc - center
         yc = y[start:start + chunk]
-        logits = torch.addmm(bias, xc, weight.t())
+        logits = torch.addmm(shifted_bias, xc, weight.t())
         lse = torch.logsumexp(logits, dim=1)
         ce_sum += (lse - logits.gather(1, yc[:, None]).squeeze(1)).sum(dtype=torch.float64)
         if need_grad:
@@ -86,6 +86,8 @@ def objective_and_grad(X: Tensor, y: Tensor, weight: Tensor, bias: Tensor, C: fl
             probs[torch.arange(len(yc), device=X.device), yc] -= 1.0  # d CE / d logits = softmax - onehot
             grad_w.addmm_(probs.t(), xc)
             grad_b += probs.sum(0)
+    if need_grad and center is not None:
+        grad_w.sub_(torch.outer(grad_b, center))
     penalty = weight.double().pow(2).sum() / (2.0 * C * n)
     loss = float(ce_sum / n + penalty)
     if need_grad:

@@ -1,0 +1,34 @@
+"""Tiny run directories for evaluation tests: a resolved config.yaml and a teacher export, no training needed."""
+
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The smallest model and inputs the embedded default allows: 16-pixel crops of 24-pixel digits, patch 8 (4 patches).
+TINY_RUN = ["student.arch=vit_tiny", "crops.global_crops_size=16", "crops.local_crops_size=8",
+            "data.digits_image_size=24"]
+
+# Few C values and iterations: the protocol's shape, not its cost.
+FAST_EVAL = ["linear.n_c=4", "linear.max_iter=50", "linear.tol=1e-4", "features.num_workers=0", "knn.ks=[5,20]"]
+
+
+def write_teacher(path: Path, cfg, seed: int, step: int = 16) -> None:
+    from models.vision_transformer import build_backbone
+
+    torch.manual_seed(seed)
+    backbone = build_backbone(cfg.student, img_size=cfg.crops.global_crops_size, drop_path_rate=0.0)
+    torch.save({"backbone": backbone.state_dict(), "step": step}, path)
+
+
+def make_run_dir(root: Path, *overrides: str, seed: int = 0, with_checkpoint: bool = True) -> Path:
+    """`root` as train.py leaves a finished run: config.yaml (resolved) and teacher_backbone.pth."""
+    from configs import load_config, to_yaml
+
+    cfg = load_config(None, [*TINY_RUN, *overrides])
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.yaml").write_text(to_yaml(cfg))
+    if with_checkpoint:
+        write_teacher(root / "teacher_backbone.pth", cfg, seed)
+    return root
