@@ -65,7 +65,8 @@ def _fake_progress(run_dir, cfg, steps, eval_done=False):
     for step in steps:
         (run_dir / "checkpoints" / f"step_{step:08d}.pt").touch()
     if steps:
-        (run_dir / "metrics.jsonl").write_text(json.dumps({"step": steps[-1] - 1, "phase": "dense", "loss": 1.0}) + "\n")
+        last = {"step": steps[-1] - 1, "phase": "dense", "loss": 1.0}
+        (run_dir / "metrics.jsonl").write_text(json.dumps(last) + "\n")
     if eval_done:
         (run_dir / "eval_linear.json").write_text(json.dumps({"top1": 12.5}))
 

@@ -177,7 +177,7 @@ def test_a_sweep_trains_and_evaluates_through_slurm_and_a_rerun_submits_nothing(
     for run in runs:
         (train_id,), (eval_id,) = job_ids(run, "train"), job_ids(run, "eval")
         assert f"{eval_id} (after {train_id})" in table and str(run) in table, table
-        wait_for(lambda: _finished(eval_id), f"the probe of {run.name}")
+        wait_for(lambda job=eval_id: _finished(job), f"the probe of {run.name}")
         assert (job_state(train_id), job_state(eval_id)) == ("COMPLETED", "COMPLETED"), slurm_logs(run)[-4000:]
         result = json.loads((run / "eval_linear.json").read_text())
         assert 0.0 <= result["top1"] <= 100.0
