@@ -6,6 +6,7 @@ as `eval_cfg.mode` says, writes `<run>/eval_linear.json` atomically and appends 
 """
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from typing import Optional
 import torch
 
 from .features import (EvalInputError, Features, cache_key, dataset_settings, extract, file_digest, load_cached,
-                       load_teacher, save_cached, transform_settings)
+                       load_teacher, require_checkpoint, save_cached, transform_settings)
 from .knn import knn_classify
 from .logreg import build_solver, c_grid
 from .probe import run_probe
@@ -69,45 +70,43 @@ def append_index(path: Path, record: dict) -> None:
         os.close(fd)
 
 
-def _split_features(backbone, data_cfg, split, transform, key, cache_dir, eval_cfg, device, amp) -> tuple[Features, list]:
-    from data import build_dataset
-
-    dataset = build_dataset(data_cfg, split=split, transform=transform)
-    classes = list(getattr(dataset, "classes", []))
-    path = cache_dir / f"features_{split}.pt"
-    cached = load_cached(path, key) if eval_cfg.features.cache else None
-    if cached is not None:
-        logger.info("%s features: %s (cached)", split, path)
-        return cached, classes
-    feats = extract(backbone, dataset, batch_size=eval_cfg.features.batch_size,
-                    num_workers=eval_cfg.features.num_workers, device=device, amp_dtype=amp, desc=f"{split} features")
-    if eval_cfg.features.cache:
-        save_cached(path, key, feats)
-    return feats, classes
-
-
 def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Path, device: torch.device) -> dict:
-    """Train and val features of the run's teacher (cached) and what they were computed from."""
-    from data import make_eval_transform
+    """Train and val features of the run's teacher and what they were computed from. Cached per split under
+    `<run>/eval/`; the model is built and loaded only when a split is not in the cache."""
+    from data import build_dataset, make_eval_transform
 
-    backbone, step = load_teacher(run_cfg, checkpoint)
+    require_checkpoint(checkpoint)
     data_cfg = dataclasses.replace(run_cfg.data, root=eval_cfg.data.root or run_cfg.data.root)
     tsettings = transform_settings(run_cfg, eval_cfg.features)
     transform = make_eval_transform(tsettings["resize"], tsettings["crop"])
     amp = AMP_DTYPES[eval_cfg.features.amp_dtype] if device.type == "cuda" else None
     precision = f"{device.type}-{eval_cfg.features.amp_dtype if amp is not None else 'fp32'}"
     digest = file_digest(checkpoint)
-    out = {"checkpoint_step": step, "checkpoint_sha256": digest, "transform": tsettings, "precision": precision}
-    classes = {}
+    teacher = functools.cache(lambda: load_teacher(run_cfg, checkpoint))  # (backbone, step), built at most once
+    out = {"checkpoint_sha256": digest, "transform": tsettings, "precision": precision}
+    classes, steps = {}, []
     for role, split in (("train", eval_cfg.data.train_split), ("val", eval_cfg.data.val_split)):
-        dsettings = dataset_settings(data_cfg, split)
+        dataset = build_dataset(data_cfg, split=split, transform=transform)
+        classes[role] = list(getattr(dataset, "classes", []))
+        dsettings = {**dataset_settings(data_cfg, split), "n_images": len(dataset), "classes": classes[role]}
         key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision)
-        out[role], classes[role] = _split_features(backbone, data_cfg, split, transform, key, run_dir / "eval",
-                                                   eval_cfg, device, amp)
-        out[f"{role}_dataset"] = dsettings
+        path = run_dir / "eval" / f"features_{split}.pt"
+        feats = load_cached(path, key) if eval_cfg.features.cache else None
+        if feats is None:
+            backbone, step = teacher()
+            feats = extract(backbone, dataset, batch_size=eval_cfg.features.batch_size, step=step,
+                            num_workers=eval_cfg.features.num_workers, device=device, amp_dtype=amp,
+                            desc=f"{split} features")
+            if eval_cfg.features.cache:
+                save_cached(path, key, feats)
+        else:
+            logger.info("%s features: %s (cached)", split, path)
+        out[role], out[f"{role}_dataset"] = feats, {k: v for k, v in dsettings.items() if k != "classes"}
+        steps.append(feats.step)
     if classes["train"] != classes["val"]:
         raise EvalInputError(f"the {eval_cfg.data.train_split} and {eval_cfg.data.val_split} splits have different "
                              f"class folders ({len(classes['train'])} vs {len(classes['val'])}); labels would not match")
+    out["checkpoint_step"] = steps[0]
     out["n_classes"] = len(classes["train"]) or int(max(out["train"].y.max(), out["val"].y.max())) + 1
     return out
 

@@ -3,7 +3,9 @@
 The feature is the CLS token after the backbone's final norm (what `DinoVisionTransformer.forward` returns in eval
 mode), extracted under autocast on GPU and stored as float32. The cache file `<run>/eval/features_<split>.pt`
 holds a key: a hash of the checkpoint's bytes, the transform, the dataset and the model config. Any change
-(a retrained or re-exported checkpoint, another crop size, another data root) re-extracts and overwrites.
+(a retrained or re-exported checkpoint, another crop size, another data root, images or classes added or
+removed) re-extracts and overwrites; on a hit the model is not even built. Editing images in place is not seen:
+pass features.cache=false then.
 """
 
 import dataclasses
@@ -31,6 +33,7 @@ class EvalInputError(ValueError):
 class Features:
     x: Tensor  # (n, D) float32, CPU
     y: Tensor  # (n,) int64
+    step: Optional[int] = None  # training step of the checkpoint they come from
     from_cache: bool = False
 
 
@@ -39,15 +42,19 @@ def file_digest(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def require_checkpoint(checkpoint: Path) -> None:
+    if not checkpoint.is_file():
+        raise EvalInputError(f"no final teacher checkpoint at {checkpoint}: the run has not finished (train.py writes "
+                             "it after the last step), or pass checkpoint=<path to a teacher_backbone.pth>")
+
+
 def load_teacher(run_cfg, checkpoint: Path):
     """The run's backbone (teacher architecture, no drop-path) with the checkpoint's weights, in eval mode, and
     the training step stored in the checkpoint (None if it has none). Loads with weights_only=True."""
     from models.checkpoint_conversion import load_backbone_weights
     from models.vision_transformer import build_backbone
 
-    if not checkpoint.is_file():
-        raise EvalInputError(f"no final teacher checkpoint at {checkpoint}: the run has not finished (train.py writes "
-                             "it after the last step), or pass checkpoint=<path to a teacher_backbone.pth>")
+    require_checkpoint(checkpoint)
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     backbone = build_backbone(run_cfg.student, img_size=run_cfg.crops.global_crops_size, drop_path_rate=0.0)
     try:
@@ -92,18 +99,18 @@ def load_cached(path: Path, key: str) -> Optional[Features]:
     if stored.get("key") != key:
         logger.info("feature cache %s is stale (checkpoint, transform, data or model changed): re-extracting", path)
         return None
-    return Features(stored["features"], stored["labels"], from_cache=True)
+    return Features(stored["features"], stored["labels"], stored.get("step"), from_cache=True)
 
 
 def save_cached(path: Path, key: str, features: Features) -> None:
     from models.training.checkpoint import atomic_save
 
-    atomic_save({"key": key, "features": features.x, "labels": features.y}, path)
+    atomic_save({"key": key, "features": features.x, "labels": features.y, "step": features.step}, path)
 
 
 @torch.no_grad()
 def extract(backbone, dataset, *, batch_size: int, num_workers: int, device: torch.device,
-            amp_dtype: Optional[torch.dtype], desc: str = "features") -> Features:
+            amp_dtype: Optional[torch.dtype], step: Optional[int] = None, desc: str = "features") -> Features:
     """CLS-after-norm features of every image, in dataset order (float32 on CPU)."""
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
@@ -125,4 +132,4 @@ def extract(backbone, dataset, *, batch_size: int, num_workers: int, device: tor
         offset += len(out)
     if feats is None:
         raise EvalInputError(f"the {desc} dataset is empty")
-    return Features(feats, labels)
+    return Features(feats, labels, step)

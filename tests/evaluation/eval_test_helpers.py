@@ -32,3 +32,28 @@ def make_run_dir(root: Path, *overrides: str, seed: int = 0, with_checkpoint: bo
     if with_checkpoint:
         write_teacher(root / "teacher_backbone.pth", cfg, seed)
     return root
+
+
+def make_image_tree(root: Path, classes: int = 3, n_train: int = 4, n_val: int = 2, size: int = 20) -> Path:
+    """An ImageNet-style folder `root/{train,val}/<class>/<i>.png`: a few small images per class, each class its
+    own colour (learnable), with per-image noise."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", n_train), ("val", n_val)):
+        for c in range(classes):
+            folder = root / split / f"class_{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                colour = np.zeros(3)
+                colour[c % 3] = 200.0
+                pixels = np.clip(colour + rng.normal(0, 30, (size, size, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
+
+
+def make_folder_run(tmp_path: Path, *overrides: str, seed: int = 0) -> Path:
+    """A finished-run directory whose dataset is a tiny image folder tree (fast to extract)."""
+    tree = make_image_tree(tmp_path / "images")
+    return make_run_dir(tmp_path / "run", "data.dataset=imagenet_folder", f"data.root={tree}", *overrides, seed=seed)

@@ -1,0 +1,60 @@
+"""Feature cache: reused when nothing changed, re-extracted when the checkpoint or the transform changes."""
+
+import torch
+import pytest
+
+from configs import load_config, load_eval_config
+from eval_test_helpers import FAST_EVAL, make_folder_run, make_run_dir, write_teacher
+from models.evaluation.evaluate import extract_run_features
+from models.evaluation.features import EvalInputError, load_teacher
+
+
+def _extract(run, *overrides):
+    eval_cfg = load_eval_config(None, [*FAST_EVAL, *overrides])
+    run_cfg = load_config(run / "config.yaml")
+    return extract_run_features(run, run_cfg, eval_cfg, run / "teacher_backbone.pth", torch.device("cpu"))
+
+
+def test_cache_reused_then_invalidated_by_a_new_checkpoint(tmp_path):
+    run = make_folder_run(tmp_path, seed=0)
+    first = _extract(run)
+    assert not first["train"].from_cache and not first["val"].from_cache
+    assert (run / "eval" / "features_train.pt").is_file() and (run / "eval" / "features_val.pt").is_file()
+    assert first["train"].x.shape == (12, 192) and first["val"].x.shape == (6, 192)
+    assert first["train"].y.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    assert first["n_classes"] == 3 and first["checkpoint_step"] == 16
+
+    again = _extract(run)
+    assert again["train"].from_cache and again["val"].from_cache
+    assert torch.equal(again["train"].x, first["train"].x) and torch.equal(again["val"].y, first["val"].y)
+
+    # the run is retrained / re-exported: same path, other weights
+    write_teacher(run / "teacher_backbone.pth", load_config(run / "config.yaml"), seed=1)
+    retrained = _extract(run)
+    assert not retrained["train"].from_cache and not retrained["val"].from_cache
+    assert not torch.allclose(retrained["train"].x, first["train"].x)
+    assert retrained["checkpoint_sha256"] != first["checkpoint_sha256"]
+
+    # another eval transform is another key too
+    other_crop = _extract(run, "features.crop_size=8")
+    assert not other_crop["train"].from_cache and other_crop["transform"]["crop"] == 8
+    assert _extract(run, "features.crop_size=8")["train"].from_cache
+
+
+def test_cache_off_never_reads_or_writes(tmp_path):
+    run = make_folder_run(tmp_path)
+    out = _extract(run, "features.cache=false")
+    assert not out["train"].from_cache and not (run / "eval" / "features_train.pt").exists()
+
+
+def test_missing_checkpoint_names_the_path(tmp_path):
+    run = make_run_dir(tmp_path / "run", with_checkpoint=False)
+    with pytest.raises(EvalInputError, match=str(run / "teacher_backbone.pth")):
+        load_teacher(load_config(run / "config.yaml"), run / "teacher_backbone.pth")
+
+
+def test_checkpoint_of_another_model_is_a_clear_error(tmp_path):
+    run = make_run_dir(tmp_path / "run")
+    other = make_run_dir(tmp_path / "other", "student.patch_size=4")  # another patch embedding
+    with pytest.raises(EvalInputError, match="does not fit the run's model"):
+        load_teacher(load_config(run / "config.yaml"), other / "teacher_backbone.pth")

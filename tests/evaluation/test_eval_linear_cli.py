@@ -1,0 +1,87 @@
+"""eval_linear.py end to end: the embedded default's digits run and an image-folder run; bad input exits cleanly."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from eval_test_helpers import FAST_EVAL, REPO, make_folder_run, make_run_dir
+
+sys.path.insert(0, str(REPO))
+import eval_linear  # noqa: E402
+
+REQUIRED = {"top1", "top5", "best_C", "C_curve", "feature_dim", "solver", "seconds", "knn", "n_train", "n_val",
+            "checkpoint", "checkpoint_step"}
+
+
+def test_digits_run_end_to_end_in_a_subprocess(tmp_path):
+    run = make_run_dir(tmp_path / "runs" / "tiny")
+    result = subprocess.run([sys.executable, str(REPO / "eval_linear.py"), "--run", str(run), *FAST_EVAL,
+                             "solver=torch"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((run / "eval_linear.json").read_text())
+    assert REQUIRED <= set(record)
+    assert (record["n_train"], record["n_val"], record["n_classes"], record["feature_dim"]) == (1437, 360, 10, 192)
+    assert record["solver"] == "torch" and record["checkpoint_step"] == 16
+    assert len(record["C_curve"]) == 4 and record["best_C"] in [p["C"] for p in record["C_curve"]]
+    assert 0.0 <= record["top1"] <= record["top5"] <= 100.0
+    assert set(record["knn"]) == {"5", "20"} and all(0 <= v["top1"] <= v["top5"] <= 100 for v in record["knn"].values())
+    assert record["top1"] > 20.0  # even a random-init ViT's features separate digits better than chance (10%)
+    index = (tmp_path / "runs" / "eval_index.jsonl").read_text().splitlines()
+    assert len(index) == 1 and json.loads(index[0])["top1"] == record["top1"]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["top1"] == record["top1"]
+
+
+def test_folder_run_knn_then_linear_reuses_features(tmp_path, capsys):
+    run = make_folder_run(tmp_path)
+    out = tmp_path / "custom.json"
+    index = tmp_path / "index.jsonl"
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=knn", f"output={out}", f"index={index}"]) == 0
+    knn_only = json.loads(out.read_text())
+    assert knn_only["top1"] is None and knn_only["knn"]["5"]["top1"] >= 0
+    assert not knn_only["features_cached"]["train"]
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=linear", "solver=sklearn", f"output={out}",
+                             f"index={index}"]) == 0
+    linear = json.loads(out.read_text())
+    assert linear["features_cached"] == {"train": True, "val": True} and linear["solver"] == "sklearn"
+    assert linear["knn"] == {} and linear["n_train"] == 12 and linear["n_classes"] == 3
+    assert len(index.read_text().splitlines()) == 2
+
+
+def test_unknown_key_exits_2_naming_it(tmp_path, capsys):
+    assert eval_linear.main(["--run", str(tmp_path), "linear.c_grid=3"]) == 2
+    err = capsys.readouterr().err
+    assert "linear.c_grid" in err and "valid keys in linear" in err
+
+
+def test_bad_solver_value_exits_2(tmp_path, capsys):
+    assert eval_linear.main(["--run", str(tmp_path), "solver=cuml"]) == 2
+    assert "solver='cuml' is not one of" in capsys.readouterr().err
+
+
+def test_run_without_final_checkpoint_exits_1_naming_the_path(tmp_path, caplog):
+    run = make_run_dir(tmp_path / "run", with_checkpoint=False)
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 1
+    assert str(run / "teacher_backbone.pth") in caplog.text and not (run / "eval_linear.json").exists()
+
+
+def test_not_a_run_directory_exits_1(tmp_path, caplog):
+    assert eval_linear.main(["--run", str(tmp_path / "nowhere")]) == 1
+    assert "run directory not found" in caplog.text
+    assert eval_linear.main(["--run", str(tmp_path)]) == 1
+    assert "config.yaml" in caplog.text
+
+
+def test_missing_data_root_exits_1_naming_it(tmp_path, caplog):
+    run = make_folder_run(tmp_path)
+    missing = tmp_path / "no_such_imagenet"
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"data.root={missing}"]) == 1
+    assert str(missing) in caplog.text
+
+
+@pytest.mark.parametrize("split", ["data.val_split=test"])
+def test_missing_split_folder_exits_1(tmp_path, caplog, split):
+    run = make_folder_run(tmp_path)
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, split]) == 1
+    assert "no 'test' folder" in caplog.text
