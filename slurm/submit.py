@@ -151,38 +151,47 @@ class SweepSubmitter:
         return {i: s for i, s in query_states(ids).items() if s in ACTIVE_STATES}
 
     def submit(self, plans: list[RunPlan]) -> list[Submitted]:
+        """Submit what each run still needs; a table row per run says what was submitted or why not."""
         active = self._active(plans)
         rows = []
         for plan in plans:
             row = Submitted(plan)
             rows.append(row)
-            train_name, eval_name = self._names(plan)
-            train_id = None
-            if plan.train_done:
-                row.train = "done"
-            else:
-                recorded = latest_job(plan.run_dir, "train")
-                if recorded is not None and recorded.job_id in active:
-                    train_id, row.train = recorded.job_id, f"{recorded.job_id} ({active[recorded.job_id]})"
-                else:
-                    job = self._run(plan, "train", self._train_job(plan), train_parameters(self.res, train_name))
-                    train_id, row.train = job.job_id, f"{job.job_id} ({plan.train_action})"
-                    if self.local and not self._wait_local(job, plan, "train"):
-                        row.train += " FAILED"
-                        continue
-            if plan.eval_done or not self.evaluate:
-                row.eval = "done" if plan.eval_done else "skipped"
-                continue
-            recorded = latest_job(plan.run_dir, "eval")
-            if recorded is not None and recorded.job_id in active:
-                row.eval = f"{recorded.job_id} ({active[recorded.job_id]})"
-                continue
-            after = None if self.local else train_id
-            job = self._run(plan, "eval", self._eval_job(plan), eval_parameters(self.res, eval_name, after))
-            row.eval = job.job_id + (f" (after {train_id})" if after else "")
-            if self.local and not self._wait_local(job, plan, "eval"):
-                row.eval += " FAILED"
+            train_id = self._submit_training(plan, row, active)
+            if not row.train.endswith("FAILED"):
+                self._submit_probe(plan, row, active, train_id)
         return rows
+
+    def _submit_training(self, plan: RunPlan, row: Submitted, active: dict[str, str]) -> Optional[str]:
+        """The id of the training job the probe must wait for (None: nothing to wait for)."""
+        if plan.train_done:
+            row.train = "done"
+            return None
+        recorded = latest_job(plan.run_dir, "train")
+        if recorded is not None and recorded.job_id in active:  # still queued or running: do not submit twice
+            row.train = f"{recorded.job_id} ({active[recorded.job_id]})"
+            return recorded.job_id
+        name = self._names(plan)[0]
+        job = self._run(plan, "train", self._train_job(plan), train_parameters(self.res, name))
+        row.train = f"{job.job_id} ({plan.train_action})"
+        if self.local:
+            row.train += "" if self._wait_local(job, plan, "train") else " FAILED"
+            return None
+        return job.job_id
+
+    def _submit_probe(self, plan: RunPlan, row: Submitted, active: dict[str, str], after: Optional[str]) -> None:
+        if plan.eval_done or not self.evaluate:
+            row.eval = "done" if plan.eval_done else "skipped"
+            return
+        recorded = latest_job(plan.run_dir, "eval")
+        if recorded is not None and recorded.job_id in active:
+            row.eval = f"{recorded.job_id} ({active[recorded.job_id]})"
+            return
+        name = self._names(plan)[1]
+        job = self._run(plan, "eval", self._eval_job(plan), eval_parameters(self.res, name, after))
+        row.eval = job.job_id + (f" (after {after})" if after else "")
+        if self.local and not self._wait_local(job, plan, "eval"):
+            row.eval += " FAILED"
 
     def _run(self, plan: RunPlan, kind: str, job_fn, params: dict):
         plan.run_dir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,8 @@ from models.training.metrics import read_metrics, without_timing
 from launcher_helpers import (CPU_JOB, REPO, SLURM_TIMEOUT_S, TINY, TOTAL_STEPS, job_ids, job_state, launch, slurm_logs,
                               wait_for)
 
+pytestmark = pytest.mark.slow  # about 2-4 minutes for the whole module on 2 cores
+
 EVAL_FAST = ["--eval-arg", "linear.n_c=3", "--eval-arg", "features.num_workers=0"]
 PREEMPT_AFTER_STEP = 5  # metrics line of step 5 written: the run is inside step 6 of 16
 
