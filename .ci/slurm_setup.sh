@@ -94,7 +94,7 @@ chmod 755 /usr/local/bin/sacct
 
 rm -f /run/slurmctld.pid   # left behind by a previous SIGTERM (gotcha 14)
 /usr/sbin/slurmctld
-pgrep -x slurmd >/dev/null || /usr/sbin/slurmd -N localhost
+{ [ -f /run/slurmd.pid ] && kill -0 "$(cat /run/slurmd.pid)" 2>/dev/null; } || /usr/sbin/slurmd -N localhost
 for _ in $(seq 100); do
   sinfo -h -o '%t' 2>/dev/null | grep -qx idle && break
   sleep 0.2

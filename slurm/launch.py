@@ -74,6 +74,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     for name in ("nodes", "cpus_per_task", "cpu_tasks_per_node", "timeout_min", "max_num_timeout", "eval_timeout_min"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.timeout_min <= 10:  # submitit: min(0.8 T, T - 10 min) is then 0, so every USR2 reads as a time-out
+        print(f"warning: with --timeout-min {args.timeout_min} (<= 10) every preemption signal counts against "
+              f"--max-num-timeout ({args.max_num_timeout})", file=sys.stderr)
     if args.eval_gpus is None:
         args.eval_gpus = min(args.gpus_per_node, 1)
     if args.gpus_per_node < 0 or args.eval_gpus < 0:
