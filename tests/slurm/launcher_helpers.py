@@ -43,7 +43,7 @@ def controller_problem() -> str:
 def launch(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     """`python slurm/launch.py ...` from the repo root, exactly as a user types it."""
     result = subprocess.run([sys.executable, "slurm/launch.py", *args], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
+                            timeout=600)
     if check and result.returncode != 0:
         raise AssertionError(f"launch.py {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     return result

@@ -11,11 +11,12 @@ import pytest
 import submitit
 
 from configs import ConfigError, load_config, to_yaml
+from models.training.metrics import read_metrics
 from slurm.jobs import ScriptJob
 from slurm.status import format_table, run_row
 from slurm.sweep import plan_sweep, record_job
 
-from launcher_helpers import launch
+from launcher_helpers import TINY, launch
 
 FRACTIONS = ["0", "0.4", "0.6", "0.7", "0.8", "0.9", "1.0"]
 VITL = "configs/vitl16_imagenet.yaml"
@@ -170,3 +171,18 @@ def test_one_cpu_task_gets_as_many_torch_threads_as_cpus(monkeypatch):
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
     env = _ChildJob([]).child_env()
     assert env["OMP_NUM_THREADS"] == "3" and "RANK" not in env  # outside a multi-task job: no torchrun variables
+
+
+@pytest.mark.slow
+def test_local_mode_trains_the_same_job_here_and_a_rerun_skips_it(tmp_path):
+    args = ["--config", "configs/default.yaml", "--sparse-fractions", "0.5", "--runs-dir", str(tmp_path),
+            "--gpus-per-node", "0", "--local", "--skip-eval", *TINY, "optim.epochs=2"]  # 8 steps
+    first = launch(*args)
+    run = tmp_path / "sparse_0.50"
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(8)) and (run / "teacher_backbone.pth").exists()
+    assert "(new)" in first.stdout and "skipped" in first.stdout, first.stdout
+    status = launch("status", "--runs-dir", str(tmp_path)).stdout
+    assert "8/8" in status and "(local)" in status, status
+    again = launch(*args)
+    assert "done" in again.stdout and len(json.loads((run / "jobs.json").read_text())) == 1, again.stdout
