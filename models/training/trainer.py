@@ -182,9 +182,14 @@ class Trainer:
         self._restore_rng(state["rng"] if isinstance(state["rng"], list) else [state["rng"]])
 
     def resume_if_possible(self) -> bool:
+        """Every rank loads the newest readable checkpoint of the (shared) run directory; they must agree."""
         if not self.cfg.train.resume:
             return False
         state = self.checkpoints.load_latest()
+        found = all_gather_objects(None if state is None else state["step"], self.ctx)
+        if len(set(found)) > 1:
+            raise ResumeMismatch(f"ranks found different checkpoints in {self.checkpoints.directory} (step per "
+                                 f"rank: {found}): is the run directory on a file system every node shares?")
         if state is None:
             return False
         self.load_state_dict(state)

@@ -35,8 +35,8 @@ def _worker(rank, init_file, results):
 
 @pytest.fixture(scope="module")
 def results():
-    with tempfile.TemporaryDirectory() as d:
-        shared = mp.Manager().dict()
+    with tempfile.TemporaryDirectory() as d, mp.Manager() as manager:
+        shared = manager.dict()
         mp.spawn(_worker, args=(os.path.join(d, "init"), shared), nprocs=2)
         return dict(shared)
 
