@@ -53,8 +53,8 @@ class EvalConfig:
     mode: str = "both"  # linear | knn | both
     solver: str = "auto"  # sklearn | torch | auto (torch on a GPU, else sklearn)
     device: str = "auto"  # auto | cpu | cuda
-    checkpoint: str = ""  # "" -> <run>/teacher_backbone.pth (the final teacher export)
-    output: str = ""  # "" -> <run>/eval_linear.json
+    checkpoint: str = ""  # "" -> <run>/teacher_backbone.pth (the final teacher); "random": untrained baseline
+    output: str = ""  # "" -> <run>/eval_linear.json (<run>/eval_linear_random_init.json for checkpoint=random)
     index: str = ""  # results index (one JSON line per evaluation); "" -> <run>/../eval_index.jsonl; "none" = off
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)

@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from .features import (EvalInputError, Features, cache_key, dataset_settings, extract, file_digest, load_cached,
-                       load_teacher, require_checkpoint, save_cached, transform_settings)
+from .features import (EvalInputError, Features, cache_key, dataset_settings, extract, load_cached, load_teacher,
+                       save_cached, transform_settings, weights_digest)
 from .knn import knn_classify
 from .logreg import build_solver, c_grid
 from .probe import run_probe
@@ -25,6 +25,7 @@ from .probe import run_probe
 logger = logging.getLogger(__name__)
 
 RESULT_FORMAT = 1
+RANDOM_INIT = "random"  # checkpoint=random: the untrained backbone, the baseline a run must beat
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
@@ -70,43 +71,45 @@ def append_index(path: Path, record: dict) -> None:
         os.close(fd)
 
 
-def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Path, device: torch.device) -> dict:
-    """Train and val features of the run's teacher and what they were computed from. Cached per split under
-    `<run>/eval/`; the model is built and loaded only when a split is not in the cache."""
+def _cached_or_extracted(path: Path, key: str, dataset, teacher, eval_cfg, device, amp, split: str) -> Features:
+    feats = load_cached(path, key) if eval_cfg.features.cache else None
+    if feats is not None:
+        logger.info("%s features: %s (cached)", split, path)
+        return feats
+    backbone, step = teacher()
+    feats = extract(backbone, dataset, batch_size=eval_cfg.features.batch_size, step=step, device=device,
+                    num_workers=eval_cfg.features.num_workers, amp_dtype=amp, desc=f"{split} features")
+    if eval_cfg.features.cache:
+        save_cached(path, key, feats)
+    return feats
+
+
+def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[Path], device: torch.device) -> dict:
+    """Train and val features of the run's teacher (`checkpoint` None: its random initialisation) and what they
+    were computed from. Cached per split under `<run>/eval/`; the model is built only on a cache miss."""
     from data import build_dataset, make_eval_transform
 
-    require_checkpoint(checkpoint)
+    digest = weights_digest(run_cfg, checkpoint)
     data_cfg = dataclasses.replace(run_cfg.data, root=eval_cfg.data.root or run_cfg.data.root)
     tsettings = transform_settings(run_cfg, eval_cfg.features)
     transform = make_eval_transform(tsettings["resize"], tsettings["crop"])
     amp = AMP_DTYPES[eval_cfg.features.amp_dtype] if device.type == "cuda" else None
     precision = f"{device.type}-{eval_cfg.features.amp_dtype if amp is not None else 'fp32'}"
-    digest = file_digest(checkpoint)
     teacher = functools.cache(lambda: load_teacher(run_cfg, checkpoint))  # (backbone, step), built at most once
     out = {"checkpoint_sha256": digest, "transform": tsettings, "precision": precision}
-    classes, steps = {}, []
-    for role, split in (("train", eval_cfg.data.train_split), ("val", eval_cfg.data.val_split)):
-        dataset = build_dataset(data_cfg, split=split, transform=transform)
-        classes[role] = list(getattr(dataset, "classes", []))
-        dsettings = {**dataset_settings(data_cfg, split), "n_images": len(dataset), "classes": classes[role]}
+    splits = {"train": eval_cfg.data.train_split, "val": eval_cfg.data.val_split}
+    datasets = {role: build_dataset(data_cfg, split=split, transform=transform) for role, split in splits.items()}
+    classes = {role: list(getattr(ds, "classes", [])) for role, ds in datasets.items()}
+    if classes["train"] != classes["val"]:  # checked before any extraction
+        raise EvalInputError(f"the {splits['train']} and {splits['val']} splits have different class folders "
+                             f"({len(classes['train'])} vs {len(classes['val'])}): labels would differ")
+    for role, split in splits.items():
+        dsettings = {**dataset_settings(data_cfg, split), "n_images": len(datasets[role]), "classes": classes[role]}
         key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision)
-        path = run_dir / "eval" / f"features_{split}.pt"
-        feats = load_cached(path, key) if eval_cfg.features.cache else None
-        if feats is None:
-            backbone, step = teacher()
-            feats = extract(backbone, dataset, batch_size=eval_cfg.features.batch_size, step=step,
-                            num_workers=eval_cfg.features.num_workers, device=device, amp_dtype=amp,
-                            desc=f"{split} features")
-            if eval_cfg.features.cache:
-                save_cached(path, key, feats)
-        else:
-            logger.info("%s features: %s (cached)", split, path)
-        out[role], out[f"{role}_dataset"] = feats, {k: v for k, v in dsettings.items() if k != "classes"}
-        steps.append(feats.step)
-    if classes["train"] != classes["val"]:
-        raise EvalInputError(f"the {eval_cfg.data.train_split} and {eval_cfg.data.val_split} splits have different "
-                             f"class folders ({len(classes['train'])} vs {len(classes['val'])}); labels would not match")
-    out["checkpoint_step"] = steps[0]
+        path = run_dir / "eval" / f"features_{split}{'_random_init' if checkpoint is None else ''}.pt"
+        out[role] = _cached_or_extracted(path, key, datasets[role], teacher, eval_cfg, device, amp, split)
+        out[f"{role}_dataset"] = {k: v for k, v in dsettings.items() if k != "classes"}
+    out["checkpoint_step"] = out["train"].step
     out["n_classes"] = len(classes["train"]) or int(max(out["train"].y.max(), out["val"].y.max())) + 1
     return out
 
@@ -115,9 +118,10 @@ def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, devic
     lin = eval_cfg.linear
     solver = build_solver(eval_cfg.solver, lin.max_iter, lin.tol, lin.history_size)
     probe_device = device if solver.name == "torch" else torch.device("cpu")
+    Cs = c_grid(lin.c_min_power, lin.c_max_power, lin.n_c)
     result = run_probe(solver, train.x.to(probe_device), train.y.to(probe_device), val.x.to(probe_device),
-                       val.y.to(probe_device), n_classes=n_classes, Cs=c_grid(lin.c_min_power, lin.c_max_power, lin.n_c),
-                       holdout_fraction=lin.holdout_fraction, seed=lin.seed)
+                       val.y.to(probe_device), n_classes=n_classes, Cs=Cs, holdout_fraction=lin.holdout_fraction,
+                       seed=lin.seed)
     return {"top1": result.top1, "top5": result.top5, "best_C": result.best_C, "C_curve": result.C_curve,
             "final_loss": result.final.loss, "final_n_iter": result.final.n_iter, "solver": solver.name,
             "linear_seconds": round(result.seconds, 3)}
@@ -130,12 +134,13 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     start = time.perf_counter()
     run_dir = Path(run_dir)
     run_cfg = load_run_config(run_dir)
-    checkpoint = Path(eval_cfg.checkpoint) if eval_cfg.checkpoint else run_dir / "teacher_backbone.pth"
+    random_init = eval_cfg.checkpoint == RANDOM_INIT
+    checkpoint = None if random_init else Path(eval_cfg.checkpoint or run_dir / "teacher_backbone.pth")
     device = resolve_device(eval_cfg.device)
     feats = extract_run_features(run_dir, run_cfg, eval_cfg, checkpoint, device)
     train, val = feats["train"], feats["val"]
     record: dict = {
-        "format": RESULT_FORMAT, "run": str(run_dir), "checkpoint": str(checkpoint),
+        "format": RESULT_FORMAT, "run": str(run_dir), "checkpoint": RANDOM_INIT if random_init else str(checkpoint),
         "checkpoint_step": feats["checkpoint_step"], "checkpoint_sha256": feats["checkpoint_sha256"],
         "mode": eval_cfg.mode, "device": device.type, "precision": feats["precision"], "transform": feats["transform"],
         "train_dataset": feats["train_dataset"], "val_dataset": feats["val_dataset"],
@@ -154,7 +159,8 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     record["seconds"] = round(time.perf_counter() - start, 3)
     record["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record["eval_config"] = to_yaml(eval_cfg)
-    output = Path(eval_cfg.output) if eval_cfg.output else run_dir / "eval_linear.json"
+    default_name = "eval_linear_random_init.json" if random_init else "eval_linear.json"
+    output = Path(eval_cfg.output) if eval_cfg.output else run_dir / default_name
     atomic_write_text(output, json.dumps(record, indent=1) + "\n")
     record["output"] = str(output)
     index = index_path(run_dir, eval_cfg.index)

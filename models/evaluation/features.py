@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -48,14 +49,30 @@ def require_checkpoint(checkpoint: Path) -> None:
                              "it after the last step), or pass checkpoint=<path to a teacher_backbone.pth>")
 
 
-def load_teacher(run_cfg, checkpoint: Path):
+def weights_digest(run_cfg, checkpoint: Optional[Path]) -> str:
+    """sha256 of the checkpoint file, or a name for the seeded random initialisation (checkpoint None)."""
+    if checkpoint is None:
+        return f"random-init-seed-{run_cfg.train.seed}"
+    require_checkpoint(checkpoint)
+    return file_digest(checkpoint)
+
+
+def load_teacher(run_cfg, checkpoint: Optional[Path]):
     """The run's backbone (teacher architecture, no drop-path) with the checkpoint's weights, in eval mode, and
-    the training step stored in the checkpoint (None if it has none). Loads with weights_only=True."""
+    the training step stored in the checkpoint (None if it has none). Loads with weights_only=True.
+    `checkpoint=None`: the untrained backbone, initialised with the run's seed (the baseline a run must beat)."""
     from models.checkpoint_conversion import load_backbone_weights
     from models.vision_transformer import build_backbone
 
+    if checkpoint is None:
+        torch.manual_seed(run_cfg.train.seed)
+        backbone = build_backbone(run_cfg.student, img_size=run_cfg.crops.global_crops_size, drop_path_rate=0.0)
+        return backbone.eval(), 0
     require_checkpoint(checkpoint)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        raise EvalInputError(f"cannot read {checkpoint} as a weights-only checkpoint: {str(e).splitlines()[0]}") from None
     backbone = build_backbone(run_cfg.student, img_size=run_cfg.crops.global_crops_size, drop_path_rate=0.0)
     try:
         load_backbone_weights(backbone, state, which="teacher")
@@ -115,7 +132,8 @@ def extract(backbone, dataset, *, batch_size: int, num_workers: int, device: tor
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=min(num_workers, os.cpu_count() or 1),
+    workers = min(num_workers, os.cpu_count() or 1)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=device.type == "cuda", drop_last=False)
     feats: Optional[Tensor] = None
     labels = torch.empty(len(dataset), dtype=torch.int64)

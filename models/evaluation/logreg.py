@@ -104,8 +104,9 @@ class TorchLBFGS:
     curvature (data + penalty) matches the bias's. Without them, small C values take hundreds of iterations.
     Stops after `max_iter` iterations or when max |gradient| <= `tol` (scipy's `pgtol`, which sklearn's lbfgs
     uses with the same objective scaling). `fit(..., init=previous)` warm-starts along a C path.
-    Precision: parameters and per-chunk arithmetic in `dtype` (default float64 on CPU, where data is small and
-    exactness is cheap, float32 on GPU); on GPU `tf32=True` runs the two matmuls per evaluation on TF32 tensor cores.
+    Precision: parameters and per-chunk arithmetic in `dtype`; by default float64 (sklearn's precision) on CPU and
+    for small problems on GPU, float32 for large GPU problems (n * D * K > FLOAT64_MAX_WORK, e.g. ImageNet), where
+    `tf32=True` also runs the two matmuls per evaluation on TF32 tensor cores.
     """
 
     name = "torch"
@@ -115,15 +116,18 @@ class TorchLBFGS:
         self.max_iter, self.tol, self.history_size, self.chunk = max_iter, tol, history_size, chunk
         self.dtype, self.tf32 = dtype, tf32
 
-    def _dtype(self, X: Tensor) -> torch.dtype:
+    FLOAT64_MAX_WORK = 1e10  # n * D * K: ~0.04 TFLOP per evaluation, milliseconds in float64 on a GPU
+
+    def _dtype(self, X: Tensor, n_classes: int) -> torch.dtype:
         if self.dtype is not None:
             return self.dtype
-        return torch.float32 if X.is_cuda else torch.float64
+        large = X.shape[0] * X.shape[1] * n_classes > self.FLOAT64_MAX_WORK
+        return torch.float32 if X.is_cuda and large else torch.float64
 
     def fit(self, X: Tensor, y: Tensor, n_classes: int, C: float, init: Optional[LogRegFit] = None) -> LogRegFit:
         start = time.perf_counter()
         dim = X.shape[1]
-        dtype = self._dtype(X)
+        dtype = self._dtype(X, n_classes)
         mean, variance = feature_moments(X, self.chunk)
         mean = mean.to(dtype)
         # diagonal curvature estimates at uniform probabilities: weights (var + K/(Cn)) / K, bias 1 / K
@@ -148,7 +152,7 @@ class TorchLBFGS:
             scaled.grad, bias.grad = grad_w.mul_(scale), grad_b
             return torch.tensor(loss, dtype=torch.float64)
 
-        with tf32_matmuls(X.is_cuda and self.tf32), torch.no_grad():
+        with tf32_matmuls(X.is_cuda and self.tf32 and dtype == torch.float32), torch.no_grad():
             optimizer.step(closure)
             weight = scaled.detach() * scale
             bias = bias.detach() - weight @ mean

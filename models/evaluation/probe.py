@@ -61,9 +61,9 @@ def best_C(curve: list[dict]) -> float:
     return min(point["C"] for point in curve if point["holdout_top1"] == best)
 
 
-def run_probe(solver, train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor, *, n_classes: Optional[int] = None,
-              Cs: Optional[list[float]] = None, holdout_fraction: float = 0.1, seed: int = 0,
-              progress: bool = True) -> ProbeResult:
+def run_probe(solver, train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor, *,
+              n_classes: Optional[int] = None, Cs: Optional[list[float]] = None, holdout_fraction: float = 0.1,
+              seed: int = 0, progress: bool = True) -> ProbeResult:
     """The whole protocol: hold-out split, C sweep, refit on all train features with the best C, val top-1/top-5."""
     start = time.perf_counter()
     Cs = c_grid() if Cs is None else Cs

@@ -22,15 +22,18 @@ def write_teacher(path: Path, cfg, seed: int, step: int = 16) -> None:
     torch.save({"backbone": backbone.state_dict(), "step": step}, path)
 
 
-def make_run_dir(root: Path, *overrides: str, seed: int = 0, with_checkpoint: bool = True) -> Path:
-    """`root` as train.py leaves a finished run: config.yaml (resolved) and teacher_backbone.pth."""
+def make_run_dir(root: Path, *overrides: str, seed: int = 0, checkpoint: str = "real") -> Path:
+    """`root` as train.py leaves a finished run: config.yaml (resolved) and teacher_backbone.pth. `checkpoint`:
+    "real" (a seeded random backbone), "none", or "dummy" (bytes only, for tests that fail before loading it)."""
     from configs import load_config, to_yaml
 
     cfg = load_config(None, [*TINY_RUN, *overrides])
     root.mkdir(parents=True, exist_ok=True)
     (root / "config.yaml").write_text(to_yaml(cfg))
-    if with_checkpoint:
+    if checkpoint == "real":
         write_teacher(root / "teacher_backbone.pth", cfg, seed)
+    elif checkpoint == "dummy":
+        (root / "teacher_backbone.pth").write_bytes(b"not loaded")
     return root
 
 
@@ -53,7 +56,8 @@ def make_image_tree(root: Path, classes: int = 3, n_train: int = 4, n_val: int =
     return root
 
 
-def make_folder_run(tmp_path: Path, *overrides: str, seed: int = 0) -> Path:
+def make_folder_run(tmp_path: Path, *overrides: str, seed: int = 0, checkpoint: str = "real") -> Path:
     """A finished-run directory whose dataset is a tiny image folder tree (fast to extract)."""
     tree = make_image_tree(tmp_path / "images")
-    return make_run_dir(tmp_path / "run", "data.dataset=imagenet_folder", f"data.root={tree}", *overrides, seed=seed)
+    return make_run_dir(tmp_path / "run", "data.dataset=imagenet_folder", f"data.root={tree}", *overrides, seed=seed,
+                        checkpoint=checkpoint)

@@ -6,7 +6,7 @@ import pytest
 from configs import load_config, load_eval_config
 from eval_test_helpers import FAST_EVAL, make_folder_run, make_run_dir, write_teacher
 from models.evaluation.evaluate import extract_run_features
-from models.evaluation.features import EvalInputError, load_teacher
+from models.evaluation.features import EvalInputError, cache_key, load_teacher
 
 
 def _extract(run, *overrides):
@@ -35,20 +35,26 @@ def test_cache_reused_then_invalidated_by_a_new_checkpoint(tmp_path):
     assert not torch.allclose(retrained["train"].x, first["train"].x)
     assert retrained["checkpoint_sha256"] != first["checkpoint_sha256"]
 
-    # another eval transform is another key too
-    other_crop = _extract(run, "features.crop_size=8")
-    assert not other_crop["train"].from_cache and other_crop["transform"]["crop"] == 8
-    assert _extract(run, "features.crop_size=8")["train"].from_cache
 
 
-def test_cache_off_never_reads_or_writes(tmp_path):
-    run = make_folder_run(tmp_path)
-    out = _extract(run, "features.cache=false")
-    assert not out["train"].from_cache and not (run / "eval" / "features_train.pt").exists()
+def test_cache_key_covers_transform_data_model_and_precision():
+    from configs.schema import StudentConfig
+
+    base = dict(checkpoint_digest="abc", transform={"resize": 32, "crop": 32}, student_cfg=StudentConfig(),
+                dataset={"dataset": "imagenet_folder", "root": "/a", "split": "train", "n_images": 10},
+                precision="cpu-fp32")
+    key = cache_key(**base)
+    assert key == cache_key(**base)
+    changes = [{"checkpoint_digest": "abd"}, {"transform": {"resize": 37, "crop": 32}},
+               {"dataset": {**base["dataset"], "root": "/b"}}, {"dataset": {**base["dataset"], "n_images": 11}},
+               {"dataset": {**base["dataset"], "split": "val"}}, {"student_cfg": StudentConfig(arch="vit_small")},
+               {"precision": "cuda-bf16"}]
+    for change in changes:
+        assert cache_key(**{**base, **change}) != key, change
 
 
 def test_missing_checkpoint_names_the_path(tmp_path):
-    run = make_run_dir(tmp_path / "run", with_checkpoint=False)
+    run = make_run_dir(tmp_path / "run", checkpoint="none")
     with pytest.raises(EvalInputError, match=str(run / "teacher_backbone.pth")):
         load_teacher(load_config(run / "config.yaml"), run / "teacher_backbone.pth")
 

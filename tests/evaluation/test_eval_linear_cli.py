@@ -15,11 +15,10 @@ REQUIRED = {"top1", "top5", "best_C", "C_curve", "feature_dim", "solver", "secon
             "checkpoint", "checkpoint_step"}
 
 
-def test_digits_run_end_to_end_in_a_subprocess(tmp_path):
+def test_digits_run_end_to_end(tmp_path, capsys):
+    # the embedded default's dataset, as `python eval_linear.py --run DIR` runs it (in-process: saves an interpreter)
     run = make_run_dir(tmp_path / "runs" / "tiny")
-    result = subprocess.run([sys.executable, str(REPO / "eval_linear.py"), "--run", str(run), *FAST_EVAL,
-                             "solver=torch"], cwd=REPO, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "solver=torch"]) == 0
     record = json.loads((run / "eval_linear.json").read_text())
     assert REQUIRED <= set(record)
     assert (record["n_train"], record["n_val"], record["n_classes"], record["feature_dim"]) == (1437, 360, 10, 192)
@@ -30,7 +29,19 @@ def test_digits_run_end_to_end_in_a_subprocess(tmp_path):
     assert record["top1"] > 20.0  # even a random-init ViT's features separate digits better than chance (10%)
     index = (tmp_path / "runs" / "eval_index.jsonl").read_text().splitlines()
     assert len(index) == 1 and json.loads(index[0])["top1"] == record["top1"]
-    assert json.loads(result.stdout.strip().splitlines()[-1])["top1"] == record["top1"]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["top1"] == record["top1"]
+
+
+def test_folder_run_in_a_subprocess(tmp_path):
+    run = make_folder_run(tmp_path)
+    result = subprocess.run([sys.executable, str(REPO / "eval_linear.py"), "--run", str(run), *FAST_EVAL,
+                             "features.cache=false"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((run / "eval_linear.json").read_text())
+    assert REQUIRED <= set(record) and record["n_train"] == 12 and record["n_val"] == 6
+    assert record["solver"] == "sklearn"  # auto on a CPU
+    assert record["top1"] > 50.0  # three colours; chance is 33%
+    assert not (run / "eval" / "features_train.pt").exists()  # features.cache=false writes no cache
 
 
 def test_folder_run_knn_then_linear_reuses_features(tmp_path, capsys):
@@ -61,7 +72,7 @@ def test_bad_solver_value_exits_2(tmp_path, capsys):
 
 
 def test_run_without_final_checkpoint_exits_1_naming_the_path(tmp_path, caplog):
-    run = make_run_dir(tmp_path / "run", with_checkpoint=False)
+    run = make_run_dir(tmp_path / "run", checkpoint="none")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 1
     assert str(run / "teacher_backbone.pth") in caplog.text and not (run / "eval_linear.json").exists()
 
@@ -74,7 +85,7 @@ def test_not_a_run_directory_exits_1(tmp_path, caplog):
 
 
 def test_missing_data_root_exits_1_naming_it(tmp_path, caplog):
-    run = make_folder_run(tmp_path)
+    run = make_folder_run(tmp_path, checkpoint="dummy")
     missing = tmp_path / "no_such_imagenet"
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"data.root={missing}"]) == 1
     assert str(missing) in caplog.text
@@ -82,6 +93,21 @@ def test_missing_data_root_exits_1_naming_it(tmp_path, caplog):
 
 @pytest.mark.parametrize("split", ["data.val_split=test"])
 def test_missing_split_folder_exits_1(tmp_path, caplog, split):
-    run = make_folder_run(tmp_path)
+    run = make_folder_run(tmp_path, checkpoint="dummy")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, split]) == 1
     assert "no 'test' folder" in caplog.text
+
+
+def test_random_init_baseline_has_its_own_output_and_cache(tmp_path):
+    run = make_folder_run(tmp_path)
+    index = tmp_path / "index.jsonl"
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=knn", "checkpoint=random", f"index={index}"]) == 0
+    record = json.loads((run / "eval_linear_random_init.json").read_text())
+    assert record["checkpoint"] == "random" and record["checkpoint_step"] == 0
+    assert not (run / "eval_linear.json").exists() and (run / "eval" / "features_train_random_init.pt").is_file()
+
+
+def test_unreadable_checkpoint_exits_1_naming_it(tmp_path, caplog):
+    run = make_folder_run(tmp_path, checkpoint="dummy")
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 1
+    assert f"cannot read {run / 'teacher_backbone.pth'}" in caplog.text
