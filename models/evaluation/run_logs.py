@@ -54,6 +54,7 @@ class RunSummary:
     best_C: Optional[float] = None
     solver: str = ""
     eval_seconds: Optional[float] = None
+    n_val: Optional[int] = None  # validation images behind top-1
 
     @property
     def dense_steps(self) -> Optional[int]:
@@ -249,6 +250,7 @@ def _read_eval(run: RunSummary, run_dir: Path) -> None:
         return
     run.best_C, run.eval_seconds = _float(result.get("best_C")), _float(result.get("seconds"))
     run.solver = str(result.get("solver", ""))
+    run.n_val = int(result["n_val"]) if isinstance(result.get("n_val"), int) else None
     run.eval_status = COMPLETE
 
 

@@ -240,6 +240,10 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow]) -> list[str]:
     if any(r.published_top1 is not None for r in rows):
         notes.append(f"Published: {PUBLISHED_SOURCE}. Its \"40% sparse\" row ran 40k of 125k steps sparse (32%); "
                      "runs with sparse_fraction 0.4 (50k steps) or 0.32 are both compared with it.")
+    sizes = sorted({r.n_val for r in runs if r.n_val})
+    if len(sizes) == 1:  # how much one image moves top-1: the scale for reading small deltas
+        notes.append(f"Validation split: {sizes[0]} images, so one image is {100.0 / sizes[0]:.2f} pp of top-1; "
+                     "one seed per schedule.")
     incomplete = [r.run for r in rows if r.status != COMPLETE]
     if incomplete:
         notes.append("Not complete (see Status): " + ", ".join(incomplete) + ".")

@@ -53,6 +53,7 @@ def test_every_run_appears_with_its_state(study, tmp_path):
         assert name in table  # the per-run details list every run by name
     assert "partial (step 150 of 300, preempted)" in table and "no eval" in table
     assert "- Trained on a toaster." in table
+    assert "Validation split: 360 images, so one image is 0.28 pp" in table
     # rows sorted by sparse fraction, the run without a known schedule last
     assert [r["run"] for r in _csv_rows(out).values()][-1] == "s80_never_started"
 
