@@ -72,7 +72,8 @@ def load_teacher(run_cfg, checkpoint: Optional[Path]):
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-        raise EvalInputError(f"cannot read {checkpoint} as a weights-only checkpoint: {str(e).splitlines()[0]}") from None
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise EvalInputError(f"cannot read {checkpoint} as a weights-only checkpoint: {reason}") from None
     backbone = build_backbone(run_cfg.student, img_size=run_cfg.crops.global_crops_size, drop_path_rate=0.0)
     try:
         load_backbone_weights(backbone, state, which="teacher")
