@@ -8,6 +8,9 @@ with one weight row per class (the over-parametrised multinomial model sklearn f
 value of C means the same thing for both and their losses are comparable. The torch solver computes the loss and
 its gradient by hand over row chunks (no autograd graph, no (n, K) tensor kept), so ImageNet-sized features
 (1.28M x 1024, bf16 or fp32) stay where they are; each chunk is upcast to fp32 on the fly.
+
+Both solve the same exactly-equivalent, better-conditioned problem (`Preconditioner`): raw features (offsets and
+scales of real backbone features) otherwise leave plain L-BFGS at its iteration cap for large C.
 """
 
 import contextlib
@@ -64,6 +67,46 @@ def feature_moments(X: Tensor, chunk: int = 65536) -> tuple[Tensor, float]:
     return mean, max(variance, 0.0)
 
 
+@dataclass
+class Preconditioner:
+    """An exact reparametrisation of the objective that L-BFGS converges on quickly for every C.
+
+    W x + b = V (s (x - m)) + b'  with  W = s V  and  b = b' - W m:  features centred on the train mean m (the
+    unpenalised bias absorbs it, which decouples bias from weights) and scaled by one scalar s. The penalty
+    ||W||^2 / (2 C n) = ||V||^2 / (2 C' n) with C' = C / s^2, so the objective has the same value at matching
+    points and the optimum maps back exactly. s is chosen so V's diagonal curvature (data + penalty, at uniform
+    probabilities: (var + K / (C n)) / K) matches the bias's (1 / K).
+    """
+
+    mean: Tensor  # (D,) train-feature mean
+    scale: float  # s
+
+    @classmethod
+    def for_problem(cls, X: Tensor, n_classes: int, C: float, chunk: int = 65536) -> "Preconditioner":
+        mean, variance = feature_moments(X, chunk)
+        return cls(mean, 1.0 / math.sqrt(variance + n_classes / (C * X.shape[0])))
+
+    def C(self, C: float) -> float:
+        """C' of the preconditioned problem."""
+        return C / self.scale ** 2
+
+    def grad_tol(self, tol: float) -> float:
+        """Stop tolerance on the preconditioned gradient s * dW: min(s, 1) * tol keeps the stop at least as strict
+        as max |dW| <= tol (the bias gradient is unchanged)."""
+        return tol * min(self.scale, 1.0)
+
+    def transform(self, X: Tensor) -> Tensor:
+        """s (x - m) row by row (materialised: for solvers that need the features themselves)."""
+        return (X.to(self.mean.dtype) - self.mean) * self.scale
+
+    def to_original(self, V: Tensor, b_prime: Tensor) -> tuple[Tensor, Tensor]:
+        weight = V * self.scale
+        return weight, b_prime - weight @ self.mean.to(weight.dtype)
+
+    def from_original(self, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+        return weight / self.scale, bias + weight @ self.mean.to(weight.dtype)
+
+
 def objective_and_grad(X: Tensor, y: Tensor, weight: Tensor, bias: Tensor, C: float, chunk: int = 65536,
                        need_grad: bool = True, center: Optional[Tensor] = None
                        ) -> tuple[float, Optional[Tensor], Optional[Tensor]]:
@@ -99,9 +142,9 @@ def objective_and_grad(X: Tensor, y: Tensor, weight: Tensor, bias: Tensor, C: fl
 class TorchLBFGS:
     """Full-batch L-BFGS (`torch.optim.LBFGS`, strong-Wolfe line search) on the objective above.
 
-    Two exact reparametrisations keep it well conditioned for every C: centred features (b' = b + W mean, which
-    decouples the unpenalised bias from the weights) and weights W = s V with one scalar s chosen so that V's
-    curvature (data + penalty) matches the bias's. Without them, small C values take hundreds of iterations.
+    The problem it solves is `Preconditioner`'s (centred features, weights W = s V); without it, small C values
+    take hundreds of iterations and large ones hit the cap. Centring is done by algebra in `objective_and_grad`,
+    never by a pass over X.
     Stops after `max_iter` iterations or when max |gradient| <= `tol` (scipy's `pgtol`, which sklearn's lbfgs
     uses with the same objective scaling). `fit(..., init=previous)` warm-starts along a C path.
     Precision: parameters and per-chunk arithmetic in `dtype`; by default float64 (sklearn's precision) on CPU and
@@ -126,36 +169,31 @@ class TorchLBFGS:
 
     def fit(self, X: Tensor, y: Tensor, n_classes: int, C: float, init: Optional[LogRegFit] = None) -> LogRegFit:
         start = time.perf_counter()
-        dim = X.shape[1]
         dtype = self._dtype(X, n_classes)
-        mean, variance = feature_moments(X, self.chunk)
-        mean = mean.to(dtype)
-        # diagonal curvature estimates at uniform probabilities: weights (var + K/(Cn)) / K, bias 1 / K
-        scale = 1.0 / math.sqrt(variance + n_classes / (C * X.shape[0]))
+        pre = Preconditioner.for_problem(X, n_classes, C, self.chunk)
+        center = pre.mean.to(dtype)
         if init is not None:
-            weight = init.weight.detach().to(X.device, dtype)
-            bias = init.bias.detach().to(X.device, dtype) + weight @ mean
-            scaled = weight / scale
+            scaled, bias = pre.from_original(init.weight.detach().to(X.device, dtype),
+                                             init.bias.detach().to(X.device, dtype))
         else:
-            scaled = torch.zeros(n_classes, dim, dtype=dtype, device=X.device)
+            scaled = torch.zeros(n_classes, X.shape[1], dtype=dtype, device=X.device)
             bias = torch.zeros(n_classes, dtype=dtype, device=X.device)
         scaled.requires_grad_(True)
         bias.requires_grad_(True)
-        # tolerance on the scaled gradient s * dW: min(s, 1) * tol keeps the stop at least as strict as max|dW| <= tol
         optimizer = torch.optim.LBFGS([scaled, bias], lr=1.0, max_iter=self.max_iter, max_eval=self.max_iter * 2,
-                                      tolerance_grad=self.tol * min(scale, 1.0), tolerance_change=1e-12,
+                                      tolerance_grad=pre.grad_tol(self.tol), tolerance_change=1e-12,
                                       history_size=self.history_size, line_search_fn="strong_wolfe")
 
         def closure() -> Tensor:
-            loss, grad_w, grad_b = objective_and_grad(X, y, scaled.detach() * scale, bias.detach(), C, self.chunk,
-                                                      center=mean)
-            scaled.grad, bias.grad = grad_w.mul_(scale), grad_b
+            # f at W = s V in original units (its value is the preconditioned objective's); d/dV = s * d/dW
+            loss, grad_w, grad_b = objective_and_grad(X, y, scaled.detach() * pre.scale, bias.detach(), C,
+                                                      self.chunk, center=center)
+            scaled.grad, bias.grad = grad_w.mul_(pre.scale), grad_b
             return torch.tensor(loss, dtype=torch.float64)
 
         with tf32_matmuls(X.is_cuda and self.tf32 and dtype == torch.float32), torch.no_grad():
             optimizer.step(closure)
-            weight = scaled.detach() * scale
-            bias = bias.detach() - weight @ mean
+            weight, bias = pre.to_original(scaled.detach(), bias.detach())
             loss, _, _ = objective_and_grad(X, y, weight, bias, C, self.chunk, need_grad=False)
         n_iter = int(optimizer.state[scaled].get("n_iter", 0))
         return LogRegFit(weight, bias, C, loss, n_iter, time.perf_counter() - start)
@@ -163,7 +201,11 @@ class TorchLBFGS:
 
 class SklearnLBFGS:
     """scikit-learn's `LogisticRegression(solver="lbfgs")` (multinomial, float64), cold-started per C as
-    the reference's cuML fits are. Features are copied to host numpy: for small data only."""
+    the reference's cuML fits are, on `Preconditioner`'s problem: features s (x - m) and C' = C / s^2, with the
+    coefficients mapped back to original units (the returned fit and its C are in original units). On raw
+    features it hits `max_iter` for large C and stops at a worse loss than the torch solver. sklearn's gtol is
+    the same as the torch solver's stop (max |gradient| <= min(s, 1) * tol on the preconditioned gradient);
+    its ftol (64 eps) is fixed by sklearn. Features are copied to host numpy: for small data only."""
 
     name = "sklearn"
 
@@ -177,20 +219,25 @@ class SklearnLBFGS:
         from sklearn.linear_model import LogisticRegression
 
         start = time.perf_counter()
-        X_np, y_np = X.double().cpu().numpy(), y.cpu().numpy()
+        X64 = X.detach().cpu().double()
+        pre = Preconditioner.for_problem(X64, n_classes, C)
+        y_np = y.cpu().numpy()
         present = np.unique(y_np)
-        clf = LogisticRegression(C=C, solver="lbfgs", max_iter=self.max_iter, tol=self.tol)
+        clf = LogisticRegression(C=pre.C(C), solver="lbfgs", max_iter=self.max_iter, tol=pre.grad_tol(self.tol))
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)  # the largest C values may not converge; so be it
-            clf.fit(X_np, y_np)
-        weight = torch.zeros(n_classes, X.shape[1], dtype=torch.float64)
+            warnings.simplefilter("ignore", ConvergenceWarning)  # reported through n_iter == max_iter instead
+            clf.fit(pre.transform(X64).numpy(), y_np)
+        scaled = torch.zeros(n_classes, X.shape[1], dtype=torch.float64)
         bias = torch.zeros(n_classes, dtype=torch.float64)
         coef, intercept = torch.from_numpy(clf.coef_), torch.from_numpy(clf.intercept_)
         if len(present) == 2:  # sklearn fits one logit for two classes: expand to the symmetric pair
             coef, intercept = torch.cat([-coef / 2, coef / 2]), torch.cat([-intercept / 2, intercept / 2])
+        scaled[torch.from_numpy(present)], bias[torch.from_numpy(present)] = coef, intercept
+        weight, bias = pre.to_original(scaled, bias)
         # classes absent from the train labels keep zero weights and a very negative bias (never predicted)
-        bias.fill_(-1e4)
-        weight[torch.from_numpy(present)], bias[torch.from_numpy(present)] = coef, intercept
+        absent = torch.ones(n_classes, dtype=torch.bool)
+        absent[torch.from_numpy(present)] = False
+        bias[absent] = -1e4
         weight, bias = weight.to(X.device), bias.to(X.device)
         loss, _, _ = objective_and_grad(X, y, weight, bias, C, need_grad=False)
         n_iter = int(np.max(clf.n_iter_))

@@ -1,10 +1,16 @@
 """The torch L-BFGS solver and scikit-learn's minimise the same objective and agree on real data (digits pixels)."""
 
+import warnings
+
+import numpy as np
 import pytest
 import torch
 from sklearn.datasets import load_digits
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
 
-from models.evaluation.logreg import SklearnLBFGS, TorchLBFGS, c_grid, objective_and_grad, topk_accuracy
+from models.evaluation.logreg import (Preconditioner, SklearnLBFGS, TorchLBFGS, c_grid, objective_and_grad,
+                                      topk_accuracy)
 from models.evaluation.probe import run_probe
 
 
@@ -42,6 +48,47 @@ def test_torch_and_sklearn_agree_per_C(digits, C):
     assert ours.loss <= ref.loss * (1 + 1e-9)  # at least as converged as the reference
     top_ref, top_ours = topk_accuracy(xv, yv, ref, ks=(1, 5)), topk_accuracy(xv, yv, ours, ks=(1, 5))
     assert abs(top_ref[1] - top_ours[1]) <= 0.1 and abs(top_ref[5] - top_ours[5]) <= 0.1
+
+
+def test_preconditioner_maps_back_exactly():
+    torch.manual_seed(0)
+    x = torch.randn(40, 5, dtype=torch.float64) * 7.0 + 20.0
+    y = torch.randint(0, 3, (40,))
+    weight, bias = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    pre, C = Preconditioner.for_problem(x, 3, 0.2), 0.2
+    V, b_prime = pre.from_original(weight, bias)
+    # same logits, and the same objective value at C' = C / s^2 on the transformed features
+    assert torch.allclose(pre.transform(x) @ V.t() + b_prime, x @ weight.t() + bias, atol=1e-10)
+    assert objective_and_grad(pre.transform(x), y, V, b_prime, pre.C(C), need_grad=False)[0] == pytest.approx(
+        objective_and_grad(x, y, weight, bias, C, need_grad=False)[0], rel=1e-12)
+    back = pre.to_original(V, b_prime)
+    assert torch.allclose(back[0], weight, atol=1e-12) and torch.allclose(back[1], bias, atol=1e-12)
+
+
+def test_sklearn_converges_on_badly_scaled_features(digits):
+    # Backbone features carry large offsets and scales; on such raw features plain sklearn lbfgs stops at its
+    # iteration cap well short of the optimum. The preconditioned problem converges to the torch solver's optimum.
+    x, y, xv, yv = (t * 64.0 + 300.0 if t.is_floating_point() else t for t in digits)
+    C, max_iter, tol = 1e-4, 200, 1e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        plain = LogisticRegression(C=C, max_iter=max_iter, tol=tol).fit(x.double().numpy(), y.numpy())
+    plain_loss = objective_and_grad(x, y, torch.from_numpy(plain.coef_), torch.from_numpy(plain.intercept_), C,
+                                    need_grad=False)[0]
+    ours = TorchLBFGS(max_iter=max_iter, tol=tol).fit(x, y, 10, C)
+    fit = SklearnLBFGS(max_iter=max_iter, tol=tol).fit(x, y, 10, C)
+    assert plain.n_iter_.max() == max_iter and plain_loss > ours.loss * (1 + 1e-4)  # the case is a hard one
+    assert fit.n_iter < max_iter and ours.n_iter < max_iter  # both converged
+    assert fit.C == C and fit.loss == pytest.approx(ours.loss, rel=1e-6)
+    assert abs(topk_accuracy(xv, yv, fit)[1] - topk_accuracy(xv, yv, ours)[1]) <= 0.1
+    # the returned (original-unit) coefficients are sklearn's preconditioned ones mapped back: same logits
+    pre = Preconditioner.for_problem(x.double(), 10, C)
+    preconditioned = LogisticRegression(C=pre.C(C), max_iter=max_iter, tol=pre.grad_tol(tol))
+    preconditioned.fit(pre.transform(x).numpy(), y.numpy())
+    logits_pre = torch.from_numpy(preconditioned.decision_function(pre.transform(xv).numpy()))
+    logits = xv.double() @ fit.weight.t() + fit.bias
+    assert torch.allclose(logits, logits_pre, rtol=1e-9, atol=1e-9)
+    assert torch.equal(logits.argmax(1), logits_pre.argmax(1))
 
 
 def test_torch_float32_is_close_too(digits):
