@@ -9,6 +9,7 @@ Rerunning with the same --output-dir resumes from its newest checkpoint.
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,21 +42,29 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-    from models.training.distributed import init_distributed, shutdown
-    from models.training.trainer import Trainer
 
     from data import CorruptImageError, DatasetError
-    from models.training.trainer import TrainingDiverged
+    from models.training.distributed import LaunchError, detect_launch, init_distributed, shutdown
+    from models.training.trainer import ResumeMismatch, Trainer, TrainingDiverged
 
+    try:
+        launch = detect_launch(os.environ)
+    except LaunchError as e:
+        print(f"launch error: {e}", file=sys.stderr)
+        return 2
+    if args.output_dir is None and launch.world_size > 1:
+        # A time-stamped default would differ between ranks that start in different seconds.
+        print("--output-dir is required when training on several processes (a directory all nodes share)",
+              file=sys.stderr)
+        return 2
     ctx = init_distributed()
+    output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     setup_logging(output_dir, ctx.is_main)
     log = logging.getLogger("train")
     try:
         teacher = Trainer(cfg, output_dir, ctx).train()
         log.info("done: %s (metrics in %s)", teacher, output_dir / "metrics.jsonl")
-    except (DatasetError, CorruptImageError, TrainingDiverged) as e:
+    except (DatasetError, CorruptImageError, TrainingDiverged, ResumeMismatch) as e:
         log.error("%s: %s", type(e).__name__, e)
         return 1
     finally:

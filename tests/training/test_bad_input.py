@@ -78,3 +78,25 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(tm
     assert checkpoints == ["step_00000002.pt", "step_00000004.pt"]  # nothing written from the diverged step
     state = torch.load(tmp_path / "checkpoints" / "step_00000004.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_several_processes_need_an_explicit_output_dir(monkeypatch, capsys):
+    """Ranks starting in different seconds would otherwise write to different time-stamped run directories."""
+    import train
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29555"}.items():
+        monkeypatch.setenv(key, value)
+    assert train.main([]) == 2
+    assert "--output-dir is required" in capsys.readouterr().err
+
+
+def test_partial_launch_environment_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    import train
+
+    monkeypatch.setenv("RANK", "0")
+    for key in ("WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    assert train.main(["--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "launch error" in err and "WORLD_SIZE" in err

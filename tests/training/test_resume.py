@@ -76,3 +76,4 @@ def test_resume_refuses_a_different_global_batch(reference_run, tmp_path):
     assert result.returncode != 0
     assert "global batch of 32 (4 processes x 8 per GPU)" in result.stderr
     assert "set train.batch_size_per_gpu=32" in result.stderr
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
