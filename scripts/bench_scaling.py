@@ -283,7 +283,8 @@ def plot(result: dict, png: Path) -> None:
         ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", label=f"{model}, {b}/GPU")
     ax.axhline(90, color="gray", ls=":", lw=1)
     ax.set(xlabel="GPUs", ylabel="weak-scaling efficiency (%)", title=f"{result['gpu']}: images/s(N) / (N x 1 GPU)",
-           xticks=sorted({r["gpus"] for r in rows}), ylim=(0, 110))
+           xticks=sorted({r["gpus"] for r in rows}),
+           ylim=(0, max(110, 5 + max(100 * r["efficiency"] for r in rows))))
     ax.legend()
     if curves:
         ax = axes[0][1]
@@ -295,6 +296,25 @@ def plot(result: dict, png: Path) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     print(f"wrote {png}")
+
+
+def summarise(rows, curves, counts, gpu_name, available, skipped, args, started) -> dict:
+    base = {(r["model"], r["per_gpu_batch"]): r["images_per_s"] for r in rows if r["gpus"] == 1}
+    for r in rows:
+        r["efficiency"] = r["images_per_s"] / (r["gpus"] * base[(r["model"], r["per_gpu_batch"])])
+    return {
+        "gpu": gpu_name, "torch": torch.__version__, "host_gpus": available, "skipped_gpu_counts": skipped,
+        "model": "; ".join(f"{m}: {MODELS[m][1]}" for m in args.models),
+        "configs": {m: MODELS[m][0] for m in args.models},
+        "overrides": BENCH_OVERRIDES + args.overrides,
+        "method": "median step of DDP data parallel Trainer._train_step on a synthetic batch per rank "
+                  f"({args.warmup} warm-up steps, {args.iters} timed, {args.vitl_iters} for vitl16); bf16 autocast "
+                  "on GPU; efficiency = images/s(N) / (N x images/s(1))",
+        "rows": rows,
+        "loss_curves": {"steps": args.curve_steps, "runs": curves,
+                        "comparisons": compare_curves(curves, counts, args.curve_batch)},
+        "wall_s": round(time.time() - started, 1),
+    }
 
 
 def main(argv=None) -> None:
@@ -313,32 +333,19 @@ def main(argv=None) -> None:
     skipped = [n for n in args.gpus if n > available]
     counts = [n for n in sorted(set(args.gpus)) if n <= available]
     rows, curves, started = [], [], time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"scaling_{gpu_slug(gpu_name)}.json"
     with tempfile.TemporaryDirectory() as tmp:
-        for n in counts:
+        for i, n in enumerate(counts):
             path = os.path.join(tmp, f"result_{n}.json")
             mp.spawn(worker, args=(n, free_port(), args, path), nprocs=n, join=True)
             part = json.loads(Path(path).read_text())
             rows += part["rows"]
             curves += part["curves"]
-    base = {(r["model"], r["per_gpu_batch"]): r["images_per_s"] for r in rows if r["gpus"] == 1}
-    for r in rows:
-        r["efficiency"] = r["images_per_s"] / (r["gpus"] * base[(r["model"], r["per_gpu_batch"])])
-    result = {
-        "gpu": gpu_name, "torch": torch.__version__, "host_gpus": available, "skipped_gpu_counts": skipped,
-        "model": "; ".join(f"{m}: {MODELS[m][1]}" for m in args.models),
-        "configs": {m: MODELS[m][0] for m in args.models},
-        "overrides": BENCH_OVERRIDES + args.overrides,
-        "method": "median step of DDP data parallel Trainer._train_step on a synthetic batch per rank "
-                  f"({args.warmup} warm-up steps, {args.iters} timed, {args.vitl_iters} for vitl16); bf16 autocast "
-                  "on GPU; efficiency = images/s(N) / (N x images/s(1))",
-        "rows": rows,
-        "loss_curves": {"steps": args.curve_steps, "runs": curves,
-                        "comparisons": compare_curves(curves, counts, args.curve_batch)},
-        "wall_s": round(time.time() - started, 1),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / f"scaling_{gpu_slug(gpu_name)}.json"
-    out.write_text(json.dumps(result, indent=1))
+            # Written after every process count, so a run cut by a time limit keeps what it measured.
+            result = summarise(rows, curves, counts[: i + 1], gpu_name, available, skipped, args, started)
+            result["partial"] = i + 1 < len(counts)
+            out.write_text(json.dumps(result, indent=1))
     print(f"\n{gpu_name} x{available}: weak scaling ({result['wall_s']} s)")
     print(f"{'model':8s}{'b/GPU':>7s}{'GPUs':>6s}{'ms/step':>10s}{'images/s':>11s}{'eff.':>8s}")
     for r in rows:
