@@ -311,7 +311,8 @@ class Trainer:
         if self.ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "config.yaml").write_text(to_yaml(cfg))
-        self.resume_if_possible()
+        if not self.resume_if_possible():
+            self.metrics.truncate_after(0)  # a fresh start in a used directory replaces the old log
         self.sparse_schedule.apply(self.model.student.backbone, self.step)
         self.model.train()
         progress = tqdm(total=last_step, initial=self.step, disable=not self.ctx.is_main, desc="train",

@@ -79,3 +79,16 @@ def test_non_finite_values_stay_valid_json(tmp_path):
     log = MetricsLog(tmp_path / "m.jsonl")
     log.write({"step": 0, "loss": float("nan")})
     assert json.loads((tmp_path / "m.jsonl").read_text())["loss"] == "nan"
+
+
+def test_fresh_start_in_a_used_directory_replaces_the_old_metrics(tmp_path):
+    """A run restarted with no checkpoint to resume from (killed before its first save) logs from step 0 again:
+    the earlier attempt's lines must not stay in front of the new ones."""
+    from train_runs import run_train
+
+    stale = [{"step": s, "loss": 99.0, "stale": True} for s in range(3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stale))
+    run_train(tmp_path, "train.max_steps=2")
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert records and not any(r.get("stale") for r in records)
+    assert [r["step"] for r in records] == sorted({r["step"] for r in records})
