@@ -13,14 +13,7 @@ def median_cuda_ms(fn, warmup: int = 3, reps: int = 15) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(start.elapsed_time(end) for start, end in events)
-    return times[len(times) // 2]
+    return _timed_median(fn, reps)
 
 
 def device_only_ms(fn, warmup: int = 2, reps: int = 10) -> float:
@@ -33,9 +26,14 @@ def device_only_ms(fn, warmup: int = 2, reps: int = 10) -> float:
     fn()
     host_ms = (time.perf_counter() - t0) * 1e3
     torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     sleep_ms = 2.0 * host_ms * reps + 1.0
     torch.cuda._sleep(int(sleep_ms * 2e6))  # ~2e6 cycles per ms (<= 2 GHz clocks): sleeping longer is harmless
+    return _timed_median(fn, reps)
+
+
+def _timed_median(fn, reps: int) -> float:
+    """Median over `reps` calls of fn() of the CUDA-event time around each call, as they are queued now."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
         start.record()
         fn()
