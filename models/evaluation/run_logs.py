@@ -136,8 +136,8 @@ def _global_batch(run_dir: Path, batch_size_per_gpu: int) -> int:
 
 def _read_records(path: Path) -> list[dict]:
     """metrics.jsonl lines; a line cut by a kill mid-write is ignored. A step going backwards means the run
-    restarted there (train.py truncates the file on resume, but not when it starts over without a checkpoint):
-    the later lines replace the earlier ones from that step on."""
+    restarted there (train.py truncates the file when it resumes or starts over, but logs written by older
+    versions may repeat steps): the later lines replace the earlier ones from that step on."""
     records: list[dict] = []
     for line in path.read_text().splitlines():
         try:
