@@ -7,18 +7,15 @@ import sys
 import time
 from pathlib import Path
 
+from tiny_run import TINY_MODEL_AND_DATA
+
 REPO = Path(__file__).resolve().parents[2]
 
 # A run that takes ~15-25 s on one CPU core with every feature on (multi-crop, masks, drop-path, both phases:
 # 16 steps, dense from step 8). Periodic checkpoints are off (period 100) so that a mid-run checkpoint can only
 # come from a preemption signal.
 TINY = [
-    "student.arch=vit_tiny", "student.drop_path_rate=0.2",
-    "dino.head_n_prototypes=256", "ibot.head_n_prototypes=256",
-    "dino.head_hidden_dim=64", "ibot.head_hidden_dim=64", "dino.head_bottleneck_dim=32", "ibot.head_bottleneck_dim=32",
-    "crops.global_crops_size=16", "crops.local_crops_size=8", "crops.local_crops_number=2",
-    "data.digits_image_size=24", "train.batch_size_per_gpu=8", "train.num_workers=0",
-    "optim.epochs=4", "train.epoch_length=4", "optim.warmup_epochs=1", "teacher.warmup_teacher_temp_epochs=1",
+    *TINY_MODEL_AND_DATA,
     "train.log_period=1", "train.checkpoint_period=100", "train.teacher_export_period=100",
 ]
 TOTAL_STEPS = 16

@@ -6,17 +6,14 @@ import sys
 import time
 from pathlib import Path
 
+from tiny_run import TINY_MODEL_AND_DATA
+
 REPO = Path(__file__).resolve().parents[2]
 
 # A run small enough to repeat several times per test on 2 CPU cores, with every feature on: multi-crop, masks,
 # drop-path, both phases (switch after 8 of 16 steps), checkpoints every 3 steps, a metrics line per step.
 TINY = [
-    "student.arch=vit_tiny", "student.drop_path_rate=0.2",
-    "dino.head_n_prototypes=256", "ibot.head_n_prototypes=256",
-    "dino.head_hidden_dim=64", "ibot.head_hidden_dim=64", "dino.head_bottleneck_dim=32", "ibot.head_bottleneck_dim=32",
-    "crops.global_crops_size=16", "crops.local_crops_size=8", "crops.local_crops_number=2",
-    "data.digits_image_size=24", "train.batch_size_per_gpu=8", "train.num_workers=0",
-    "optim.epochs=4", "train.epoch_length=4", "optim.warmup_epochs=1", "teacher.warmup_teacher_temp_epochs=1",
+    *TINY_MODEL_AND_DATA,
     "sparsity.sparse_fraction=0.5", "train.log_period=1", "train.checkpoint_period=3", "train.max_to_keep=10",
     "train.teacher_export_period=8",
 ]
