@@ -243,9 +243,10 @@ def bench_modules(B, dtype, op, tokens, in_f, out_f, backends, x_dtype=torch.flo
                 torch.cuda.synchronize()
 
 
-def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5):
-    """Device time per kernel category of one eager linear fwd+bwd (nn.Linear vs cusparselt), from the profiler:
-    the numbers behind the fwd+bwd bound (fwd, dgrad, wgrad GEMMs, pack, casts, bias gradient)."""
+def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5, backends=(None, "cusparselt")):
+    """Device time per kernel category of one eager linear fwd+bwd (nn.Linear vs each backend), from the profiler:
+    the numbers behind the fwd+bwd bound (fwd, dgrad, wgrad GEMMs, pack, casts, bias gradient), and the GPU's idle
+    time between kernels (host-bound eager steps)."""
     from torch.profiler import ProfilerActivity, profile
 
     from sparsity.profiling import kernel_summary
@@ -253,7 +254,7 @@ def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5):
     out = []
     x = torch.randn(tokens, in_f, device="cuda", dtype=x_dtype, requires_grad=True)
     dy = torch.randn(tokens, out_f, device="cuda", dtype=dtype)
-    for backend in (None, "cusparselt"):
+    for backend in backends:
         model = _linear_pair(in_f, out_f, backend)
 
         def step():
@@ -328,6 +329,21 @@ def bench_host(B, dtype):
         us = (time.perf_counter() - t) / 50 * 1e6
         B.add(op="host_per_step", backend=backend or "nn.Linear", tokens=256, in_features=1024, out_features=4096,
               dtype=dn, ms=us / 1e3, dense_ms=None, graph=False)
+        if backend is not None:  # where the host time goes, by Python function
+            import cProfile
+            import io
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(50):
+                step()
+            prof.disable()
+            torch.cuda.synchronize()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+            print(f"=== cProfile, 50 eager fwd+bwd steps at 256 tokens, {backend} (tottime)\n{buf.getvalue()}",
+                  file=sys.stderr, flush=True)
     from torch.profiler import ProfilerActivity, profile
 
     for backend in ("cusparselt", None):
@@ -455,9 +471,12 @@ def main():
                     if not fc1:  # fc2's real input: the GELU output, already in the compute dtype
                         bench_modules(B, dtype, "linear_fwd_bwd", tokens, in_f, out_f, ["dense"] + backends,
                                       dtype, "GELU output, fc2's real input")
+                x_real = torch.float32 if in_f < out_f else dtype  # fc1 reads the LayerNorm output, fc2 the GELU's
                 if "kernels" in args.ops and dtype == torch.bfloat16 and tokens >= 32768:
+                    info.setdefault("kernel_breakdown", []).extend(kernel_breakdown(dtype, tokens, in_f, out_f, x_real))
+                if "kernels_auto" in args.ops and dtype == torch.bfloat16:  # where auto's eager steps lose time
                     info.setdefault("kernel_breakdown", []).extend(
-                        kernel_breakdown(dtype, tokens, in_f, out_f, torch.float32 if in_f < out_f else dtype))
+                        kernel_breakdown(dtype, tokens, in_f, out_f, x_real, backends=(None, "auto", "cusparselt")))
             if "mlp_fwd_bwd" in args.ops:
                 bench_modules(B, dtype, "mlp_fwd_bwd", tokens, 1024, 1024, ["dense"] + backends,
                               torch.float32, "LayerNorm output")

@@ -5,7 +5,9 @@
     forward      y  = x  @ W_s^T + b      sparse GEMM   (SparseWeight.matmul)
     input grad   dx = dy @ W_s            sparse GEMM when the pruning is transposable (SparseWeight.matmul_t)
     weight grad  dW = dy^T @ x            dense GEMM, straight-through to the dense master weight (optionally
-                                          masked: `masked_grad=True` gives dW * mask)
+                                          masked: `masked_grad=True` gives dW * mask); on CUDA one cuBLASLt call
+                                          that also reduces the bias gradient and writes fp32 directly
+                                          (`backends/_cublaslt_wgrad.py`), else the torch ops
 
 `semi_sparse_activation_linear(x, weight, bias, ...)`: torchao's SemiSparseActivationLinear semantics: the input
 x (tokens x in) is pruned 2:4 along features, y = x_s @ W^T + b, dW = dy^T @ x_s, dx = dy @ W (straight-through to x).
@@ -24,6 +26,7 @@ from typing import Optional
 import torch
 
 from sparsity.backends import Backend, get_backend
+from sparsity.backends._cublaslt_wgrad import weight_bias_grad
 from sparsity.pruning import check_method
 
 
@@ -86,13 +89,15 @@ class SemiSparseWeightFunction(torch.autograd.Function):
                     dx = dx * scale
                 dx = dx.reshape(x_shape).to(x_dtype)
             if ctx.needs_input_grad[1]:
-                dw = dy2.t() @ x2
+                # one cuBLASLt GEMM with the bias gradient in its epilogue where it applies, else the torch ops
+                fused = weight_bias_grad(dy2, x2, ctx.w_dtype, ctx.b_dtype if ctx.needs_input_grad[2] else None)
+                dw, db = fused if fused is not None else (dy2.t() @ x2, None)
                 if scale is not None:
                     dw = dw * scale
                 if ctx.masked_grad:
                     dw = torch.where(sw.mask(), dw, torch.zeros((), dtype=dw.dtype, device=dw.device))
                 dw = dw.to(ctx.w_dtype)
-            if ctx.needs_input_grad[2]:
+            if ctx.needs_input_grad[2] and db is None:
                 db = dy2.sum(0).to(ctx.b_dtype)
         return dx, dw, db, None, None, None, None, None
 

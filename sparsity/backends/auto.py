@@ -283,8 +283,11 @@ class AutoBackend(Backend):
         return choice
 
     def describe(self) -> dict:
+        from ._cublaslt_wgrad import decisions
+
         return {
             "backend": self.name,
+            "weight_grad": decisions(),
             "decisions": [
                 {"tokens": k.tokens, "in_features": k.in_features, "out_features": k.out_features,
                  "dtype": str(k.dtype).replace("torch.", ""), "device": k.device_index, **v}

@@ -368,7 +368,10 @@ class CuSparseLtBackend(Backend):
                                       ref=values)
 
     def describe(self) -> dict:
-        out = {"backend": self.name, "layouts": {str(k): v for k, v in _layout_status.items()}}
+        from ._cublaslt_wgrad import decisions
+
+        out = {"backend": self.name, "layouts": {str(k): v for k, v in _layout_status.items()},
+               "weight_grad": decisions()}
         try:
             out["plans"] = P.plan_records()
         except Exception:  # noqa: BLE001
