@@ -20,12 +20,12 @@ compute dtype) and the backend's SparseWeight are kept for backward.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Optional
 
 import torch
 
 from sparsity.backends import Backend, get_backend
+from sparsity.backends.base import cast
 from sparsity.backends._cublaslt_wgrad import weight_bias_grad
 from sparsity.pruning import check_method
 
@@ -38,14 +38,38 @@ def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def _no_autocast(device_type: str):
-    if torch.is_autocast_enabled(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
+class AutocastOff:
+    """`with AutocastOff(device_type):` autocast off for that device type inside the block.
+
+    The same as `torch.autocast(device_type, enabled=False)`, whose constructor costs tens of microseconds of host
+    time on every call (this runs twice per sparse layer and step). Traced code (torch.compile) uses torch.autocast,
+    which the compiler understands."""
+
+    __slots__ = ("device_type", "ctx", "was_on")
+
+    def __init__(self, device_type: str):
+        self.device_type = device_type
+        self.ctx = None
+
+    def __enter__(self):
+        self.was_on = torch.is_autocast_enabled(self.device_type)
+        if not self.was_on:
+            return
+        if torch.compiler.is_compiling():
+            self.ctx = torch.autocast(self.device_type, enabled=False)
+            self.ctx.__enter__()
+        else:
+            torch.set_autocast_enabled(self.device_type, False)
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)
+        elif self.was_on:
+            torch.set_autocast_enabled(self.device_type, True)
 
 
-def _cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
-    return None if t is None else t.to(dtype)
+def _rows(t: torch.Tensor, features: int) -> torch.Tensor:
+    return t if t.dim() == 2 else t.reshape(-1, features)
 
 
 def record_input_meta(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
@@ -58,22 +82,22 @@ def record_input_meta(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional
 class SemiSparseWeightFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, backend: Backend, pruning: str, masked_grad: bool, scale, dtype):
-        in_features = weight.shape[1]
-        with _no_autocast(x.device.type):
-            x2 = x.reshape(-1, in_features).to(dtype)
-            sw = backend.sparsify(weight.detach().to(dtype), pruning)
-            b = _cast(bias, dtype)
+        # (inside forward nothing is tracked by autograd: no .detach() needed; no-op casts are skipped, they cost
+        # host time on every step)
+        with AutocastOff(x.device.type):
+            x2 = cast(_rows(x, weight.shape[1]), dtype)
+            sw = backend.sparsify(cast(weight, dtype), pruning)
             if scale is None:
-                y = sw.matmul(x2, b)
+                y = sw.matmul(x2, bias)  # backends cast the bias themselves (cuSPARSELt's plan copy casts it)
             else:
                 y = sw.matmul(x2) * scale
-                if b is not None:
-                    y = y + b
+                if bias is not None:
+                    y = y + cast(bias, dtype)
         ctx.sw = sw
         ctx.masked_grad = masked_grad
         record_input_meta(ctx, x, weight, bias)
         ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, scale)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, dy):
@@ -81,13 +105,13 @@ class SemiSparseWeightFunction(torch.autograd.Function):
         sw = ctx.sw
         x_shape, x_dtype = ctx.x_meta
         dx = dw = db = None
-        with _no_autocast(dy.device.type):
-            dy2 = dy.reshape(-1, dy.shape[-1])  # in the compute dtype, like y
+        with AutocastOff(dy.device.type):
+            dy2 = _rows(dy, dy.shape[-1])  # in the compute dtype, like y
             if ctx.needs_input_grad[0]:
                 dx = sw.matmul_t(dy2)
                 if scale is not None:
                     dx = dx * scale
-                dx = dx.reshape(x_shape).to(x_dtype)
+                dx = cast(dx if len(x_shape) == 2 else dx.reshape(x_shape), x_dtype)
             if ctx.needs_input_grad[1]:
                 # one cuBLASLt GEMM with the bias gradient in its epilogue where it applies, else the torch ops
                 fused = weight_bias_grad(dy2, x2, ctx.w_dtype, ctx.b_dtype if ctx.needs_input_grad[2] else None)
@@ -96,23 +120,22 @@ class SemiSparseWeightFunction(torch.autograd.Function):
                     dw = dw * scale
                 if ctx.masked_grad:
                     dw = torch.where(sw.mask(), dw, torch.zeros((), dtype=dw.dtype, device=dw.device))
-                dw = dw.to(ctx.w_dtype)
+                dw = cast(dw, ctx.w_dtype)
             if ctx.needs_input_grad[2] and db is None:
-                db = dy2.sum(0).to(ctx.b_dtype)
+                db = cast(dy2.sum(0), ctx.b_dtype)
         return dx, dw, db, None, None, None, None, None
 
 
 class SemiSparseActivationFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, backend: Backend, pruning: str, dtype):
-        in_features = weight.shape[1]
-        with _no_autocast(x.device.type):
-            x2 = x.reshape(-1, in_features).to(dtype)
-            w = weight.detach().to(dtype)
-            sx = backend.sparsify(x2.detach(), pruning)  # x_s (tokens x in), 2:4 along features
+        with AutocastOff(x.device.type):
+            x2 = cast(_rows(x, weight.shape[1]), dtype)
+            w = cast(weight, dtype)
+            sx = backend.sparsify(x2, pruning)  # x_s (tokens x in), 2:4 along features
             y = sx.matmul(w).t()  # (W @ x_s^T)^T
             if bias is not None:
-                y = y + bias.to(dtype)
+                y = y + cast(bias, dtype)
         ctx.sx = sx
         record_input_meta(ctx, x, weight, bias)
         ctx.save_for_backward(w if ctx.needs_input_grad[0] else None)
@@ -124,8 +147,8 @@ class SemiSparseActivationFunction(torch.autograd.Function):
         sx = ctx.sx
         x_shape, x_dtype = ctx.x_meta
         dx = dw = db = None
-        with _no_autocast(dy.device.type):
-            dy2 = dy.reshape(-1, dy.shape[-1])  # in the compute dtype, like y
+        with AutocastOff(dy.device.type):
+            dy2 = _rows(dy, dy.shape[-1])  # in the compute dtype, like y
             if ctx.needs_input_grad[0]:
                 dx = (dy2 @ w).reshape(x_shape).to(x_dtype)  # straight-through to the dense x
             if ctx.needs_input_grad[1]:

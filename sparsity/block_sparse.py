@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparsity.autograd import _no_autocast, compute_dtype_for, record_input_meta
+from sparsity.autograd import AutocastOff, compute_dtype_for, record_input_meta
 from sparsity.modules import SparseLinearMixin
 
 IMPLS = ("auto", "torch", "triton")
@@ -82,7 +82,7 @@ def _use_triton(x: torch.Tensor, impl: str) -> bool:
 class BlockSparseFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, layout: BlockLayout, impl: str, dtype):
-        with _no_autocast(x.device.type):
+        with AutocastOff(x.device.type):
             x2 = x.reshape(-1, weight.shape[1]).to(dtype)
             w = weight.detach().to(dtype)
             b = None if bias is None else bias.to(dtype)
@@ -104,7 +104,7 @@ class BlockSparseFunction(torch.autograd.Function):
         layout = ctx.layout
         x_shape, x_dtype = ctx.x_meta
         dx = dw = db = None
-        with _no_autocast(dy.device.type):
+        with AutocastOff(dy.device.type):
             dy2 = dy.reshape(-1, dy.shape[-1])
             triton_path = _use_triton(dy2, ctx.impl)
             if triton_path:

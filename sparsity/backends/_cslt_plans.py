@@ -402,12 +402,12 @@ def get_plan(
     Without operands, or inside CUDA-graph capture (timing would synchronise), the default algorithm is used and
     the choice is not remembered.
     """
-    lay = OperandLayout.for_weight(out_features, in_features, kind)
     key = (device_index, dtype, kind, out_features, in_features, n, b_transposed, d_order, has_bias)
     st = _state()
     plan = st.plans.get(key)
     if plan is not None:
         return plan
+    lay = OperandLayout.for_weight(out_features, in_features, kind)
     args = (key, device_index, lay, n, dtype, b_transposed, d_order, has_bias)
     with _alg_lock:
         choice = _alg_choice.get(key)

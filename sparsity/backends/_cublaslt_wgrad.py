@@ -52,7 +52,7 @@ _decisions: dict = {}  # key -> record (shared across threads; plans themselves 
 
 def _lib():
     """nvmath's cuBLASLt bindings, or None (reason kept in `_load_error`)."""
-    global _lt, _load_error
+    global _lt, _load_error, _BIAS_POINTER
     if _lt is not None or _load_error is not None:
         return _lt
     with _lock:
@@ -61,6 +61,7 @@ def _lib():
                 from nvmath.bindings import cublasLt  # noqa: PLC0415
 
                 cublasLt.get_version()
+                _BIAS_POINTER = int(cublasLt.MatmulDescAttribute.BIAS_POINTER)
                 _lt = cublasLt
             except Exception as e:  # noqa: BLE001 -- ImportError, or the library cannot be loaded
                 _load_error = f"cuBLASLt through nvmath unavailable: {e!r}"
@@ -95,25 +96,39 @@ class _Plan:
     transposed: bool
     label: str
 
+    def __post_init__(self):
+        # everything a call needs that does not change, as plain ints (numpy's .ctypes.data costs microseconds)
+        self._bias_ptr = np.zeros(1, dtype=np.uint64)
+        self._bias_ptr_p = self._bias_ptr.ctypes.data
+        self._ws = (self.workspace.data_ptr(), self.workspace.numel())
+        self._device = self.workspace.device
+        self._device_index = self._device.index
+
     def __call__(self, dy: torch.Tensor, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         lt = _lt
-        n, out_f = dy.shape
-        in_f = x.shape[1]
-        d = torch.empty((in_f, out_f) if self.transposed else (out_f, in_f), dtype=self.out_dtype, device=dy.device)
-        db = torch.empty(out_f, dtype=self.out_dtype, device=dy.device) if self.has_bias else None
-        if db is not None:
-            _attr(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.BIAS_POINTER, db.data_ptr(),
-                  np.uint64)
+        out_f, in_f = dy.shape[1], x.shape[1]
+        d = torch.empty((in_f, out_f) if self.transposed else (out_f, in_f), dtype=self.out_dtype,
+                        device=self._device)
+        db = None
+        if self.has_bias:
+            db = torch.empty(out_f, dtype=self.out_dtype, device=self._device)
+            self._bias_ptr[0] = db.data_ptr()
+            lt.matmul_desc_set_attribute(self.desc, _BIAS_POINTER, self._bias_ptr_p, 8)
         a, b = (dy, x) if self.transposed else (x, dy)
         la, lb, ld = self.layouts
-        lt.matmul(self.handle, self.desc, _ONE.ctypes.data, a.data_ptr(), la, b.data_ptr(), lb, _ZERO.ctypes.data,
-                  d.data_ptr(), ld, d.data_ptr(), ld, self.algo_ptr, self.workspace.data_ptr(),
-                  self.workspace.numel(), torch.cuda.current_stream(dy.device).cuda_stream)
+        dp = d.data_ptr()
+        lt.matmul(self.handle, self.desc, _ONE_P, a.data_ptr(), la, b.data_ptr(), lb, _ZERO_P, dp, ld, dp, ld,
+                  self.algo_ptr, self._ws[0], self._ws[1], _raw_stream(self._device_index))
         return (d.t() if self.transposed else d), db
 
 
 _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
+_ONE_P, _ZERO_P = _ONE.ctypes.data, _ZERO.ctypes.data
+_BIAS_POINTER = None  # lt.MatmulDescAttribute.BIAS_POINTER, set when the library loads
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda idx: torch.cuda.current_stream(idx).cuda_stream
+)
 
 
 class _ThreadState(threading.local):

@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
+from .base import Backend, BackendUnavailable, GemmKey, SparseWeight, cast
 from sparsity.backends._timing import device_only_ms, median_cuda_ms
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class FastDenseSparseWeight(SparseWeight):
         self.shape = torch.Size(shape)
 
     def matmul(self, x, bias=None):
-        return F.linear(x, self.values, bias)
+        return F.linear(x, self.values, cast(bias, x.dtype))
 
     def matmul_t(self, dy):
         return dy @ self.values

@@ -30,7 +30,8 @@ class SparseWeight(abc.ABC):
 
     @abc.abstractmethod
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x (tokens, in) -> x @ W_s^T + bias (tokens, out)."""
+        """x (tokens, in) -> x @ W_s^T + bias (tokens, out), in x's dtype; bias may come in any float dtype (e.g.
+        the fp32 master bias under autocast): the backend casts it where its GEMM needs it."""
 
     @abc.abstractmethod
     def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:
@@ -72,3 +73,8 @@ class GemmKey:
     out_features: int
     dtype: torch.dtype
     device_index: int
+
+
+def cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """t in dtype (t itself when it already is, or None): a no-op .to() still costs host time on the hot path."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)

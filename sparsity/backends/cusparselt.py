@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from sparsity.packing import layout as L
 
 from . import _cslt_plans as P
-from .base import Backend, BackendUnavailable, SparseWeight
+from .base import Backend, BackendUnavailable, SparseWeight, cast
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def _gemm_impl(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tenso
     if x.stride(1) == 1 and x.stride(0) == k_dim and aligned and (tail == 0 or n >= SPLIT_MIN_TOKENS):
         y = torch.empty(n, m_dim, dtype=x.dtype, device=x.device)
         main = n - tail
-        _gemm_run(packed, x[:main], True, y, bias, out_features, in_features, transpose, dense_ref)
+        _gemm_run(packed, x[:main] if tail else x, True, y, bias, out_features, in_features, transpose, dense_ref)
         if tail:
             xt = x.new_zeros(TOKEN_MULTIPLE, k_dim)
             xt[:tail].copy_(x[main:])
@@ -197,14 +197,13 @@ class CuSparseLtSparseWeight(SparseWeight):
         out, inf = self.shape
         if bias is not None and self.rows_pad != out:
             bias = F.pad(bias, (0, self.rows_pad - out))
-        if bias is not None:
-            bias = bias.to(self.dtype)
-        y = _mm(self.packed, x.to(self.dtype), bias, self.rows_pad, inf, False, self._ref)
+        # bias in any dtype: the plan copies it into its own buffer of the GEMM's dtype (the copy casts)
+        y = _mm(self.packed, cast(x, self.dtype), bias, self.rows_pad, inf, False, self._ref)
         return y if self.rows_pad == out else y[:, :out]
 
     def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:
         out, inf = self.shape
-        dy = dy.to(self.dtype)
+        dy = cast(dy, self.dtype)
         if self.packed_t is None:
             return dy @ self.to_dense()
         if self.rows_pad != out:
@@ -342,7 +341,7 @@ class CuSparseLtBackend(Backend):
         out_f, in_f = weight.shape
         self.check_shape(out_f, in_f, pruning)
         rows_pad = -(-out_f // 16) * 16
-        w = weight.detach()
+        w = weight
         if rows_pad != out_f:
             w = F.pad(w, (0, 0, 0, rows_pad - out_f))
         status = layout_status(weight.device, weight.dtype)

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from .base import Backend, BackendUnavailable, SparseWeight
+from .base import Backend, BackendUnavailable, SparseWeight, cast
 
 SM8X_REASON = "torch's CUTLASS 2:4 GEMM supports only compute capability 8.x"
 
@@ -42,13 +42,13 @@ class CutlassSparseWeight(SparseWeight):
         self._source = source
 
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        b = None if bias is None else bias.to(self.dtype)
-        return torch._sparse_semi_structured_linear(x.to(self.dtype), self.packed, self.meta, bias=b)
+        return torch._sparse_semi_structured_linear(cast(x, self.dtype), self.packed, self.meta,
+                                                    bias=cast(bias, self.dtype))
 
     def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:
         if self.packed_t is None:
-            return dy.to(self.dtype) @ self.to_dense()
-        return torch._sparse_semi_structured_linear(dy.to(self.dtype), self.packed_t, self.meta_t)
+            return cast(dy, self.dtype) @ self.to_dense()
+        return torch._sparse_semi_structured_linear(cast(dy, self.dtype), self.packed_t, self.meta_t)
 
     def to_dense(self) -> torch.Tensor:
         if self._values is None:

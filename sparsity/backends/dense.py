@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from sparsity.pruning import prune
 
-from .base import Backend, SparseWeight
+from .base import Backend, SparseWeight, cast
 
 
 class DenseSparseWeight(SparseWeight):
@@ -25,7 +25,7 @@ class DenseSparseWeight(SparseWeight):
         self.shape = values.shape
 
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return F.linear(x, self.values, bias)
+        return F.linear(x, self.values, cast(bias, x.dtype))
 
     def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:
         return dy @ self.values

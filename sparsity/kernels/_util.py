@@ -8,9 +8,14 @@ import torch
 import triton  # noqa: F401  (kernel modules import this module first)
 
 
+# Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when the kernel modules are imported: read it once
+# here too (the kernels' wrappers ask on every launch, and an environment lookup costs host time).
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 when the kernels were imported)."""
+    return _INTERPRETING
 
 
 def check_launchable(*tensors: torch.Tensor) -> None:

@@ -60,10 +60,17 @@ def _meta_addr(r, g, NKT):
 
 @triton.jit
 def _prune_pack_kernel(
-    w_ptr, m_ptr, vf_ptr, mf_ptr, vd_ptr, md_ptr, bits_ptr, wp_ptr, C, NKT_F, NKT_D, n_units,
+    w_ptr, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, R, C,
     LUT_LO: tl.constexpr, LUT_HI: tl.constexpr, GIVEN_MASK: tl.constexpr, WRITE_T: tl.constexpr,
     BLOCK: tl.constexpr, PRELOAD: tl.constexpr, PACK: tl.constexpr, DENSE_OUT: tl.constexpr,
 ):
+    # (few runtime arguments on purpose: Triton's launcher spends host time on each one, every step)
+    # compressed buffer = values (R * C bytes), then metadata; k-tiles of 32 columns of each operand
+    mf_ptr = vf_ptr + R * C
+    md_ptr = vd_ptr + R * C
+    NKT_F = (C + 31) // 32
+    NKT_D = (R + 31) // 32
+    n_units = (R // 8) * (C // 8)
     # one thread = one unit of four tiles {tr, tr+2} x {tc, tc+2} with tr % 4, tc % 4 in {0, 1}: the tiles whose
     # metadata nibbles share bytes (rows r and r+8 of either operand)
     u = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -162,22 +169,15 @@ def prune_pack(
             mask = mask.view(torch.uint8)
         mask = mask.contiguous()
     size = L.compressed_size(R, C)  # same for both orientations
-    vb = R * C
     if out is None:
         fwd = torch.empty(size, dtype=torch.uint8, device=w.device)
         dgrad = torch.empty(size, dtype=torch.uint8, device=w.device) if write_t else None
         bits = torch.empty(R // 4, C // 4, dtype=torch.int16, device=w.device)
     else:
         fwd, dgrad, bits = out
-    mf = fwd[vb:]
-    if write_t:
-        vd, md = dgrad, dgrad[vb:]
-    else:
-        vd, md = fwd, mf  # unused
-    n_units = (R // 8) * (C // 8)
     block = _block()
-    _prune_pack_kernel[(triton.cdiv(n_units, block),)](
-        w, mask if mask is not None else w, fwd, mf, vd, md, bits, w, C, -(-C // 32), -(-R // 32), n_units,
+    _prune_pack_kernel[(triton.cdiv((R // 8) * (C // 8), block),)](
+        w, mask if mask is not None else w, fwd, dgrad if write_t else fwd, bits, w, R, C,
         LUT_LO=LUT_LO, LUT_HI=LUT_HI, GIVEN_MASK=mask is not None, WRITE_T=write_t, BLOCK=block,
         PRELOAD=CONFIG["preload"], PACK=True, DENSE_OUT=False, num_warps=CONFIG["num_warps"],
     )
@@ -197,10 +197,9 @@ def prune_dense(w: torch.Tensor):
         w = w.contiguous() if not w.is_contiguous() else w.clone()
     wp = torch.empty_like(w)
     bits = torch.empty(R // 4, C // 4, dtype=torch.int16, device=w.device)
-    n_units = (R // 8) * (C // 8)
     block = _block()
-    _prune_pack_kernel[(triton.cdiv(n_units, block),)](
-        w, w, wp, wp, wp, wp, bits, wp, C, -(-C // 32), -(-R // 32), n_units,
+    _prune_pack_kernel[(triton.cdiv((R // 8) * (C // 8), block),)](
+        w, w, wp, wp, bits, wp, R, C,
         LUT_LO=LUT_LO, LUT_HI=LUT_HI, GIVEN_MASK=False, WRITE_T=False, BLOCK=block,
         PRELOAD=CONFIG["preload"], PACK=False, DENSE_OUT=True, num_warps=CONFIG["num_warps"],
     )

@@ -108,6 +108,19 @@ def test_kernel_equals_reference_tile_greedy(dtype, shape):
     assert torch.equal(tile_bits_to_mask(pk.tile_bits).cpu(), mask)
 
 
+@pytest.mark.parametrize("shape", [(64, 64), (48, 80)])
+def test_dense_output_mode_equals_reference_tile_greedy(shape):
+    """prune_dense (auto's dense path): the same kernel writing the pruned W itself instead of the packed bytes."""
+    from sparsity.kernels.pack_cusparselt import prune_dense, tile_bits_to_mask
+
+    w = _weights(shape, torch.bfloat16, seed=7 + sum(shape))
+    wp, bits = prune_dense(w)
+    mask = tile_greedy_mask(w.cpu())
+    assert torch.equal(wp.cpu().view(torch.int16), torch.where(mask, w.cpu(), torch.zeros((), dtype=w.dtype))
+                       .view(torch.int16))
+    assert torch.equal(tile_bits_to_mask(bits).cpu(), mask)
+
+
 @pytest.mark.parametrize("method", ["rowwise", "tile_optimal"])
 def test_kernel_given_mask(method):
     from sparsity.kernels.pack_cusparselt import prune_pack
