@@ -55,11 +55,14 @@ class AutocastOff:
         self.was_on = torch.is_autocast_enabled(self.device_type)
         if not self.was_on:
             return
-        if torch.compiler.is_compiling():
-            self.ctx = torch.autocast(self.device_type, enabled=False)
-            self.ctx.__enter__()
-        else:
-            torch.set_autocast_enabled(self.device_type, False)
+        if not torch.compiler.is_compiling():
+            try:
+                torch.set_autocast_enabled(self.device_type, False)
+                return
+            except TypeError:  # a torch without the per-device-type signature
+                pass
+        self.ctx = torch.autocast(self.device_type, enabled=False)
+        self.ctx.__enter__()
 
     def __exit__(self, *exc):
         if self.ctx is not None:

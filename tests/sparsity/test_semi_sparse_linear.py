@@ -231,3 +231,19 @@ def test_dense_backend_contract(method):
     torch.testing.assert_close(sw.matmul(x, b), x @ values.t() + b)
     torch.testing.assert_close(sw.matmul_t(dy), dy @ values)
     assert is_transposable(method) == (method in ("tile_greedy", "tile_optimal"))
+
+
+def test_autocast_off_restores_the_callers_state_even_on_error():
+    from sparsity.autograd import AutocastOff
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with AutocastOff("cpu"):
+            assert not torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        with pytest.raises(ZeroDivisionError):
+            with AutocastOff("cpu"):
+                1 / 0
+        assert torch.is_autocast_enabled("cpu")
+    with AutocastOff("cpu"):  # autocast was off: stays off, and is not switched on afterwards
+        assert not torch.is_autocast_enabled("cpu")
+    assert not torch.is_autocast_enabled("cpu")
