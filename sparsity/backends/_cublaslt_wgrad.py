@@ -32,7 +32,9 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
+from sparsity.backends._cslt_plans import _raw_stream, _rel_err
 from sparsity.backends._timing import median_cuda_ms
+from sparsity.backends.base import cast
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,11 @@ class _Plan:
     has_bias: bool
     out_dtype: torch.dtype
     transposed: bool
-    label: str
+    index: int  # position in the heuristic's list
+
+    @property
+    def label(self) -> str:
+        return f"{'dWT+BGRADA' if self.transposed else 'dW+BGRADB'}#{self.index}"
 
     def __post_init__(self):
         # everything a call needs that does not change, as plain ints (numpy's .ctypes.data costs microseconds)
@@ -126,9 +132,6 @@ _ONE = np.ones(1, dtype=np.float32)
 _ZERO = np.zeros(1, dtype=np.float32)
 _ONE_P, _ZERO_P = _ONE.ctypes.data, _ZERO.ctypes.data
 _BIAS_POINTER = None  # lt.MatmulDescAttribute.BIAS_POINTER, set when the library loads
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
-    lambda idx: torch.cuda.current_stream(idx).cuda_stream
-)
 
 
 class _ThreadState(threading.local):
@@ -181,9 +184,8 @@ def _candidates(dev: int, dtype: torch.dtype, n: int, in_f: int, out_f: int, out
     finally:
         lt.matmul_preference_destroy(pref)
     itemsize = lt.matmul_heuristic_result_dtype.itemsize  # each result starts with its cublasLtMatmulAlgo_t
-    name = "dWT+BGRADA" if transposed else "dW+BGRADB"
-    return [_Plan(h, desc, layouts, results, results.ptr + i * itemsize, ws, has_bias, out_dtype, transposed,
-                  f"{name}#{i}") for i in range(int(count[0]))]
+    return [_Plan(h, desc, layouts, results, results.ptr + i * itemsize, ws, has_bias, out_dtype, transposed, i)
+            for i in range(int(count[0]))]
 
 
 def _torch_grads(dy2, x2, w_dtype, b_dtype) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
@@ -196,11 +198,6 @@ def _rowmajor(t: torch.Tensor) -> torch.Tensor:
     if t.stride(1) == 1 and t.stride(0) == t.shape[1] and t.data_ptr() % ALIGN == 0:
         return t
     return t.contiguous() if not t.is_contiguous() else t.clone()
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def weight_bias_grad(dy2: torch.Tensor, x2: torch.Tensor, w_dtype: torch.dtype, b_dtype: Optional[torch.dtype]
@@ -236,8 +233,8 @@ def weight_bias_grad(dy2: torch.Tensor, x2: torch.Tensor, w_dtype: torch.dtype, 
     if plan is None:  # decided in another thread (autograd runs backward in its own): the same algorithm here
         cands = _candidates(*key, transposed=rec["transposed"])
         plan = _tls.plans[key] = cands[rec["index"]] if rec["index"] < len(cands) else cands[0]
-    dw, db = plan(dy2, x2)
-    return dw.to(w_dtype), (None if db is None else db.to(b_dtype))
+    dw, db = plan(dy2, x2)  # dw already in w_dtype (the plan's output dtype); db may need a cast
+    return dw, cast(db, b_dtype)
 
 
 def _first_call(key, dy2, x2, w_dtype, b_dtype) -> dict:
@@ -258,7 +255,7 @@ def _first_call(key, dy2, x2, w_dtype, b_dtype) -> dict:
                 except _lt.cuBLASLtError as e:
                     rejected[plan.label] = repr(e)
                     continue
-                err_w, err_b = _rel(dw, ref_w), (0.0 if db is None else _rel(db, ref_b))
+                err_w, err_b = _rel_err(dw, ref_w), (0.0 if db is None else _rel_err(db, ref_b))
                 if not (err_w < 1e-2 and err_b < 1e-2):
                     rejected[plan.label] = f"rel err dW {err_w:.3g}, db {err_b:.3g}"
                     continue
@@ -276,7 +273,7 @@ def _first_call(key, dy2, x2, w_dtype, b_dtype) -> dict:
         if fused:
             _tls.plans[key] = best
         return _decide(key, fused, choice=best.label, transposed=best.transposed,
-                       index=int(best.label.rsplit("#", 1)[1]), fused_ms=round(best_ms, 4),
+                       index=best.index, fused_ms=round(best_ms, 4),
                        torch_ms=round(torch_ms, 4), candidates_ms=timings, rejected=rejected)
 
 
