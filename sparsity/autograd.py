@@ -12,6 +12,8 @@
 `semi_sparse_activation_linear(x, weight, bias, ...)`: torchao's SemiSparseActivationLinear semantics: the input
 x (tokens x in) is pruned 2:4 along features, y = x_s @ W^T + b, dW = dy^T @ x_s, dx = dy @ W (straight-through to x).
 
+Under torch.compile both route to `sparsity.traced`, the same math written as ops the compiler sees.
+
 Both run in the *compute dtype*: the autocast dtype when autocast is enabled for x's device, else x.dtype. Weight,
 bias and x are cast to it inside the function (so fp32 master weights under bf16 autocast work), x may have any
 leading dims and need not be contiguous, and gradients come back in the dtypes of the inputs. Only x (cast to the
@@ -24,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from sparsity import traced
 from sparsity.backends import Backend, get_backend
 from sparsity.backends.base import cast
 from sparsity.backends._cublaslt_wgrad import weight_bias_grad
@@ -42,8 +45,8 @@ class AutocastOff:
     """`with AutocastOff(device_type):` autocast off for that device type inside the block.
 
     The same as `torch.autocast(device_type, enabled=False)`, whose constructor costs tens of microseconds of host
-    time on every call (this runs twice per sparse layer and step). Traced code (torch.compile) uses torch.autocast,
-    which the compiler understands."""
+    time on every call (this runs twice per sparse layer and step). While torch.compile is at work it uses
+    torch.autocast (the 2:4 layers themselves trace through `sparsity.traced` and need no context manager)."""
 
     __slots__ = ("device_type", "ctx", "was_on")
 
@@ -176,6 +179,8 @@ def semi_sparse_linear(
     `scale`: optional 0-d tensor multiplying the pruned weight (S-STE's beta for pruning="soft_threshold").
     """
     check_method(pruning)
+    if torch.compiler.is_compiling():  # the compiler's form: ops it can see and fuse (sparsity/traced.py)
+        return traced.semi_sparse_linear(x, weight, bias, backend, pruning, masked_grad, scale, compute_dtype_for(x))
     return SemiSparseWeightFunction.apply(
         x, weight, bias, get_backend(backend), pruning, masked_grad, scale, compute_dtype_for(x)
     )
@@ -191,4 +196,6 @@ def semi_sparse_activation_linear(
 ) -> torch.Tensor:
     """y = prune(x) @ weight^T + bias, x pruned 2:4 along its last dim, straight-through gradient to x."""
     check_method(pruning)
+    if torch.compiler.is_compiling():
+        return traced.semi_sparse_activation_linear(x, weight, bias, pruning, compute_dtype_for(x))
     return SemiSparseActivationFunction.apply(x, weight, bias, get_backend(backend), pruning, compute_dtype_for(x))

@@ -170,21 +170,46 @@ class AutoBackend(Backend):
         if capturing or torch.compiler.is_compiling():
             log.info("auto: %s first seen inside graph capture/compilation: dense for now (not remembered)", key)
             return "dense"
+        return self._measure_and_record(key, weight, pruning, tokens, has_bias, in_backward)["choice"]
+
+    def choice_for_trace(self, device: torch.device, dtype: torch.dtype, out_features: int, in_features: int,
+                         tokens: int, pruning: str, has_bias: bool) -> str:
+        """The choice for a layer inside a torch.compile trace, called while the graph is traced (never inside it):
+        the device-time decision (`choice_graph`; a compiled step keeps the GPU busy), timed now on a random weight
+        of the layer's shape if this key is new."""
+        if device.type != "cuda":
+            return "dense"
+        key = GemmKey(tokens, in_features, out_features, dtype, device.index if device.index is not None else 0)
+        rec = self.decisions.get(key)
+        if rec is None:
+            weight = torch.randn(out_features, in_features, device=device, dtype=dtype)
+            reason = self._sparse_unavailable(weight, tokens)
+            if reason is not None:
+                self._record(key, "dense", reason=reason)
+            else:
+                self._measure_and_record(key, weight, pruning, tokens, has_bias, False, mode="compiled")
+            rec = self.decisions[key]
+        return rec["choice_graph"]
+
+    def _measure_and_record(self, key: GemmKey, weight: torch.Tensor, pruning: str, tokens: int, has_bias: bool,
+                            in_backward: bool, mode: str = "eager") -> dict:
         with self._lock:
             rec = self.decisions.get(key)
             if rec is not None:
-                return rec["choice"]
+                return rec
             try:
                 (t_sparse, t_dense), (g_sparse, g_dense), how = self._measure(weight, pruning, tokens, has_bias,
                                                                               in_backward)
             except BackendUnavailable as e:
-                return self._record(key, "dense", reason=f"cusparselt unavailable: {e}")
+                self._record(key, "dense", reason=f"cusparselt unavailable: {e}")
+                return self.decisions[key]
             choice = "cusparselt" if t_dense / t_sparse > MARGIN else "dense"
             choice_graph = "cusparselt" if g_dense / g_sparse > MARGIN else "dense"
-            return self._record(key, choice, choice_graph=choice_graph, sparse_ms=round(t_sparse, 4),
-                                dense_ms=round(t_dense, 4), speedup=round(t_dense / t_sparse, 3),
-                                sparse_gpu_ms=round(g_sparse, 4), dense_gpu_ms=round(g_dense, 4),
-                                speedup_graph=round(g_dense / g_sparse, 3), pruning=pruning, timed=how)
+            self._record(key, choice, choice_graph=choice_graph, sparse_ms=round(t_sparse, 4),
+                         dense_ms=round(t_dense, 4), speedup=round(t_dense / t_sparse, 3),
+                         sparse_gpu_ms=round(g_sparse, 4), dense_gpu_ms=round(g_dense, 4),
+                         speedup_graph=round(g_dense / g_sparse, 3), pruning=pruning, timed=how, first_met=mode)
+            return self.decisions[key]
 
     def _sparse_unavailable(self, weight: torch.Tensor, tokens: int) -> Optional[str]:
         try:

@@ -5,8 +5,9 @@ GEMMs in cuSPARSELt's own layout (`sparsity.kernels.pack_cusparselt`); other pru
 `sparsity.pruning.prune` and pack with the same kernel from the given mask. Only transposable methods get a
 sparse input-gradient GEMM; for the others `matmul_t` is a dense GEMM on the pruned weight.
 
-GEMMs: cached nvmath/cuSPARSELt plans (`_cslt_plans`), registered as `torch.library` custom ops
-(`sparsity::cslt_mm`) with fake implementations so torch.compile treats them as opaque ops.
+GEMMs: cached nvmath/cuSPARSELt plans (`_cslt_plans`), also registered as `torch.library` custom ops
+(`_cslt_ops`: `sparsity::cslt_mm`, `cslt_prune_pack`, and `cslt_linear` with its autograd formula), which is what a
+torch.compile trace of a sparse layer calls (`sparsity.traced`).
 
 The compressed layout is internal to cuSPARSELt. It was reverse-engineered and validated bit for bit on the
 (arch, version) pairs in `VALIDATED_LAYOUTS`; on any other pair the backend compresses one probe matrix both ways
@@ -32,6 +33,8 @@ import torch.nn.functional as F
 from sparsity.packing import layout as L
 
 from . import _cslt_plans as P
+from ._cslt_ops import mm as _mm
+from ._cslt_ops import prune_pack as _prune_pack
 from .base import Backend, BackendUnavailable, SparseWeight, cast
 
 log = logging.getLogger(__name__)
@@ -39,134 +42,7 @@ log = logging.getLogger(__name__)
 # (arch, cuSPARSELt version) pairs on which `sparsity.packing.layout` was checked byte for byte against the
 # library's compressor (tests/gpu/test_cusparselt.py::test_fused_pack_equals_library, results/bench/NOTES.md)
 VALIDATED_LAYOUTS = {("sm90", 800)}
-TOKEN_MULTIPLE = 8  # cuSPARSELt 0.8 refuses dense operands whose token dimension is not a multiple of 8
 DTYPES = (torch.float16, torch.bfloat16)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# the GEMM custom op
-
-
-def _gemm_impl(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], out_features: int,
-               in_features: int, transpose: bool, dense_ref: Optional[torch.Tensor]) -> torch.Tensor:
-    """transpose=False: x (n, in) -> x @ W^T (+bias) (n, out).  transpose=True: x (n, out) -> x @ W (n, in).
-
-    cuSPARSELt needs the token count to be a multiple of 8. A row-major x with n % 8 != 0 (e.g. 30779 tokens in a
-    DINOv2 step with stochastic depth) is not copied into a padded buffer (a full read + write of x, 0.06-0.25 ms
-    at ViT-L sizes): its first n - n % 8 rows go through the GEMM in place and the last n % 8 rows through a second,
-    8-token GEMM on a padded copy of just those rows."""
-    k_dim = out_features if transpose else in_features
-    m_dim = in_features if transpose else out_features
-    if x.dim() != 2 or x.shape[1] != k_dim:
-        raise ValueError(f"cslt_mm: expected a 2-D input with {k_dim} columns, got {tuple(x.shape)}")
-    n = x.shape[0]
-    if n == 0:
-        return torch.zeros(0, m_dim, dtype=x.dtype, device=x.device)
-    tail = n % TOKEN_MULTIPLE
-    aligned = x.data_ptr() % 16 == 0
-    if x.stride(1) == 1 and x.stride(0) == k_dim and aligned and (tail == 0 or n >= SPLIT_MIN_TOKENS):
-        y = torch.empty(n, m_dim, dtype=x.dtype, device=x.device)
-        main = n - tail
-        _gemm_run(packed, x[:main] if tail else x, True, y, bias, out_features, in_features, transpose, dense_ref)
-        if tail:
-            xt = x.new_zeros(TOKEN_MULTIPLE, k_dim)
-            xt[:tail].copy_(x[main:])
-            yt = torch.empty(TOKEN_MULTIPLE, m_dim, dtype=x.dtype, device=x.device)
-            _gemm_run(packed, xt, True, yt, bias, out_features, in_features, transpose, dense_ref)
-            y[main:].copy_(yt[:tail])
-        return y
-    if x.stride(0) == 1 and x.stride(1) == n and tail == 0 and aligned:  # column-major x = row-major x^T: op(B)=N
-        y = torch.empty(n, m_dim, dtype=x.dtype, device=x.device)
-        _gemm_run(packed, x.t(), False, y, bias, out_features, in_features, transpose, dense_ref)
-        return y
-    n_pad = n + (TOKEN_MULTIPLE - tail) % TOKEN_MULTIPLE  # anything else: a padded row-major copy
-    b = x.new_zeros(n_pad, k_dim) if n_pad != n else torch.empty(n, k_dim, dtype=x.dtype, device=x.device)
-    b[:n].copy_(x)
-    y = torch.empty(n_pad, m_dim, dtype=x.dtype, device=x.device)
-    _gemm_run(packed, b, True, y, bias, out_features, in_features, transpose, dense_ref)
-    return y if n_pad == n else y[:n]
-
-
-SPLIT_MIN_TOKENS = 64  # below this a padded copy of x is cheaper than a second GEMM call
-
-
-def _gemm_run(packed, b, b_transposed, y, bias, out_features, in_features, transpose, dense_ref) -> None:
-    """One cuSPARSELt GEMM into the first rows of y (row-major (>= n, m)); b: (n, k) row-major when b_transposed,
-    else (k, n) row-major; n a multiple of 8."""
-    kind = "dgrad" if transpose else "fwd"
-    n = b.shape[0] if b_transposed else b.shape[1]
-    dtype = b.dtype
-    dev_index = b.device.index if b.device.index is not None else torch.cuda.current_device()
-
-    def reference():  # the dense masked product, used once per shape to check the chosen algorithm
-        if dense_ref is not None:
-            w = dense_ref
-        elif transpose:
-            w = L.unpack_reference(packed, in_features, out_features, "col", dtype).t()
-        else:
-            w = L.unpack_reference(packed, out_features, in_features, "row", dtype)
-        xb = b if b_transposed else b.t()
-        return xb @ w if transpose else xb @ w.t()
-
-    plan = P.get_plan(out_features, in_features, kind, n, dtype, dev_index, b_transposed=b_transposed,
-                      has_bias=bias is not None, a_compressed=packed, b=b, reference=reference)
-    plan.run(packed, b, y, bias)
-
-
-def _unpack_dense(packed: torch.Tensor, out_features: int, in_features: int, dtype: torch.dtype) -> torch.Tensor:
-    return L.unpack_reference(packed, out_features, in_features, "row", dtype)
-
-
-@torch.library.custom_op("sparsity::cslt_mm", mutates_args=())
-def cslt_mm(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], out_features: int,
-            in_features: int, transpose: bool, dense_ref: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """cuSPARSELt 2:4 GEMM with W (out x in) compressed for it: x @ W^T + bias, or x @ W when transpose.
-
-    `dense_ref`: the pruned W dense, only read the first time a shape is seen (to check the chosen algorithm);
-    when None it is rebuilt from `packed` with the known layout.
-    """
-    return _gemm_impl(packed, x, bias, out_features, in_features, transpose, dense_ref)
-
-
-@cslt_mm.register_fake
-def _(packed, x, bias, out_features, in_features, transpose, dense_ref=None):
-    return x.new_empty(x.shape[0], in_features if transpose else out_features)
-
-
-@torch.library.custom_op("sparsity::cslt_prune_pack", mutates_args=())
-def cslt_prune_pack(w: torch.Tensor, mask: Optional[torch.Tensor], write_t: bool) -> Tuple[torch.Tensor, torch.Tensor,
-                                                                                            torch.Tensor]:
-    """Fused prune (tile_greedy, or the given mask) + pack of W for both GEMMs: (fwd bytes, dgrad bytes or an empty
-    tensor, tile bits (out/4, in/4) int16)."""
-    from sparsity.kernels.pack_cusparselt import prune_pack
-
-    pk = prune_pack(w, mask, write_t=write_t)
-    dgrad = pk.dgrad if pk.dgrad is not None else w.new_empty(0, dtype=torch.uint8)
-    return pk.fwd, dgrad, pk.tile_bits
-
-
-@cslt_prune_pack.register_fake
-def _(w, mask, write_t):
-    R, C = w.shape
-    size = L.compressed_size(R, C)
-    return (w.new_empty(size, dtype=torch.uint8), w.new_empty(size if write_t else 0, dtype=torch.uint8),
-            w.new_empty(R // 4, C // 4, dtype=torch.int16))
-
-
-def _mm(packed, x, bias, out_features, in_features, transpose, ref):
-    # eager calls skip the custom-op dispatch (tens of microseconds of host time); compiled graphs see the op
-    if torch.compiler.is_compiling():
-        return torch.ops.sparsity.cslt_mm(packed, x, bias, out_features, in_features, transpose, ref)
-    return _gemm_impl(packed, x, bias, out_features, in_features, transpose, ref)
-
-
-def _prune_pack(w, mask, write_t):
-    if torch.compiler.is_compiling():
-        return torch.ops.sparsity.cslt_prune_pack(w, mask, write_t)
-    from sparsity.kernels.pack_cusparselt import prune_pack
-
-    pk = prune_pack(w, mask, write_t=write_t)
-    return pk.fwd, pk.dgrad, pk.tile_bits
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -216,7 +92,7 @@ class CuSparseLtSparseWeight(SparseWeight):
         if self._ref is not None:
             return self._ref[: self.shape[0]]
         out, inf = self.shape
-        return _unpack_dense(self.packed, self.rows_pad, inf, self.dtype)[:out]
+        return L.unpack_reference(self.packed, self.rows_pad, inf, "row", self.dtype)[:out]
 
     def mask(self) -> torch.Tensor:
         if self._mask is None:
