@@ -23,6 +23,8 @@ CHOICES = {
     "student.ffn_layer": ("mlp",),
     "train.centering": ("centering", "sinkhorn_knopp"),
     "train.amp_dtype": ("bf16", "fp16", "fp32"),
+    "train.compile": ("auto", "true", "false"),
+    "train.compile_backend": ("inductor", "aot_eager", "eager"),
     "optim.scaling_rule": ("sqrt_wrt_1024", "linear_wrt_1024", "none"),
     "data.dataset": ("imagenet_folder", "digits"),
     "data.on_corrupt": ("skip", "raise"),
@@ -75,6 +77,8 @@ def _parse_dotlist(overrides: Sequence[str]) -> DictConfig:
 
 def validate(cfg: Config) -> None:
     """Range and choice checks the type system cannot express."""
+    # YAML reads true/false/on/off as booleans, which a str field stores as "True"/"False"
+    cfg.train.compile = str(cfg.train.compile).lower()
     for key, allowed in CHOICES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)

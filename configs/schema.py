@@ -116,6 +116,9 @@ class TrainConfig:
     teacher_export_period: int = 12500  # iterations between teacher backbone exports for evaluation
     resume: bool = True
     max_steps: int = 0  # > 0: stop after this many steps (schedules still span epochs * epoch_length)
+    # torch.compile of the blocks, heads and losses (models/training/compile.py): auto = on for CUDA, off on CPU
+    compile: str = "auto"  # auto | true | false
+    compile_backend: str = "inductor"  # torch.compile backend: inductor | aot_eager | eager (the last two to debug)
 
 
 @dataclass

@@ -83,6 +83,7 @@ class SSLMetaArch(nn.Module):
         self.ibot_patch_loss = iBOTPatchLoss(ibot_out)
         self.koleo_loss = KoLeoLoss()
 
+        self._ema_cache = None  # (parameter fingerprint, student list, teacher list): see update_teacher
         self.init_teacher_from_student()
         for p in self.teacher.parameters():
             p.requires_grad = False
@@ -124,11 +125,15 @@ class SSLMetaArch(nn.Module):
 
     @torch.no_grad()
     def update_teacher(self, momentum: float) -> None:
-        """teacher <- momentum * teacher + (1 - momentum) * student, over parameters matched by name."""
-        s_list, t_list = self._ema_pairs()
-        s_list = [s.detach().to(dtype=t.dtype) for s, t in zip(s_list, t_list)]
-        torch._foreach_mul_(t_list, momentum)
-        torch._foreach_add_(t_list, s_list, alpha=1 - momentum)
+        """teacher <- momentum * teacher + (1 - momentum) * student, over parameters matched by name: one fused pass
+        (`_foreach_lerp_`) over the parameter pairs, which are matched once and re-matched only when the student's
+        parameter objects change."""
+        fingerprint = tuple(map(id, self.student.parameters())) + tuple(map(id, self.teacher.parameters()))
+        if self._ema_cache is None or self._ema_cache[0] != fingerprint:
+            self._ema_cache = (fingerprint, *self._ema_pairs())
+        _, s_list, t_list = self._ema_cache
+        s_list = [s if s.dtype == t.dtype else s.to(t.dtype) for s, t in zip(s_list, t_list)]
+        torch._foreach_lerp_(t_list, s_list, 1.0 - momentum)
 
     def train(self, mode: bool = True):
         super().train(mode)

@@ -294,7 +294,7 @@ class DinoVisionTransformer(nn.Module):
             raise ValueError(f"{len(x_list)} crop batches but {len(masks_list)} masks")
         xs = [self.prepare_tokens_with_masks(x, m) for x, m in zip(x_list, masks_list)]
         for blk in self.blocks:
-            xs = blk.forward_list(xs)
+            xs = blk(xs)  # the module call (-> forward_list), so hooks and per-block compilation apply
         return [self._output(x, m) for x, m in zip(xs, masks_list)]
 
     def forward_features(self, x, masks=None):

@@ -1,11 +1,20 @@
-"""Time whole DINOv2 training steps, sparse phase vs dense phase, on one GPU, in the same run.
+"""Time whole DINOv2 training steps on one GPU, eager and compiled, dense and 2:4-sparse, in one process.
 
-    python scripts/bench_train_step.py --config configs/vitl16_imagenet.yaml --backends cusparselt auto
+    python scripts/bench_train_step.py --config configs/vitl16_imagenet.yaml --out results/bench/train_step.json
+
+Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-dense` (the baseline of every ratio:
+our best dense step), `compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`.
+`--ablations` adds compiled-dense rows with one of this step's choices undone (heads and losses left eager,
+foreach instead of fused AdamW, the two-pass EMA, the per-step host syncs of the earlier loop), each timed right
+after the baseline it is compared with.
 
 One synthetic multi-crop batch (the real collate's shapes and masks, random pixels) is reused, so the data
 pipeline is out of the measurement: forward (student + teacher) + backward + clipping + AdamW + EMA, bf16 autocast
-over fp32 master weights, exactly `Trainer._train_step`. Medians of CUDA-event timings after warm-up; the dense
-phase is measured in the same process and is the baseline of every ratio. JSON to --out, a table printed last.
+over fp32 master weights, exactly `Trainer._train_step`. Eager rows run the same trainer with torch.compile's stance
+"force_eager". Medians of CUDA-event timings after warm-up (the first steps of a compiled row compile, and are
+warm-up). `--profile N` adds, per row, the kernel time by category over N steps, and for sparse rows the part of the
+step 2:4 replaces: dense GEMM time removed (the dense row's minus the sparse row's) against the sparse GEMM and
+prune/pack time added, i.e. the in-place speed-up of the GEMMs 2:4 accelerates and their share of the dense step.
 """
 
 import argparse
@@ -23,6 +32,9 @@ from configs import load_config  # noqa: E402
 from data.collate import SSLCollate, SSLSample  # noqa: E402
 from models.training.distributed import DistContext  # noqa: E402
 from models.training.trainer import Trainer  # noqa: E402
+
+ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto")
+ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs")
 
 
 def synthetic_batch(cfg, device) -> dict:
@@ -43,33 +55,20 @@ def time_steps(trainer: Trainer, batch: dict, warmup: int, iters: int) -> list[f
     values = trainer.schedules.at(20_000)  # a mid-training point: last layer unfrozen, lr > 0
     for _ in range(warmup):
         trainer._train_step(batch, values)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    trainer.settle_checks()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:  # back to back, as training runs: the host may queue ahead of the GPU
         start.record()
         trainer._train_step(batch, values)
         end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
-
-
-def sparse_decisions(backends) -> dict:
-    """What the sparse backends saw and chose: auto's per-shape decisions, cuSPARSELt's plans (token counts)."""
-    from sparsity.backends import get_backend
-
-    out = {}
-    for name in backends:
-        try:
-            out[name] = get_backend(name).describe()
-        except Exception as e:  # noqa: BLE001
-            out[name] = repr(e)
-    return out
+    trainer.settle_checks()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events]
 
 
 def profile_steps(trainer: Trainer, batch: dict, steps: int) -> dict:
-    """Kernel time by category and GPU idle time per step (CUDA activity only, so host timing is barely
-    disturbed), for `steps` steps after the timed ones."""
+    """Kernel time by category and GPU idle time per step (CUDA activity only)."""
     from torch.profiler import ProfilerActivity, profile
 
     from sparsity.profiling import kernel_summary
@@ -79,60 +78,168 @@ def profile_steps(trainer: Trainer, batch: dict, steps: int) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             trainer._train_step(batch, values)
+        trainer.settle_checks()
         torch.cuda.synchronize()
-    return kernel_summary(prof, steps=steps, top=15)
+    return kernel_summary(prof, steps=steps, top=30)
+
+
+class _Ablation:
+    """Undo one of the step's choices on `trainer` inside a `with` block."""
+
+    def __init__(self, trainer: Trainer, name: str):
+        self.trainer, self.name, self.undo = trainer, name, []
+
+    def __enter__(self):
+        t, m = self.trainer, self.trainer.model
+        if self.name == "heads-losses-eager":
+            for mod in [*(h for k, h in m.student.items() if k != "backbone"),
+                        *(h for k, h in m.teacher.items() if k != "backbone"), m.dino_loss]:
+                saved = mod._compiled_call_impl
+                mod._compiled_call_impl = None
+                self.undo.append(lambda mod=mod, saved=saved: setattr(mod, "_compiled_call_impl", saved))
+            saved = m.ibot_patch_loss.__dict__.pop("forward_masked")
+            self.undo.append(lambda: setattr(m.ibot_patch_loss, "forward_masked", saved))
+        elif self.name == "foreach-adamw":
+            fused = t.optimizer
+            t.optimizer = torch.optim.AdamW(fused.param_groups, foreach=True, betas=fused.defaults["betas"])
+            self.undo.append(lambda: setattr(t, "optimizer", fused))
+        elif self.name == "two-pass-ema":
+            def two_pass(momentum):
+                s_list, t_list = m._ema_pairs()
+                torch._foreach_mul_(t_list, momentum)
+                torch._foreach_add_(t_list, [s.detach() for s in s_list], alpha=1 - momentum)
+
+            m.update_teacher = two_pass
+            self.undo.append(lambda: m.__dict__.pop("update_teacher"))
+        elif self.name == "host-syncs":  # the earlier loop read the loss flag after forward and the norms after clip
+            forward, clip = t.forward_model, t._clip_gradients
+
+            def forward_then_read(*a, **k):
+                loss, terms = forward(*a, **k)
+                torch.isfinite(loss).item()
+                return loss, terms
+
+            def clip_then_read():
+                norms = clip()
+                [n.item() for n in norms.values()]
+                return norms
+
+            t.forward_model, t._clip_gradients = forward_then_read, clip_then_read
+            self.undo.append(lambda: setattr(t, "forward_model", forward))
+            self.undo.append(lambda: t.__dict__.pop("_clip_gradients"))
+        else:
+            raise ValueError(f"unknown ablation {self.name!r}; choose from {', '.join(ABLATIONS)}")
+        return self
+
+    def __exit__(self, *exc):
+        for undo in reversed(self.undo):
+            undo()
+
+
+def set_row(trainer: Trainer, row: str) -> tuple[str, str]:
+    """Put the student in the row's phase and backend; returns (mode, backend)."""
+    mode, backend = row.split("-", 1)
+    backbone = trainer.model.student.backbone
+    trainer.sparse_schedule.set_phase(backbone, "dense", step=0)
+    if backend != "dense":
+        trainer.sparse_schedule.cfg.backend = backend
+        trainer.sparse_schedule.set_phase(backbone, "sparse", step=0)
+    return mode, backend
+
+
+def in_place(dense_row: dict, row: dict) -> dict:
+    """What the sparse phase changes in the GEMMs, from the two rows' kernel categories (ms per step)."""
+    d, s = dense_row["profile"]["by_category_ms"], row["profile"]["by_category_ms"]
+    removed = d.get("dense_gemm", 0.0) - s.get("dense_gemm", 0.0)
+    added = s.get("sparse_gemm", 0.0) + s.get("prune_pack", 0.0)
+    return {"dense_gemm_removed_ms": round(removed, 3), "sparse_gemm_ms": s.get("sparse_gemm", 0.0),
+            "prune_pack_ms": s.get("prune_pack", 0.0), "in_place_speedup": round(removed / added, 3) if added else None,
+            "share_of_dense_busy": round(removed / dense_row["profile"]["busy_ms"], 4)}
+
+
+def run_row(trainer, batch, row, args, label=None) -> dict:
+    torch.cuda.reset_peak_memory_stats()
+    mode = row.split("-", 1)[0]
+    stance = "force_eager" if mode == "eager" else "default"
+    with torch.compiler.set_stance(stance):
+        times = time_steps(trainer, batch, args.warmup, args.iters)
+        out = {"row": label or row, "ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
+               "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+        if args.profile and label is None:
+            out["profile"] = profile_steps(trainer, batch, args.profile)
+    print(f"  {out['row']}: {out['ms']:.1f} ms", flush=True)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/vitl16_imagenet.yaml")
-    ap.add_argument("--backends", nargs="*", default=["cusparselt", "auto"])
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rows", nargs="*", default=list(ROWS[:4]), choices=ROWS)
+    ap.add_argument("--ablations", nargs="*", default=[], choices=ABLATIONS)
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps per row (compiled rows compile in them)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--profile", type=int, default=2, help="steps per phase profiled for the kernel breakdown (0: off)")
+    ap.add_argument("--profile", type=int, default=2, help="steps per row profiled for the kernel breakdown (0: off)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_train_step.py needs a CUDA GPU")
     device = torch.device("cuda")
-    cfg = load_config(args.config, ["data.dataset=digits", *args.overrides])
+    cfg = load_config(args.config, ["data.dataset=digits", "train.compile=true", *args.overrides])
     trainer = Trainer(cfg, Path("/tmp/bench_train_step"), DistContext(0, 1, 0, device))
     trainer.model.train()
     batch = synthetic_batch(cfg, device)
-    backbone = trainer.model.student.backbone
     rows = []
-    for phase, backend in [("dense", None), *[("sparse", b) for b in args.backends]]:
-        trainer.sparse_schedule.cfg.backend = backend or "dense"
-        trainer.sparse_schedule.set_phase(backbone, phase, step=0)
-        torch.cuda.reset_peak_memory_stats()
-        times = time_steps(trainer, batch, args.warmup, args.iters)
-        row = {"phase": phase, "backend": backend or "-", "ms": statistics.median(times),
-               "min_ms": min(times), "max_ms": max(times), "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-        if phase == "sparse":
-            row["sparse_modules"] = len(trainer.sparse_schedule.swapped)
-        if args.profile:
-            row["profile"] = profile_steps(trainer, batch, args.profile)
-        rows.append(row)
-        trainer.sparse_schedule.set_phase(backbone, "dense", step=0)
-    dense_ms = rows[0]["ms"]
+    for row in args.rows:
+        set_row(trainer, row)
+        rows.append(run_row(trainer, batch, row, args))
+        if row == "compiled-dense":
+            for name in args.ablations:
+                with _Ablation(trainer, name):
+                    rows.append(run_row(trainer, batch, row, args, label=f"compiled-dense, {name}"))
+                rows.append(run_row(trainer, batch, row, args, label="compiled-dense (again)"))
+    set_row(trainer, "eager-dense")
+    base = next((r for r in rows if r["row"] == "compiled-dense"), rows[0])
     for r in rows:
-        r["speedup"] = dense_ms / r["ms"]
+        r["vs_compiled_dense"] = round(base["ms"] / r["ms"], 4)
+        if "profile" in r and "profile" in base and r["row"].endswith(("cusparselt", "auto")):
+            dense = next(d for d in rows if d["row"] == r["row"].split("-")[0] + "-dense")
+            r["gemms_2to4"] = in_place(dense, r)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": args.config,
               "overrides": args.overrides, "images_per_step": cfg.train.batch_size_per_gpu, "rows": rows,
-              "sparse_decisions": sparse_decisions(args.backends)}
+              "compiled": trainer.compiled, "sparse_decisions": sparse_decisions()}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"\n{result['gpu']}, {args.config} {' '.join(args.overrides)}, batch {cfg.train.batch_size_per_gpu}/GPU")
-    print(f"{'phase':8s}{'backend':12s}{'ms/step':>10s}{'min':>8s}{'max':>8s}{'GiB':>7s}{'vs dense':>10s}")
-    for r in rows:
-        print(f"{r['phase']:8s}{r['backend']:12s}{r['ms']:10.1f}{r['min_ms']:8.1f}{r['max_ms']:8.1f}"
-              f"{r['peak_gib']:7.1f}{r['speedup']:9.3f}x")
-    for r in rows:
+    print_table(result)
+
+
+def sparse_decisions() -> dict:
+    """What the sparse backends saw and chose: auto's per-shape decisions, cuSPARSELt's plans."""
+    from sparsity.backends import get_backend
+
+    out = {}
+    for name in ("cusparselt", "auto"):
+        try:
+            out[name] = get_backend(name).describe()
+        except Exception as e:  # noqa: BLE001
+            out[name] = repr(e)
+    return out
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['gpu']}, {result['config']} {' '.join(result['overrides'])}, "
+          f"batch {result['images_per_step']}/GPU")
+    print(f"{'row':44s}{'ms/step':>9s}{'min':>8s}{'max':>8s}{'GiB':>6s}{'vs compiled dense':>19s}")
+    for r in result["rows"]:
+        print(f"{r['row']:44s}{r['ms']:9.1f}{r['min_ms']:8.1f}{r['max_ms']:8.1f}{r['peak_gib']:6.1f}"
+              f"{r['vs_compiled_dense']:18.3f}x")
+    for r in result["rows"]:
         if "profile" in r:
             p = r["profile"]
-            print(f"{r['phase']}/{r['backend']}: span {p['span_ms']} ms, busy {p['busy_ms']}, idle {p['idle_ms']}, "
-                  f"{p['kernels_per_step']} kernels; by category (ms/step) {p['by_category_ms']}")
+            print(f"{r['row']}: busy {p['busy_ms']} ms, idle {p['idle_ms']}, {p['kernels_per_step']} kernels; "
+                  f"{p['by_category_ms']}")
+        if "gemms_2to4" in r:
+            print(f"  2:4 GEMMs in place: {r['gemms_2to4']}")
 
 
 if __name__ == "__main__":

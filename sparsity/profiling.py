@@ -18,7 +18,8 @@ CATEGORIES: Tuple[Tuple[str, str], ...] = (
     ("sparse_gemm", r"sparse_gemm|xmma_sparse|sp_mma|cusparselt"),
     ("prune_pack", r"prune|_pack_kernel"),
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
-    ("dense_gemm", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|wgmma|cublas"),
+    ("dense_gemm", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|wgmma|cublas|^triton_tem_"),
+    ("fused", r"^triton_(poi|red|per)_"),  # torch.compile (inductor) kernels: fused elementwise/reductions/norms
     ("optimizer", r"multi_tensor|adam|foreach"),
     ("cast_copy", r"copy|cast|convert"),
     ("fill", r"fill|zero"),

@@ -12,7 +12,8 @@ time, symbolic shapes accepted):
   whose registered autograd formula runs the input gradient on the compressed W^T and returns dy^T x for W;
 - `auto`: its per-shape choice is made once, while the graph is traced, never inside it (`AutoBackend.choice_for_trace`,
   timing both ways on the GPU if the shape is new), and is a constant of the graph: no guard, no recompile.
-  Logged and listed in `describe()` like the eager decisions.
+  Logged and listed in `describe()` like the eager decisions. Under dynamic shapes an `auto` layer's graph is
+  specialized on its token count (the choice is per count).
 
 Activation sparsity (`semi_sparse_activation_linear`) runs the dense math under torch.compile on every backend.
 """
@@ -79,6 +80,13 @@ def _path(backend: str, pruning: str, device: str, dtype: str, out_features: int
     return "cusparselt" if layout_status(dev, dt)["pack"] == "triton" else "cusparselt-library"
 
 
+def _specialized(n) -> int:
+    """n as a Python int. Under dynamic shapes this specializes the graph on n (a guard; each new value compiles
+    its own graph): auto's choice is per token count, so a layer with backend `auto` cannot be shape-polymorphic.
+    (Dynamo keeps int(n) symbolic; building a list of length n is what makes it concrete.)"""
+    return len([None] * n)
+
+
 def _rows(x: torch.Tensor, features: int, dtype: torch.dtype) -> torch.Tensor:
     x2 = x.reshape(-1, features)
     return x2 if x2.dtype == dtype else x2.to(dtype)
@@ -94,7 +102,7 @@ def semi_sparse_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     out_f, in_f = weight.shape
     x2 = _rows(x, in_f, dtype)
     w = weight if weight.dtype == dtype else weight.to(dtype)
-    tokens = int(x2.shape[0]) if backend == "auto" else 0  # auto's choice is per token count; the others' is not
+    tokens = _specialized(x2.shape[0]) if backend == "auto" else 0  # auto's choice is per token count
     path = _path(backend, pruning, str(x.device), str(dtype).replace("torch.", ""), out_f, in_f, tokens,
                  bias is not None)
     if path == "dense":

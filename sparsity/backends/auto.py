@@ -45,6 +45,10 @@ MARGIN = 1.02  # sparse must be faster than dense by this ratio (dense_ms / spar
 
 
 
+def _timing_generator(device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(0)
+
+
 class FastDenseSparseWeight(SparseWeight):
     """W pruned (tile_greedy) by the fused kernel's dense-output mode, multiplied densely."""
 
@@ -182,7 +186,8 @@ class AutoBackend(Backend):
         key = GemmKey(tokens, in_features, out_features, dtype, device.index if device.index is not None else 0)
         rec = self.decisions.get(key)
         if rec is None:
-            weight = torch.randn(out_features, in_features, device=device, dtype=dtype)
+            weight = torch.randn(out_features, in_features, device=device, dtype=dtype,
+                                 generator=_timing_generator(device))
             reason = self._sparse_unavailable(weight, tokens)
             if reason is not None:
                 self._record(key, "dense", reason=reason)
@@ -225,9 +230,10 @@ class AutoBackend(Backend):
     def _measure(self, weight: torch.Tensor, pruning: str, tokens: int, has_bias: bool, in_backward: bool = False):
         out_f, in_f = weight.shape
         dev, dtype = weight.device, weight.dtype
-        x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
-        dy = torch.randn(tokens, out_f, device=dev, dtype=dtype)
-        bias = torch.randn(out_f, device=dev, dtype=dtype) if has_bias else None
+        gen = _timing_generator(dev)  # not the global RNG: timing must not shift a run's random streams
+        x = torch.randn(tokens, in_f, device=dev, dtype=dtype, generator=gen)
+        dy = torch.randn(tokens, out_f, device=dev, dtype=dtype, generator=gen)
+        bias = torch.randn(out_f, device=dev, dtype=dtype, generator=gen) if has_bias else None
         w = weight.detach()
         cs = self.backend("cusparselt")
         # warm the sparse path once (builds plans and chooses their algorithms: not part of a step's cost)

@@ -1,0 +1,61 @@
+"""torch.compile for the training step, applied to the model from outside: the model code knows nothing of it.
+
+`train.compile` (auto: on for CUDA, off on CPU) and `train.compile_backend` (inductor; aot_eager or eager to debug).
+What is compiled, one piece at a time (as torchtitan and DINOv3 do: a graph per block compiles fast and is shared
+by identical blocks; a whole-step graph would break at the data-dependent iBOT selection anyway):
+
+- every transformer block of the student and of the teacher, in place (`Module.compile`: module objects, parameters
+  and state-dict keys stay the same, so DDP, the EMA, the optimizer and checkpoints are untouched). fullgraph=True:
+  a graph break inside a block is an error, never a silent slow path; dynamic=False: crop shapes are fixed by the
+  config. The 2:4 layers trace through `sparsity.traced`. The sparse -> dense switch changes the class of the
+  student's fc1/fc2, which the compiled block guards on: it compiles once more, then steady-state steps never
+  recompile (the teacher's blocks are dense and eval-mode throughout: their own graph);
+- the DINO (and iBOT) heads: fixed shapes (masked tokens are padded to the collate's `upperbound`);
+- the student's loss terms over the prototypes (fp32 log-softmax and cross-entropy), a few passes over
+  (tokens x 65536) logits each in eager mode. The number of masked patches changes every step, so the iBOT one is
+  compiled with dynamic shapes: one graph for every count.
+Left eager: patch embedding and token preparation, the final norm, KoLeo (small), the teacher's centred softmax (its
+temperature is a Python float that changes every warm-up step: each value would be a new graph), the centre updates
+and Sinkhorn-Knopp (they all-reduce across ranks).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+def compile_wanted(setting: str, device: torch.device) -> bool:
+    """`train.compile` resolved: "true" / "false", or "auto" = on for CUDA devices only (a CPU run is a smoke test
+    or CI, where compiling costs more than it saves)."""
+    if setting == "auto":
+        return device.type == "cuda"
+    return setting == "true"
+
+
+def _compile_method(obj: nn.Module, name: str, **options) -> None:
+    setattr(obj, name, torch.compile(getattr(obj, name), **options))
+
+
+def compile_model(model: nn.Module, backend: str = "inductor") -> list[str]:
+    """Compile the pieces of an `SSLMetaArch` listed in this module's docstring, in place; returns their names."""
+    static = dict(backend=backend, dynamic=False, fullgraph=True)
+    compiled = []
+    for role in ("student", "teacher"):
+        blocks = getattr(model, role)["backbone"].blocks
+        for block in blocks:
+            block.compile(**static)
+        compiled.append(f"{role}.backbone.blocks (x{len(blocks)})")
+        for name, head in getattr(model, role).items():
+            if name != "backbone":
+                head.compile(**static)
+                compiled.append(f"{role}.{name}")
+    model.dino_loss.compile(**static)
+    _compile_method(model.ibot_patch_loss, "forward_masked", backend=backend, dynamic=True, fullgraph=True)
+    compiled += ["dino_loss (cross-entropy)", "ibot_patch_loss.forward_masked (cross-entropy)"]
+    logger.info("torch.compile (backend %s): %s", backend, ", ".join(compiled))
+    return compiled
