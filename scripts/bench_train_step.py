@@ -83,6 +83,35 @@ def profile_steps(trainer: Trainer, batch: dict, steps: int) -> dict:
     return kernel_summary(prof, steps=steps, top=30)
 
 
+def host_profile(trainer: Trainer, batch: dict, steps: int, top: int = 45) -> dict:
+    """cProfile of `steps` steps (host time: where Python spends it; cProfile roughly doubles it)."""
+    import cProfile
+    import pstats
+    import time
+
+    values = trainer.schedules.at(20_000)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        trainer._train_step(batch, values)
+    prof.disable()
+    wall = (time.perf_counter() - t0) / steps
+    trainer.settle_checks()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, fn), (cc, nc, tt, ct, _) in stats.stats.items():
+        rows.append({"fn": f"{Path(file).name}:{line}:{fn}", "calls": nc / steps, "tottime_ms": tt / steps * 1e3,
+                     "cumtime_ms": ct / steps * 1e3})
+    by_tot = sorted(rows, key=lambda r: -r["tottime_ms"])[:top]
+    by_cum = sorted(rows, key=lambda r: -r["cumtime_ms"])[:top]
+    return {"steps": steps, "wall_ms_per_step_profiled": round(wall * 1e3, 2),
+            "total_tottime_ms": round(sum(r["tottime_ms"] for r in rows), 2), "by_tottime": by_tot,
+            "by_cumtime": by_cum}
+
+
 class _Ablation:
     """Undo one of the step's choices on `trainer` inside a `with` block."""
 
@@ -167,6 +196,8 @@ def run_row(trainer, batch, row, args, label=None) -> dict:
                "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
         if args.profile and label is None:
             out["profile"] = profile_steps(trainer, batch, args.profile)
+        if args.host_profile and label is None:
+            out["host_profile"] = host_profile(trainer, batch, args.host_profile)
     print(f"  {out['row']}: {out['ms']:.1f} ms", flush=True)
     return out
 
@@ -180,6 +211,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", type=int, default=2, help="steps per row profiled for the kernel breakdown (0: off)")
+    ap.add_argument("--host-profile", type=int, default=0, help="steps per row under cProfile (0: off)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
     args = ap.parse_args()
     if not torch.cuda.is_available():

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 
 from sparsity.pruning import is_transposable
 
+TOKEN_MULTIPLE = 8  # cuSPARSELt 0.8: the dense operand's token count must be a multiple of 8
+
 # ----------------------------------------------------------------------------------------------------------------
 # pruning as an opaque op (Triton kernels on CUDA, the torch references elsewhere)
 
@@ -145,10 +147,21 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool):
         if library:
             ref = values
     w_grad = w * mask if masked_grad else w
+    # cuSPARSELt takes token counts that are multiples of 8. Zero rows appended here (the compiler fuses the pad into
+    # the kernel that produces x, and the slice into the one that consumes y) spare the GEMM op its tail handling (a
+    # second GEMM on the last n % 8 rows, copies, host time); their gradients are zero, so dx, dW, db are unchanged.
+    tokens = x2.shape[0]
+    pad = -tokens % TOKEN_MULTIPLE
+    if pad:
+        x2 = F.pad(x2, (0, 0, 0, pad))
+    y = torch.ops.sparsity.cslt_linear(x2, w_grad, bias if scale is None else None, fwd, dgrad, rows_pad,
+                                       transposable, ref)
+    if pad:
+        y = y[:tokens]
     if scale is None:
-        return torch.ops.sparsity.cslt_linear(x2, w_grad, bias, fwd, dgrad, rows_pad, transposable, ref)
-    y = torch.ops.sparsity.cslt_linear(x2, w_grad, None, fwd, dgrad, rows_pad, transposable, ref) * scale
-    return y if bias is None else y + bias.to(x2.dtype)
+        return y
+    y = y * scale
+    return y if bias is None else y + bias.to(y.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -48,7 +48,9 @@ class iBOTPatchLoss(nn.Module):
         t = teacher_patch_tokens.float().reshape(-1, teacher_patch_tokens.shape[-1])
         n = t.shape[0]
         local = t.mean(dim=0) if n > 0 else t.new_zeros(t.shape[-1])
-        stats = torch.cat([local, local.new_tensor([1.0 if n > 0 else 0.0])])
+        # new_full, not new_tensor: a tensor built from a Python list is copied from host memory, which waits for
+        # the GPU to drain (a host sync in the middle of every step)
+        stats = torch.cat([local, local.new_full((1,), 1.0 if n > 0 else 0.0)])
         all_reduce_sum_(stats)
         count = stats[-1]
         batch_center = (stats[:-1] / count.clamp(min=1.0)).view(1, 1, -1)

@@ -88,6 +88,7 @@ class Trainer:
         self._stop_requested = False  # set by SIGTERM on this rank
         self._stop_agreed = False  # some rank got SIGTERM (agreed on in the per-step flag all-reduce)
         self.checks = StepChecks(ctx)  # per-step flags, read one step late: no per-step host sync
+        self._student_params = None  # per student module, for clipping (see _clip_gradients)
 
     def _data_parallel(self, model: SSLMetaArch) -> torch.nn.Module:
         """DDP over the whole meta-architecture: only the student has trainable parameters, so only its gradients
@@ -234,8 +235,10 @@ class Trainer:
     def _clip_gradients(self) -> dict:
         """Per student module, as the reference (not one global norm)."""
         norms = {}
-        for name, module in self.model.student.items():
-            params = [p for p in module.parameters() if p.grad is not None]
+        if self._student_params is None:  # the Parameter objects never change (2:4 swaps share them): list them once
+            self._student_params = {name: list(m.parameters()) for name, m in self.model.student.items()}
+        for name, all_params in self._student_params.items():
+            params = [p for p in all_params if p.grad is not None]
             if params:
                 norms[f"grad_norm_{name}"] = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.clip_grad)
         return norms

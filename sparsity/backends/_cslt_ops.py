@@ -1,4 +1,5 @@
-"""The cuSPARSELt operations as `torch.library` custom ops: what both the eager layers and torch.compile traces call.
+"""The cuSPARSELt operations as `torch.library` operators: what torch.compile traces of the 2:4 layers call (eager
+layers call the same Python functions directly).
 
     sparsity::cslt_mm          x @ W_s^T (+ bias), or x @ W_s, with W_s compressed for cuSPARSELt (no gradient)
     sparsity::cslt_prune_pack  fused prune (tile_greedy, or a given mask) + compression of W and W^T (no gradient)
@@ -94,18 +95,29 @@ def _gemm_run(packed, b, b_transposed, y, bias, out_features, in_features, trans
     plan.run(packed, b, y, bias)
 
 
-@torch.library.custom_op("sparsity::cslt_mm", mutates_args=())
+# The ops are registered with the low-level `torch.library.Library` API rather than `torch.library.custom_op`:
+# a compiled step calls them 144 times (48 layers x 3), and custom_op's per-call Python layers (dynamo-disable
+# wrapper, backend wrapper, output-alias check) cost more host time than the GEMM launch itself.
+_LIB = torch.library.Library("sparsity", "FRAGMENT")
+_LIB.define("cslt_mm(Tensor packed, Tensor x, Tensor? bias, int out_features, int in_features, bool transpose, "
+            "Tensor? dense_ref=None) -> Tensor")
+_LIB.define("cslt_prune_pack(Tensor w, Tensor? mask, bool write_t) -> (Tensor, Tensor, Tensor)")
+_LIB.define("cslt_linear(Tensor x, Tensor w, Tensor? bias, Tensor packed, Tensor dgrad, int rows_pad, "
+            "bool dgrad_sparse, Tensor? dense_ref=None) -> Tensor")
+
+
 def cslt_mm(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], out_features: int,
             in_features: int, transpose: bool, dense_ref: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """cuSPARSELt 2:4 GEMM with W (out x in) compressed for it: x @ W^T + bias, or x @ W when transpose.
-
-    `dense_ref`: the pruned W dense, only read the first time a shape is seen (to check the chosen algorithm);
-    when None it is rebuilt from `packed` with the known layout.
-    """
+    """`sparsity::cslt_mm`: cuSPARSELt 2:4 GEMM with W (out x in) compressed for it: x @ W^T + bias, or x @ W when
+    transpose. `dense_ref`: the pruned W dense, only read the first time a shape is seen (to check the chosen
+    algorithm); when None it is rebuilt from `packed` with the known layout."""
     return _gemm_impl(packed, x, bias, out_features, in_features, transpose, dense_ref)
 
 
-@cslt_mm.register_fake
+_LIB.impl("cslt_mm", cslt_mm, "CUDA")
+
+
+@torch.library.register_fake("sparsity::cslt_mm", lib=_LIB)
 def _(packed, x, bias, out_features, in_features, transpose, dense_ref=None):
     return x.new_empty(x.shape[0], in_features if transpose else out_features)
 
@@ -130,17 +142,19 @@ def compressed_size(rows, cols):
     return rows * cols + torch.sym_max(ceil(rows, 64) * ceil(cols, 32), ceil(rows, 32) * ceil(cols, 64)) // 8
 
 
-@torch.library.custom_op("sparsity::cslt_prune_pack", mutates_args=())
 def cslt_prune_pack(w: torch.Tensor, mask: Optional[torch.Tensor], write_t: bool) -> Tuple[torch.Tensor, torch.Tensor,
                                                                                             torch.Tensor]:
-    """Prune (tile_greedy, or keep `mask`) and compress W (rows, cols) for both GEMMs: (fwd bytes, dgrad bytes or an
-    empty tensor, tile bits (rows/4, cols/4) int16). Where this process packs with the library compressor (a
-    cuSPARSELt layout not validated here, `cusparselt.layout_status`), `w` must already hold the pruned values and
-    the tile bits are not computed."""
+    """`sparsity::cslt_prune_pack`: prune (tile_greedy, or keep `mask`) and compress W (rows, cols) for both GEMMs:
+    (fwd bytes, dgrad bytes or an empty tensor, tile bits (rows/4, cols/4) int16). Where this process packs with the
+    library compressor (a cuSPARSELt layout not validated here, `cusparselt.layout_status`), `w` must already hold
+    the pruned values and the tile bits are not computed."""
     return prune_pack(w, mask, write_t)
 
 
-@cslt_prune_pack.register_fake
+_LIB.impl("cslt_prune_pack", cslt_prune_pack, "CUDA")
+
+
+@torch.library.register_fake("sparsity::cslt_prune_pack", lib=_LIB)
 def _(w, mask, write_t):
     rows, cols = w.shape
     size = compressed_size(rows, cols)
@@ -169,15 +183,15 @@ def prune_pack(w, mask, write_t):
 # the linear layer as one differentiable op
 
 
-@torch.library.custom_op("sparsity::cslt_linear", mutates_args=())
 def cslt_linear(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], packed: torch.Tensor,
                 dgrad: torch.Tensor, rows_pad: int, dgrad_sparse: bool,
                 dense_ref: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """y = x @ W_s^T + bias (tokens, out) in x's dtype, W_s (out, in) given compressed in `packed` (rows zero-padded
-    to `rows_pad`). `w` (out, in) is not read: it is the tensor the straight-through weight gradient dy^T x is
-    returned for. `dgrad`: W_s^T compressed (`dgrad_sparse`) or W_s dense (out, in) for a dense input gradient.
-    `bias` may be in any float dtype (the plan's copy casts it). `dense_ref`: the padded pruned W, needed only where
-    the library compressor packs (its layout cannot be decoded here to check a new plan's algorithm)."""
+    """`sparsity::cslt_linear`: y = x @ W_s^T + bias (tokens, out) in x's dtype, W_s (out, in) given compressed in
+    `packed` (rows zero-padded to `rows_pad`). `w` (out, in) is not read: it is the tensor the straight-through weight
+    gradient dy^T x is returned for. `dgrad`: W_s^T compressed (`dgrad_sparse`) or W_s dense (out, in) for a dense
+    input gradient. `bias` may be in any float dtype (the plan's copy casts it). `dense_ref`: the padded pruned W,
+    needed only where the library compressor packs (its layout cannot be decoded here to check a new plan's
+    algorithm)."""
     out_features, in_features = w.shape
     if bias is not None and rows_pad != out_features:
         bias = F.pad(bias, (0, rows_pad - out_features))
@@ -185,7 +199,10 @@ def cslt_linear(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     return y if rows_pad == out_features else y[:, :out_features].contiguous()
 
 
-@cslt_linear.register_fake
+_LIB.impl("cslt_linear", cslt_linear, "CUDA")
+
+
+@torch.library.register_fake("sparsity::cslt_linear", lib=_LIB)
 def _(x, w, bias, packed, dgrad, rows_pad, dgrad_sparse, dense_ref=None):
     return x.new_empty(x.shape[0], w.shape[0])
 
@@ -213,4 +230,5 @@ def _linear_backward(ctx, dy):
     return dx, dw, db, None, None, None, None, None
 
 
-cslt_linear.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+torch.library.register_autograd("sparsity::cslt_linear", _linear_backward, setup_context=_linear_setup_context,
+                                lib=_LIB)
