@@ -25,6 +25,7 @@ CHOICES = {
     "train.amp_dtype": ("bf16", "fp16", "fp32"),
     "train.compile": ("auto", "true", "false"),
     "train.compile_backend": ("inductor", "aot_eager", "eager"),
+    "train.compile_mode": ("default", "reduce-overhead"),
     "optim.scaling_rule": ("sqrt_wrt_1024", "linear_wrt_1024", "none"),
     "data.dataset": ("imagenet_folder", "digits"),
     "data.on_corrupt": ("skip", "raise"),
@@ -100,6 +101,8 @@ def validate(cfg: Config) -> None:
         (cfg.crops.local_crops_size % cfg.student.patch_size == 0, "crops.local_crops_size must be a multiple of "
          "student.patch_size"),
         (cfg.data.dataset != "imagenet_folder" or bool(cfg.data.root), "data.root is required for imagenet_folder"),
+        (cfg.train.compile_mode == "default" or cfg.train.compile_backend == "inductor",
+         "train.compile_mode=reduce-overhead needs train.compile_backend=inductor (CUDA graphs are an inductor mode)"),
     ]
     for ok, message in checks:
         if not ok:

@@ -2,8 +2,9 @@
 
     python scripts/bench_train_step.py --config configs/vitl16_imagenet.yaml --out results/bench/train_step.json
 
-Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-dense` (the baseline of every ratio:
-our best dense step), `compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`.
+Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-dense` (the baseline of every ratio),
+`compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`. `--compile-modes default
+reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...).
 `--ablations` adds compiled-dense rows with one of this step's choices undone (heads and losses left eager,
 foreach instead of fused AdamW, the two-pass EMA, the per-step host syncs of the earlier loop), each timed right
 after the baseline it is compared with.
@@ -212,25 +213,37 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", type=int, default=2, help="steps per row profiled for the kernel breakdown (0: off)")
     ap.add_argument("--host-profile", type=int, default=0, help="steps per row under cProfile (0: off)")
+    ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=["default", "reduce-overhead"],
+                    help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_train_step.py needs a CUDA GPU")
     device = torch.device("cuda")
-    cfg = load_config(args.config, ["data.dataset=digits", "train.compile=true", *args.overrides])
-    trainer = Trainer(cfg, Path("/tmp/bench_train_step"), DistContext(0, 1, 0, device))
-    trainer.model.train()
-    batch = synthetic_batch(cfg, device)
-    rows = []
-    for row in args.rows:
-        set_row(trainer, row)
-        rows.append(run_row(trainer, batch, row, args))
-        if row == "compiled-dense":
-            for name in args.ablations:
-                with _Ablation(trainer, name):
-                    rows.append(run_row(trainer, batch, row, args, label=f"compiled-dense, {name}"))
-                rows.append(run_row(trainer, batch, row, args, label="compiled-dense (again)"))
-    set_row(trainer, "eager-dense")
+    rows, compiled = [], {}
+    for mode in args.compile_modes:
+        cfg = load_config(args.config, ["data.dataset=digits", "train.compile=true", f"train.compile_mode={mode}",
+                                        *args.overrides])
+        torch._dynamo.reset()  # compiled code of another mode must not be reused
+        trainer = Trainer(cfg, Path("/tmp/bench_train_step"), DistContext(0, 1, 0, device))
+        trainer.model.train()
+        batch = synthetic_batch(cfg, device)
+        compiled[mode] = trainer.compiled
+        for row in args.rows:
+            if mode != "default":  # eager rows once; compiled rows of another mode are named after it
+                if row.startswith("eager"):
+                    continue
+                row = row.replace("compiled-", "graphs-")
+            set_row(trainer, row)
+            rows.append(run_row(trainer, batch, row, args))
+            if row == "compiled-dense":
+                for name in args.ablations:
+                    with _Ablation(trainer, name):
+                        rows.append(run_row(trainer, batch, row, args, label=f"compiled-dense, {name}"))
+                    rows.append(run_row(trainer, batch, row, args, label="compiled-dense (again)"))
+        set_row(trainer, "eager-dense")
+        del trainer
+        torch.cuda.empty_cache()
     base = next((r for r in rows if r["row"] == "compiled-dense"), rows[0])
     for r in rows:
         r["vs_compiled_dense"] = round(base["ms"] / r["ms"], 4)
@@ -239,7 +252,7 @@ def main() -> None:
             r["gemms_2to4"] = in_place(dense, r)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": args.config,
               "overrides": args.overrides, "images_per_step": cfg.train.batch_size_per_gpu, "rows": rows,
-              "compiled": trainer.compiled, "sparse_decisions": sparse_decisions()}
+              "compiled": compiled, "sparse_decisions": sparse_decisions()}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print_table(result)

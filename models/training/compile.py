@@ -41,15 +41,18 @@ def _compile_method(obj: nn.Module, name: str, **options) -> None:
     setattr(obj, name, torch.compile(getattr(obj, name), **options))
 
 
-def compile_model(model: nn.Module, backend: str = "inductor") -> list[str]:
-    """Compile the pieces of an `SSLMetaArch` listed in this module's docstring, in place; returns their names."""
+def compile_model(model: nn.Module, backend: str = "inductor", mode: str = "default") -> list[str]:
+    """Compile the pieces of an `SSLMetaArch` listed in this module's docstring, in place; returns their names.
+    `mode` applies to the blocks ("reduce-overhead": each block's forward and backward replayed as CUDA graphs);
+    the heads and losses always compile in the default mode (their outputs live across the step)."""
     static = dict(backend=backend, dynamic=False, fullgraph=True)
+    blocks_opts = dict(static, mode=mode) if mode != "default" else static
     compiled = []
     for role in ("student", "teacher"):
         blocks = getattr(model, role)["backbone"].blocks
         for block in blocks:
-            block.compile(**static)
-        compiled.append(f"{role}.backbone.blocks (x{len(blocks)})")
+            block.compile(**blocks_opts)
+        compiled.append(f"{role}.backbone.blocks (x{len(blocks)}{', ' + mode if mode != 'default' else ''})")
         for name, head in getattr(model, role).items():
             if name != "backbone":
                 head.compile(**static)

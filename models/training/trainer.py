@@ -63,7 +63,7 @@ class Trainer:
         self.device = ctx.device
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.model = SSLMetaArch(cfg).to(self.device)
-        self.compiled = (compile_model(self.model, cfg.train.compile_backend)
+        self.compiled = (compile_model(self.model, cfg.train.compile_backend, cfg.train.compile_mode)
                          if compile_wanted(cfg.train.compile, self.device) else [])
         self.forward_model = self._data_parallel(self.model)
         torch.manual_seed(cfg.train.seed + ctx.rank)  # drop-path draws differ per rank
