@@ -119,7 +119,7 @@ class TrainConfig:
     # torch.compile of the blocks, heads and losses (models/training/compile.py): auto = on for CUDA, off on CPU
     compile: str = "auto"  # auto | true | false
     compile_backend: str = "inductor"  # torch.compile backend: inductor | aot_eager | eager (the last two to debug)
-    compile_mode: str = "default"  # blocks' torch.compile mode: default | reduce-overhead (CUDA graphs; inductor)
+    compile_mode: str = "default"  # student blocks' torch.compile mode: default | reduce-overhead (CUDA graphs)
 
 
 @dataclass

@@ -43,16 +43,18 @@ def _compile_method(obj: nn.Module, name: str, **options) -> None:
 
 def compile_model(model: nn.Module, backend: str = "inductor", mode: str = "default") -> list[str]:
     """Compile the pieces of an `SSLMetaArch` listed in this module's docstring, in place; returns their names.
-    `mode` applies to the blocks ("reduce-overhead": each block's forward and backward replayed as CUDA graphs);
+    `mode` applies to the student's blocks ("reduce-overhead": forward and backward replayed as CUDA graphs);
     the heads and losses always compile in the default mode (their outputs live across the step)."""
     static = dict(backend=backend, dynamic=False, fullgraph=True)
-    blocks_opts = dict(static, mode=mode) if mode != "default" else static
     compiled = []
     for role in ("student", "teacher"):
+        # CUDA graphs for the student's blocks only: the teacher's run without gradients, and CUDA-graph trees start
+        # a new generation at every such call, overwriting the output the next block is about to read
+        opts = dict(static, mode=mode) if mode != "default" and role == "student" else static
         blocks = getattr(model, role)["backbone"].blocks
         for block in blocks:
-            block.compile(**blocks_opts)
-        compiled.append(f"{role}.backbone.blocks (x{len(blocks)}{', ' + mode if mode != 'default' else ''})")
+            block.compile(**opts)
+        compiled.append(f"{role}.backbone.blocks (x{len(blocks)}{', ' + opts['mode'] if 'mode' in opts else ''})")
         for name, head in getattr(model, role).items():
             if name != "backbone":
                 head.compile(**static)
