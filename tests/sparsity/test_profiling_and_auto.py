@@ -50,6 +50,13 @@ def test_kernel_summary_busy_idle_and_categories():
     assert s["top_kernels"][0]["calls"] == 0.5
 
 
+def test_compiled_kernels_have_their_own_category():
+    assert categorize("triton_poi_fused_add_native_layer_norm_3") == "fused"
+    assert categorize("triton_red_fused__log_softmax_sum_1") == "fused"
+    assert categorize("triton_tem_fused_mm_0") == "dense_gemm"  # inductor's GEMM templates
+    assert categorize("_prune_pack_kernel") == "prune_pack"
+
+
 def test_kernel_summary_without_kernels():
     assert kernel_summary(_FakeProf([]))["kernels"] == 0
 

@@ -1,0 +1,114 @@
+"""train.compile on a CPU: a DINOv2 block compiled with fullgraph=True in both sparsity phases equals eager, the
+sparse -> dense switch compiles once and steady-state steps never, compiled training equals eager training, and a
+compiled 2-process gloo run equals the compiled 1-process run with the same global batch.
+
+The dynamo front end (graph capture, guards, AOT autograd) is what these check; they use the aot_eager backend so that
+CI does not spend minutes in C++ compilation (inductor runs in tests/sparsity/test_traced.py and, on a GPU,
+tests/gpu/test_compile.py)."""
+
+import pytest
+import torch
+import torch._dynamo
+from train_runs import TINY, run_train
+
+from configs import load_config
+from models.training.compile import compile_wanted
+from models.training.distributed import DistContext
+from models.training.metrics import read_metrics
+from models.training.trainer import Trainer
+from models.vision_transformer import Block
+from sparsity import SemiSparseLinear, swap_linear_modules, swap_to_dense
+
+COMPILED = ["train.compile=true", "train.compile_backend=aot_eager"]
+CPU = DistContext(0, 1, 0, torch.device("cpu"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    torch._dynamo.config.error_on_recompile = False
+
+
+def test_compile_setting_resolution():
+    assert compile_wanted("auto", torch.device("cuda")) and not compile_wanted("auto", torch.device("cpu"))
+    assert compile_wanted("true", torch.device("cpu")) and not compile_wanted("false", torch.device("cuda"))
+    assert load_config(None, ["train.compile=on"]).train.compile == "true"  # YAML booleans are accepted
+    with pytest.raises(ValueError, match="train.compile='sometimes' is not one of auto, true, false"):
+        load_config(None, ["train.compile=sometimes"])
+    with pytest.raises(ValueError, match="reduce-overhead needs train.compile_backend=inductor"):
+        load_config(None, ["train.compile_mode=reduce-overhead", "train.compile_backend=aot_eager"])
+
+
+def test_block_compiles_fullgraph_in_both_phases_and_equals_eager():
+    torch.manual_seed(0)
+    block = Block(64, 4, drop_path=0.3, init_values=1e-5).train()  # subset drop-path: the student's path
+    xs = [torch.randn(6, 5, 64), torch.randn(12, 3, 64)]
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=False)
+
+    def step(fn, seed):
+        torch.manual_seed(seed)  # the same drop-path subsets for both
+        for p in block.parameters():
+            p.grad = None
+        out = fn([x.clone().requires_grad_() for x in xs])
+        sum((o * o).mean() for o in out).backward()
+        return [o.detach() for o in out] + [p.grad.clone() for p in block.parameters()]
+
+    for phase in ("sparse", "dense"):
+        if phase == "sparse":
+            swap_linear_modules(block, pattern=r"mlp\.fc[12]", backend="dense")
+            assert isinstance(block.mlp.fc1, SemiSparseLinear)
+        else:
+            swap_to_dense(block)
+        for seed in range(3):
+            got, want = step(compiled, seed), step(block, seed)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+            torch._dynamo.config.error_on_recompile = True  # the phase's graph exists: no more compiling
+        torch._dynamo.config.error_on_recompile = False
+    eager_sparse_differs = step(block, 0)[0]
+    swap_linear_modules(block, pattern=r"mlp\.fc[12]", backend="dense")
+    assert not torch.equal(step(compiled, 0)[0], eager_sparse_differs)  # the switch back is picked up too
+
+
+def _graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def test_switch_compiles_once_and_compiled_training_equals_eager(tmp_path):
+    """16 steps (8 sparse, 8 dense): new graphs at the first step and at the switch only, the switch adding exactly
+    one (the student's block with dense MLPs); the loss curve is the eager run's."""
+    cfg = load_config(None, TINY + COMPILED)
+    trainer = Trainer(cfg, tmp_path / "compiled", CPU)
+    new_graphs = []
+    step_fn = trainer._train_step
+
+    def counted(batch, values):
+        before = _graphs()
+        out = step_fn(batch, values)
+        new_graphs.append(_graphs() - before)
+        return out
+
+    trainer._train_step = counted
+    trainer.train()
+    assert len(new_graphs) == 16
+    assert new_graphs[0] > 0 and new_graphs[8] == 1, new_graphs
+    assert sum(new_graphs[1:8]) == 0 and sum(new_graphs[9:]) == 0, new_graphs
+    eager = Trainer(load_config(None, TINY), tmp_path / "eager", CPU)
+    eager.train()
+    a, b = read_metrics(tmp_path / "compiled" / "metrics.jsonl"), read_metrics(tmp_path / "eager" / "metrics.jsonl")
+    assert [r["phase"] for r in a] == ["sparse"] * 8 + ["dense"] * 8
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in a]), torch.tensor([r["loss"] for r in b]),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_two_processes_equal_compiled_one_process(tmp_path):
+    from test_distributed_equivalence import SAME_GLOBAL_BATCH, assert_same_run, torchrun
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_train(one, *SAME_GLOBAL_BATCH, *COMPILED, "train.batch_size_per_gpu=16")
+    torchrun(two, *SAME_GLOBAL_BATCH, *COMPILED)
+    assert "torch.compile (backend aot_eager)" in (two / "log.txt").read_text()
+    assert_same_run(two, one)
