@@ -102,7 +102,7 @@ def validate(cfg: Config) -> None:
          "student.patch_size"),
         (cfg.data.dataset != "imagenet_folder" or bool(cfg.data.root), "data.root is required for imagenet_folder"),
         (cfg.train.compile_mode == "default" or cfg.train.compile_backend == "inductor",
-         "train.compile_mode=reduce-overhead needs train.compile_backend=inductor (CUDA graphs are an inductor mode)"),
+         "train.compile_mode=reduce-overhead needs train.compile_backend=inductor (CUDA graphs are inductor's)"),
     ]
     for ok, message in checks:
         if not ok:

@@ -1,6 +1,7 @@
 """The traced (torch.compile) form of the 2:4 layers on a CPU: equal to the eager autograd functions for every
 pruning method, fullgraph (no graph break), under static and symbolic shapes; the cuSPARSELt custom ops' fake
-implementations and autograd formula trace with symbolic sizes (their kernels need a GPU: tests/gpu/test_compile.py).
+implementations and autograd formula trace with symbolic sizes (their kernels need a GPU:
+tests/gpu/test_compile_gpu.py).
 """
 
 import pytest

@@ -4,7 +4,7 @@ compiled 2-process gloo run equals the compiled 1-process run with the same glob
 
 The dynamo front end (graph capture, guards, AOT autograd) is what these check; they use the aot_eager backend so that
 CI does not spend minutes in C++ compilation (inductor runs in tests/sparsity/test_traced.py and, on a GPU,
-tests/gpu/test_compile.py)."""
+tests/gpu/test_compile_gpu.py)."""
 
 import pytest
 import torch
