@@ -21,3 +21,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """torch.compile's caches and flags reset around a test, so that graphs compiled for one test never serve another
+    and a test that forbids recompilation does not leak that into the next one."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    torch._dynamo.config.error_on_recompile = False

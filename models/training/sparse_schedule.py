@@ -23,6 +23,19 @@ class SparseSchedule:
         self.current = DENSE
         self.swapped: list[str] = []
 
+    def auto_summary(self) -> dict:
+        """For the metrics, in the sparse phase with backend `auto`: how many GEMM shapes it has decided, and how many
+        of them run sparse in eager code (`choice`) and in compiled code (`choice_graph`, decided by device time).
+        Each decision is also logged when it is made."""
+        if self.current != SPARSE or self.cfg.backend != "auto":
+            return {}
+        from sparsity import get_backend
+
+        decisions = get_backend("auto").describe()["decisions"]
+        return {"auto_shapes": len(decisions),
+                "auto_sparse_eager": sum(d["choice"] == "cusparselt" for d in decisions),
+                "auto_sparse_compiled": sum(d["choice_graph"] == "cusparselt" for d in decisions)}
+
     def phase_at(self, step: int) -> str:
         return SPARSE if step < self.sparse_steps else DENSE
 

@@ -348,7 +348,8 @@ class Trainer:
                     loss, terms = self._global_mean(loss, terms)
                     elapsed = time.perf_counter() - window_start
                     record = {"step": self.step - 1, "phase": self.sparse_schedule.current, "loss": loss,
-                              **terms, **values, **norms, "corrupt_skipped": self.corrupt_skipped,
+                              **terms, **values, **norms, **self.sparse_schedule.auto_summary(),
+                              "corrupt_skipped": self.corrupt_skipped,
                               "images_per_s": self.global_batch * window_steps / max(elapsed, 1e-9)}
                     self.metrics.write(record)
                     progress.set_postfix(loss=f"{loss.item():.4f}", phase=self.sparse_schedule.current)

@@ -11,15 +11,7 @@ from torch import nn
 from sparsity import SemiSparseLinear, is_transposable, swap_linear_modules, swap_to_dense
 from sparsity.pruning import prune_reference
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    torch._dynamo.config.error_on_recompile = False
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fresh_dynamo")]
 
 
 def rel_err(a, b):

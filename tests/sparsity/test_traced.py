@@ -14,12 +14,7 @@ import sparsity.backends._cslt_ops as ops
 from sparsity import SemiSparseActivationLinear, SemiSparseLinear, swap_linear_modules
 from sparsity.packing import layout as L
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _layer(cls, **opts):

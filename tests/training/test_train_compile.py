@@ -21,14 +21,7 @@ from sparsity import SemiSparseLinear, swap_linear_modules, swap_to_dense
 
 COMPILED = ["train.compile=true", "train.compile_backend=aot_eager"]
 CPU = DistContext(0, 1, 0, torch.device("cpu"))
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-    torch._dynamo.config.error_on_recompile = False
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_compile_setting_resolution():
@@ -112,3 +105,21 @@ def test_compiled_two_processes_equal_compiled_one_process(tmp_path):
     torchrun(two, *SAME_GLOBAL_BATCH, *COMPILED)
     assert "torch.compile (backend aot_eager)" in (two / "log.txt").read_text()
     assert_same_run(two, one)
+
+
+def test_auto_decisions_reach_the_metrics(monkeypatch):
+    """What `auto` decided (eagerly, or while a graph was traced) is summarised in every sparse-phase metrics line."""
+    from configs.schema import SparsityConfig
+    from models.training.sparse_schedule import SparseSchedule
+    from sparsity.backends import GemmKey, get_backend
+
+    auto = get_backend("auto")
+    monkeypatch.setattr(auto, "decisions", {})
+    schedule = SparseSchedule(SparsityConfig(backend="auto"), sparse_steps=10)
+    assert schedule.auto_summary() == {}  # dense phase: nothing to report
+    schedule.current = "sparse"
+    auto._record(GemmKey(30779, 1024, 4096, torch.bfloat16, 0), "dense", choice_graph="cusparselt")
+    auto._record(GemmKey(30779, 4096, 1024, torch.bfloat16, 0), "cusparselt")
+    assert schedule.auto_summary() == {"auto_shapes": 2, "auto_sparse_eager": 1, "auto_sparse_compiled": 2}
+    schedule.cfg.backend = "cusparselt"
+    assert schedule.auto_summary() == {}
