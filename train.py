@@ -44,6 +44,8 @@ def main(argv=None) -> int:
         return 2
 
     from data import CorruptImageError, DatasetError
+    from models.safe_io import CorruptFile, UnsafeFile
+    from models.training.checkpoint import NoReadableCheckpoint
     from models.training.distributed import LaunchError, detect_launch, init_distributed, shutdown
     from models.training.trainer import ResumeMismatch, Trainer, TrainingDiverged
 
@@ -64,7 +66,8 @@ def main(argv=None) -> int:
     try:
         teacher = Trainer(cfg, output_dir, ctx).train()
         log.info("done: %s (metrics in %s)", teacher, output_dir / "metrics.jsonl")
-    except (DatasetError, CorruptImageError, TrainingDiverged, ResumeMismatch) as e:
+    except (DatasetError, CorruptImageError, TrainingDiverged, ResumeMismatch, NoReadableCheckpoint, CorruptFile,
+            UnsafeFile) as e:
         log.error("%s: %s", type(e).__name__, e)
         return 1
     finally:

@@ -149,6 +149,32 @@ def load_structured(schema: Type[T], path: Optional[Path | str] = None, override
     return cfg
 
 
+# What may differ between a run's saved config and the config it is resumed with: how the run is executed and
+# observed, never what it computes (the global batch has its own check, see Trainer._check_resumable).
+RESUMABLE_CHANGES = (
+    "train.max_steps", "train.num_workers", "train.log_period", "train.checkpoint_period", "train.max_to_keep",
+    "train.teacher_export_period", "train.resume", "train.batch_size_per_gpu", "train.compile",
+    "train.compile_backend", "train.compile_mode", "data.root", "data.on_corrupt", "sparsity.backend",
+)
+
+
+def config_difference(old_yaml: str, new_yaml: str, allowed: Sequence[str] = ()) -> list[str]:
+    """'key: old -> new' for every value of `new_yaml` that differs from `old_yaml`, except the `allowed` keys.
+    Keys only the old config has are ignored (a config written by an older version with a key since removed)."""
+
+    def flat(node, prefix=""):
+        out = {}
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            out.update(flat(value, name + ".") if isinstance(value, dict) else {name: value})
+        return out
+
+    old = flat(OmegaConf.to_container(OmegaConf.create(old_yaml)))
+    new = flat(OmegaConf.to_container(OmegaConf.create(new_yaml)))
+    return [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in sorted(new.items())
+            if k not in allowed and k in old and old[k] != v]
+
+
 def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 

@@ -8,6 +8,7 @@ of one started at 0.
 """
 
 import logging
+import signal
 from typing import Dict, Iterator, Optional
 
 import torch
@@ -73,6 +74,15 @@ class SSLLoader:
                 "next_step": self.next_step, "batch_size": self.batch_size}
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """In each data worker: ignore SIGTERM and SIGUSR1/2. Slurm (preemption, time limit, `scontrol requeue`) signals
+    every process of the job, workers included; a worker killed by it makes the trainer's next batch raise before
+    the trainer, which handles the signal, can save its checkpoint. The trainer stops its workers itself when it
+    exits, and a worker whose trainer died exits on its own (PyTorch's watchdog)."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int,
                      dataset=None, num_workers: Optional[int] = None) -> SSLLoader:
     """The training loader of one rank: `cfg.train.batch_size_per_gpu` images per batch, `cfg.train.num_workers`
@@ -112,5 +122,6 @@ def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int,
         drop_last=True,
         persistent_workers=num_workers > 0,
         generator=generator,
+        worker_init_fn=ignore_stop_signals,
     )
     return SSLLoader(dataloader, sampler, batch_size, start_step)

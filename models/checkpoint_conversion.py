@@ -20,7 +20,6 @@ prefixes (heads and loss buffers are dropped); BlockChunk names `blocks.{chunk}.
 
 import logging
 import math
-import pickle
 import re
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
@@ -47,15 +46,12 @@ def _is_tensor_dict(obj: Any) -> bool:
 
 
 def load_checkpoint_file(path) -> Any:
-    """torch.load on CPU; weights-only first, then a full unpickle (for checkpoints holding non-tensor objects)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        logger.warning("%s is not a weights-only checkpoint; loading it with weights_only=False", path)
-        return torch.load(path, map_location="cpu", weights_only=False)
+    """The object in a checkpoint file, on CPU: weights-only (tensors, numbers, plain containers and the few classes
+    `models.safe_io.ALLOWED_GLOBALS` lists), digest-checked where one was recorded; never a full unpickle, which would
+    run whatever code the file names (`UnsafeFile`, naming it)."""
+    from models.safe_io import load_verified
+
+    return load_verified(path)
 
 
 # ours <-> timm --------------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from configs import Config, ConfigError, load_config, to_yaml
+from configs.load import RESUMABLE_CHANGES, config_difference
 
 JOBS_FILE = "jobs.json"
 EVAL_RESULT = "eval_linear.json"
@@ -98,22 +99,6 @@ class RunPlan:
         return f"resume@{self.done_steps}" if self.done_steps else "new"
 
 
-def _config_difference(old_yaml: str, new_yaml: str) -> list[str]:
-    from omegaconf import OmegaConf
-
-    def flat(node, prefix=""):
-        out = {}
-        for key, value in node.items():
-            name = f"{prefix}{key}"
-            out.update(flat(value, name + ".") if isinstance(value, dict) else {name: value})
-        return out
-
-    old = flat(OmegaConf.to_container(OmegaConf.create(old_yaml)))
-    new = flat(OmegaConf.to_container(OmegaConf.create(new_yaml)))
-    # Keys only the old file has are ignored: train.py may record facts of its own next to the config.
-    return [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in sorted(new.items()) if old.get(k) != v]
-
-
 def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrides: Sequence[str]) -> list[RunPlan]:
     """Resolve every run's config (raising ConfigError before anything is submitted) and read its progress.
 
@@ -132,7 +117,7 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
         plan = RunPlan(fraction, run_dir, run_overrides, cfg, last_step(cfg))
         existing = run_dir / CONFIG_FILE
         if existing.exists():
-            changed = _config_difference(existing.read_text(), to_yaml(cfg))
+            changed = config_difference(existing.read_text(), to_yaml(cfg), RESUMABLE_CHANGES)
             if changed:
                 raise ConfigError(
                     f"{run_dir} was started with another config ({'; '.join(changed)}). Launch with the same config "

@@ -13,13 +13,14 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
 from torch import Tensor
+
+from models.safe_io import CorruptFile, UnsafeFile, load_verified, save_verified
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +71,11 @@ def load_teacher(run_cfg, checkpoint: Optional[Path]):
         return backbone.eval(), 0
     require_checkpoint(checkpoint)
     try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise EvalInputError(f"cannot read {checkpoint} as a weights-only checkpoint: {reason}") from None
+        state = load_verified(checkpoint)  # digest-checked where one was recorded; weights-only, no fallback
+    except (CorruptFile, UnsafeFile, OSError) as e:
+        raise EvalInputError(f"cannot use {checkpoint}: {e}") from None
+    if not isinstance(state, dict):
+        raise EvalInputError(f"{checkpoint} holds a {type(state).__name__}, not a checkpoint (a dict of weights)")
     backbone = build_backbone(run_cfg.student, img_size=run_cfg.crops.global_crops_size, drop_path_rate=0.0)
     try:
         load_backbone_weights(backbone, state, which="teacher")
@@ -110,7 +112,7 @@ def load_cached(path: Path, key: str) -> Optional[Features]:
     if not path.is_file():
         return None
     try:
-        stored = torch.load(path, map_location="cpu", weights_only=True)
+        stored = load_verified(path)
     except Exception as e:  # noqa: BLE001 - an unreadable cache is only a cache: extract again
         logger.warning("ignoring unreadable feature cache %s (%s)", path, e)
         return None
@@ -121,9 +123,7 @@ def load_cached(path: Path, key: str) -> Optional[Features]:
 
 
 def save_cached(path: Path, key: str, features: Features) -> None:
-    from models.training.checkpoint import atomic_save
-
-    atomic_save({"key": key, "features": features.x, "labels": features.y, "step": features.step}, path)
+    save_verified({"key": key, "features": features.x, "labels": features.y, "step": features.step}, path)
 
 
 @torch.no_grad()

@@ -1,36 +1,31 @@
-"""Resumable checkpoints: atomic writes, a bounded history, `weights_only=True` loading.
+"""Resumable checkpoints: atomic, checksummed writes (`models.safe_io`), a bounded history, weights-only loading.
 
-A checkpoint is written to `<name>.tmp`, flushed to disk and renamed over its final name, so a kill during the
-save leaves the previous checkpoints intact and at worst a stray `.tmp` file (ignored and removed on resume).
+A checkpoint `step_XXXXXXXX.pt` is written as `<name>.tmp` streamed through SHA-256, its digest goes to
+`<name>.sha256`, then it is renamed into place: a kill during the save leaves the previous checkpoints intact and at
+worst a stray `.tmp` (removed on resume). On resume the newest checkpoint whose digest matches is used. One that does
+not (a flipped block, a truncated copy) is reported and moved aside as `<name>.corrupt` (never deleted, and out of
+the rotation, which would otherwise count it as the newest); the previous one is tried. If checkpoints exist but none
+is readable the run stops (`NoReadableCheckpoint`) instead of silently starting over on top of its own history.
 """
 
 import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
+
+from models.safe_io import CorruptFile, UnsafeFile, digest_path, load_verified, save_verified
 
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
+CORRUPT_SUFFIX = ".corrupt"
 
 
-def atomic_save(obj: Any, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+class NoReadableCheckpoint(RuntimeError):
+    """The run directory holds checkpoints, and none of them can be read."""
 
 
 def rng_state() -> dict:
@@ -47,11 +42,13 @@ def set_rng_state(state: dict) -> None:
 
 
 class CheckpointManager:
-    """`<run>/checkpoints/step_XXXXXXXX.pt`, newest `max_to_keep` kept."""
+    """`<run>/checkpoints/step_XXXXXXXX.pt`, newest `max_to_keep` kept. `writer`: the one rank that writes, removes
+    strays and moves unreadable checkpoints aside (the others only read)."""
 
-    def __init__(self, directory: Path, max_to_keep: int):
+    def __init__(self, directory: Path, max_to_keep: int, writer: bool = True):
         self.directory = Path(directory)
         self.max_to_keep = max_to_keep
+        self.writer = writer
 
     def path_for(self, step: int) -> Path:
         return self.directory / f"step_{step:08d}.pt"
@@ -64,24 +61,44 @@ class CheckpointManager:
 
     def save(self, state: dict, step: int) -> Path:
         path = self.path_for(step)
-        atomic_save(state, path)
-        for old in self.checkpoints()[: -self.max_to_keep]:
+        save_verified(state, path)
+        others = [p for p in self.checkpoints() if p != path]  # never the one just written
+        for old in others[: max(0, len(others) + 1 - self.max_to_keep)]:
             old.unlink(missing_ok=True)
+            digest_path(old).unlink(missing_ok=True)
         logger.info("saved checkpoint %s", path)
         return path
 
     def load_latest(self) -> Optional[dict]:
-        """The newest readable checkpoint, or None. Unreadable ones (e.g. a disk filled mid-write before the
-        atomic rename existed) are reported and skipped, never deleted."""
-        for stray in self.directory.glob("*.tmp") if self.directory.is_dir() else []:
-            logger.warning("removing %s: a checkpoint write that never finished", stray)
-            stray.unlink(missing_ok=True)
+        """The newest readable checkpoint, or None when there is none at all (see the module docstring)."""
+        if self.writer and self.directory.is_dir():
+            for stray in self.directory.glob("*.tmp"):
+                logger.warning("removing %s: a write that never finished", stray)
+                stray.unlink(missing_ok=True)
+        failures = []
         for path in reversed(self.checkpoints()):
             try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as e:  # noqa: BLE001 - any unreadable file: fall back to the previous one
-                logger.error("cannot read checkpoint %s (%s): trying the previous one", path, e)
+                state = load_verified(path)
+            except (CorruptFile, UnsafeFile, FileNotFoundError) as e:  # (gone: the writer rank set it aside)
+                failures.append(f"{path.name}: {e}")
+                logger.error("cannot use checkpoint %s (%s): trying the previous one", path, e)
+                self._set_aside(path)
                 continue
             logger.info("resuming from %s", path)
             return state
+        set_aside = sorted(p.name for p in self.directory.glob(f"step_*.pt{CORRUPT_SUFFIX}")) \
+            if self.directory.is_dir() else []
+        if failures or set_aside:  # (set aside by an earlier attempt: still not a reason to start over)
+            failures = failures or [f"{name}: set aside earlier as unreadable" for name in set_aside]
+            raise NoReadableCheckpoint(
+                f"{len(failures)} checkpoint(s) in {self.directory}, none readable ({'; '.join(failures)[:600]}). "
+                f"Refusing to start over: that would replace this run's metrics. The unreadable files were kept as "
+                f"*{CORRUPT_SUFFIX}; restore a good copy, or use a new --output-dir to start a new run")
         return None
+
+    def _set_aside(self, path: Path) -> None:
+        if not self.writer:
+            return
+        for p in (path, digest_path(path)):
+            if p.exists():
+                os.replace(p, p.with_name(p.name + CORRUPT_SUFFIX))

@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from models.safe_io import atomic_write_text
+
 # Fields that measure the machine rather than the computation; they differ between otherwise identical runs.
 TIMING_FIELDS = ("images_per_s", "step_time_s", "data_time_s", "time")
 
@@ -37,7 +39,7 @@ class MetricsLog:
                     kept.append(line)
             except (json.JSONDecodeError, KeyError):  # a line cut by a kill mid-write
                 break
-        self.path.write_text("".join(f"{line}\n" for line in kept))
+        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))  # a kill here keeps the old file
 
     def write(self, record: dict) -> None:
         if not self.enabled:

@@ -25,10 +25,12 @@ import torch
 from tqdm import tqdm
 
 from configs import Config, to_yaml
+from configs.load import RESUMABLE_CHANGES, config_difference
 from data import build_ssl_loader
+from models.safe_io import atomic_write_text, save_verified
 from models.ssl_meta_arch import SSLMetaArch
 
-from .checkpoint import CheckpointManager, atomic_save, rng_state, set_rng_state
+from .checkpoint import CheckpointManager, rng_state, set_rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical
 from .metrics import MetricsLog
@@ -81,7 +83,8 @@ class Trainer:
         self.amp_dtype = amp
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == torch.float16)
         self.sparse_schedule = SparseSchedule(cfg.sparsity, cfg.sparse_steps)
-        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", cfg.train.max_to_keep)
+        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", cfg.train.max_to_keep,
+                                             writer=ctx.is_main)
         self.metrics = MetricsLog(self.output_dir / "metrics.jsonl", enabled=ctx.is_main)
         self.step = 0
         self.corrupt_skipped = 0  # over all ranks
@@ -175,7 +178,18 @@ class Trainer:
             logger.warning("checkpoint written by %d processes, resumed on %d: data order preserved, per-rank "
                            "drop-path random streams reseeded", len(rng_per_rank), self.ctx.world_size)
 
+    def _check_same_config(self, state: dict) -> None:
+        """A run continues only under the config it was started with, except for `RESUMABLE_CHANGES` (how it is
+        executed and observed): anything else would silently mix two experiments in one run directory."""
+        changed = config_difference(state["config"], to_yaml(self.cfg), RESUMABLE_CHANGES)
+        if changed:
+            raise ResumeMismatch(
+                f"{self.output_dir} was trained with another config ({'; '.join(changed)}). Resume it with the "
+                f"same settings (these may change: {', '.join(RESUMABLE_CHANGES)}), or start a new run in another "
+                "--output-dir")
+
     def load_state_dict(self, state: dict) -> None:
+        self._check_same_config(state)
         self._check_resumable(state)
         self.step = state["step"]
         # Enter the phase the checkpoint was written in (that of its last step) before loading: sparse modules may
@@ -217,12 +231,15 @@ class Trainer:
         barrier(self.ctx)
         return path
 
+    def _export_path(self, step: int) -> Path:
+        return self.output_dir / "eval" / f"step_{step:08d}" / "teacher_backbone.pth"
+
     def export_teacher(self, path: Path) -> None:
         """The teacher backbone alone, for linear probes and fine-tuning (loaded with weights_only=True)."""
         if self.ctx.is_main:
             state = {"backbone": self.model.teacher_backbone_state_dict(), "step": self.step,
                      "student_config": to_yaml(self.cfg)}
-            atomic_save(state, path)
+            save_verified(state, path)
             logger.info("exported teacher backbone to %s", path)
 
     # ----------------------------------------------------------------- loop
@@ -322,9 +339,17 @@ class Trainer:
         last_step = min(total, cfg.train.max_steps) if cfg.train.max_steps > 0 else total
         if self.ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            (self.output_dir / "config.yaml").write_text(to_yaml(cfg))
-        if not self.resume_if_possible():
+        resumed = self.resume_if_possible()  # refuses another config before anything is written
+        if self.ctx.is_main:
+            atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
+        if not resumed:
             self.metrics.truncate_after(0)  # a fresh start in a used directory replaces the old log
+        elif self.step % cfg.train.teacher_export_period == 0 and 0 < self.step < total:
+            # the checkpoint of an export step is written first: a kill during that export is redone from it
+            path = self._export_path(self.step)
+            if self.ctx.is_main and not path.exists():
+                logger.warning("redoing the teacher export of step %d, which did not finish", self.step)
+                self.export_teacher(path)
         self.sparse_schedule.apply(self.model.student.backbone, self.step)
         self.model.train()
         progress = tqdm(total=last_step, initial=self.step, disable=not self.ctx.is_main, desc="train",
@@ -357,7 +382,7 @@ class Trainer:
                 if self.step % cfg.train.checkpoint_period == 0 and self.step < last_step:
                     self.save_checkpoint()
                 if self.step % cfg.train.teacher_export_period == 0 and self.step < total:
-                    self.export_teacher(self.output_dir / "eval" / f"step_{self.step:08d}" / "teacher_backbone.pth")
+                    self.export_teacher(self._export_path(self.step))
                 if self._stop_agreed:
                     self.save_checkpoint()
                     progress.close()

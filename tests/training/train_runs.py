@@ -31,9 +31,11 @@ def run_train(output_dir: Path, *overrides: str, check: bool = True) -> subproce
     return result
 
 
-def start_train(output_dir: Path, *overrides: str) -> subprocess.Popen:
+def start_train(output_dir: Path, *overrides: str, new_session: bool = False) -> subprocess.Popen:
+    """train.py in the background; `new_session`: in a process group of its own (its data workers join it), so that
+    the test can signal the whole group as Slurm does."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(train_command(output_dir, *overrides), cwd=REPO, env=env,
+    return subprocess.Popen(train_command(output_dir, *overrides), cwd=REPO, env=env, start_new_session=new_session,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
