@@ -1,0 +1,59 @@
+"""A crafted pickle (its __reduce__ runs code) handed over as pretrained weights, as the checkpoint to evaluate and as a
+training checkpoint: refused with a clear message, and the code never runs."""
+
+import sys
+
+import pytest
+import torch
+from train_runs import REPO, run_train
+
+from models.safe_io import UnsafeFile, load_verified
+
+
+class Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('the code ran')",)
+
+
+def crafted(path, marker):
+    torch.save({"model": {"w": torch.ones(2)}, "payload": Payload(marker)}, path)
+    return path
+
+
+def test_the_loader_refuses_it_naming_what_it_would_run(tmp_path):
+    marker = tmp_path / "ran"
+    with pytest.raises(UnsafeFile, match="builtins.exec"):
+        load_verified(crafted(tmp_path / "evil.pth", marker))
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_as_pretrained_weights(tmp_path):
+    marker = tmp_path / "ran"
+    evil = crafted(tmp_path / "evil.pth", marker)
+    result = run_train(tmp_path / "run", f"student.pretrained_weights={evil}", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "only arbitrary code could rebuild" in result.stderr and not marker.exists()
+
+
+def test_as_the_checkpoint_to_evaluate(tmp_path, reference_run):
+    sys.path.insert(0, str(REPO))
+    import eval_linear
+
+    marker = tmp_path / "ran"
+    evil = crafted(tmp_path / "evil.pth", marker)
+    code = eval_linear.main(["--run", str(reference_run), f"checkpoint={evil}", f"output={tmp_path / 'out.json'}"])
+    assert code != 0 and not marker.exists() and not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.slow
+def test_as_a_training_checkpoint(tmp_path):
+    marker = tmp_path / "ran"
+    (tmp_path / "checkpoints").mkdir()
+    crafted(tmp_path / "checkpoints" / "step_00000005.pt", marker)
+    result = run_train(tmp_path, check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "only arbitrary code could rebuild" in result.stderr and not marker.exists()
