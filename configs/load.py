@@ -120,10 +120,29 @@ def load_config(path: Optional[Path | str] = None, overrides: Iterable[str] = ()
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:
         raise ConfigError(f"required config values not set: {', '.join(missing)} (set them as key=value)")
-    cfg = OmegaConf.to_object(merged)
+    interpolations = _interpolated_values(merged)
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:  # e.g. ${oc.env:VAR} with VAR unset
+        raise ConfigError(f"{path}: {str(e).splitlines()[0]}") from None
     assert isinstance(cfg, Config)
     validate(cfg)
+    cfg._interpolations = interpolations  # to_yaml writes these back instead of their (possibly secret) values
     return cfg
+
+
+def _flatten(node, prefix: str = "") -> dict:
+    out = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        out.update(_flatten(value, name + ".") if isinstance(value, dict) else {name: value})
+    return out
+
+
+def _interpolated_values(merged: DictConfig) -> dict:
+    """{key: '${...}'} for every value given as an interpolation (e.g. `${oc.env:TOKEN}`)."""
+    raw = _flatten(OmegaConf.to_container(merged, resolve=False))
+    return {k: v for k, v in raw.items() if isinstance(v, str) and "${" in v}
 
 
 T = TypeVar("T")
@@ -162,21 +181,19 @@ def config_difference(old_yaml: str, new_yaml: str, allowed: Sequence[str] = ())
     """'key: old -> new' for every value of `new_yaml` that differs from `old_yaml`, except the `allowed` keys.
     Keys only the old config has are ignored (a config written by an older version with a key since removed)."""
 
-    def flat(node, prefix=""):
-        out = {}
-        for key, value in node.items():
-            name = f"{prefix}{key}"
-            out.update(flat(value, name + ".") if isinstance(value, dict) else {name: value})
-        return out
-
-    old = flat(OmegaConf.to_container(OmegaConf.create(old_yaml)))
-    new = flat(OmegaConf.to_container(OmegaConf.create(new_yaml)))
+    old = _flatten(OmegaConf.to_container(OmegaConf.create(old_yaml)))
+    new = _flatten(OmegaConf.to_container(OmegaConf.create(new_yaml)))
     return [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in sorted(new.items())
             if k not in allowed and k in old and old[k] != v]
 
 
 def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The config as YAML for config.yaml and checkpoints. Values that came from interpolations are written as the
+    interpolation (`${oc.env:TOKEN}`), never resolved: an environment variable's value does not end up in files."""
+    node = OmegaConf.structured(cfg)
+    for key, text in getattr(cfg, "_interpolations", {}).items():
+        OmegaConf.update(node, key, text, force_add=False)
+    return OmegaConf.to_yaml(node)
 
 
 def scaled_lr(cfg: Config, world_size: int) -> float:

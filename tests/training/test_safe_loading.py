@@ -57,3 +57,18 @@ def test_as_a_training_checkpoint(tmp_path):
     result = run_train(tmp_path, check=False)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "only arbitrary code could rebuild" in result.stderr and not marker.exists()
+
+
+@pytest.mark.slow
+def test_environment_values_given_as_interpolations_stay_out_of_every_file(tmp_path, monkeypatch):
+    secret = "s3cr3t-token-8d1f"
+    monkeypatch.setenv("RUN_SECRET", secret)
+    run = tmp_path / "run"
+    run_train(run, "data.root=${oc.env:RUN_SECRET}", "train.max_steps=3")  # digits: data.root is not read
+    for path in [p for p in run.rglob("*") if p.is_file()]:
+        assert secret.encode() not in path.read_bytes(), path
+    assert "${oc.env:RUN_SECRET}" in (run / "config.yaml").read_text()
+    assert "${oc.env:RUN_SECRET}" in load_verified(run / "checkpoints" / "step_00000003.pt")["config"]
+    monkeypatch.delenv("RUN_SECRET")
+    result = run_train(run, "data.root=${oc.env:RUN_SECRET}", check=False)  # unset: a config error, not a traceback
+    assert result.returncode == 2 and "RUN_SECRET" in result.stderr and "Traceback" not in result.stderr
