@@ -9,7 +9,8 @@ import textwrap
 
 import torch
 
-from models.training.checkpoint import CheckpointManager, atomic_save
+from models.safe_io import save_verified
+from models.training.checkpoint import CheckpointManager
 from models.training.metrics import MetricsLog, read_metrics, without_timing
 
 
@@ -26,8 +27,9 @@ def test_unreadable_newest_checkpoint_falls_back_to_the_previous(tmp_path, caplo
     manager.save({"step": 1}, 1)
     manager.path_for(2).write_bytes(b"\x00garbage, e.g. a disk that filled up")
     assert manager.load_latest()["step"] == 1
-    assert "cannot read checkpoint" in caplog.text
-    assert manager.path_for(2).exists()  # reported, never deleted
+    assert "cannot use checkpoint" in caplog.text
+    assert manager.path_for(2).with_name("step_00000002.pt.corrupt").exists()  # reported, set aside, never deleted
+    assert [p.name for p in manager.checkpoints()] == ["step_00000001.pt"]
 
 
 def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
@@ -38,9 +40,9 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
         f"""
         import sys, torch
         sys.path.insert(0, {os.getcwd()!r})
-        from models.training.checkpoint import atomic_save
+        from models.safe_io import save_verified
         print("start", flush=True)
-        atomic_save({{"step": 2, "w": torch.randn(64, 1024, 1024)}}, __import__("pathlib").Path({str(manager.path_for(2))!r}))
+        save_verified({{"step": 2, "w": torch.randn(64, 1024, 1024)}}, __import__("pathlib").Path({str(manager.path_for(2))!r}))
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
@@ -58,8 +60,8 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_atomic_save_loads_with_weights_only(tmp_path):
-    atomic_save({"a": torch.arange(3), "b": {"c": 1.5}}, tmp_path / "x.pt")
+def test_verified_save_loads_with_plain_torch_load_weights_only(tmp_path):
+    save_verified({"a": torch.arange(3), "b": {"c": 1.5}}, tmp_path / "x.pt")  # users load exports this way
     loaded = torch.load(tmp_path / "x.pt", weights_only=True)
     assert torch.equal(loaded["a"], torch.arange(3)) and loaded["b"] == {"c": 1.5}
 
