@@ -30,11 +30,17 @@ ALLOWED_GLOBALS = [argparse.Namespace]  # timm's train.py stores its args in che
 _CHUNK = 16 << 20
 
 
-class CorruptFile(RuntimeError):
+class _FileProblem(RuntimeError):
+    def __init__(self, path, reason: str):
+        super().__init__(f"{path} {reason}")
+        self.path, self.reason = path, reason
+
+
+class CorruptFile(_FileProblem):
     """A file whose content does not match its recorded digest, or that cannot be parsed at all."""
 
 
-class UnsafeFile(RuntimeError):
+class UnsafeFile(_FileProblem):
     """A file that would need arbitrary code (pickled objects beyond plain data) to load."""
 
 
@@ -124,8 +130,8 @@ def verify(path: Path | str) -> bool:
         return False
     actual = file_digest(path)
     if actual != expected:
-        raise CorruptFile(f"{path} does not match its recorded SHA-256 ({digest_path(path).name}): the file was "
-                          f"changed or damaged after it was written")
+        raise CorruptFile(path, f"does not match its recorded SHA-256 ({digest_path(path).name}): the file was "
+                                "changed or damaged after it was written")
     return True
 
 
@@ -135,17 +141,18 @@ def load_verified(path: Path | str, map_location: Any = "cpu", require_digest: b
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if not verify(path) and require_digest:
-        raise CorruptFile(f"{path} has no recorded digest ({digest_path(path).name})")
+        raise CorruptFile(path, f"has no recorded digest ({digest_path(path).name})")
     try:
         return _weights_only_load(path, map_location)
     except Exception as e:  # noqa: BLE001 - classified below; never retried with full unpickling
         unsafe = _unsafe_globals(path)
         if unsafe:
-            raise UnsafeFile(f"{path} holds pickled objects that only arbitrary code could rebuild "
-                             f"({', '.join(unsafe[:5])}); refused (only tensors, numbers and plain containers "
-                             "load). Re-save its state dict with torch.save(model.state_dict(), ...)") from None
-        raise CorruptFile(f"{path} is not a readable PyTorch checkpoint: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}") from None
+            raise UnsafeFile(path, f"holds pickled objects that only arbitrary code could rebuild "
+                                   f"({', '.join(unsafe[:5])}); refused (only tensors, numbers and plain containers "
+                                   "load). Re-save its state dict with torch.save(model.state_dict(), ...)") from None
+        # (torch's own message suggests weights_only=False: exactly what must not be done with an unknown file)
+        raise CorruptFile(path, f"is not a readable PyTorch checkpoint (not written by torch.save, or damaged; "
+                                f"{type(e).__name__})") from None
 
 
 def _weights_only_load(path: Path, map_location: Any) -> Any:

@@ -72,8 +72,10 @@ def load_teacher(run_cfg, checkpoint: Optional[Path]):
     require_checkpoint(checkpoint)
     try:
         state = load_verified(checkpoint)  # digest-checked where one was recorded; weights-only, no fallback
-    except (CorruptFile, UnsafeFile, OSError) as e:
-        raise EvalInputError(f"cannot use {checkpoint}: {e}") from None
+    except (CorruptFile, UnsafeFile) as e:
+        raise EvalInputError(f"cannot read {checkpoint}: it {e.reason}") from None
+    except OSError as e:
+        raise EvalInputError(f"cannot read {checkpoint}: {e.strerror or e}") from None
     if not isinstance(state, dict):
         raise EvalInputError(f"{checkpoint} holds a {type(state).__name__}, not a checkpoint (a dict of weights)")
     backbone = build_backbone(run_cfg.student, img_size=run_cfg.crops.global_crops_size, drop_path_rate=0.0)

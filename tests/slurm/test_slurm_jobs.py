@@ -1,6 +1,7 @@
 """The launcher against a real Slurm (CI starts one on localhost with .ci/slurm_setup.sh): a two-run sweep that
 trains and evaluates through the scheduler, a job preempted with USR2 that checkpoints, requeues and ends with the
-same metrics as an uninterrupted run, and a job cancelled from outside that is reported failed instead of hanging.
+same metrics as an uninterrupted run, one requeued from outside (SIGTERM to every process, data workers running)
+that does the same, and a job cancelled from outside that is reported failed instead of hanging.
 
 Everything is submitted at once by a module fixture (the machine runs two one-CPU jobs at a time), cancelled run
 first so that its slot frees early; the tests then each wait for their own outcome.
@@ -29,11 +30,13 @@ EVAL_FAST = ["--eval-arg", "linear.n_c=3", "--eval-arg", "features.num_workers=0
 PREEMPT_AFTER_STEP = 5  # metrics line of step 5 written: the run is inside step 6 of 16
 
 
-def _sweep(runs_dir: Path, *fractions: str, evaluate: bool = True, ranks: int = 1) -> subprocess.CompletedProcess:
+def _sweep(runs_dir: Path, *fractions: str, evaluate: bool = True, ranks: int = 1,
+           extra: tuple = ()) -> subprocess.CompletedProcess:
     # Two ranks: the same global batch of 8 as one rank, as 2 gloo processes x 4 images.
     layout = ["--cpu-tasks-per-node", "2", "train.batch_size_per_gpu=4"] if ranks == 2 else []
     return launch("--config", "configs/default.yaml", "--sparse-fractions", *fractions, "--runs-dir", str(runs_dir),
-                  "--partition", "debug", *CPU_JOB, *(EVAL_FAST if evaluate else ["--skip-eval"]), *TINY, *layout)
+                  "--partition", "debug", *CPU_JOB, *(EVAL_FAST if evaluate else ["--skip-eval"]), *TINY, *layout,
+                  *extra)
 
 
 def _metrics_reached(run: Path, step: int) -> bool:
@@ -70,7 +73,8 @@ def _interrupt(actions: dict, done: dict) -> None:
 def sweeps(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
     dirs = {"cancel": root / "cancel", "preempt": root / "preempt", "sweep": root / "sweep",
-            "two_ranks": root / "two_ranks", "two_ranks_preempt": root / "two_ranks_preempt"}
+            "two_ranks": root / "two_ranks", "two_ranks_preempt": root / "two_ranks_preempt",
+            "requeue": root / "requeue"}
     sbatch_ids = []
     try:
         # Slurm starts them in this order, two one-CPU jobs at a time: the reference runs early, and the two-task
@@ -78,10 +82,12 @@ def sweeps(slurm_cluster, tmp_path_factory):
         _sweep(dirs["cancel"], "0.5")
         first = _sweep(dirs["sweep"], "0.5", "0.25")
         _sweep(dirs["preempt"], "0.5", evaluate=False)
+        _sweep(dirs["requeue"], "0.5", evaluate=False, extra=("train.num_workers=2",))  # data workers running
         sbatch_ids.append(_submit_sbatch_template(root / "sbatch"))
         _sweep(dirs["two_ranks"], "0.5", evaluate=False, ranks=2)
         _sweep(dirs["two_ranks_preempt"], "0.5", evaluate=False, ranks=2)
-        cancel, preempt, preempt2 = (dirs[k] / "sparse_0.50" for k in ("cancel", "preempt", "two_ranks_preempt"))
+        cancel, preempt, preempt2, requeue = (dirs[k] / "sparse_0.50"
+                                              for k in ("cancel", "preempt", "two_ranks_preempt", "requeue"))
         done: dict = {}
         actions = {
             "cancel": (cancel, 0, ["scancel", job_ids(cancel, "train")[0]]),
@@ -90,6 +96,8 @@ def sweeps(slurm_cluster, tmp_path_factory):
             "sbatch": (root / "sbatch" / "run", PREEMPT_AFTER_STEP,
                        ["scancel", "--batch", "--signal=USR2", sbatch_ids[0]]),
             "two_ranks": (preempt2, PREEMPT_AFTER_STEP, ["scancel", "--signal=USR2", job_ids(preempt2, "train")[0]]),
+            # from outside the job: SIGTERM to every process of it (train.py and its data workers), then a restart
+            "requeue": (requeue, PREEMPT_AFTER_STEP, ["scontrol", "requeue", job_ids(requeue, "train")[0]]),
         }
         threading.Thread(target=_interrupt, args=(actions, done), daemon=True).start()
         yield {**dirs, "launch_output": first.stdout, "interrupted": done, "sbatch": (root / "sbatch", sbatch_ids[0])}
@@ -132,6 +140,21 @@ def test_usr2_checkpoints_requeues_and_resumes_to_the_uninterrupted_metrics(swee
     assert len(steps) == 2 and PREEMPT_AFTER_STEP < steps[0] < TOTAL_STEPS and steps[1] == TOTAL_STEPS, steps
     assert f"resumed at step {steps[0]}" in logs
 
+    _assert_same_as_uninterrupted(run, sweeps["sweep"] / "sparse_0.50")
+
+
+def test_an_outside_requeue_with_data_workers_saves_and_resumes_to_the_uninterrupted_metrics(sweeps):
+    """`scontrol requeue` (as an admin or a preemption policy does): Slurm sends SIGTERM to every process of the
+    job, the data workers included; they ignore it, train.py saves at its step boundary, the job restarts and
+    resumes with nothing lost."""
+    run = sweeps["requeue"] / "sparse_0.50"
+    (train_id,) = job_ids(run, "train")
+    wait_for(lambda: sweeps["interrupted"].get("requeue"), "the outside requeue")
+    wait_for(lambda: _finished(train_id), "the requeued job to restart and finish")
+    logs = slurm_logs(run)
+    assert job_state(train_id) == "COMPLETED", logs[-4000:]
+    assert "SIGTERM: checkpoint saved at step" in logs and "resumed at step" in logs, logs[-4000:]
+    assert "DataLoader worker" not in logs, logs[-4000:]
     _assert_same_as_uninterrupted(run, sweeps["sweep"] / "sparse_0.50")
 
 
