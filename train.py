@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +25,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="run directory (default: runs/<config name>-<date>-<time>)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.seed=1")
     return parser.parse_args(argv)
+
+
+def output_dir_problem(output_dir: Path) -> str:
+    """Why a run cannot write into `output_dir` ("" if it can): a file in the way, no permission, a read-only file
+    system. Checked before anything is created, with a real write (permissions alone say nothing for root)."""
+    if output_dir.exists() and not output_dir.is_dir():
+        return "exists and is not a directory"
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+    except OSError as e:
+        return f"cannot write there ({e.strerror or e})"
+    return ""
 
 
 def setup_logging(output_dir: Path, is_main: bool) -> None:
@@ -59,8 +74,12 @@ def main(argv=None) -> int:
         print("--output-dir is required when training on several processes (a directory all nodes share)",
               file=sys.stderr)
         return 2
-    ctx = init_distributed()
     output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    problem = output_dir_problem(output_dir)
+    if problem:
+        print(f"--output-dir {output_dir}: {problem}", file=sys.stderr)
+        return 2
+    ctx = init_distributed()
     setup_logging(output_dir, ctx.is_main)
     log = logging.getLogger("train")
     try:

@@ -12,28 +12,11 @@ from typing import Callable, Iterable, Optional, Sequence, Type, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from .fields import check_fields
 from .schema import Config
 
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
-
-ARCHS = ("vit_tiny", "vit_small", "vit_base", "vit_large")
-CHOICES = {
-    "student.arch": ARCHS,
-    "student.ffn_layer": ("mlp",),
-    "train.centering": ("centering", "sinkhorn_knopp"),
-    "train.amp_dtype": ("bf16", "fp16", "fp32"),
-    "train.compile": ("auto", "true", "false"),
-    "train.compile_backend": ("inductor", "aot_eager", "eager"),
-    "train.compile_mode": ("default", "reduce-overhead"),
-    "optim.scaling_rule": ("sqrt_wrt_1024", "linear_wrt_1024", "none"),
-    "data.dataset": ("imagenet_folder", "digits"),
-    "data.on_corrupt": ("skip", "raise"),
-    "sparsity.kind": ("weight", "activation"),
-    "sparsity.backend": ("auto", "cusparselt", "cutlass", "dense"),
-    "sparsity.pruning": ("tile_greedy", "tile_optimal", "rowwise", "soft_threshold"),
-}
-
 
 class ConfigError(ValueError):
     """A config that cannot be used as written."""
@@ -61,7 +44,8 @@ def _merge(base: DictConfig, other: DictConfig, source: str, schema: type = Conf
         raise ConfigError(f"{source}: unknown config key '{key}'. {_section_keys(key, schema)}") from None
     except ValidationError as e:
         key = getattr(e, "full_key", "") or ""
-        raise ConfigError(f"{source}: wrong type for '{key}': {e.msg.splitlines()[0]}") from None
+        detail = (e.msg or str(e) or type(e).__name__).splitlines()[0]
+        raise ConfigError(f"{source}: wrong type for '{key or '(top level)'}': {detail}") from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"{source}: {e}") from None
 
@@ -77,29 +61,23 @@ def _parse_dotlist(overrides: Sequence[str]) -> DictConfig:
 
 
 def validate(cfg: Config) -> None:
-    """Range and choice checks the type system cannot express."""
+    """Every field within its declared range (`schema.py`, `fields.py`), then what relates fields to each other."""
     # YAML reads true/false/on/off as booleans, which a str field stores as "True"/"False"
     cfg.train.compile = str(cfg.train.compile).lower()
-    for key, allowed in CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    problem = check_fields(cfg)
+    if problem:
+        raise ConfigError(problem)
     checks = [
-        (0.0 <= cfg.sparsity.sparse_fraction <= 1.0, "sparsity.sparse_fraction must be in [0, 1]"),
-        (cfg.train.batch_size_per_gpu >= 2, "train.batch_size_per_gpu must be >= 2 (KoLeo needs a neighbour)"),
-        (cfg.optim.epochs > 0 and cfg.train.epoch_length > 0, "optim.epochs and train.epoch_length must be > 0"),
-        (cfg.train.log_period > 0 and cfg.train.checkpoint_period > 0, "log and checkpoint periods must be > 0"),
-        (cfg.crops.local_crops_number >= 0, "crops.local_crops_number must be >= 0"),
-        (len(cfg.ibot.mask_ratio_min_max) == 2 and 0 <= cfg.ibot.mask_ratio_min_max[0]
-         <= cfg.ibot.mask_ratio_min_max[1] <= 1, "ibot.mask_ratio_min_max must be [min, max] with 0 <= min <= max <= 1"),
-        (0.0 <= cfg.ibot.mask_sample_probability <= 1.0, "ibot.mask_sample_probability must be in [0, 1]"),
-        (len(cfg.crops.global_crops_scale) == 2, "crops.global_crops_scale must be [min, max]"),
-        (len(cfg.crops.local_crops_scale) == 2, "crops.local_crops_scale must be [min, max]"),
-        (cfg.crops.global_crops_size % cfg.student.patch_size == 0, "crops.global_crops_size must be a multiple of "
-         "student.patch_size"),
-        (cfg.crops.local_crops_size % cfg.student.patch_size == 0, "crops.local_crops_size must be a multiple of "
-         "student.patch_size"),
+        (cfg.crops.global_crops_size % cfg.student.patch_size == 0,
+         f"crops.global_crops_size={cfg.crops.global_crops_size} must be a multiple of student.patch_size="
+         f"{cfg.student.patch_size}"),
+        (cfg.crops.local_crops_size % cfg.student.patch_size == 0,
+         f"crops.local_crops_size={cfg.crops.local_crops_size} must be a multiple of student.patch_size="
+         f"{cfg.student.patch_size}"),
+        (cfg.optim.warmup_epochs <= cfg.optim.epochs,
+         f"optim.warmup_epochs={cfg.optim.warmup_epochs} must be <= optim.epochs={cfg.optim.epochs}"),
+        (cfg.dino.loss_weight > 0 or cfg.ibot.loss_weight > 0,
+         "dino.loss_weight and ibot.loss_weight are both 0: nothing to train"),
         (cfg.data.dataset != "imagenet_folder" or bool(cfg.data.root), "data.root is required for imagenet_folder"),
         (cfg.train.compile_mode == "default" or cfg.train.compile_backend == "inductor",
          "train.compile_mode=reduce-overhead needs train.compile_backend=inductor (CUDA graphs are inductor's)"),
@@ -109,13 +87,34 @@ def validate(cfg: Config) -> None:
             raise ConfigError(message)
 
 
+def _load_yaml(path: Path, schema: type = Config) -> DictConfig:
+    """A YAML file as a mapping of sections; syntax errors, duplicate keys and a non-mapping top level are
+    ConfigErrors naming the file."""
+    import yaml
+
+    try:
+        node = OmegaConf.load(path)
+    except (yaml.YAMLError, OmegaConfBaseException) as e:
+        detail = " ".join(str(e).split())
+        raise ConfigError(f"{path}: not a valid YAML config ({detail[:300]})") from None
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{path}: a config is a mapping of sections ({_section_keys('x', schema)}), "
+                          f"not a {type(node).__name__}")
+    sections = {f.name for f in dataclasses.fields(schema) if dataclasses.is_dataclass(f.default_factory)}
+    for key in node.keys():
+        if key in sections and not isinstance(node._get_node(key), DictConfig):
+            raise ConfigError(f"{path}: '{key}' is a section ({_section_keys(f'{key}.x', schema)}), "
+                              f"not the value {node._get_node(key)._value()!r}")
+    return node
+
+
 def load_config(path: Optional[Path | str] = None, overrides: Iterable[str] = ()) -> Config:
     """Schema defaults, then the YAML at `path` (default: the embedded default), then `overrides`."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     merged = OmegaConf.structured(Config)
-    merged = _merge(merged, OmegaConf.load(path), str(path))
+    merged = _merge(merged, _load_yaml(path), str(path))
     merged = _merge(merged, _parse_dotlist(list(overrides)), "command line")
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:
@@ -157,7 +156,7 @@ def load_structured(schema: Type[T], path: Optional[Path | str] = None, override
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        merged = _merge(merged, OmegaConf.load(path), str(path), schema)
+        merged = _merge(merged, _load_yaml(path, schema), str(path), schema)
     merged = _merge(merged, _parse_dotlist(list(overrides)), "command line", schema)
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:

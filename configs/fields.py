@@ -1,0 +1,97 @@
+"""Schema fields that carry their own valid range, and the check that walks a config against them.
+
+    base_lr: float = value(0.004, gt=0)                      # a number in a range (NaN and inf never pass)
+    arch: str = value("vit_large", choices=ARCHS)            # one of a set
+    global_crops_scale: List[float] = value([0.32, 1.0], gt=0, le=1, pair=True)   # [min, max] in range
+
+`check_fields(cfg)` returns the first violation as "key=value is out of range: must be ..." (or "... is not one of
+...": the message a user reads), or None.
+Consistency between fields (warm-up shorter than training, crops multiples of the patch, ...) is checked where the
+schema is loaded (`load.py`, `eval_schema.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class Range:
+    gt: Optional[float] = None
+    ge: Optional[float] = None
+    lt: Optional[float] = None
+    le: Optional[float] = None
+    choices: Optional[Sequence[Any]] = None
+    pair: bool = False  # a list [min, max] with min <= max, each in range
+    nonempty: bool = False  # a non-empty list, each element in range
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        parts = [f"{op} {bound:g}" for op, bound in ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le))
+                 if bound is not None]
+        what = " and ".join(parts) or "finite"
+        if self.pair:
+            return f"[min, max] with min <= max, each {what}"
+        if self.nonempty:
+            return f"a non-empty list, each {what}"
+        return what
+
+    def accepts(self, v: Any) -> bool:
+        if self.choices is not None:
+            return v in self.choices
+        if self.pair:
+            return isinstance(v, list) and len(v) == 2 and all(map(self._number_ok, v)) and v[0] <= v[1]
+        if self.nonempty:
+            return isinstance(v, list) and len(v) > 0 and all(map(self._number_ok, v))
+        return self._number_ok(v)
+
+    def _number_ok(self, v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False
+        return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
+                and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
+
+
+def value(default: Any, **limits) -> Any:
+    """A dataclass field with `default` and the valid range `limits` (see `Range`)."""
+    meta = {"range": Range(**limits)}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def check_fields(cfg: Any, prefix: str = "") -> Optional[str]:
+    """The first field of `cfg` (a schema dataclass, walked recursively) outside its range, as a message."""
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            problem = check_fields(v, key + ".")
+            if problem:
+                return problem
+            continue
+        rng = f.metadata.get("range")
+        if rng is not None and not rng.accepts(v):
+            if rng.choices is not None:
+                return f"{key}={v!r} is not one of {', '.join(str(c) for c in rng.choices)}"
+            return f"{key}={v!r} is out of range: must be {rng.describe()}"
+        if rng is None and isinstance(v, float) and not math.isfinite(v):
+            return f"{key}={v!r} is out of range: must be finite"
+    return None
+
+
+def schema_ranges(schema: type, prefix: str = "") -> dict:
+    """{key: Range} of every ranged field of a schema class (for tests and documentation)."""
+    out = {}
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if factory is not None and dataclasses.is_dataclass(factory):
+            out.update(schema_ranges(factory, key + "."))
+        elif "range" in f.metadata:
+            out[key] = f.metadata["range"]
+    return out
