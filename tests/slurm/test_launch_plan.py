@@ -102,7 +102,7 @@ def test_an_existing_run_with_other_settings_is_refused_naming_the_keys(tmp_path
     (["sparsity.sparse_fraction=0.3"], "set per run by --sparse-fractions"),
     (["train.batchsize=3"], "unknown config key 'train.batchsize'"),
     (["--sparse-fractions", "0.5", "0.5"], "duplicates"),
-    (["--sparse-fractions", "1.5"], "sparse_fraction must be in"),
+    (["--sparse-fractions", "1.5"], "sparsity.sparse_fraction=1.5 is out of range: must be >= 0 and <= 1"),
 ])
 def test_bad_sweeps_are_refused_before_anything_is_submitted(tmp_path, args, message):
     result = launch("--config", "configs/default.yaml", "--runs-dir", str(tmp_path / "s"), *args, check=False)
