@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
-    from data import CorruptImageError, DatasetError
+    from data import CorruptImageError, DatasetError, build_dataset
     from models.safe_io import CorruptFile, UnsafeFile
     from models.training.checkpoint import NoReadableCheckpoint
     from models.training.distributed import LaunchError, detect_launch, init_distributed, shutdown
@@ -74,6 +74,11 @@ def main(argv=None) -> int:
         print("--output-dir is required when training on several processes (a directory all nodes share)",
               file=sys.stderr)
         return 2
+    try:
+        dataset = build_dataset(cfg)  # a wrong data.root is reported now, before the run directory exists
+    except DatasetError as e:
+        print(f"data error: {e}", file=sys.stderr)
+        return 1
     output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     problem = output_dir_problem(output_dir)
     if problem:
@@ -83,7 +88,7 @@ def main(argv=None) -> int:
     setup_logging(output_dir, ctx.is_main)
     log = logging.getLogger("train")
     try:
-        teacher = Trainer(cfg, output_dir, ctx).train()
+        teacher = Trainer(cfg, output_dir, ctx, dataset=dataset).train()
         log.info("done: %s (metrics in %s)", teacher, output_dir / "metrics.jsonl")
     except (DatasetError, CorruptImageError, TrainingDiverged, ResumeMismatch, NoReadableCheckpoint, CorruptFile,
             UnsafeFile) as e:

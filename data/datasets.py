@@ -7,11 +7,12 @@ name in a log line about item i). `build_dataset(cfg)` picks one by `data.datase
 
 import logging
 import os
+import re
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+from torchvision.datasets.folder import make_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -21,11 +22,49 @@ class DatasetError(FileNotFoundError):
 
 
 class CorruptImageError(OSError):
-    """An image file that cannot be decoded. `path` and `reason` say which and why."""
+    """An image file that cannot be decoded. `path` and `reason` say which and why.
 
-    def __init__(self, path: str, reason: str):
+    Raised in a DataLoader worker, only its text reaches the main process, where PyTorch rebuilds the exception from
+    that one string (a traceback): the path and the reason are read back from its last `cannot read image` line."""
+
+    def __init__(self, path: str, reason: Optional[str] = None):
+        if reason is None:
+            found = re.findall(r"cannot read image '(.*)': (.*)", path)
+            path, reason = found[-1] if found else ("(in a data worker)", path.strip().splitlines()[-1])
         self.path, self.reason = path, reason
         super().__init__(f"cannot read image '{path}': {reason}")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.reason)
+
+
+def _image_extensions() -> Tuple[str, ...]:
+    """Every file extension PIL can decode (JPEG, PNG, GIF, TIFF, WebP, BMP, ...), lower case."""
+    Image.init()
+    return tuple(sorted(ext.lower() for ext in Image.registered_extensions()))
+
+
+IMG_EXTENSIONS = _image_extensions()
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any PIL image as 8-bit RGB, scaling rather than clipping high bit depths: PIL's own convert("RGB") clips
+    16-bit, 32-bit integer and float images to 255 (a 16-bit PNG comes out nearly all white)."""
+    if image.mode.startswith("I;16"):
+        return Image.fromarray((np.asarray(image, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
+    if image.mode in ("I", "F"):
+        a = np.asarray(image, dtype=np.float64)
+        a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
+        lo, hi = float(a.min()), float(a.max())
+        if image.mode == "I" and lo >= 0 and hi <= 65535:  # 16-bit data in a 32-bit mode (some PNG/TIFF readers)
+            scale = 255.0 / 65535.0 if hi > 255 else 1.0
+            a = a * scale
+        elif image.mode == "F" and lo >= 0 and hi <= 1:
+            a = a * 255.0
+        elif hi > lo:  # anything else: its own range onto 0..255
+            a = (a - lo) * (255.0 / (hi - lo))
+        return Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8)).convert("RGB")
+    return image.convert("RGB")
 
 
 def _listing(path: str, limit: int = 8) -> str:
@@ -48,7 +87,8 @@ class ImageFolderDataset:
     on access (refcount writes), which matters at ImageNet scale.
     """
 
-    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None):
+    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None,
+                 split_key: str = "data.split"):
         self.transform = transform
         if not root:
             raise DatasetError("data.root is empty: set data.root to the folder holding "
@@ -59,14 +99,25 @@ class ImageFolderDataset:
                                f"expected {os.path.join(root, split, '<class>', '<image>.JPEG')}")
         split_dir = os.path.join(root, split)
         if not os.path.isdir(split_dir):
-            raise DatasetError(f"data.root={root!r} has no '{split}' folder (data.split={split!r}): expected "
+            raise DatasetError(f"data.root={root!r} has no '{split}' folder ({split_key}={split!r}): expected "
                                f"{os.path.join(split_dir, '<class>', '<image>.JPEG')}; {root} holds: {_listing(root)}")
         classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
         if not classes:
             raise DatasetError(f"{split_dir} has no class folders: expected {split_dir}/<class>/<image>.JPEG "
                                f"(one sub-folder per class); it holds: {_listing(split_dir)}")
         class_to_idx = {c: i for i, c in enumerate(classes)}
-        samples = make_dataset(split_dir, class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+        skipped: List[str] = []
+
+        def is_image(path: str) -> bool:
+            ok = path.lower().endswith(IMG_EXTENSIONS)
+            if not ok:
+                skipped.append(path)
+            return ok
+
+        samples = make_dataset(split_dir, class_to_idx, is_valid_file=is_image, allow_empty=True)
+        if skipped:
+            logger.warning("%d files under %s are not images PIL can read (by extension) and are not used: %s",
+                           len(skipped), split_dir, ", ".join(os.path.relpath(p, split_dir) for p in skipped[:5]))
         if not samples:
             raise DatasetError(f"no images under {split_dir}/<class>/: expected files ending in "
                                f"{', '.join(IMG_EXTENSIONS)} (any case) in its {len(classes)} class folders "
@@ -100,7 +151,7 @@ class ImageFolderDataset:
         try:
             with open(path, "rb") as f:
                 image = Image.open(f)
-                image = image.convert("RGB")  # decodes the whole file: truncated data raises here
+                image = to_rgb(image)  # decodes the whole file: truncated data raises here
         except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... on bad files
             raise CorruptImageError(path, f"{type(e).__name__}: {e}") from e
         if self.transform is not None:
@@ -155,14 +206,15 @@ class DigitsDataset:
         return image, int(self.targets[index])
 
 
-def build_dataset(cfg, split: Optional[str] = None, transform: Optional[Callable] = None):
+def build_dataset(cfg, split: Optional[str] = None, transform: Optional[Callable] = None,
+                  split_key: str = "data.split"):
     """The dataset named by `data.dataset` (`imagenet_folder` | `digits`), for `split` (default `data.split`),
     applying `transform` to each image if given. `cfg` is a `Config` or its `DataConfig`.
     """
     data = getattr(cfg, "data", cfg)
     split = data.split if split is None else split
     if data.dataset == "imagenet_folder":
-        return ImageFolderDataset(data.root, split, transform)
+        return ImageFolderDataset(data.root, split, transform, split_key)
     if data.dataset == "digits":
         return DigitsDataset(data.digits_image_size, split, transform)
     raise DatasetError(f"data.dataset={data.dataset!r} is not one of imagenet_folder, digits")

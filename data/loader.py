@@ -65,9 +65,20 @@ class SSLLoader:
 
     def __iter__(self) -> Iterator[Dict[str, object]]:
         self.sampler.position = self.next_step * self.batch_size
-        for batch in self.dataloader:
-            self.next_step += 1
-            yield batch
+        try:
+            for batch in self.dataloader:
+                self.next_step += 1
+                yield batch
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the workers now, cooperatively. Persistent workers otherwise live until the interpreter exits, whose
+        clean-up stops them with SIGTERM, which they ignore (`ignore_stop_signals`)."""
+        iterator = getattr(self.dataloader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self.dataloader._iterator = None
 
     def state_dict(self) -> Dict[str, int]:
         return {**self.sampler.state_dict(), "position": self.next_step * self.batch_size,

@@ -16,6 +16,8 @@ from typing import Optional
 
 import torch
 
+from models.safe_io import atomic_write_text
+
 from .features import (EvalInputError, Features, cache_key, dataset_settings, extract, load_cached, load_teacher,
                        save_cached, transform_settings, weights_digest)
 from .knn import knn_classify
@@ -49,16 +51,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def append_index(path: Path, record: dict) -> None:
@@ -98,7 +90,8 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
     teacher = functools.cache(lambda: load_teacher(run_cfg, checkpoint))  # (backbone, step), built at most once
     out = {"checkpoint_sha256": digest, "transform": tsettings, "precision": precision}
     splits = {"train": eval_cfg.data.train_split, "val": eval_cfg.data.val_split}
-    datasets = {role: build_dataset(data_cfg, split=split, transform=transform) for role, split in splits.items()}
+    datasets = {role: build_dataset(data_cfg, split=split, transform=transform, split_key=f"data.{role}_split")
+                for role, split in splits.items()}
     classes = {role: list(getattr(ds, "classes", [])) for role, ds in datasets.items()}
     if classes["train"] != classes["val"]:  # checked before any extraction
         raise EvalInputError(f"the {splits['train']} and {splits['val']} splits have different class folders "
@@ -159,14 +152,28 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     record["seconds"] = round(time.perf_counter() - start, 3)
     record["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record["eval_config"] = to_yaml(eval_cfg)
-    default_name = "eval_linear_random_init.json" if random_init else "eval_linear.json"
-    output = Path(eval_cfg.output) if eval_cfg.output else run_dir / default_name
+    output = Path(eval_cfg.output) if eval_cfg.output else run_dir / default_output_name(
+        eval_cfg.mode, random_init, checkpoint, run_dir, record["checkpoint_step"])
     atomic_write_text(output, json.dumps(record, indent=1) + "\n")
     record["output"] = str(output)
     index = index_path(run_dir, eval_cfg.index)
     if index is not None:
         append_index(index, summary(record))
     return record
+
+
+def default_output_name(mode: str, random_init: bool, checkpoint: Optional[Path], run_dir: Path,
+                        step: Optional[int]) -> str:
+    """`eval_linear.json` is the record of the final teacher's linear probe (what tables read); any other
+    evaluation gets a name of its own, so it never replaces that record: `eval_knn*.json` for mode=knn,
+    `*_random_init.json` for the untrained baseline, `*_step_XXXXXXXX.json` (or `*_<file stem>.json`) for another
+    checkpoint."""
+    name = "eval_knn" if mode == "knn" else "eval_linear"
+    if random_init:
+        return f"{name}_random_init.json"
+    if checkpoint is not None and checkpoint.resolve() != (run_dir / "teacher_backbone.pth").resolve():
+        return f"{name}_step_{step:08d}.json" if step is not None else f"{name}_{checkpoint.stem}.json"
+    return f"{name}.json"
 
 
 def index_path(run_dir: Path, setting: str) -> Optional[Path]:

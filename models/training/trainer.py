@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from configs import Config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference
-from data import build_ssl_loader
+from data import build_dataset, build_ssl_loader
 from models.safe_io import atomic_write_text, save_verified
 from models.ssl_meta_arch import SSLMetaArch
 
@@ -60,8 +60,11 @@ class ResumeMismatch(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, cfg: Config, output_dir: Path, ctx: DistContext):
+    def __init__(self, cfg: Config, output_dir: Path, ctx: DistContext, dataset=None):
+        """`dataset`: the training images, if the caller built them already (train.py does, to report a wrong
+        data.root before anything else happens); built here otherwise, before the model."""
         self.cfg, self.output_dir, self.ctx = cfg, Path(output_dir), ctx
+        self.dataset = build_dataset(cfg) if dataset is None else dataset
         self.device = ctx.device
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.model = SSLMetaArch(cfg).to(self.device)
@@ -302,11 +305,14 @@ class Trainer:
 
     def _batches(self) -> Iterator[dict]:
         loader = build_ssl_loader(self.cfg, rank=self.ctx.rank, world_size=self.ctx.world_size,
-                                  start_step=self.step)
+                                  start_step=self.step, dataset=self.dataset)
         with torch.random.fork_rng(devices=[]):  # creating workers draws a seed: keep the training RNG untouched
             iterator = iter(loader)
-        for batch in iterator:
-            yield {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        try:
+            for batch in iterator:
+                yield {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        finally:
+            loader.close()  # however the loop ends: the data workers stop here, not at interpreter exit
 
     def _global_mean(self, loss: torch.Tensor, terms: dict) -> tuple[torch.Tensor, dict]:
         """Loss terms averaged over ranks (each a mean over its rank's batch): the global batch's values."""
@@ -354,8 +360,9 @@ class Trainer:
         self.model.train()
         progress = tqdm(total=last_step, initial=self.step, disable=not self.ctx.is_main, desc="train",
                         dynamic_ncols=True)
-        with self._sigterm_stops_cleanly():
-            batches = self._batches()  # lazy: the loader starts at the first next(), after any resume
+        with self._sigterm_stops_cleanly(), contextlib.closing(self._batches()) as batches, progress:
+            # batches: lazy (the loader starts at the first next(), after any resume), closed however the loop ends;
+            # the bar is closed before any error is reported, so that the message is a line of its own
             window_start, window_steps = time.perf_counter(), 0
             while self.step < last_step:
                 self.sparse_schedule.apply(self.model.student.backbone, self.step)
@@ -388,7 +395,6 @@ class Trainer:
                     progress.close()
                     logger.warning("SIGTERM: checkpoint saved at step %d; rerun the same command to resume", self.step)
                     raise Preempted(self.step)
-        progress.close()
         self.settle_checks()
         self.save_checkpoint()
         final = self.output_dir / "teacher_backbone.pth"

@@ -31,8 +31,9 @@ def _image_folder(root, n_per_class=6, corrupt=()):
 def test_missing_dataset_path_is_a_clear_error(tmp_path):
     result = run_train(tmp_path / "run", "data.dataset=imagenet_folder", f"data.root={tmp_path / 'nope'}", check=False)
     assert result.returncode == 1
-    assert "DatasetError" in result.stderr and str(tmp_path / "nope") in result.stderr and "data.root" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("data error: ") and str(tmp_path / "nope") in result.stderr
+    assert "data.root" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()  # reported before the run directory is made
 
 
 def test_unknown_key_on_the_command_line_is_a_clear_error(tmp_path):

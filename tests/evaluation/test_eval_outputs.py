@@ -1,0 +1,29 @@
+"""Evaluations other than the final probe write records of their own (never eval_linear.json, which tables read),
+and a missing split names the eval key that asked for it."""
+
+import json
+import sys
+
+from eval_test_helpers import FAST_EVAL, REPO, make_folder_run, make_run_dir
+
+sys.path.insert(0, str(REPO))
+import eval_linear  # noqa: E402
+
+
+def test_evaluations_other_than_the_final_probe_write_records_of_their_own(tmp_path):
+    run = make_run_dir(tmp_path / "runs" / "tiny")
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 0
+    final = (run / "eval_linear.json").read_text()
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=knn"]) == 0
+    assert json.loads((run / "eval_knn.json").read_text())["top1"] is None
+    other = run / "other.pth"
+    other.write_bytes((run / "teacher_backbone.pth").read_bytes())
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"checkpoint={other}"]) == 0
+    assert (run / "eval_linear_step_00000016.json").exists()
+    assert (run / "eval_linear.json").read_text() == final
+
+
+def test_a_missing_eval_split_names_its_key(tmp_path, caplog):
+    run = make_folder_run(tmp_path)
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "data.val_split=test"]) == 1
+    assert "data.val_split='test'" in caplog.text and "data.split" not in caplog.text.replace("data.val_split", "")
