@@ -58,7 +58,9 @@ class EvalConfig:
     solver: str = value("auto", choices=("sklearn", "torch", "auto"))  # auto: torch on a GPU, else sklearn
     device: str = value("auto", choices=("auto", "cpu", "cuda"))
     checkpoint: str = ""  # "" -> <run>/teacher_backbone.pth (the final teacher); "random": untrained baseline
-    output: str = ""  # "" -> <run>/eval_linear.json (<run>/eval_linear_random_init.json for checkpoint=random)
+    # "" -> <run>/eval_linear.json for the final teacher's probe; other evaluations get names of their own
+    # (eval_knn*.json for mode=knn, *_random_init.json, *_step_XXXXXXXX.json: evaluate.default_output_name)
+    output: str = ""
     index: str = ""  # results index (one JSON line per evaluation); "" -> <run>/../eval_index.jsonl; "none" = off
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)

@@ -102,7 +102,7 @@ def test_random_init_baseline_has_its_own_output_and_cache(tmp_path):
     run = make_folder_run(tmp_path)
     index = tmp_path / "index.jsonl"
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=knn", "checkpoint=random", f"index={index}"]) == 0
-    record = json.loads((run / "eval_linear_random_init.json").read_text())
+    record = json.loads((run / "eval_knn_random_init.json").read_text())
     assert record["checkpoint"] == "random" and record["checkpoint_step"] == 0
     assert not (run / "eval_linear.json").exists() and (run / "eval" / "features_train_random_init.pt").is_file()
 
