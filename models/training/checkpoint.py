@@ -62,8 +62,9 @@ class CheckpointManager:
     def save(self, state: dict, step: int) -> Path:
         path = self.path_for(step)
         save_verified(state, path)
-        others = [p for p in self.checkpoints() if p != path]  # never the one just written
-        for old in others[: max(0, len(others) + 1 - self.max_to_keep)]:
+        # only older ones go, oldest first: never the one just written, never a file with a later step
+        older = [p for p in self.checkpoints() if int(_NAME.match(p.name).group(1)) < step]
+        for old in older[: max(0, len(older) + 1 - self.max_to_keep)]:
             old.unlink(missing_ok=True)
             digest_path(old).unlink(missing_ok=True)
         logger.info("saved checkpoint %s", path)

@@ -94,3 +94,21 @@ def test_fresh_start_in_a_used_directory_replaces_the_old_metrics(tmp_path):
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert records and not any(r.get("stale") for r in records)
     assert [r["step"] for r in records] == sorted({r["step"] for r in records})
+
+
+def test_rotation_never_deletes_the_checkpoint_it_just_wrote(tmp_path):
+    """An unreadable newer checkpoint used to sort as the newest and make the rotation delete each new one."""
+    manager = CheckpointManager(tmp_path, max_to_keep=2)
+    manager.save({"step": 3}, 3)
+    manager.path_for(9).write_bytes(b"damaged")  # newer than anything the resumed run will write next
+    assert manager.load_latest()["step"] == 3  # the damaged one is set aside
+    for step in (4, 5, 6):
+        manager.save({"step": step}, step)
+        assert manager.path_for(step).exists()
+    assert [p.name for p in manager.checkpoints()] == ["step_00000005.pt", "step_00000006.pt"]
+    rotated = CheckpointManager(tmp_path / "b", max_to_keep=1)
+    rotated.save({"step": 1}, 1)
+    (tmp_path / "b" / "step_00000007.pt").write_bytes(b"a newer file the rotation must not prefer")
+    rotated.save({"step": 2}, 2)
+    assert rotated.path_for(2).exists() and not rotated.path_for(1).exists()
+    assert (tmp_path / "b" / "step_00000007.pt").exists()  # not the rotation's to judge: resume sets it aside
