@@ -19,7 +19,7 @@ import io
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Callable, Optional
 
 import torch
 
@@ -56,16 +56,24 @@ def _tmp(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+def _write_atomically(path: Path | str, write: Callable[[BinaryIO], None],
+                      before_rename: Optional[Callable[[], None]] = None) -> None:
+    """`write(f)` into `<path>.tmp`, fsync, `before_rename()`, rename over `path`, fsync the directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp(path)
     with open(tmp, "wb") as f:
-        f.write(data)
+        write(f)
         f.flush()
         os.fsync(f.fileno())
+    if before_rename is not None:
+        before_rename()
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    _write_atomically(path, lambda f: f.write(data))
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
@@ -73,8 +81,8 @@ def atomic_write_text(path: Path | str, text: str) -> None:
 
 
 class _HashingWriter(io.RawIOBase):
-    def __init__(self, f):
-        self.f, self.sha = f, hashlib.sha256()
+    def __init__(self, f, sha):
+        self.f, self.sha = f, sha
 
     def writable(self) -> bool:
         return True
@@ -87,18 +95,14 @@ class _HashingWriter(io.RawIOBase):
 def save_verified(obj: Any, path: Path | str) -> str:
     """torch.save `obj` to `path` atomically with its SHA-256 in `<path>.sha256`; returns the hex digest."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    with open(tmp, "wb") as f:
-        writer = _HashingWriter(f)
-        torch.save(obj, writer)
-        f.flush()
-        os.fsync(f.fileno())
-    digest = writer.sha.hexdigest()
-    atomic_write_text(digest_path(path), f"{digest}  {path.name}\n")
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    return digest
+    sha = hashlib.sha256()
+
+    def write(f):
+        torch.save(obj, _HashingWriter(f, sha))
+
+    _write_atomically(path, write,
+                      before_rename=lambda: atomic_write_text(digest_path(path), f"{sha.hexdigest()}  {path.name}\n"))
+    return sha.hexdigest()
 
 
 def digest_path(path: Path | str) -> Path:
@@ -135,13 +139,12 @@ def verify(path: Path | str) -> bool:
     return True
 
 
-def load_verified(path: Path | str, map_location: Any = "cpu", require_digest: bool = False) -> Any:
+def load_verified(path: Path | str, map_location: Any = "cpu") -> Any:
     """The object in `path`, digest-checked where one is recorded, loaded weights-only (see the module docstring)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    if not verify(path) and require_digest:
-        raise CorruptFile(path, f"has no recorded digest ({digest_path(path).name})")
+    verify(path)
     try:
         return _weights_only_load(path, map_location)
     except Exception as e:  # noqa: BLE001 - classified below; never retried with full unpickling

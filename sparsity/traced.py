@@ -25,9 +25,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from sparsity.backends._cslt_plans import TOKEN_MULTIPLE
 from sparsity.pruning import is_transposable
-
-TOKEN_MULTIPLE = 8  # cuSPARSELt 0.8: the dense operand's token count must be a multiple of 8
 
 # ----------------------------------------------------------------------------------------------------------------
 # pruning as an opaque op (Triton kernels on CUDA, the torch references elsewhere)

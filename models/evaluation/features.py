@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from models.safe_io import CorruptFile, UnsafeFile, load_verified, save_verified
+from models.safe_io import CorruptFile, UnsafeFile, file_digest, load_verified, save_verified
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +37,6 @@ class Features:
     y: Tensor  # (n,) int64
     step: Optional[int] = None  # training step of the checkpoint they come from
     from_cache: bool = False
-
-
-def file_digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def require_checkpoint(checkpoint: Path) -> None:

@@ -9,7 +9,7 @@ import logging
 from torch import nn
 
 from configs.schema import SparsityConfig
-from sparsity import SemiSparseActivationLinear, SemiSparseLinear, swap_linear_modules, swap_to_dense
+from sparsity import SemiSparseActivationLinear, SemiSparseLinear, get_backend, swap_linear_modules, swap_to_dense
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +29,6 @@ class SparseSchedule:
         Each decision is also logged when it is made."""
         if self.current != SPARSE or self.cfg.backend != "auto":
             return {}
-        from sparsity import get_backend
-
         decisions = get_backend("auto").describe()["decisions"]
         return {"auto_shapes": len(decisions),
                 "auto_sparse_eager": sum(d["choice"] == "cusparselt" for d in decisions),

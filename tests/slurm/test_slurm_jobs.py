@@ -126,13 +126,20 @@ def test_a_job_cancelled_from_outside_is_reported_failed_not_left_hanging(sweeps
     assert f"{train_id} CANCELLED" in status and f"{eval_id} CANCELLED" in status, status
 
 
-def test_usr2_checkpoints_requeues_and_resumes_to_the_uninterrupted_metrics(sweeps):
-    run = sweeps["preempt"] / "sparse_0.50"
+def _completed_after_interruption(sweeps, runs: str, action: str, what: str) -> tuple[Path, str]:
+    """Wait for `action` of the interrupting thread, then for the job of `runs`' run to restart and complete;
+    (run dir, its Slurm logs)."""
+    run = sweeps[runs] / "sparse_0.50"
     (train_id,) = job_ids(run, "train")
-    wait_for(lambda: sweeps["interrupted"].get("preempt"), "USR2 to be sent")
-    wait_for(lambda: _finished(train_id), "the preempted job to requeue and finish")
+    wait_for(lambda: sweeps["interrupted"].get(action), what)
+    wait_for(lambda: _finished(train_id), f"the job interrupted by {what} to restart and finish")
     logs = slurm_logs(run)
     assert job_state(train_id) == "COMPLETED", logs[-4000:]
+    return run, logs
+
+
+def test_usr2_checkpoints_requeues_and_resumes_to_the_uninterrupted_metrics(sweeps):
+    run, logs = _completed_after_interruption(sweeps, "preempt", "preempt", "USR2")
     assert "Requeued job" in logs and "resumed at step" in logs, logs[-4000:]
 
     # The only mid-run checkpoint (periodic ones are off) is the one the signal asked for, at a step boundary.
@@ -147,12 +154,7 @@ def test_an_outside_requeue_with_data_workers_saves_and_resumes_to_the_uninterru
     """`scontrol requeue` (as an admin or a preemption policy does): Slurm sends SIGTERM to every process of the
     job, the data workers included; they ignore it, train.py saves at its step boundary, the job restarts and
     resumes with nothing lost."""
-    run = sweeps["requeue"] / "sparse_0.50"
-    (train_id,) = job_ids(run, "train")
-    wait_for(lambda: sweeps["interrupted"].get("requeue"), "the outside requeue")
-    wait_for(lambda: _finished(train_id), "the requeued job to restart and finish")
-    logs = slurm_logs(run)
-    assert job_state(train_id) == "COMPLETED", logs[-4000:]
+    run, logs = _completed_after_interruption(sweeps, "requeue", "requeue", "the outside requeue")
     assert "SIGTERM: checkpoint saved at step" in logs and "resumed at step" in logs, logs[-4000:]
     assert "DataLoader worker" not in logs, logs[-4000:]
     _assert_same_as_uninterrupted(run, sweeps["sweep"] / "sparse_0.50")
@@ -161,12 +163,7 @@ def test_an_outside_requeue_with_data_workers_saves_and_resumes_to_the_uninterru
 def test_two_ranks_stop_together_on_usr2_to_rank_0_requeue_and_resume_exactly(sweeps):
     """Slurm signals every task; submitit acts on rank 0 only. Rank 0's train.py stops on SIGTERM, the stop is
     agreed across ranks at the same step, rank 1 waits for the requeue, and the job resumes with both ranks."""
-    run = sweeps["two_ranks_preempt"] / "sparse_0.50"
-    (train_id,) = job_ids(run, "train")
-    wait_for(lambda: sweeps["interrupted"].get("two_ranks"), "USR2 to be sent to the 2-task job")
-    wait_for(lambda: _finished(train_id), "the preempted 2-task job to requeue and finish")
-    logs = slurm_logs(run)
-    assert job_state(train_id) == "COMPLETED", logs[-4000:]
+    run, logs = _completed_after_interruption(sweeps, "two_ranks_preempt", "two_ranks", "USR2 to the 2-task job")
     assert "Requeued job" in logs and "Not checkpointing nor requeuing since I am a slave (procid=1)" in logs
     steps = sorted(int(p.stem.split("_")[1]) for p in (run / "checkpoints").glob("step_*.pt"))
     assert len(steps) == 2 and PREEMPT_AFTER_STEP < steps[0] < TOTAL_STEPS, steps
