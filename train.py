@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
-    from data import CorruptImageError, DatasetError, build_dataset
+    from data import CorruptImageError, DatasetError, build_training_dataset
     from models.safe_io import CorruptFile, UnsafeFile
     from models.training.checkpoint import NoReadableCheckpoint
     from models.training.distributed import LaunchError, detect_launch, init_distributed, shutdown
@@ -75,8 +75,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:
-        dataset = build_dataset(cfg)  # a wrong data.root is reported now, before the run directory exists
-    except DatasetError as e:
+        dataset = build_training_dataset(cfg)  # a wrong data.root is reported now, before the run directory exists
+    except (DatasetError, CorruptImageError) as e:
         print(f"data error: {e}", file=sys.stderr)
         return 1
     output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -27,6 +27,7 @@ class Range:
     choices: Optional[Sequence[Any]] = None
     pair: bool = False  # a list [min, max] with min <= max, each in range
     nonempty: bool = False  # a non-empty list, each element in range
+    length: Optional[int] = None  # a list of exactly this many elements, each in range
 
     def describe(self) -> str:
         if self.choices is not None:
@@ -38,6 +39,8 @@ class Range:
             return f"[min, max] with min <= max, each {what}"
         if self.nonempty:
             return f"a non-empty list, each {what}"
+        if self.length is not None:
+            return f"a list of {self.length} values, each {what}"
         return what
 
     def accepts(self, v: Any) -> bool:
@@ -47,6 +50,8 @@ class Range:
             return isinstance(v, list) and len(v) == 2 and all(map(self._number_ok, v)) and v[0] <= v[1]
         if self.nonempty:
             return isinstance(v, list) and len(v) > 0 and all(map(self._number_ok, v))
+        if self.length is not None:
+            return isinstance(v, list) and len(v) == self.length and all(map(self._number_ok, v))
         return self._number_ok(v)
 
     def _number_ok(self, v: Any) -> bool:

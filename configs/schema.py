@@ -88,6 +88,10 @@ class CropsConfig:
     # The reference passes 1 - p to RandomApply, so its blur probabilities are 0.0 / 0.9 / 0.5 instead of the
     # intended 1.0 / 0.1 / 0.5 (dinov2 PR #411). Its released checkpoints were trained that way.
     reference_blur_inversion: bool = False
+    # intended Gaussian-blur probabilities of (global crop 1, global crop 2, local crops): the reference's 1.0/0.1/0.5;
+    # small images lose most of their content to a kernel-9 blur (configs/cifar10.yaml lowers them)
+    blur_probabilities: List[float] = value([1.0, 0.1, 0.5], ge=0, le=1, length=3)
+    solarize_probability: float = value(0.2, ge=0, le=1)  # second global crop only, as the reference
 
 
 @dataclass
@@ -99,6 +103,12 @@ class DataConfig:
     # skip: log, count and use the next image | raise: stop with the file's path
     on_corrupt: str = value("skip", choices=("skip", "raise"))
     digits_image_size: int = value(64, ge=8)  # digits are 8x8; upscaled to this size before cropping
+    # decode the split once into memory (uint8) instead of reading files every step: small datasets (CIFAR-size);
+    # needs images of one size
+    in_memory: bool = False
+    # where the multi-crop augmentation runs: workers (per image, PIL, the reference) | device (per batch on the
+    # training device, data/batched_augment.py: same transforms; small images are otherwise CPU-bound)
+    augment_on: str = value("workers", choices=("workers", "device"))
 
 
 @dataclass

@@ -3,6 +3,7 @@
 Public API:
     build_ssl_loader(cfg, *, rank, world_size, start_step) -> SSLLoader   infinite iterable of batch dicts
     build_dataset(cfg, split=None)                                        ImageFolderDataset | DigitsDataset
+    build_training_dataset(cfg)                                           the same, decoded in memory if asked
     make_eval_transform(resize=256, crop=224)                             transform for kNN / linear probes
     DataAugmentationDINO, build_augmentation(cfg), MaskingGenerator, SSLCollate, InfiniteShardedSampler
 The batch dict is documented in `data.collate`.
@@ -17,14 +18,16 @@ from .collate import SSLCollate, SSLSample, collate_ssl_samples  # noqa: E402
 from .corrupt import load_image  # noqa: E402
 from .datasets import (CorruptImageError, DatasetError, DigitsDataset, ImageFolderDataset,  # noqa: E402
                        build_dataset)
-from .loader import SSLDataset, SSLLoader, build_ssl_loader  # noqa: E402
+from .batched_augment import BatchedAugmentationDINO  # noqa: E402
+from .in_memory import InMemoryImages  # noqa: E402
+from .loader import SSLDataset, SSLLoader, build_ssl_loader, build_training_dataset  # noqa: E402
 from .masking import MaskingGenerator, mask_targets  # noqa: E402
 from .samplers import InfiniteShardedSampler  # noqa: E402
 from .transforms import (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, GaussianBlur,  # noqa: E402
                          make_eval_transform, make_normalize_transform)
 
 __all__ = [
-    "CorruptImageError", "DataAugmentationDINO", "DatasetError", "DigitsDataset", "GaussianBlur",
+    "BatchedAugmentationDINO", "InMemoryImages", "build_training_dataset", "CorruptImageError", "DataAugmentationDINO", "DatasetError", "DigitsDataset", "GaussianBlur",
     "IMAGENET_DEFAULT_MEAN", "IMAGENET_DEFAULT_STD", "ImageFolderDataset", "InfiniteShardedSampler",
     "MaskingGenerator", "SSLCollate", "SSLDataset", "SSLLoader", "SSLSample", "build_augmentation",
     "build_dataset", "build_ssl_loader", "collate_ssl_samples", "load_image", "make_eval_transform",

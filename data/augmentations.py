@@ -30,7 +30,9 @@ class DataAugmentationDINO:
 
     def __init__(self, global_crops_scale: Sequence[float], local_crops_scale: Sequence[float],
                  local_crops_number: int, global_crops_size: int = 224, local_crops_size: int = 96,
-                 reference_blur_inversion: bool = False):
+                 reference_blur_inversion: bool = False,
+                 blur_probabilities: Sequence[float] = (BLUR_P_GLOBAL1, BLUR_P_GLOBAL2, BLUR_P_LOCAL),
+                 solarize_probability: float = SOLARIZE_P):
         self.global_crops_scale = tuple(global_crops_scale)
         self.local_crops_scale = tuple(local_crops_scale)
         self.local_crops_number = local_crops_number
@@ -52,12 +54,13 @@ class DataAugmentationDINO:
             transforms.RandomGrayscale(p=GRAYSCALE_P),
         ])
         inv = reference_blur_inversion
-        global_transfo1_extra = GaussianBlur(p=BLUR_P_GLOBAL1, reference_inversion=inv)
+        p_global1, p_global2, p_local = blur_probabilities
+        global_transfo1_extra = GaussianBlur(p=p_global1, reference_inversion=inv)
         global_transfo2_extra = transforms.Compose([
-            GaussianBlur(p=BLUR_P_GLOBAL2, reference_inversion=inv),
-            transforms.RandomSolarize(threshold=SOLARIZE_THRESHOLD, p=SOLARIZE_P),
+            GaussianBlur(p=p_global2, reference_inversion=inv),
+            transforms.RandomSolarize(threshold=SOLARIZE_THRESHOLD, p=solarize_probability),
         ])
-        local_transfo_extra = GaussianBlur(p=BLUR_P_LOCAL, reference_inversion=inv)
+        local_transfo_extra = GaussianBlur(p=p_local, reference_inversion=inv)
         self.normalize = make_to_tensor_normalize()
 
         self.global_transfo1 = transforms.Compose([color_jittering, global_transfo1_extra, self.normalize])
@@ -90,4 +93,12 @@ def build_augmentation(cfg) -> DataAugmentationDINO:
         global_crops_size=crops.global_crops_size,
         local_crops_size=crops.local_crops_size,
         reference_blur_inversion=crops.reference_blur_inversion,
+        blur_probabilities=crops.blur_probabilities,
+        solarize_probability=crops.solarize_probability,
     )
+
+
+def applied_blur_probabilities(crops) -> tuple:
+    """(global 1, global 2, local) blur probabilities actually applied: the configured ones, or 1 - p with the
+    reference's inversion."""
+    return tuple((1.0 - p) if crops.reference_blur_inversion else p for p in crops.blur_probabilities)

@@ -11,16 +11,22 @@ Batch dict (B = batch size, nL = local crops per image, p = patch size, Ng = (Hg
     upperbound        int              the reference's bound on M (sum over masked images of int(Ng * ratio_max_i))
     labels            long  (B,)       class labels (unused by SSL)
     corrupt_skipped   long  ()         unreadable images met (and replaced) while loading this batch
+
+With `data.augment_on=device` the samples carry their uint8 image instead of crops: the batch then holds
+`images` uint8 (B, 3, H, W) and `first_position` (int, seeds the device augmentation) in place of the crops,
+which `loader.SSLLoader.to_device` makes on the training device.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from .masking import MaskingGenerator, mask_targets
 from .seeding import TAG_MASKING, numpy_rng
+
+N_GLOBAL = 2  # global crops per image
 
 
 @dataclass
@@ -32,21 +38,26 @@ class SSLSample:
     label: int
     position: int  # position of this sample in the (global) sample stream; seeds its randomness
     corrupt_skipped: int  # unreadable files met before a readable one was found
+    image: Optional[torch.Tensor] = None  # uint8 (3, H, W), un-augmented (data.augment_on=device)
 
 
 def collate_ssl_samples(samples: Sequence[SSLSample], mask_generator: MaskingGenerator,
                         mask_ratio_min_max: Sequence[float], mask_sample_probability: float,
                         rng: np.random.Generator, local_crops_size: int) -> Dict[str, object]:
     """Stack crops and draw the iBOT masks (see module docstring); all randomness comes from `rng`."""
-    n_global = len(samples[0].global_crops)
-    n_local = len(samples[0].local_crops)
-    global_crops = torch.stack([s.global_crops[i] for i in range(n_global) for s in samples])
-    if n_local:
-        local_crops = torch.stack([s.local_crops[i] for i in range(n_local) for s in samples])
+    if samples[0].image is not None:  # crops are made on the training device
+        pixels = {"images": torch.stack([s.image for s in samples]), "first_position": int(samples[0].position)}
+        n_images = N_GLOBAL * len(samples)
     else:
-        local_crops = torch.zeros((0, 3, local_crops_size, local_crops_size), dtype=global_crops.dtype)
-
-    n_images = global_crops.shape[0]
+        n_global = len(samples[0].global_crops)
+        n_local = len(samples[0].local_crops)
+        global_crops = torch.stack([s.global_crops[i] for i in range(n_global) for s in samples])
+        if n_local:
+            local_crops = torch.stack([s.local_crops[i] for i in range(n_local) for s in samples])
+        else:
+            local_crops = torch.zeros((0, 3, local_crops_size, local_crops_size), dtype=global_crops.dtype)
+        pixels = {"global_crops": global_crops, "local_crops": local_crops}
+        n_images = global_crops.shape[0]
     n_patches = mask_generator.num_patches
     targets, upperbound = mask_targets(n_images, n_patches, mask_ratio_min_max, mask_sample_probability, rng)
     masks_np = np.stack([mask_generator(t, rng) for t in targets])
@@ -57,8 +68,7 @@ def collate_ssl_samples(samples: Sequence[SSLSample], mask_generator: MaskingGen
     per_image = masks.sum(-1).clamp(min=1).to(torch.float32)
     masks_weight = (1.0 / per_image).unsqueeze(-1).expand_as(masks)[masks]
     return {
-        "global_crops": global_crops,
-        "local_crops": local_crops,
+        **pixels,
         "masks": masks,
         "mask_indices": mask_indices,
         "masks_weight": masks_weight,

@@ -11,23 +11,28 @@ import logging
 import signal
 from typing import Dict, Iterator, Optional
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from .augmentations import DataAugmentationDINO, build_augmentation
+from .augmentations import DataAugmentationDINO, applied_blur_probabilities, build_augmentation
+from .batched_augment import BatchedAugmentationDINO
 from .collate import SSLCollate, SSLSample
 from .corrupt import load_image
 from .datasets import build_dataset
+from .in_memory import InMemoryImages
 from .samplers import InfiniteShardedSampler
-from .seeding import TAG_AUGMENTATION, TAG_LOADER, torch_seed
+from .seeding import TAG_AUGMENTATION, TAG_DEVICE_AUGMENTATION, TAG_LOADER, torch_seed
 
 logger = logging.getLogger(__name__)
 
 
 class SSLDataset(torch.utils.data.Dataset):
-    """Maps a sampler item `(index, position)` to an augmented `SSLSample`, seeded by (seed, position)."""
+    """Maps a sampler item `(index, position)` to an augmented `SSLSample`, seeded by (seed, position); with
+    `augmentation=None`, to a sample holding the un-augmented uint8 image (augmented later, per batch, on the
+    training device)."""
 
-    def __init__(self, dataset, augmentation: DataAugmentationDINO, seed: int, on_corrupt: str = "skip"):
+    def __init__(self, dataset, augmentation: Optional[DataAugmentationDINO], seed: int, on_corrupt: str = "skip"):
         self.dataset = dataset
         self.augmentation = augmentation
         self.seed = int(seed)
@@ -38,6 +43,8 @@ class SSLDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, item) -> SSLSample:
         index, position = item
+        if self.augmentation is None:
+            return self._raw_sample(index, position)
         image, label, skipped = load_image(self.dataset, index, self.on_corrupt)
         # fork_rng restores torch's CPU RNG afterwards. Seed only the CPU generator: torch.manual_seed would also
         # reseed the CUDA generators of the main process (num_workers=0), which fork_rng(devices=[]) does not restore.
@@ -45,6 +52,14 @@ class SSLDataset(torch.utils.data.Dataset):
             torch.default_generator.manual_seed(torch_seed(TAG_AUGMENTATION, self.seed, position))
             crops = self.augmentation(image)
         return SSLSample(crops["global_crops"], crops["local_crops"], label, position, skipped)
+
+    def _raw_sample(self, index: int, position: int) -> SSLSample:
+        if hasattr(self.dataset, "pixels"):  # decoded in memory
+            pixels, label, skipped = self.dataset.pixels(index), int(self.dataset.targets[index]), 0
+        else:
+            image, label, skipped = load_image(self.dataset, index, self.on_corrupt)
+            pixels = np.asarray(image)
+        return SSLSample([], [], label, position, skipped, image=torch.from_numpy(np.array(pixels)).permute(2, 0, 1))
 
 
 class SSLLoader:
@@ -55,7 +70,10 @@ class SSLLoader:
     Re-iterating restarts the stream at `next_step`.
     """
 
-    def __init__(self, dataloader: DataLoader, sampler: InfiniteShardedSampler, batch_size: int, start_step: int):
+    def __init__(self, dataloader: DataLoader, sampler: InfiniteShardedSampler, batch_size: int, start_step: int,
+                 device_augmentation: Optional[BatchedAugmentationDINO] = None, seed: int = 0, rank: int = 0):
+        self.device_augmentation = device_augmentation
+        self.seed, self.rank = int(seed), int(rank)
         self.dataloader = dataloader
         self.sampler = sampler
         self.dataset = dataloader.dataset.dataset
@@ -71,6 +89,17 @@ class SSLLoader:
                 yield batch
         finally:
             self.close()
+
+    def to_device(self, batch: Dict[str, object], device: torch.device) -> Dict[str, object]:
+        """The batch on `device`, its crops made there if the loader left that to the device (`images`): the
+        generator is seeded by (seed, rank, position of the batch's first sample), so a resumed run draws the same
+        crops."""
+        batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+        if "images" in batch:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(torch_seed(TAG_DEVICE_AUGMENTATION, self.seed, self.rank, batch["first_position"]))
+            batch.update(self.device_augmentation(batch.pop("images"), generator))
+        return batch
 
     def close(self) -> None:
         """Stop the workers now, cooperatively. Persistent workers otherwise live until the interpreter exits, whose
@@ -104,7 +133,7 @@ def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int,
     """
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
-    dataset = build_dataset(cfg) if dataset is None else dataset
+    dataset = build_training_dataset(cfg) if dataset is None else dataset
     num_workers = cfg.train.num_workers if num_workers is None else num_workers
     batch_size = cfg.train.batch_size_per_gpu
     seed = cfg.train.seed
@@ -113,7 +142,9 @@ def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int,
         logger.warning("crop sizes %d/%d are not multiples of patch size %d: the last pixels are not covered",
                        cfg.crops.global_crops_size, cfg.crops.local_crops_size, patch)
 
-    ssl_dataset = SSLDataset(dataset, build_augmentation(cfg), seed=seed, on_corrupt=cfg.data.on_corrupt)
+    on_device = cfg.data.augment_on == "device"
+    ssl_dataset = SSLDataset(dataset, None if on_device else build_augmentation(cfg), seed=seed,
+                             on_corrupt=cfg.data.on_corrupt)
     sampler = InfiniteShardedSampler(len(dataset), rank=rank, world_size=world_size, seed=seed,
                                      start=start_step * batch_size)
     collate = SSLCollate(patches_per_side=cfg.crops.global_crops_size // patch,
@@ -135,4 +166,19 @@ def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int,
         generator=generator,
         worker_init_fn=ignore_stop_signals,
     )
-    return SSLLoader(dataloader, sampler, batch_size, start_step)
+    device_augmentation = build_batched_augmentation(cfg) if on_device else None
+    return SSLLoader(dataloader, sampler, batch_size, start_step, device_augmentation, seed=seed, rank=rank)
+
+
+def build_batched_augmentation(cfg) -> BatchedAugmentationDINO:
+    crops = cfg.crops
+    return BatchedAugmentationDINO(crops.global_crops_scale, crops.local_crops_scale, crops.local_crops_number,
+                                   crops.global_crops_size, crops.local_crops_size,
+                                   blur_probabilities=applied_blur_probabilities(crops),
+                                   solarize_probability=crops.solarize_probability)
+
+
+def build_training_dataset(cfg):
+    """The training split (`build_dataset(cfg)`), decoded into memory when `data.in_memory` is set."""
+    dataset = build_dataset(cfg)
+    return InMemoryImages(dataset, cfg.data.on_corrupt) if cfg.data.in_memory else dataset

@@ -11,6 +11,7 @@ TAG_PERMUTATION = 0x5045524D  # sampler: one permutation per pass over the datas
 TAG_AUGMENTATION = 0x41554731  # multi-crop augmentation of one sample
 TAG_MASKING = 0x4D41534B  # iBOT masks of one batch
 TAG_LOADER = 0x4C4F4144  # the DataLoader's own (unused by us) base seed
+TAG_DEVICE_AUGMENTATION = 0x44415547  # multi-crop augmentation of one batch on the training device
 
 
 def _check(values) -> list:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from configs import Config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference
-from data import build_dataset, build_ssl_loader
+from data import build_ssl_loader, build_training_dataset
 from models.safe_io import atomic_write_text, save_verified
 from models.ssl_meta_arch import SSLMetaArch
 
@@ -64,7 +64,7 @@ class Trainer:
         """`dataset`: the training images, if the caller built them already (train.py does, to report a wrong
         data.root before anything else happens); built here otherwise, before the model."""
         self.cfg, self.output_dir, self.ctx = cfg, Path(output_dir), ctx
-        self.dataset = build_dataset(cfg) if dataset is None else dataset
+        self.dataset = build_training_dataset(cfg) if dataset is None else dataset
         self.device = ctx.device
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.model = SSLMetaArch(cfg).to(self.device)
@@ -310,7 +310,7 @@ class Trainer:
             iterator = iter(loader)
         try:
             for batch in iterator:
-                yield {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+                yield loader.to_device(batch, self.device)
         finally:
             loader.close()  # however the loop ends: the data workers stop here, not at interpreter exit
 
