@@ -1,127 +1,284 @@
-"""PNG plots of a sparse-then-dense study (matplotlib, Agg backend: no display needed).
+"""PNG figures of a sparse-then-dense study (matplotlib, Agg backend: no display needed).
 
-- `plot_accuracy`: top-1 (linear probe) and k-NN top-1 against the share of sparse steps, with the published
-  ViT-L/16 curve: on the same axes when the runs are that setting, else in its own panel, labelled as a different
-  setting (its absolute numbers are not comparable with a small model on another dataset).
-- `plot_losses`: the training loss of each run, its sparse phase shaded and the sparse->dense switch marked.
+- `plot_accuracy`: linear-probe and k-NN top-1 against the share of sparse steps, mean over seeds with the seed
+  spread as error bars, the dense run and the baselines (untrained network, raw pixels) as horizontal lines. The
+  published ViT-L/16 ImageNet-1k numbers: on the same axes when the runs are that setting, else their Δ to dense in
+  a panel of their own (a small model on another dataset has another scale; the shape is what compares).
+- `plot_losses`: one panel per loss term, every schedule overlaid, coloured by its share of sparse steps, the
+  sparse->dense switch marked on each curve.
+
+Rows and runs are duck-typed (table.TableRow, run_logs.RunSummary): this module imports nothing from table.py.
 """
 
 import math
+import statistics
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
-from .run_logs import KNN_SHOWN_K, RunSummary  # noqa: E402
-from .table import PUBLISHED, PUBLISHED_TOTAL_STEPS, TableRow  # noqa: E402
+from . import published  # noqa: E402
+from .run_logs import KNN_SHOWN_K, LOSS_TERMS  # noqa: E402
 
 DPI = 150
-SPARSE_SHADE = "#f4a261"
+STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9, "xtick.labelsize": 9,
+         "ytick.labelsize": 9}
+X_LABEL = "steps trained 2:4-sparse before switching to dense (%)"
+PUBLISHED_COLOR = "0.35"
+SERIES = (("top1", "linear probe", "C0", "o"), ("knn_top1", "k-NN", "C1", "s"))
+BASELINE_STYLES = {"random_init": (0, (6, 2, 1, 2)), "pixels": (0, (2, 2))}
+TERM_TITLES = {"loss": "Total loss", "dino_local_crops_loss": "DINO loss, local crops",
+               "dino_global_crops_loss": "DINO loss, global crops", "koleo_loss": "KoLeo regulariser",
+               "ibot_loss": "iBOT masked-patch loss"}
 
 
-def _share(row: TableRow) -> float:
+def _share(row) -> float:
     """Share of sparse steps in percent (what the schedule did, e.g. 32 for a 40k-of-125k run)."""
     if row.total_steps:
         return 100.0 * row.sparse_steps / row.total_steps
     return 100.0 * row.sparse_fraction
 
 
-def _published(ax, label: str, delta: bool = False) -> None:
-    """The published curve (top-1, or its Δ to the published dense run)."""
-    xs = [100.0 * p.step_fraction for p in PUBLISHED]
-    ys = [p.top1 - (PUBLISHED[0].top1 if delta else 0.0) for p in PUBLISHED]
-    ax.plot(xs, ys, "D-", color="0.35", label=label, zorder=2)
-    ax.annotate("published \"40%\" row:\n40k of 125k steps", (xs[1], ys[1]), fontsize=7, xytext=(6, 8),
-                textcoords="offset points", color="0.35")
-
-
-def _ours(ax, rows: list[TableRow], keys: tuple[str, str]) -> bool:
-    """Our linear-probe and k-NN series (`keys`: the two TableRow fields); an incomplete run's point is flagged."""
-    drawn = False
-    for key, marker, label in zip(keys, ("o-", "s--"), ("linear probe", f"k-NN (k={KNN_SHOWN_K})")):
-        points = sorted((_share(r), getattr(r, key)) for r in rows if getattr(r, key) is not None)
-        if points:
-            ax.plot(*zip(*points), marker, label=f"ours: {label}", zorder=3)
-            drawn = True
+def _by_share(rows, key: str) -> list[tuple[float, float, float, list]]:
+    """[(share %, mean, half range or 0, values)] over the rows (seeds) of each schedule that have `key`."""
+    groups: dict[float, list] = {}
     for r in rows:
-        if r.status != "complete" and getattr(r, keys[0]) is not None:
-            ax.annotate(r.status, (_share(r), getattr(r, keys[0])), fontsize=7, xytext=(4, -12),
-                        textcoords="offset points")
+        value = getattr(r, key)
+        if value is not None and math.isfinite(value):
+            groups.setdefault(round(_share(r), 6), []).append(value)
+    return [(x, statistics.fmean(v), (max(v) - min(v)) / 2, v) for x, v in sorted(groups.items())]
+
+
+def _knn_label(rows) -> str:
+    ks = {r.knn_k for r in rows if getattr(r, "knn_k", None) is not None}
+    return f"k-NN (k={ks.pop() if len(ks) == 1 else KNN_SHOWN_K})" if len(ks) <= 1 else "k-NN (k nearest to 20)"
+
+
+def _ours(ax, rows) -> tuple[list[float], bool]:
+    """Mean over seeds with the half range as error bars, each seed as a small hollow marker; the dense mean as a
+    dotted line. Returns every value drawn (for the baselines' scale check) and whether any schedule has seeds."""
+    drawn, seeded = [], False
+    for key, label, color, marker in SERIES:
+        points = _by_share(rows, key)
+        if not points:
+            continue
+        xs, means, spreads, values = zip(*points)
+        seeded |= any(len(v) > 1 for v in values)
+        label = _knn_label(rows) if key == "knn_top1" else label
+        ax.errorbar(xs, means, yerr=spreads if any(spreads) else None, fmt=marker + "-", color=color, capsize=3,
+                    lw=1.6, ms=6, label=label, zorder=3)
+        for x, v in zip(xs, values):
+            if len(v) > 1:
+                ax.plot([x] * len(v), v, marker, ms=4, mfc="none", mec=color, alpha=0.7, zorder=2)
+        if xs[0] == 0.0:
+            ax.axhline(means[0], color=color, ls=":", lw=1.0, zorder=1)
+        drawn += list(means) + [y for v in values for y in v]
+    for r in rows:
+        if r.status != "complete" and r.top1 is not None:
+            ax.annotate(r.status, (_share(r), r.top1), fontsize=7, xytext=(4, -12), textcoords="offset points")
     if not drawn:
         ax.text(0.5, 0.5, "no evaluated runs yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
-    return drawn
+    return drawn, seeded
 
 
-def _style(ax, title: str, ylabel: str) -> None:
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("steps trained 2:4-sparse before switching to dense (%)")
+def _baselines(ax, baselines, drawn: list[float]) -> list[str]:
+    """Each baseline's linear and k-NN top-1 as horizontal lines, if they fit without squashing the runs' scale;
+    returns caption lines for those left out."""
+    low, high = (min(drawn), max(drawn)) if drawn else (0.0, 100.0)
+    span = max(high - low, 5.0)
+    off_scale = []
+    for b in baselines:
+        pairs = [(v, c) for (key, _, c, _), v in zip(SERIES, (b.top1, b.knn_top1)) if v is not None]
+        fits = all(max(high, v) - min(low, v) <= 3.0 * span for v, _ in pairs)
+        if not fits:
+            off_scale.append(f"{b.label}: " + ", ".join(
+                f"{name} {v:.1f}%" for (v, _), name in zip(pairs, ("linear", "k-NN") if b.top1 is not None
+                                                           else ("k-NN",))))
+            continue
+        for v, color in pairs:
+            ax.axhline(v, color=color, ls=BASELINE_STYLES.get(b.key, "--"), lw=1.2, alpha=0.8, zorder=1)
+    return off_scale
+
+
+def _legend_below(ax, handles=None, ncol: int = 3) -> None:
+    handles = handles if handles is not None else ax.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, frameon=False)
+
+
+def _axes(ax, title: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(X_LABEL)
     ax.set_ylabel(ylabel)
-    ax.set_xlim(-5, 105)
+    ax.set_xlim(-4, 104)
     ax.set_xticks(range(0, 101, 10))
     ax.grid(True, alpha=0.3)
-    ax.margins(y=0.15)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="best")
+    ax.margins(y=0.12)
 
 
-def plot_accuracy(rows: list[TableRow], path: Path) -> Path:
-    """Same setting as the published table: one panel, ours and published top-1. Otherwise two panels: our top-1,
-    then the Δ to each setting's own dense run, ours next to the published Δ (the shape is what transfers)."""
+def _published(ax, delta: bool):
+    """The published curve (top-1, or its Δ to the published dense run); returns its line for a legend."""
+    xs = [100.0 * p.step_fraction for p in published.ROWS]
+    ys = [p.delta_top1 if delta else p.top1 for p in published.ROWS]
+    line, = ax.plot(xs, ys, "D-", color=PUBLISHED_COLOR, ms=6, label=f"published ({published.SHORT_SOURCE})",
+                    zorder=2)
+    ax.annotate('published "40%" row:\n40k of 125k steps', (xs[1], ys[1]), fontsize=8, xytext=(6, 8),
+                textcoords="offset points", color=PUBLISHED_COLOR)
+    return line
+
+
+def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
+    """Same setting as the published table: one panel, ours and published top-1. Otherwise two panels: this sweep's
+    top-1, then the published Δ to dense on its own axes. `setting`: what the runs are, for the title."""
     ours = [r for r in rows if r.sparse_fraction is not None]
     same_setting = any(r.published_top1 is not None for r in rows)
-    fig, axes = plt.subplots(1, 1 if same_setting else 2, figsize=(7 if same_setting else 13, 4.8), squeeze=False)
-    ax = axes[0][0]
-    _ours(ax, ours, ("top1", "knn_top1"))
-    if same_setting:
-        _published(ax, "published (torchao; ViT-L/16, ImageNet-1k)")
-        _style(ax, "Top-1 vs share of sparse steps: ours and published (same setting)", "top-1 accuracy (%)")
-    else:
-        _style(ax, "Our runs: top-1 vs share of sparse steps", "top-1 accuracy (%)")
-        ref = axes[0][1]
-        ref.axhline(0.0, color="0.6", lw=0.8)
-        _ours(ref, ours, ("delta_top1", "delta_knn_top1"))
-        _published(ref, f"published (ViT-L/16, ImageNet-1k, {PUBLISHED_TOTAL_STEPS // 1000}k steps)", delta=True)
-        _style(ref, "Δ top-1 vs each setting's dense run\n(published: a different setting, shown for its shape)",
-               "Δ top-1 (pp)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, 1 if same_setting else 2, figsize=(7.5 if same_setting else 13, 5.2),
+                                 squeeze=False, gridspec_kw=None if same_setting else {"width_ratios": (1.25, 1)})
+        ax = axes[0][0]
+        drawn, seeded = _ours(ax, ours)
+        off_scale = _baselines(ax, baselines, drawn)
+        handles = ax.get_legend_handles_labels()[0]
+        if any(x == 0.0 for x, *_ in _by_share(ours, "top1") + _by_share(ours, "knn_top1")):
+            handles.append(Line2D([], [], color="0.3", ls=":", label="dense run (0% sparse)"))
+        handles += [Line2D([], [], color="0.3", ls=BASELINE_STYLES.get(b.key, "--"), label=b.label)
+                    for b in baselines if not any(line.startswith(b.label) for line in off_scale)]
+        if same_setting:
+            handles.append(_published(ax, delta=False))
+            _axes(ax, "Top-1 vs share of sparse steps: this study and published", "top-1 accuracy (%)")
+        else:
+            _axes(ax, f"This study: {setting}" if setting else "This study", "top-1 accuracy (%)")
+            ref = axes[0][1]
+            ref.axhline(0.0, color="0.6", lw=0.8)
+            _published(ref, delta=True)
+            _axes(ref, f"Published: {published.SHORT_SOURCE}", "top-1 change vs the dense run (pp)")
+        _legend_below(ax, handles, ncol=3)
+        caption = []
+        if seeded:
+            caption.append("Error bars: half the range over seeds (hollow markers: the single seeds).")
+        if off_scale:
+            caption.append("Baselines off the scale, not drawn: " + "; ".join(off_scale) + ".")
+        fig.tight_layout()
+        if caption:
+            fig.text(0.01, -0.02, "\n".join(caption), fontsize=9, ha="left", va="top", color="0.25")
+        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+        plt.close(fig)
     return Path(path)
 
 
-def plot_losses(runs: list[RunSummary], path: Path) -> Path:
-    """One panel per run (shared axes), so seven overlapping curves stay readable."""
-    columns = min(4, max(len(runs), 1))
-    lines = max(math.ceil(len(runs) / columns), 1)
-    size = (max(3.6 * columns, 6.0), 2.9 * lines + 0.4)
-    fig, axes = plt.subplots(lines, columns, figsize=size, sharex=True, sharey=True, squeeze=False)
-    flat = [ax for line in axes for ax in line]
-    for ax, run in zip(flat, runs):
-        steps, losses = zip(*run.loss_curve)
-        if run.sparse_steps:
-            ax.axvspan(0, run.sparse_steps, color=SPARSE_SHADE, alpha=0.2, lw=0, label="2:4-sparse phase")
-        if run.sparse_steps and run.total_steps and run.sparse_steps < run.total_steps:
-            ax.axvline(run.sparse_steps, color=SPARSE_SHADE, ls="--", lw=1.2, label=f"switch @ {run.sparse_steps}")
-        ax.plot(steps, losses, lw=1.0, color="C0", label="loss")
-        fraction = "?" if run.sparse_fraction is None else f"{run.sparse_fraction * 100:g}% sparse"
-        state = "" if run.status == "complete" else f"\n{run.status}"
-        ax.set_title(f"{run.name} ({fraction}){state}", fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
-        if run.total_steps:
-            ax.set_xlim(0, run.total_steps)
-    for ax in flat[len(runs):]:
-        ax.axis("off")
-    if not runs:
-        flat[0].text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", color="0.4")
-    for ax in axes[-1]:
-        ax.set_xlabel("step")
-    for line in axes:
-        line[0].set_ylabel("total loss")
-    fig.suptitle("Training loss per run (shaded: 2:4-sparse phase)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+def _terms(runs) -> list[str]:
+    """The loss terms to draw: total first, then the logged terms that are not constant (a weight of 0)."""
+    present = []
+    for term in list(LOSS_TERMS) + sorted({t for r in runs for t in r.loss_terms} - set(LOSS_TERMS)):
+        values = [v for r in runs for _, v in r.loss_terms.get(term, []) if math.isfinite(v)]
+        if values and (term == "loss" or max(values) > min(values)):
+            present.append(term)
+    return present
+
+
+def _smooth(steps, values, window: int):
+    """Centred moving average over `window` logged values (odd); the ends keep the raw values' extent."""
+    steps, values = np.asarray(steps, float), np.asarray(values, float)
+    if window <= 1 or len(values) < 2 * window:
+        return steps, values
+    kernel = np.ones(window) / window
+    half = window // 2
+    return steps[half:len(steps) - half], np.convolve(values, kernel, mode="valid")
+
+
+def _colors(runs) -> dict:
+    """Sparse fraction -> colour: viridis by rank, so that 0.7 and 0.8 differ as much as 0 and 0.4 (the order,
+    dark = dense to light = all sparse, is what carries the meaning)."""
+    fractions = sorted({r.sparse_fraction for r in runs}, key=lambda f: (f is None, f or 0.0))
+    cmap = plt.get_cmap("viridis")
+    return {f: cmap(0.9 * i / max(len(fractions) - 1, 1)) for i, f in enumerate(fractions)}
+
+
+def plot_losses(runs, path: Path) -> Path:
+    """One panel per loss term, every schedule overlaid (colour: share of sparse steps; dashed: other seeds)."""
+    terms = _terms(runs) or ["loss"]
+    columns = min(3, len(terms))
+    spare = len(terms) % columns != 0 and len(terms) > columns  # an empty grid cell takes the legend
+    lines = math.ceil(len(terms) / columns)
+    longest = max((len(r.loss_terms.get("loss", [])) for r in runs), default=0)
+    window = (longest // 40) | 1 if longest > 80 else 1  # noisy per-step losses: ~40 averages per run
+    base_seed = min((r.seed for r in runs if r.seed is not None), default=None)
+    colors = _colors(runs)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns + (0 if spare else 2.2), 3.4 * lines),
+                                 squeeze=False, sharex=True)
+        flat = [ax for line in axes for ax in line]
+        clipped = False
+        for ax, term in zip(flat, terms):
+            late = []
+            for run in runs:
+                curve = run.loss_terms.get(term)
+                if not curve:
+                    continue
+                xs, ys = _smooth(*zip(*curve), window)
+                dashed = run.seed is not None and base_seed is not None and run.seed != base_seed
+                ax.plot(xs, ys, color=colors[run.sparse_fraction], lw=1.3, ls="--" if dashed else "-")
+                switch = run.sparse_steps
+                if switch and run.total_steps and switch < run.total_steps and xs[0] <= switch <= xs[-1]:
+                    ax.plot(switch, np.interp(switch, xs, ys), "o", ms=6, mfc=colors[run.sparse_fraction],
+                            mec="black", mew=0.8, zorder=4)
+                cut = 0.1 * (run.total_steps or xs[-1])  # the first 10% of steps: the initial transient
+                late += [y for x, y in zip(xs, ys) if x >= cut and math.isfinite(y)]
+            values = [y for line in ax.get_lines() for y in line.get_ydata() if math.isfinite(y)]
+            # cut the top only where the start would squash the rest of the run (a steep initial drop)
+            if late and values and max(values) - min(values) > 1.5 * (max(late) - min(late)):
+                margin = 0.08 * (max(late) - min(late) or abs(max(late)) or 1.0)
+                ax.set_ylim(min(min(values), min(late)) - margin, max(late) + margin)
+                clipped = True
+            ax.set_title(TERM_TITLES.get(term, term.replace("_", " ")))
+            ax.set_ylabel("loss")
+            ax.grid(True, alpha=0.3)
+        for ax in flat[len(terms):]:
+            ax.axis("off")
+        for ax in flat[max(len(terms) - columns, 0):len(terms)]:
+            ax.set_xlabel("training step")
+            ax.xaxis.set_tick_params(labelbottom=True)
+        if not runs:
+            flat[0].text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", color="0.4",
+                         transform=flat[0].transAxes)
+        handles = _loss_legend(runs, base_seed, colors)
+        if spare:
+            flat[-1].legend(handles=handles, loc="center", frameon=False, title="schedule (% steps sparse)")
+        else:
+            fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                       title="schedule (% steps sparse)")
+        notes = []
+        if window > 1:
+            notes.append(f"Curves: moving average over {window} logged values.")
+        if clipped:
+            notes.append("Y axes cut to the values after the first 10% of steps (the start is off the top).")
+        fig.tight_layout()
+        if notes:
+            fig.text(0.01, -0.01, "  ".join(notes), fontsize=9, ha="left", va="top", color="0.25")
+        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+        plt.close(fig)
     return Path(path)
+
+
+def _loss_legend(runs, base_seed, colors: dict) -> list:
+    handles, seen = [], set()
+    for run in runs:
+        if run.sparse_fraction in seen:
+            continue
+        seen.add(run.sparse_fraction)
+        label = "?" if run.sparse_fraction is None else f"{run.sparse_fraction * 100:g}% sparse"
+        if run.status != "complete":
+            label += f" ({run.status.split(' (')[0]})"  # the state, without its details
+        handles.append(Line2D([], [], color=colors[run.sparse_fraction], lw=2, label=label))
+    seeds = sorted({r.seed for r in runs if r.seed is not None})
+    if len(seeds) > 1:
+        handles.append(Line2D([], [], color="0.2", lw=1.3, label=f"seed {base_seed}"))
+        others = ", ".join(str(s) for s in seeds if s != base_seed)
+        handles.append(Line2D([], [], color="0.2", lw=1.3, ls="--", label=f"seed {others}"))
+    if any(r.sparse_steps and r.total_steps and r.sparse_steps < r.total_steps for r in runs):
+        handles.append(Line2D([], [], ls="", marker="o", ms=6, mfc="white", mec="black", label="switch to dense"))
+    return handles

@@ -3,21 +3,61 @@ how long each phase took, and its evaluation.
 
 A run directory holds `config.yaml` (the resolved config), `metrics.jsonl` (one line per logged step),
 `checkpoints/step_XXXXXXXX.pt`, `log.txt`, `teacher_backbone.pth` once finished, and `eval_linear.json` once
-evaluated. Anything may be missing or cut short: the summary then says so in `status` instead of raising, so a
+evaluated; optionally the baselines evaluated on the same data: `eval_linear_random_init.json` (the untrained
+network) and `eval_linear_pixels.json` (logistic regression on raw pixels). Anything may be missing or cut short: the summary then says so in `status` instead of raising, so a
 table of many runs always shows every run.
 """
 
 import json
+import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
 KNN_SHOWN_K = 20  # the k-NN column of the table; dinov2's usual headline k (all k stay in the CSV)
+# total first, then the terms ssl_meta_arch logs; any other "*_loss" key found follows these
+LOSS_TERMS = ("loss", "dino_local_crops_loss", "dino_global_crops_loss", "koleo_loss", "ibot_loss")
+# baseline key -> result files, first found wins (mode=knn writes eval_knn_*: k-NN only)
+BASELINE_FILES = {"random_init": ("eval_linear_random_init.json", "eval_knn_random_init.json"),
+                  "pixels": ("eval_linear_pixels.json", "eval_knn_pixels.json")}
+_RESUMED = re.compile(r"^resumed at step (\d+)")
 
 _CHECKPOINT = re.compile(r"^step_(\d{8})\.pt$")
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<logger>\S+): (?P<message>.*)$")
+
+
+def shown_k(knn: dict) -> Optional[int]:
+    """The k of the table's k-NN column: KNN_SHOWN_K if evaluated, else the nearest k evaluated."""
+    if not knn:
+        return None
+    return KNN_SHOWN_K if KNN_SHOWN_K in knn else min(knn, key=lambda k: (abs(k - KNN_SHOWN_K), k))
+
+
+@dataclass
+class EvalRecord:
+    """One eval_linear.py result file: the run's own evaluation or a baseline's."""
+
+    path: str
+    status: str = MISSING  # complete | missing | unreadable
+    reason: str = ""
+    top1: Optional[float] = None
+    top5: Optional[float] = None
+    knn: dict = field(default_factory=dict)  # {k: top-1 %}
+    best_C: Optional[float] = None
+    solver: str = ""
+    seconds: Optional[float] = None
+    n_val: Optional[int] = None
+
+    @property
+    def knn_k(self) -> Optional[int]:
+        return shown_k(self.knn)
+
+    @property
+    def knn_top1(self) -> Optional[float]:
+        return self.knn.get(self.knn_k)
 
 
 @dataclass
@@ -32,21 +72,25 @@ class RunSummary:
     arch: str = ""
     patch_size: Optional[int] = None
     dataset: str = ""
+    data_root: str = ""
     sparse_fraction: Optional[float] = None
     total_steps: Optional[int] = None
     sparse_steps: Optional[int] = None
     global_batch: Optional[int] = None
+    seed: Optional[int] = None
     # progress and timing (from metrics.jsonl and the checkpoints)
     steps_done: int = 0
     time_s: Optional[float] = None  # summed step time of the logged windows (excludes start-up and evaluation)
     sparse_time_s: Optional[float] = None
     dense_time_s: Optional[float] = None
     timed_steps: int = 0  # steps covered by time_s
-    images_per_s: Optional[float] = None
+    images_per_s: Optional[float] = None  # over all timed steps, time-weighted
+    # per phase: median of the logged windows' images/s, without each phase's first window after a (re)start
+    # (torch.compile and warm-up; the dense phase recompiles), so the phases' steady speeds compare
     sparse_images_per_s: Optional[float] = None
     dense_images_per_s: Optional[float] = None
     final_loss: Optional[float] = None
-    loss_curve: list = field(default_factory=list, repr=False)  # [(step, loss)]
+    loss_terms: dict = field(default_factory=dict, repr=False)  # {term: [(step, value)]}, LOSS_TERMS order
     # evaluation (from eval_linear.json)
     top1: Optional[float] = None
     top5: Optional[float] = None
@@ -55,6 +99,12 @@ class RunSummary:
     solver: str = ""
     eval_seconds: Optional[float] = None
     n_val: Optional[int] = None  # validation images behind top-1
+    baselines: dict = field(default_factory=dict)  # {"random_init" | "pixels": EvalRecord}, those found
+
+    @property
+    def loss_curve(self) -> list:
+        """[(step, total loss)]"""
+        return self.loss_terms.get("loss", [])
 
     @property
     def dense_steps(self) -> Optional[int]:
@@ -63,8 +113,12 @@ class RunSummary:
         return self.total_steps - self.sparse_steps
 
     @property
+    def knn_k(self) -> Optional[int]:
+        return shown_k(self.knn)
+
+    @property
     def knn_top1(self) -> Optional[float]:
-        return self.knn.get(KNN_SHOWN_K)
+        return self.knn.get(self.knn_k)
 
     @property
     def seconds_per_step(self) -> Optional[float]:
@@ -105,9 +159,11 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
         run.train_status, run.reason = UNREADABLE, _short(f"config.yaml: {e}")
         return False
     run.arch, run.patch_size, run.dataset = cfg.student.arch, cfg.student.patch_size, cfg.data.dataset
+    run.data_root = cfg.data.root
     run.sparse_fraction = cfg.sparsity.sparse_fraction
     run.total_steps, run.sparse_steps = cfg.total_steps, cfg.sparse_steps
     run.global_batch = _global_batch(run_dir, cfg.train.batch_size_per_gpu)
+    run.seed = cfg.train.seed
     return True
 
 
@@ -167,9 +223,15 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     records = _read_records(path) if path.is_file() else []
     checkpoint_steps = [step for step, _ in _checkpoints(run_dir)]
     run.steps_done = max([r["step"] + 1 for r in records] + checkpoint_steps + [0])
-    run.loss_curve = [(r["step"], v) for r in records if (v := _float(r.get("loss"))) is not None]
+    terms = list(LOSS_TERMS) + sorted({k for r in records for k in r if k.endswith("_loss")} - set(LOSS_TERMS))
+    for term in terms:
+        curve = [(r["step"], v) for r in records if (v := _float(r.get(term))) is not None]
+        if curve:
+            run.loss_terms[term] = curve
     if run.loss_curve:
         run.final_loss = run.loss_curve[-1][1]
+    run.sparse_images_per_s, run.dense_images_per_s = _phase_rates(records, run.sparse_steps,
+                                                                   _resume_steps(run_dir))
     if not run.global_batch:
         return
     sparse_time = dense_time = 0.0
@@ -194,10 +256,36 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
         run.sparse_time_s, run.dense_time_s = sparse_time, dense_time
         run.time_s, run.timed_steps = sparse_time + dense_time, timed
         run.images_per_s = images / run.time_s
-        if sparse_time > 0:
-            run.sparse_images_per_s = sparse_images / sparse_time
-        if dense_time > 0:
-            run.dense_images_per_s = (images - sparse_images) / dense_time
+
+
+def _phase_rates(records: list[dict], sparse_steps: Optional[int], restarts: list[int]) -> tuple:
+    """(sparse, dense) median images/s over each phase's logged windows, leaving out the first window of a phase
+    and the first window after each restart (both include compilation and warm-up). None where nothing is left."""
+    rates: dict[str, list[float]] = {"sparse": [], "dense": []}
+    previous_phase, previous_end = None, 0
+    for record in records:
+        phase = record.get("phase")
+        if phase not in rates:  # older logs: the phase from the schedule
+            phase = "sparse" if sparse_steps and record["step"] < sparse_steps else "dense"
+        restarted = any(previous_end <= step <= record["step"] for step in restarts)
+        rate = _float(record.get("images_per_s"))
+        if phase == previous_phase and not restarted and rate and rate > 0 and math.isfinite(rate):
+            rates[phase].append(rate)
+        previous_phase, previous_end = phase, record["step"] + 1
+    return tuple(statistics.median(rates[p]) if rates[p] else None for p in ("sparse", "dense"))
+
+
+def _resume_steps(run_dir: Path) -> list[int]:
+    """Steps at which train.py resumed this run (its log says "resumed at step N")."""
+    path = run_dir / "log.txt"
+    if not path.is_file():
+        return []
+    steps = []
+    for line in path.read_text(errors="replace").splitlines():
+        match = _LOG_LINE.match(line)
+        if match and (resumed := _RESUMED.match(match.group("message"))):
+            steps.append(int(resumed.group(1)))
+    return steps
 
 
 def _last_log_event(run_dir: Path) -> Optional[tuple[str, str]]:
@@ -235,23 +323,39 @@ def _knn_top1(value) -> Optional[float]:
     return _float(value.get("top1")) if isinstance(value, dict) else _float(value)
 
 
-def _read_eval(run: RunSummary, run_dir: Path) -> None:
-    path = run_dir / "eval_linear.json"
+def read_eval_record(path: Path) -> EvalRecord:
+    """One result file of eval_linear.py; status says whether it was there and readable."""
+    record = EvalRecord(path=str(path))
     if not path.is_file():
-        return
+        return record
     try:
         result = json.loads(path.read_text())
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
-        run.top1, run.top5 = _float(result.get("top1")), _float(result.get("top5"))
-        run.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items() if (top1 := _knn_top1(v)) is not None}
+        record.top1, record.top5 = _float(result.get("top1")), _float(result.get("top5"))
+        record.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items()
+                      if (top1 := _knn_top1(v)) is not None}
     except (OSError, ValueError, TypeError, AttributeError) as e:
-        run.eval_status, run.eval_reason = UNREADABLE, _short(f"{path.name}: {e}", 80)
-        return
-    run.best_C, run.eval_seconds = _float(result.get("best_C")), _float(result.get("seconds"))
-    run.solver = str(result.get("solver", ""))
-    run.n_val = int(result["n_val"]) if isinstance(result.get("n_val"), int) else None
-    run.eval_status = COMPLETE
+        record.status, record.reason = UNREADABLE, _short(f"{path.name}: {e}", 80)
+        return record
+    record.best_C, record.seconds = _float(result.get("best_C")), _float(result.get("seconds"))
+    record.solver = str(result.get("solver", ""))
+    record.n_val = int(result["n_val"]) if isinstance(result.get("n_val"), int) else None
+    record.status = COMPLETE
+    return record
+
+
+def _read_eval(run: RunSummary, run_dir: Path) -> None:
+    own = read_eval_record(run_dir / "eval_linear.json")
+    run.eval_status, run.eval_reason = own.status, own.reason
+    run.top1, run.top5, run.knn, run.best_C = own.top1, own.top5, own.knn, own.best_C
+    run.solver, run.eval_seconds, run.n_val = own.solver, own.seconds, own.n_val
+    for key, names in BASELINE_FILES.items():
+        for name in names:
+            record = read_eval_record(run_dir / name)
+            if record.status == COMPLETE:
+                run.baselines[key] = record
+                break
 
 
 def read_run(run_dir: Path, name: Optional[str] = None) -> RunSummary:

@@ -2,47 +2,25 @@
 
 `make_table(run_dirs, out)` writes `table.md`, `table.csv`, `summary.json` and the plots. Every run given appears,
 whatever its state (complete, no eval, partial, failed, missing). Deltas and speed-ups are taken against the dense
-(sparse fraction 0) run of the same setting (architecture, patch, dataset, total steps); for the ViT-L/16 ImageNet
-setting the published numbers sit next to ours.
+(sparse fraction 0) run of the same setting (architecture, patch, dataset, total steps) and the same seed where
+there is one. Where a schedule ran with several seeds, a second table gives its mean and spread over seeds; the
+baselines (untrained network, raw pixels) follow the runs. For the ViT-L/16 ImageNet setting the published numbers
+sit next to ours, otherwise in a section of their own.
 """
 
-import csv
 import json
 import math
-from dataclasses import asdict, dataclass
+import statistics
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .run_logs import COMPLETE, KNN_SHOWN_K, RunSummary, find_run_dirs, read_run
+from . import published
+from .run_logs import COMPLETE, RunSummary, find_run_dirs, read_run
+from .table_format import markdown, write_csv
 
-# torchao's sparse-training README (DINOv2 ViT-L/16, ImageNet-1k, 125k steps, 4x A100): ImageNet-1k top-1 of the
-# linear probe. Note the "40%" row ran 40k of 125k steps 2:4-sparse (32%).
-PUBLISHED_SOURCE = "DINOv2 ViT-L/16 on ImageNet-1k, 125k steps (torchao sparse-training README)"
-PUBLISHED_TOTAL_STEPS = 125_000
-
-
-@dataclass(frozen=True)
-class PublishedRow:
-    label: str
-    fraction: float  # as the row is labelled
-    sparse_steps: int
-    top1: float
-
-    @property
-    def step_fraction(self) -> float:
-        return self.sparse_steps / PUBLISHED_TOTAL_STEPS
-
-
-PUBLISHED = (
-    PublishedRow("0% sparse (dense baseline)", 0.0, 0, 82.8),
-    PublishedRow("40% sparse", 0.4, 40_000, 82.9),
-    PublishedRow("60% sparse", 0.6, 75_000, 82.8),
-    PublishedRow("70% sparse", 0.7, 87_500, 82.7),
-    PublishedRow("80% sparse", 0.8, 100_000, 82.7),
-    PublishedRow("90% sparse", 0.9, 112_500, 82.0),
-    PublishedRow("100% sparse (2:4-sparse model)", 1.0, 125_000, 82.3),
-)
-PUBLISHED_DENSE_TOP1 = PUBLISHED[0].top1
+BASELINE_LABELS = {"random_init": "random-init network", "pixels": "raw pixels (logistic regression)"}
+ARCH_NAMES = {"vit_tiny": "ViT-Ti", "vit_small": "ViT-S", "vit_base": "ViT-B", "vit_large": "ViT-L"}
 
 
 def is_published_setting(run: RunSummary) -> bool:
@@ -50,13 +28,13 @@ def is_published_setting(run: RunSummary) -> bool:
     return run.arch == "vit_large" and run.patch_size == 16 and run.dataset == "imagenet_folder"
 
 
-def published_row_for(run: RunSummary) -> Optional[PublishedRow]:
+def published_row_for(run: RunSummary) -> Optional[published.PublishedRow]:
     """The published row with the same schedule: the same share of sparse steps, or the same label (the "40%" row
     ran 32%; a run with sparse_fraction 0.32 or 0.4 is compared with it)."""
     if not is_published_setting(run) or run.sparse_fraction is None:
         return None
     fraction = run.sparse_steps / run.total_steps if run.total_steps else run.sparse_fraction
-    for row in PUBLISHED:
+    for row in published.ROWS:
         if math.isclose(fraction, row.step_fraction, abs_tol=1e-6) or math.isclose(
                 run.sparse_fraction, row.fraction, abs_tol=1e-6):
             return row
@@ -71,6 +49,7 @@ class TableRow:
     schedule: str
     status: str
     sparse_fraction: Optional[float]
+    seed: Optional[int]
     sparse_steps: Optional[int]
     dense_steps: Optional[int]
     total_steps: Optional[int]
@@ -78,13 +57,14 @@ class TableRow:
     top1: Optional[float]
     top5: Optional[float]
     knn_top1: Optional[float]
-    delta_top1: Optional[float]  # pp vs the dense run of the same setting
+    knn_k: Optional[int]
+    delta_top1: Optional[float]  # pp vs the dense run of the same setting (and seed, where there is one)
     delta_knn_top1: Optional[float]
     time_s: Optional[float]
     sparse_time_s: Optional[float]
     dense_time_s: Optional[float]
-    images_per_s: Optional[float]
-    sparse_images_per_s: Optional[float]
+    images_per_s: Optional[float]  # all timed steps
+    sparse_images_per_s: Optional[float]  # median of the phase's windows, its first window left out
     dense_images_per_s: Optional[float]
     speedup: Optional[float]  # dense seconds per step / this run's seconds per step
     final_loss: Optional[float]
@@ -94,6 +74,42 @@ class TableRow:
     published_top1: Optional[float] = None
     published_delta_top1: Optional[float] = None
     published_schedule: str = ""
+    path: str = ""
+
+
+@dataclass
+class ScheduleMean:
+    """One schedule over its complete runs (seeds): mean and spread = half the range, (max - min) / 2."""
+
+    schedule: str
+    sparse_fraction: float
+    seeds: list
+    runs: list
+    top1: Optional[float]
+    top1_spread: Optional[float]  # None with fewer than two values
+    knn_top1: Optional[float]
+    knn_top1_spread: Optional[float]
+    delta_top1: Optional[float]  # mean minus the dense schedule's mean
+    delta_knn_top1: Optional[float]
+    sparse_images_per_s: Optional[float]
+    dense_images_per_s: Optional[float]
+    final_loss: Optional[float]
+    knn_k: Optional[int] = None
+
+
+@dataclass
+class BaselineRow:
+    """An evaluation that is not a schedule: the untrained network or raw pixels, on the runs' data."""
+
+    key: str  # random_init | pixels
+    label: str
+    run: str  # the run it was found in
+    top1: Optional[float]
+    top5: Optional[float]
+    knn_top1: Optional[float]
+    knn_k: Optional[int]
+    best_C: Optional[float]
+    knn: dict = field(default_factory=dict)
     path: str = ""
 
 
@@ -111,15 +127,28 @@ def _setting(run: RunSummary) -> tuple:
 
 
 def dense_references(runs: list[RunSummary]) -> dict[tuple, RunSummary]:
-    """Per setting, the dense run the others are compared with: fully trained, evaluated if any is."""
+    """Per (setting, seed) and per (setting, None) = lowest seed: the dense run the others are compared with, fully
+    trained, evaluated if any is."""
     references: dict[tuple, RunSummary] = {}
-    for run in runs:
+    ordered = sorted(runs, key=lambda r: (r.seed is None, r.seed or 0, r.name))
+    for run in ordered:
         if run.sparse_fraction != 0.0 or run.train_status != COMPLETE:
             continue
-        current = references.get(_setting(run))
-        if current is None or (current.top1 is None and run.top1 is not None):
-            references[_setting(run)] = run
+        for key in ((_setting(run), run.seed), (_setting(run), None)):
+            current = references.get(key)
+            if current is None or (current.top1 is None and run.top1 is not None):
+                references[key] = run
     return references
+
+
+def setting_label(runs: list[RunSummary]) -> str:
+    """"ViT-S/4, cifar10, 9,700 steps" when every run read has the same setting, else ""."""
+    settings = {(r.arch, r.patch_size, r.dataset, r.data_root, r.total_steps) for r in runs if r.arch}
+    if len(settings) != 1:
+        return ""
+    arch, patch, dataset, root, steps = settings.pop()
+    data = "digits" if dataset == "digits" else Path(root.rstrip("/")).name or dataset
+    return f"{ARCH_NAMES.get(arch, arch)}/{patch}, {data}, {steps:,} steps"
 
 
 def _difference(value: Optional[float], reference: Optional[float]) -> Optional[float]:
@@ -130,124 +159,111 @@ def build_rows(runs: list[RunSummary]) -> list[TableRow]:
     references = dense_references(runs)
     rows = []
     for run in runs:
-        dense = references.get(_setting(run))
+        dense = references.get((_setting(run), run.seed)) or references.get((_setting(run), None))
         dense_rate = dense.seconds_per_step if dense else None
         speedup = dense_rate / run.seconds_per_step if dense_rate and run.seconds_per_step else None
-        published = published_row_for(run)
+        pub = published_row_for(run)
         rows.append(TableRow(
             run=run.name, schedule=schedule_label(run.sparse_fraction), status=run.status,
-            sparse_fraction=run.sparse_fraction, sparse_steps=run.sparse_steps, dense_steps=run.dense_steps,
-            total_steps=run.total_steps, steps_done=run.steps_done, top1=run.top1, top5=run.top5,
-            knn_top1=run.knn_top1, delta_top1=_difference(run.top1, dense.top1 if dense else None),
+            sparse_fraction=run.sparse_fraction, seed=run.seed, sparse_steps=run.sparse_steps,
+            dense_steps=run.dense_steps, total_steps=run.total_steps, steps_done=run.steps_done, top1=run.top1,
+            top5=run.top5, knn_top1=run.knn_top1, knn_k=run.knn_k,
+            delta_top1=_difference(run.top1, dense.top1 if dense else None),
             delta_knn_top1=_difference(run.knn_top1, dense.knn_top1 if dense else None),
             time_s=run.time_s, sparse_time_s=run.sparse_time_s, dense_time_s=run.dense_time_s,
             images_per_s=run.images_per_s, sparse_images_per_s=run.sparse_images_per_s,
             dense_images_per_s=run.dense_images_per_s, speedup=speedup, final_loss=run.final_loss, best_C=run.best_C,
             eval_seconds=run.eval_seconds, knn=dict(sorted(run.knn.items())),
-            published_top1=published.top1 if published else None,
-            published_delta_top1=published.top1 - PUBLISHED_DENSE_TOP1 if published else None,
-            published_schedule=f"{published.label}: {published.sparse_steps:,} of {PUBLISHED_TOTAL_STEPS:,} steps "
-                               "sparse" if published else "",
+            published_top1=pub.top1 if pub else None, published_delta_top1=pub.delta_top1 if pub else None,
+            published_schedule=f"{pub.label}: {pub.sparse_steps:,} of {published.TOTAL_STEPS:,} steps sparse"
+                               if pub else "",
             path=run.path,
         ))
-    return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0, r.run))
+    return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0, r.seed or 0, r.run))
 
 
-# ------------------------------------------------------------------------------------------------ formatting
-def _steps(n: Optional[int]) -> str:
-    if n is None:
-        return "–"
-    return f"{n / 1000:g}k" if n >= 10_000 and n % 100 == 0 else str(n)
+def mean_and_half_range(values: list) -> tuple[Optional[float], Optional[float]]:
+    """(mean, (max - min) / 2) of the values that are not None; the half range needs two values."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (max(values) - min(values)) / 2 if len(values) > 1 else None
 
 
-def _duration(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "–"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
-    return f"{seconds / 3600:.1f} h"
+def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
+    """Per sparse fraction, over its complete runs (one per seed)."""
+    groups: dict[float, list[TableRow]] = {}
+    for row in rows:
+        if row.status == COMPLETE and row.sparse_fraction is not None:
+            groups.setdefault(row.sparse_fraction, []).append(row)
+    means = []
+    for fraction, group in sorted(groups.items()):
+        top1, top1_spread = mean_and_half_range([r.top1 for r in group])
+        knn, knn_spread = mean_and_half_range([r.knn_top1 for r in group])
+        ks = {r.knn_k for r in group if r.knn_k is not None}
+        means.append(ScheduleMean(
+            schedule=schedule_label(fraction), sparse_fraction=fraction, seeds=[r.seed for r in group],
+            runs=[r.run for r in group], top1=top1, top1_spread=top1_spread, knn_top1=knn, knn_top1_spread=knn_spread,
+            delta_top1=None, delta_knn_top1=None,
+            sparse_images_per_s=mean_and_half_range([r.sparse_images_per_s for r in group])[0],
+            dense_images_per_s=mean_and_half_range([r.dense_images_per_s for r in group])[0],
+            final_loss=mean_and_half_range([r.final_loss for r in group])[0],
+            knn_k=ks.pop() if len(ks) == 1 else None))
+    dense = next((m for m in means if m.sparse_fraction == 0.0), None)
+    for m in means:
+        m.delta_top1 = _difference(m.top1, dense.top1 if dense else None)
+        m.delta_knn_top1 = _difference(m.knn_top1, dense.knn_top1 if dense else None)
+    return means
 
 
-def _number(value: Optional[float], fmt: str, suffix: str = "") -> str:
-    return "–" if value is None else format(value, fmt) + suffix
+def baseline_rows(runs: list[RunSummary]) -> list[BaselineRow]:
+    """Each baseline once, from the dense lowest-seed run if it has it, else from the first run that does."""
+    preferred = sorted(runs, key=lambda r: (r.sparse_fraction != 0.0, r.seed is None, r.seed or 0, r.name))
+    rows = []
+    for key, label in BASELINE_LABELS.items():
+        found = next(((run, run.baselines[key]) for run in preferred if key in run.baselines), None)
+        if found:
+            run, record = found
+            rows.append(BaselineRow(key=key, label=label, run=run.name, top1=record.top1, top5=record.top5,
+                                    knn_top1=record.knn_top1, knn_k=record.knn_k, best_C=record.best_C,
+                                    knn=dict(sorted(record.knn.items())), path=record.path))
+    return rows
 
 
-def markdown(rows: list[TableRow], notes: list[str]) -> str:
-    with_published = any(r.published_top1 is not None for r in rows)
-    header = ["Schedule", "Sparse → dense steps", "Top-1 (%)", "Δ top-1 (pp)", f"k-NN top-1 (%, k={KNN_SHOWN_K})",
-              "Training time (sparse + dense)", "Speed-up", "Status"]
-    if with_published:
-        header[4:4] = ["Published top-1 (%)", "Published Δ (pp)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for r in rows:
-        time = _duration(r.time_s)
-        if r.sparse_time_s and r.dense_time_s:  # both phases ran: show the split
-            time += f" ({_duration(r.sparse_time_s)} + {_duration(r.dense_time_s)})"
-        cells = [r.schedule, f"{_steps(r.sparse_steps)} → {_steps(r.dense_steps)}", _number(r.top1, ".1f"),
-                 _number(r.delta_top1, "+.1f"), _number(r.knn_top1, ".1f"), time, _number(r.speedup, ".2f", "×"),
-                 r.status]
-        if with_published:
-            cells[4:4] = [_number(r.published_top1, ".1f"), _number(r.published_delta_top1, "+.1f")]
-        lines.append("| " + " | ".join(cells) + " |")
-    details = ["| Run | Steps done | Final loss | Images/s (sparse / dense phase) | Top-5 (%) | k-NN top-1 by k | "
-               "Probe C | Eval time |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        knn = ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–"
-        details.append(f"| {r.run} | {r.steps_done} of {_steps(r.total_steps)} | {_number(r.final_loss, '.3f')} | "
-                       f"{_number(r.images_per_s, '.1f')} ({_number(r.sparse_images_per_s, '.1f')} / "
-                       f"{_number(r.dense_images_per_s, '.1f')}) | {_number(r.top5, '.1f')} | {knn} | "
-                       f"{_number(r.best_C, '.3g')} | {_duration(r.eval_seconds)} |")
-    text = "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n## Runs\n\n" + "\n".join(details)
-    if not with_published:
-        text += "\n\n" + published_markdown()
-    return text + "\n"
-
-
-def published_markdown() -> str:
-    lines = [f"## Published reference, a different setting: {PUBLISHED_SOURCE}", "",
-             "| Schedule | Sparse → dense steps | Top-1 (%) | Δ top-1 (pp) |", "|---|---|---|---|"]
-    for row in PUBLISHED:
-        dense_steps = PUBLISHED_TOTAL_STEPS - row.sparse_steps
-        lines.append(f"| {row.label} | {_steps(row.sparse_steps)} → {_steps(dense_steps)} | {row.top1:.1f} | "
-                     f"{row.top1 - PUBLISHED_DENSE_TOP1:+.1f} |")
-    return "\n".join(lines)
-
-
-CSV_FIELDS = ["run", "schedule", "status", "sparse_fraction", "sparse_steps", "dense_steps", "total_steps",
-              "steps_done", "top1", "top5", "delta_top1", "knn_top1", "delta_knn_top1", "time_s", "sparse_time_s",
-              "dense_time_s", "images_per_s", "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss",
-              "best_C", "eval_seconds", "published_top1", "published_delta_top1", "published_schedule", "path"]
-
-
-def write_csv(rows: list[TableRow], path: Path, knn_ks: list[int]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_FIELDS + [f"knn_top1_k{k}" for k in knn_ks])
-        for r in rows:
-            values = [getattr(r, name) for name in CSV_FIELDS] + [r.knn.get(k) for k in knn_ks]
-            writer.writerow("" if v is None else round(v, 4) if isinstance(v, float) else v for v in values)
-
-
-def table_notes(runs: list[RunSummary], rows: list[TableRow]) -> list[str]:
-    notes = [f"Top-1: linear probe on frozen teacher features (eval_linear.py); k-NN: cosine, T=0.07, k={KNN_SHOWN_K}."
-             " Δ and speed-up: against the dense (0% sparse) run of the same setting.",
-             "Training time: summed step time from metrics.jsonl (images/s per logged window), without start-up "
-             "and evaluation; speed-up = dense seconds per step / this run's seconds per step."]
-    if not dense_references(runs):
+def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[ScheduleMean]) -> list[str]:
+    notes = ["Top-1: linear probe on frozen teacher features (eval_linear.py); k-NN: cosine, T=0.07. Δ and speed-up: "
+             "against the dense (0% sparse) run of the same setting and seed (the lowest seed's where that seed has "
+             "no dense run).",
+             "Images/s per phase: median over the phase's logged windows, leaving out its first window (and the "
+             "first after a resume), which hold compilation and warm-up. Training time: summed step time from "
+             "metrics.jsonl, all windows, without start-up and evaluation; speed-up = dense seconds per step / this "
+             "run's seconds per step."]
+    if not any(r.sparse_fraction == 0.0 and r.train_status == COMPLETE for r in runs):
         notes.append("No complete dense (0% sparse) run among these runs: Δ and speed-up are left blank.")
     if any(r.published_top1 is not None for r in rows):
-        notes.append(f"Published: {PUBLISHED_SOURCE}. Its \"40% sparse\" row ran 40k of 125k steps sparse (32%); "
+        notes.append(f"Published: {published.SOURCE}. Its \"40% sparse\" row ran 40k of 125k steps sparse (32%); "
                      "runs with sparse_fraction 0.4 (50k steps) or 0.32 are both compared with it.")
+    seeded = [m for m in means if len(m.runs) > 1]
     sizes = sorted({r.n_val for r in runs if r.n_val})
     if len(sizes) == 1:  # how much one image moves top-1: the scale for reading small deltas
-        notes.append(f"Validation split: {sizes[0]} images, so one image is {100.0 / sizes[0]:.2f} pp of top-1; "
-                     "one seed per schedule.")
+        notes.append(f"Validation split: {sizes[0]} images, so one image is {100.0 / sizes[0]:.2f} pp of top-1"
+                     + ("." if seeded else "; one seed per schedule."))
+    if seeded:
+        parts = [f"{m.schedule.split(' (')[0]} (seeds {', '.join(map(str, m.seeds))}): linear "
+                 f"{_pp(m.top1_spread)}, k-NN {_pp(m.knn_top1_spread)}" for m in seeded]
+        worst = [2 * s for m in seeded for s in (m.top1_spread, m.knn_top1_spread) if s is not None]
+        noise = f"seeds differ by up to {max(worst):.2f} pp, so differences between schedules below that are " \
+                "within seed noise" if worst else "no evaluated pair of seeds yet"
+        notes.append("Seed noise, ± = half the range over seeds, (max − min) / 2: " + "; ".join(parts)
+                     + f". The {noise}. Schedules with one seed have no spread of their own.")
     incomplete = [r.run for r in rows if r.status != COMPLETE]
     if incomplete:
         notes.append("Not complete (see Status): " + ", ".join(incomplete) + ".")
     return notes
+
+
+def _pp(value: Optional[float]) -> str:
+    return "–" if value is None else f"±{value:.2f} pp"
 
 
 def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = ()) -> list[Path]:
@@ -255,23 +271,27 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     plots into `out`; returns the paths written. `extra_notes` are added to the table's notes."""
     runs = [read_run(path) for path in find_run_dirs(run_paths)]
     rows = build_rows(runs)
-    notes = table_notes(runs, rows) + list(extra_notes)
-    knn_ks = sorted({k for r in rows for k in r.knn})
+    means = schedule_means(rows)
+    shown_means = means if any(len(m.runs) > 1 for m in means) else []  # one seed each: the rows say it all
+    baselines = baseline_rows(runs)
+    notes = table_notes(runs, rows, means) + list(extra_notes)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "table.md", out / "table.csv", out / "summary.json", out / "top1_vs_sparsity.png",
              out / "loss_curves.png"]
-    paths[0].write_text("# Sparse-then-dense schedules\n\n" + markdown(rows, notes))
-    write_csv(rows, paths[1], knn_ks)
-    summary = {"rows": [asdict(r) for r in rows], "notes": notes,
-               "published": {"source": PUBLISHED_SOURCE, "total_steps": PUBLISHED_TOTAL_STEPS,
-                             "rows": [asdict(p) for p in PUBLISHED]}}
+    paths[0].write_text("# Sparse-then-dense schedules\n\n" + markdown(rows, shown_means, baselines, notes))
+    write_csv(rows, shown_means, baselines, paths[1])
+    summary = {"rows": [asdict(r) for r in rows], "schedule_means": [asdict(m) for m in shown_means],
+               "baselines": [asdict(b) for b in baselines], "notes": notes,
+               "published": {"source": published.SOURCE, "total_steps": published.TOTAL_STEPS,
+                             "rows": [asdict(p) for p in published.ROWS]}}
     paths[2].write_text(json.dumps(summary, indent=2) + "\n")
     if not plots:
         return paths[:3]
     from .plots import plot_accuracy, plot_losses  # matplotlib only when plotting
 
-    plot_accuracy(rows, paths[3])
-    by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0, r.name))
+    plot_accuracy(rows, paths[3], baselines=baselines, setting=setting_label(runs))
+    by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0, r.seed or 0,
+                                              r.name))
     plot_losses([r for r in by_fraction if r.loss_curve], paths[4])
     return paths

@@ -26,18 +26,21 @@ def eval_result(top1: float, knn20: Optional[float] = None) -> dict:
 def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int] = None, finished: bool = True,
              result="default", log_tail: Optional[str] = None, vitl: bool = False, log_period: int = 5,
              sparse_images_per_s: float = 64.0, dense_images_per_s: float = 32.0, world_size: Optional[int] = None,
-             top1: float = 90.0) -> Path:
+             top1: float = 90.0, knn20: Optional[float] = None, seed: int = 0,
+             baselines: Optional[dict] = None) -> Path:
     """A run of the embedded default (300 steps, batch 32) or of the ViT-L recipe (125k steps, batch 64).
 
     Throughput is constant per phase, so a phase's time is exact: steps * batch / images_per_s.
-    `result`: "default" -> an eval_linear.json with `top1`; None -> no eval; a str other than "default" -> written
-    as the file's raw text; a dict -> written as JSON. `log_tail`: a last log line (e.g. an ERROR)."""
+    `result`: "default" -> an eval_linear.json with `top1` (and `knn20`); None -> no eval; a str other than
+    "default" -> written as the file's raw text; a dict -> written as JSON. `log_tail`: a last log line (e.g. an
+    ERROR). `baselines`: {file name: result dict}, e.g. {"eval_linear_pixels.json": eval_result(40.0)}."""
     run = Path(root) / name
     run.mkdir(parents=True)
+    overrides = [f"sparsity.sparse_fraction={fraction}", f"train.seed={seed}"]
     if vitl:
-        cfg = load_config(VITL_CONFIG, ["data.root=/datasets/imagenet", f"sparsity.sparse_fraction={fraction}"])
+        cfg = load_config(VITL_CONFIG, ["data.root=/datasets/imagenet", *overrides])
     else:
-        cfg = load_config(DEFAULT_CONFIG, [f"sparsity.sparse_fraction={fraction}"])
+        cfg = load_config(DEFAULT_CONFIG, overrides)
     (run / "config.yaml").write_text(to_yaml(cfg))
     total, sparse = cfg.total_steps, cfg.sparse_steps
     steps_done = total if steps_done is None else steps_done
@@ -45,8 +48,10 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
     for end in range(log_period, steps_done + 1, log_period):
         phase = "sparse" if end - 1 < sparse else "dense"
         rate = sparse_images_per_s if phase == "sparse" else dense_images_per_s
-        lines.append(json.dumps({"step": end - 1, "phase": phase, "loss": 11.0 - 3.0 * end / total, "lr": 1e-3,
-                                 "images_per_s": rate}))
+        loss = 11.0 - 3.0 * end / total
+        lines.append(json.dumps({"step": end - 1, "phase": phase, "loss": loss, "dino_local_crops_loss": 0.6 * loss,
+                                 "dino_global_crops_loss": 0.2 * loss, "koleo_loss": -0.01 * end / total,
+                                 "ibot_loss": 0.2 * loss, "lr": 1e-3, "images_per_s": rate}))
     (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
     log = [f"{LOG_TIME} INFO models.training.sparse_schedule: step 0: 24 linears now 2:4-sparse"]
     if log_tail:
@@ -58,8 +63,10 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
         torch.save(state, run / "checkpoints" / f"step_{max(steps_done - 1, 0):08d}.pt")
     if finished and steps_done >= total:
         (run / "teacher_backbone.pth").write_bytes(b"weights")
+    for file_name, record in (baselines or {}).items():
+        (run / file_name).write_text(json.dumps(record))
     if result == "default":
-        result = eval_result(top1)
+        result = eval_result(top1, knn20)
     if isinstance(result, dict):
         (run / "eval_linear.json").write_text(json.dumps(result))
     elif isinstance(result, str):

@@ -1,0 +1,154 @@
+"""Markdown and CSV of the result table (table.py builds the rows; this module only formats them).
+
+The rows are duck-typed (table.TableRow, ScheduleMean, BaselineRow), so this module imports nothing from table.py.
+"""
+
+import csv
+from pathlib import Path
+from typing import Optional
+
+from . import published
+from .run_logs import KNN_SHOWN_K
+
+
+def _steps(n: Optional[int]) -> str:
+    if n is None:
+        return "–"
+    return f"{n / 1000:g}k" if n >= 10_000 and n % 100 == 0 else str(n)
+
+
+def _duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "–"
+    seconds = round(seconds)  # whole seconds first: 59.7 s must not print as "0 min 60 s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _number(value: Optional[float], fmt: str, suffix: str = "") -> str:
+    return "–" if value is None else format(value, fmt) + suffix
+
+
+def _with_spread(value: Optional[float], spread: Optional[float], fmt: str) -> str:
+    return _number(value, fmt) + (f" ± {spread:.2f}" if spread is not None and value is not None else "")
+
+
+def _rate(value: Optional[float]) -> str:
+    return _number(value, ",.0f" if value is not None and value >= 100 else ".1f")
+
+
+def _knn_header(items) -> tuple[str, bool]:
+    """The k-NN column header, and whether cells must name their k (the rows were evaluated at different k)."""
+    ks = {item.knn_k for item in items if item.knn_k is not None}
+    if len(ks) > 1:
+        return "k-NN top-1 (%)", True
+    return f"k-NN top-1 (%, k={ks.pop() if ks else KNN_SHOWN_K})", False
+
+
+def _knn_cell(item, value: str, name_k: bool) -> str:
+    return f"{value} (k={item.knn_k})" if name_k and item.knn_k is not None else value
+
+
+def markdown(rows, means, baselines, notes: list[str]) -> str:
+    with_published = any(r.published_top1 is not None for r in rows)
+    knn_header, name_k = _knn_header([*rows, *means, *baselines])
+    header = ["Schedule", "Seed", "Sparse → dense steps", "Linear top-1 (%)", "Δ top-1 (pp)", knn_header,
+              "Images/s, sparse phase", "Images/s, dense phase", "Final loss", "Training time (sparse + dense)",
+              "Speed-up", "Status"]
+    if with_published:
+        header[5:5] = ["Published top-1 (%)", "Published Δ (pp)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        time = _duration(r.time_s)
+        if r.sparse_time_s and r.dense_time_s:  # both phases ran: show the split
+            time += f" ({_duration(r.sparse_time_s)} + {_duration(r.dense_time_s)})"
+        cells = [r.schedule, "–" if r.seed is None else str(r.seed), f"{_steps(r.sparse_steps)} → "
+                 f"{_steps(r.dense_steps)}", _number(r.top1, ".1f"), _number(r.delta_top1, "+.1f"),
+                 _knn_cell(r, _number(r.knn_top1, ".1f"), name_k), _rate(r.sparse_images_per_s),
+                 _rate(r.dense_images_per_s), _number(r.final_loss, ".3f"), time, _number(r.speedup, ".2f", "×"),
+                 r.status]
+        if with_published:
+            cells[5:5] = [_number(r.published_top1, ".1f"), _number(r.published_delta_top1, "+.1f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    for b in baselines:  # not schedules: only their accuracies apply
+        cells = [f"*{b.label}*", "–", "–", _number(b.top1, ".1f"), "–", _knn_cell(b, _number(b.knn_top1, ".1f"),
+                                                                                   name_k)]
+        cells += ["–"] * (len(header) - len(cells) - 1) + [f"baseline, evaluated in {b.run}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n\n"
+    if means:
+        text += means_markdown(means, knn_header, name_k) + "\n\n"
+    text += "\n".join(f"- {n}" for n in notes) + "\n\n## Runs\n\n" + details_markdown(rows)
+    if not with_published:
+        text += "\n\n" + published_markdown()
+    return text + "\n"
+
+
+def means_markdown(means, knn_header: str, name_k: bool) -> str:
+    lines = ["## Per schedule, over seeds (mean ± half the range)", "",
+             f"| Schedule | Seeds | Linear top-1 (%) | Δ top-1 (pp) | {knn_header} | Δ k-NN (pp) | "
+             "Images/s, sparse phase | Images/s, dense phase | Final loss |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in means:
+        lines.append(f"| {m.schedule} | {', '.join('–' if s is None else str(s) for s in m.seeds)} | "
+                     f"{_with_spread(m.top1, m.top1_spread, '.2f')} | {_number(m.delta_top1, '+.2f')} | "
+                     f"{_knn_cell(m, _with_spread(m.knn_top1, m.knn_top1_spread, '.2f'), name_k)} | "
+                     f"{_number(m.delta_knn_top1, '+.2f')} | {_rate(m.sparse_images_per_s)} | "
+                     f"{_rate(m.dense_images_per_s)} | {_number(m.final_loss, '.3f')} |")
+    return "\n".join(lines)
+
+
+def details_markdown(rows) -> str:
+    lines = ["| Run | Steps done | Images/s, all steps | Top-5 (%) | k-NN top-1 by k | Probe C | Eval time |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        knn = ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–"
+        lines.append(f"| {r.run} | {r.steps_done} of {_steps(r.total_steps)} | {_rate(r.images_per_s)} | "
+                     f"{_number(r.top5, '.1f')} | {knn} | {_number(r.best_C, '.3g')} | {_duration(r.eval_seconds)} |")
+    return "\n".join(lines)
+
+
+def published_markdown() -> str:
+    lines = [f"## Published reference, a different setting: {published.SOURCE}", "",
+             "| Schedule | Sparse → dense steps | Top-1 (%) | Δ top-1 (pp) |", "|---|---|---|---|"]
+    for row in published.ROWS:
+        dense_steps = published.TOTAL_STEPS - row.sparse_steps
+        lines.append(f"| {row.label} | {_steps(row.sparse_steps)} → {_steps(dense_steps)} | {row.top1:.1f} | "
+                     f"{row.delta_top1:+.1f} |")
+    return "\n".join(lines)
+
+
+# kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels)
+CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "sparse_steps", "dense_steps",
+              "total_steps", "steps_done", "top1", "top1_spread", "top5", "delta_top1", "knn_top1", "knn_k",
+              "knn_top1_spread", "delta_knn_top1", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
+              "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss", "best_C", "eval_seconds",
+              "published_top1", "published_delta_top1", "published_schedule", "path"]
+
+
+def write_csv(rows, means, baselines, path: Path) -> None:
+    """One line per run, then per schedule mean (spread: half the range over seeds), then per baseline."""
+    knn_ks = sorted({k for item in [*rows, *baselines] for k in item.knn})
+    lines = []
+    for r in rows:
+        lines.append({**vars(r), "kind": "run", **{f"knn_top1_k{k}": r.knn.get(k) for k in knn_ks}})
+    for m in means:
+        lines.append({**vars(m), "kind": "schedule mean", "run": ", ".join(m.runs), "status": "",
+                      "seed": " ".join("–" if s is None else str(s) for s in m.seeds)})
+    for b in baselines:
+        lines.append({**vars(b), "kind": "baseline", "schedule": b.label, "status": f"baseline from {b.run}",
+                      "run": f"{b.key} ({b.run})", **{f"knn_top1_k{k}": b.knn.get(k) for k in knn_ks}})
+    fields = CSV_FIELDS + [f"knn_top1_k{k}" for k in knn_ks]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for line in lines:
+            writer.writerow({name: _csv_value(line.get(name)) for name in fields})
+
+
+def _csv_value(value):
+    if value is None:
+        return ""
+    return round(value, 4) if isinstance(value, float) else value
