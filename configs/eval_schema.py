@@ -2,7 +2,8 @@
 
 Defaults are the reference dinov2 protocol (`eval/log_regression.py`, `eval/knn.py`). Values come from these
 defaults <- an optional YAML file <- `key=value` overrides; an unknown key or a wrong type is an error (`load.py`).
-The run's own `config.yaml` supplies the model, the crop size and the dataset; `data.root` can redirect the dataset.
+The run's own `config.yaml` supplies the model, the crop size and the dataset; `data.dataset` / `data.root` can
+evaluate on another one.
 """
 
 from dataclasses import dataclass, field
@@ -11,9 +12,18 @@ from typing import List
 from .fields import check_fields, value
 
 
+# the torch solver's arithmetic (models/evaluation/logreg.py PRECISIONS): auto = float64 on CPU and for small
+# problems, float32_3xtf32 (fp32 accuracy on TF32 tensor cores) for large GPU problems; float32 = IEEE fp32 GEMMs
+PRECISIONS = ("auto", "float64", "float32", "float32_3xtf32")
+
+
 @dataclass
 class EvalDataConfig:
-    root: str = ""  # "" -> the run's data.root (imagenet_folder: root/<split>/<class>/*); ignored for digits
+    # "" -> the run's data.dataset; imagenet_folder (any root/<split>/<class>/* tree, e.g. CIFAR as PNGs) or digits
+    dataset: str = value("", choices=("", "imagenet_folder", "digits"))
+    # "" -> the run's data.root when the dataset is the run's (imagenet_folder: root/<split>/<class>/*); an error for
+    # digits, which has no root
+    root: str = ""
     train_split: str = "train"  # features the probe and the k-NN index are fitted on
     val_split: str = "val"  # the reported split
 
@@ -43,6 +53,7 @@ class LinearConfig:
     # stop when max |gradient| of the mean-scaled objective falls below this (both solvers)
     tol: float = value(1.0e-6, gt=0)
     history_size: int = value(10, ge=1)  # torch L-BFGS memory (scipy's default maxcor, which sklearn's lbfgs uses)
+    precision: str = value("auto", choices=PRECISIONS)  # float32* need solver=torch (or auto, which then picks it)
 
 
 @dataclass
@@ -57,9 +68,12 @@ class EvalConfig:
     mode: str = value("both", choices=("linear", "knn", "both"))
     solver: str = value("auto", choices=("sklearn", "torch", "auto"))  # auto: torch on a GPU, else sklearn
     device: str = value("auto", choices=("auto", "cpu", "cuda"))
-    checkpoint: str = ""  # "" -> <run>/teacher_backbone.pth (the final teacher); "random": untrained baseline
+    # "" -> <run>/teacher_backbone.pth (the final teacher); baselines: "random" (the untrained backbone), "pixels"
+    # (the eval transform's normalised pixels, flattened: 3 * crop * crop features, no model)
+    checkpoint: str = ""
     # "" -> <run>/eval_linear.json for the final teacher's probe; other evaluations get names of their own
-    # (eval_knn*.json for mode=knn, *_random_init.json, *_step_XXXXXXXX.json: evaluate.default_output_name)
+    # (eval_knn*.json for mode=knn, *_random_init.json, *_pixels.json, *_step_XXXXXXXX.json:
+    # evaluate.default_output_name)
     output: str = ""
     index: str = ""  # results index (one JSON line per evaluation); "" -> <run>/../eval_index.jsonl; "none" = off
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
@@ -75,6 +89,9 @@ def validate_eval(cfg: EvalConfig) -> None:
     problem = check_fields(cfg)
     if problem:
         raise ConfigError(problem)
+    if cfg.solver == "sklearn" and cfg.linear.precision not in ("auto", "float64"):
+        raise ConfigError(f"linear.precision={cfg.linear.precision} needs solver=torch (or auto): sklearn solves in "
+                          "float64")
     if cfg.linear.c_min_power > cfg.linear.c_max_power:
         raise ConfigError(f"linear.c_min_power={cfg.linear.c_min_power} must be <= linear.c_max_power="
                           f"{cfg.linear.c_max_power}")

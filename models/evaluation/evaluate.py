@@ -5,7 +5,6 @@ dataset) and the teacher checkpoint, extracts (or reuses cached) train/val featu
 as `eval_cfg.mode` says, writes `<run>/eval_linear.json` atomically and appends one line to the results index.
 """
 
-import dataclasses
 import functools
 import json
 import logging
@@ -18,8 +17,8 @@ import torch
 
 from models.safe_io import atomic_write_text
 
-from .features import (EvalInputError, Features, cache_key, dataset_settings, extract, load_cached, load_teacher,
-                       save_cached, transform_settings, weights_digest)
+from .features import (EvalInputError, Features, PixelFeatures, cache_key, dataset_settings, extract, load_cached,
+                       load_teacher, resolve_data, save_cached, transform_settings, weights_digest)
 from .knn import knn_classify
 from .logreg import build_solver, c_grid
 from .probe import run_probe
@@ -28,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 RESULT_FORMAT = 1
 RANDOM_INIT = "random"  # checkpoint=random: the untrained backbone, the baseline a run must beat
+PIXELS = "pixels"  # checkpoint=pixels: the eval transform's normalised pixels, no model (features.PixelFeatures)
+BASELINES = {RANDOM_INIT: "_random_init", PIXELS: "_pixels"}  # checkpoint value -> output / cache name suffix
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
@@ -76,19 +77,27 @@ def _cached_or_extracted(path: Path, key: str, dataset, teacher, eval_cfg, devic
     return feats
 
 
-def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[Path], device: torch.device) -> dict:
-    """Train and val features of the run's teacher (`checkpoint` None: its random initialisation) and what they
-    were computed from. Cached per split under `<run>/eval/`; the model is built only on a cache miss."""
+def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[Path], device: torch.device,
+                         pixels: bool = False) -> dict:
+    """Train and val features of the run's teacher (`checkpoint` None: its random initialisation; `pixels`: the
+    normalised pixels, no model) and what they were computed from, on the run's dataset or the one `eval_cfg.data`
+    names. Cached per split under `<run>/eval/`; the model is built only on a cache miss."""
     from data import build_dataset, make_eval_transform
 
-    digest = weights_digest(run_cfg, checkpoint)
-    data_cfg = dataclasses.replace(run_cfg.data, root=eval_cfg.data.root or run_cfg.data.root)
+    digest = PIXELS if pixels else weights_digest(run_cfg, checkpoint)
+    data_cfg = resolve_data(run_cfg, eval_cfg.data)
     tsettings = transform_settings(run_cfg, eval_cfg.features)
     transform = make_eval_transform(tsettings["resize"], tsettings["crop"])
-    amp = AMP_DTYPES[eval_cfg.features.amp_dtype] if device.type == "cuda" else None
+    amp = AMP_DTYPES[eval_cfg.features.amp_dtype] if device.type == "cuda" and not pixels else None
     precision = f"{device.type}-{eval_cfg.features.amp_dtype if amp is not None else 'fp32'}"
-    teacher = functools.cache(lambda: load_teacher(run_cfg, checkpoint))  # (backbone, step), built at most once
-    out = {"checkpoint_sha256": digest, "transform": tsettings, "precision": precision}
+    if pixels:
+        teacher = functools.cache(lambda: (PixelFeatures(), None))
+    else:  # (backbone, step), built at most once
+        teacher = functools.cache(lambda: load_teacher(run_cfg, checkpoint))
+    suffix = BASELINES[PIXELS] if pixels else BASELINES[RANDOM_INIT] if checkpoint is None else ""
+    out = {"checkpoint_sha256": digest, "transform": tsettings, "precision": precision,
+           "dataset": {"name": data_cfg.dataset, "root": dataset_settings(data_cfg, "").get("root", "")}}
+    out["dataset"]["from"] = "eval" if eval_cfg.data.dataset or eval_cfg.data.root else "run"
     splits = {"train": eval_cfg.data.train_split, "val": eval_cfg.data.val_split}
     datasets = {role: build_dataset(data_cfg, split=split, transform=transform, split_key=f"data.{role}_split")
                 for role, split in splits.items()}
@@ -99,9 +108,10 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
     for role, split in splits.items():
         dsettings = {**dataset_settings(data_cfg, split), "n_images": len(datasets[role]), "classes": classes[role]}
         key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision)
-        path = run_dir / "eval" / f"features_{split}{'_random_init' if checkpoint is None else ''}.pt"
+        path = run_dir / "eval" / f"features_{split}{suffix}.pt"
         out[role] = _cached_or_extracted(path, key, datasets[role], teacher, eval_cfg, device, amp, split)
-        out[f"{role}_dataset"] = {k: v for k, v in dsettings.items() if k != "classes"}
+        out[f"{role}_dataset"] = {"root": out["dataset"]["root"],
+                                  **{k: v for k, v in dsettings.items() if k != "classes"}}
     out["checkpoint_step"] = out["train"].step
     out["n_classes"] = len(classes["train"]) or int(max(out["train"].y.max(), out["val"].y.max())) + 1
     return out
@@ -109,7 +119,7 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
 
 def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, device: torch.device) -> dict:
     lin = eval_cfg.linear
-    solver = build_solver(eval_cfg.solver, lin.max_iter, lin.tol, lin.history_size)
+    solver = build_solver(eval_cfg.solver, lin.max_iter, lin.tol, lin.history_size, lin.precision)
     probe_device = device if solver.name == "torch" else torch.device("cpu")
     Cs = c_grid(lin.c_min_power, lin.c_max_power, lin.n_c)
     result = run_probe(solver, train.x.to(probe_device), train.y.to(probe_device), val.x.to(probe_device),
@@ -117,7 +127,7 @@ def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, devic
                        seed=lin.seed)
     return {"top1": result.top1, "top5": result.top5, "best_C": result.best_C, "C_curve": result.C_curve,
             "final_loss": result.final.loss, "final_n_iter": result.final.n_iter, "solver": solver.name,
-            "linear_seconds": round(result.seconds, 3)}
+            "linear_precision": result.final.precision, "linear_seconds": round(result.seconds, 3)}
 
 
 def evaluate_run(run_dir: Path, eval_cfg) -> dict:
@@ -127,16 +137,16 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     start = time.perf_counter()
     run_dir = Path(run_dir)
     run_cfg = load_run_config(run_dir)
-    random_init = eval_cfg.checkpoint == RANDOM_INIT
-    checkpoint = None if random_init else Path(eval_cfg.checkpoint or run_dir / "teacher_backbone.pth")
+    baseline = eval_cfg.checkpoint if eval_cfg.checkpoint in BASELINES else None
+    checkpoint = None if baseline else Path(eval_cfg.checkpoint or run_dir / "teacher_backbone.pth")
     device = resolve_device(eval_cfg.device)
-    feats = extract_run_features(run_dir, run_cfg, eval_cfg, checkpoint, device)
+    feats = extract_run_features(run_dir, run_cfg, eval_cfg, checkpoint, device, pixels=baseline == PIXELS)
     train, val = feats["train"], feats["val"]
     record: dict = {
-        "format": RESULT_FORMAT, "run": str(run_dir), "checkpoint": RANDOM_INIT if random_init else str(checkpoint),
+        "format": RESULT_FORMAT, "run": str(run_dir), "checkpoint": baseline or str(checkpoint),
         "checkpoint_step": feats["checkpoint_step"], "checkpoint_sha256": feats["checkpoint_sha256"],
         "mode": eval_cfg.mode, "device": device.type, "precision": feats["precision"], "transform": feats["transform"],
-        "train_dataset": feats["train_dataset"], "val_dataset": feats["val_dataset"],
+        "dataset": feats["dataset"], "train_dataset": feats["train_dataset"], "val_dataset": feats["val_dataset"],
         "n_train": len(train.y), "n_val": len(val.y), "n_classes": feats["n_classes"],
         "feature_dim": int(train.x.shape[1]), "features_cached": {"train": train.from_cache, "val": val.from_cache},
         "extraction_seconds": round(time.perf_counter() - start, 3),
@@ -153,7 +163,7 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     record["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record["eval_config"] = to_yaml(eval_cfg)
     output = Path(eval_cfg.output) if eval_cfg.output else run_dir / default_output_name(
-        eval_cfg.mode, random_init, checkpoint, run_dir, record["checkpoint_step"])
+        eval_cfg.mode, baseline, checkpoint, run_dir, record["checkpoint_step"])
     atomic_write_text(output, json.dumps(record, indent=1) + "\n")
     record["output"] = str(output)
     index = index_path(run_dir, eval_cfg.index)
@@ -162,15 +172,15 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     return record
 
 
-def default_output_name(mode: str, random_init: bool, checkpoint: Optional[Path], run_dir: Path,
+def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional[Path], run_dir: Path,
                         step: Optional[int]) -> str:
     """`eval_linear.json` is the record of the final teacher's linear probe (what tables read); any other
     evaluation gets a name of its own, so it never replaces that record: `eval_knn*.json` for mode=knn,
-    `*_random_init.json` for the untrained baseline, `*_step_XXXXXXXX.json` (or `*_<file stem>.json`) for another
-    checkpoint."""
+    `*_random_init.json` for the untrained baseline (`baseline` "random"), `*_pixels.json` for the raw-pixel one,
+    `*_step_XXXXXXXX.json` (or `*_<file stem>.json`) for another checkpoint."""
     name = "eval_knn" if mode == "knn" else "eval_linear"
-    if random_init:
-        return f"{name}_random_init.json"
+    if baseline:
+        return f"{name}{BASELINES[baseline]}.json"
     if checkpoint is not None and checkpoint.resolve() != (run_dir / "teacher_backbone.pth").resolve():
         return f"{name}_step_{step:08d}.json" if step is not None else f"{name}_{checkpoint.stem}.json"
     return f"{name}.json"

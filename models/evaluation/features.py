@@ -39,6 +39,14 @@ class Features:
     from_cache: bool = False
 
 
+class PixelFeatures(torch.nn.Module):
+    """checkpoint=pixels: the eval transform's output (normalised pixels) flattened, 3 * crop * crop features; the
+    raw-pixel baseline of a results table, next to the random-init network."""
+
+    def forward(self, images: Tensor) -> Tensor:
+        return images.flatten(1)
+
+
 def require_checkpoint(checkpoint: Path) -> None:
     if not checkpoint.is_file():
         raise EvalInputError(f"no final teacher checkpoint at {checkpoint}: the run has not finished (train.py writes "
@@ -87,6 +95,22 @@ def transform_settings(run_cfg, feats_cfg) -> dict:
     crop = feats_cfg.crop_size or run_cfg.crops.global_crops_size
     return {"resize": int(round(crop * feats_cfg.resize_ratio)), "crop": int(crop), "interpolation": "bicubic",
             "normalize": "imagenet"}
+
+
+def resolve_data(run_cfg, eval_data):
+    """The run's DataConfig with the eval's `data.dataset` / `data.root` applied. A root falls back to the run's
+    only for the run's own dataset; imagenet_folder without one, or a root given for digits, is an error (never a
+    silent evaluation of some other dataset)."""
+    dataset = eval_data.dataset or run_cfg.data.dataset
+    root = eval_data.root or (run_cfg.data.root if dataset == run_cfg.data.dataset else "")
+    if dataset == "imagenet_folder" and not root:
+        raise EvalInputError("data.dataset=imagenet_folder needs data.root=<folder with <split>/<class>/<image> "
+                             f"trees> (the run was trained on {run_cfg.data.dataset}, which has no root to reuse)")
+    if dataset == "digits" and eval_data.root:
+        raise EvalInputError(f"data.root={eval_data.root} is set but the dataset is digits (the "
+                             f"{'eval' if eval_data.dataset else 'run'}'s data.dataset), which has no root: add "
+                             "data.dataset=imagenet_folder to evaluate on that folder tree")
+    return dataclasses.replace(run_cfg.data, dataset=dataset, root=root if dataset == "imagenet_folder" else "")
 
 
 def dataset_settings(data_cfg, split: str) -> dict:
