@@ -4,10 +4,13 @@
     python eval_linear.py --run runs/default-20261122-101500                      # embedded default (digits)
     python eval_linear.py --run runs/vitl16 data.root=/datasets/imagenet solver=torch
     python eval_linear.py --run DIR mode=knn          # k-NN only; features come from the cache when unchanged
+    python eval_linear.py --run DIR data.dataset=imagenet_folder data.root=/data/cifar10   # another dataset
+    python eval_linear.py --run DIR checkpoint=pixels # raw-pixel baseline (checkpoint=random: untrained network)
 
 Reads DIR/config.yaml and DIR/teacher_backbone.pth, caches features under DIR/eval/, writes DIR/eval_linear.json
 and appends a line to DIR/../eval_index.jsonl. Keys (see configs/eval_schema.py): mode=linear|knn|both,
-solver=sklearn|torch|auto, device, checkpoint, output, index, data.*, features.*, linear.*, knn.*.
+solver=sklearn|torch|auto, device, checkpoint (a path, random or pixels), output, index, data.* (dataset, root,
+splits), features.*, linear.* (C grid, L-BFGS limits, precision), knn.*.
 Exit status: 0 done, 1 bad run/checkpoint/dataset, 2 bad config.
 """
 
