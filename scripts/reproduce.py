@@ -1,35 +1,49 @@
-"""Reproduce the sparse-then-dense study end to end on the embedded default (a CPU is enough):
+"""Reproduce the sparse-then-dense study end to end: the embedded default on a CPU, or a real dataset on one GPU.
 
-    python scripts/reproduce.py [--runs-dir runs/default] [--out results/default] [--fractions 0,0.4,...]
-                                [--dry-run] [key=value ...] [--eval key=value ...]
+    python scripts/reproduce.py [--config FILE] [--runs-dir DIR] [--out DIR] [--fractions 0,0.4,...]
+                                [--extra-seeds 1 ...] [--extra-seed-fractions 0 0.7 ...] [--parallel N]
+                                [--no-baselines] [--dry-run] [key=value ...] [--eval key=value ...]
+
+    # JPEG-q75 CIFAR-10 on one GPU, four runs at a time, a second seed for 0% and 70% (nine runs):
+    python scripts/prepare_cifar10.py --npz ../shared/data/cifar10-jpeg/cifar10_jpeg_bytes.npz --out .gpudata/cifar10
+    python scripts/reproduce.py --config configs/cifar10.yaml --parallel 4 --extra-seeds 1 \
+        --extra-seed-fractions 0 0.7 data.root=$PWD/.gpudata/cifar10
 
 Trains the seven schedules of the published table (2:4-sparse for the first 0, 40, 60, 70, 80, 90, 100% of the
-steps, then dense) one after the other with `train.py`, evaluates each with `eval_linear.py` (linear probe + k-NN),
-then writes the table, CSV, summary and plots with `scripts/make_table.py` into --out.
+steps, then dense) with `train.py`, evaluates each with `eval_linear.py` (linear probe + k-NN) right after its
+training, evaluates the baselines on the dense run (`checkpoint=random`: the untrained network; `checkpoint=pixels`:
+logistic regression on raw pixels), then writes the table, CSV, summary and plots with `scripts/make_table.py`.
+Runs are named as the Slurm sweep names them (sparse_0.70); other seeds add a suffix (sparse_0.70_seed1) and get
+`train.seed=S`. Without --config: runs/default and results/default; with it: runs/<config name>, results/<...>.
 
 Rerunning is cheap: finished runs are skipped, interrupted ones resume from their newest checkpoint (train.py's own
-resume), and a run is re-evaluated only when its eval_linear.json is missing or older than its teacher export.
-A run that fails is reported and the others still run; the table shows it as failed.
-Positional key=value overrides go to every train.py call; those after --eval go to every eval_linear.py call.
+resume), a run is re-evaluated only when its eval_linear.json is missing or older than its teacher export, and a
+baseline only when its result file is missing. A run that fails is reported and the others still run; the table
+shows it as failed. Positional key=value overrides go to every train.py call; those after --eval go to every
+eval_linear.py call.
 """
 
 import argparse
 import logging
 import os
+import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from models.evaluation.run_logs import COMPLETE, read_run  # noqa: E402
+from models.evaluation.published import FRACTIONS as PUBLISHED_FRACTIONS  # noqa: E402
+from models.evaluation.run_logs import BASELINE_FILES, COMPLETE, read_run  # noqa: E402
 from slurm.sweep import run_name  # noqa: E402  (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
 
-PUBLISHED_FRACTIONS = (0.0, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0)
 TRAIN_SCRIPT, EVAL_SCRIPT = REPO / "train.py", REPO / "eval_linear.py"
+# eval_linear.py's checkpoint= value of each baseline -> the result file it writes (what run_logs reads)
+BASELINES = {"random": BASELINE_FILES["random_init"][0], "pixels": BASELINE_FILES["pixels"][0]}
 log = logging.getLogger("reproduce")
 
 
@@ -40,6 +54,8 @@ class PlannedRun:
     train: bool  # train.py must (re)start or resume it
     evaluate: bool  # eval_linear.py must (re)evaluate it
     state: str  # the run's status before this plan, for the dry-run listing
+    seed: Optional[int] = None  # None: the config's train.seed (the run named without a suffix)
+    baselines: list = field(default_factory=list)  # checkpoint= values still to evaluate on this run's data
 
 
 def parse_fractions(text: str) -> list[float]:
@@ -53,58 +69,84 @@ def parse_fractions(text: str) -> list[float]:
     return fractions
 
 
+def seeded_run_name(fraction: float, seed: Optional[int]) -> str:
+    """sparse_0.70 for the config's seed, sparse_0.70_seed1 for another."""
+    return run_name(fraction) if seed is None else f"{run_name(fraction)}_seed{seed}"
+
+
 def _eval_is_stale(run_dir: Path) -> bool:
     result, teacher = run_dir / "eval_linear.json", run_dir / "teacher_backbone.pth"
     return not result.is_file() or (teacher.is_file() and result.stat().st_mtime < teacher.stat().st_mtime)
 
 
-def plan(runs_dir: Path, fractions: list[float]) -> list[PlannedRun]:
-    """What each schedule still needs. A failed run is retried: train.py resumes it from its last checkpoint."""
+def plan(runs_dir: Path, fractions: list[float], extra_seeds=(), extra_seed_fractions=(),
+         baselines: bool = False) -> list[PlannedRun]:
+    """What each run still needs: every fraction with the config's seed, then each extra seed for the
+    `extra_seed_fractions`. A failed run is retried: train.py resumes it from its last checkpoint. `baselines`: the
+    dense run with the config's seed also evaluates the untrained network and raw pixels, if not done yet."""
+    wanted = [(f, None) for f in fractions]
+    wanted += [(f, s) for s in extra_seeds for f in extra_seed_fractions]
     planned = []
-    for fraction in fractions:
-        run_dir = runs_dir / run_name(fraction)
+    for fraction, seed in wanted:
+        run_dir = runs_dir / seeded_run_name(fraction, seed)
         summary = read_run(run_dir)
         trained = summary.train_status == COMPLETE
-        planned.append(PlannedRun(fraction, run_dir, train=not trained,
-                                  evaluate=not trained or _eval_is_stale(run_dir), state=summary.status))
+        todo = [c for c, name in BASELINES.items() if not (run_dir / name).is_file()] \
+            if baselines and fraction == 0.0 and seed is None else []
+        planned.append(PlannedRun(fraction, run_dir, train=not trained, evaluate=not trained or _eval_is_stale(run_dir),
+                                  state=summary.status, seed=seed, baselines=todo))
     return planned
 
 
 def _run_logged(command: list[str], log_path: Path) -> int:
     """Run `command` from the repo root, its output appended to `log_path` (the console keeps one progress bar)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log.info("$ %s  (output: %s)", " ".join(command), log_path)
+    log.info("$ %s  (output: %s)", shlex.join(command), log_path)
     with open(log_path, "a") as out:
         return subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
-def train_command(item: PlannedRun, overrides: list[str]) -> list[str]:
-    return [sys.executable, str(TRAIN_SCRIPT), "--output-dir", str(item.run_dir),
-            f"sparsity.sparse_fraction={item.fraction}", *overrides]
+def train_command(item: PlannedRun, overrides: list[str], config: Optional[Path] = None) -> list[str]:
+    command = [sys.executable, str(TRAIN_SCRIPT), "--output-dir", str(item.run_dir)]
+    if config is not None:
+        command += ["--config", str(config)]
+    command += [f"sparsity.sparse_fraction={item.fraction}", *overrides]
+    return command + ([f"train.seed={item.seed}"] if item.seed is not None else [])  # last: it wins
 
 
-def eval_command(item: PlannedRun, overrides: list[str]) -> list[str]:
-    return [sys.executable, str(EVAL_SCRIPT), "--run", str(item.run_dir), *overrides]
+def eval_command(item: PlannedRun, overrides: list[str], checkpoint: Optional[str] = None) -> list[str]:
+    return [sys.executable, str(EVAL_SCRIPT), "--run", str(item.run_dir), *overrides,
+            *([f"checkpoint={checkpoint}"] if checkpoint else [])]
 
 
 def _train_and_evaluate(item: PlannedRun, train_overrides: list[str], eval_overrides: list[str],
-                        can_evaluate: bool) -> list[str]:
+                        can_evaluate: bool, config: Optional[Path] = None) -> list[str]:
+    """Train, evaluate, then the baselines; returns the failures. A failed training skips the evaluations; a failed
+    evaluation does not skip the baselines (another eval mode may still work)."""
     logs = item.run_dir.parent / "reproduce_logs"
+    name = item.run_dir.name
     if item.train:
-        code = _run_logged(train_command(item, train_overrides), logs / f"{item.run_dir.name}.train.log")
+        code = _run_logged(train_command(item, train_overrides, config), logs / f"{name}.train.log")
         if code != 0:
-            return [f"{item.run_dir.name}: train.py exited with {code} (see {logs})"]
-    if item.evaluate and can_evaluate:
-        code = _run_logged(eval_command(item, eval_overrides), logs / f"{item.run_dir.name}.eval.log")
+            return [f"{name}: train.py exited with {code} (see {logs})"]
+    if not can_evaluate:
+        return []
+    failures = []
+    if item.evaluate:
+        code = _run_logged(eval_command(item, eval_overrides), logs / f"{name}.eval.log")
         if code != 0:
-            return [f"{item.run_dir.name}: eval_linear.py exited with {code} (see {logs})"]
-    return []
+            failures.append(f"{name}: eval_linear.py exited with {code} (see {logs})")
+    for checkpoint in item.baselines:
+        code = _run_logged(eval_command(item, eval_overrides, checkpoint), logs / f"{name}.eval_{checkpoint}.log")
+        if code != 0:
+            failures.append(f"{name}: eval_linear.py checkpoint={checkpoint} exited with {code} (see {logs})")
+    return failures
 
 
 def execute(planned: list[PlannedRun], train_overrides: list[str], eval_overrides: list[str],
-            jobs: int = 1) -> list[str]:
-    """Train and evaluate what the plan says, `jobs` schedules at a time (in plan order); returns one line per
-    step that failed. A failed training skips that run's evaluation only."""
+            jobs: int = 1, config: Optional[Path] = None) -> list[str]:
+    """Train and evaluate what the plan says, `jobs` runs at a time (in plan order; each run's evaluations follow
+    its training in the same slot); returns one line per step that failed."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from tqdm import tqdm
@@ -114,56 +156,100 @@ def execute(planned: list[PlannedRun], train_overrides: list[str], eval_override
     if not can_evaluate:
         failures.append(f"{EVAL_SCRIPT} not found: runs left unevaluated")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_train_and_evaluate, item, train_overrides, eval_overrides, can_evaluate)
+        futures = [pool.submit(_train_and_evaluate, item, train_overrides, eval_overrides, can_evaluate, config)
                    for item in planned]
-        for _ in tqdm(as_completed(futures), total=len(futures), desc="schedules", unit="run", dynamic_ncols=True):
+        for _ in tqdm(as_completed(futures), total=len(futures), desc="runs", unit="run", dynamic_ncols=True):
             pass
     return failures + [line for future in futures for line in future.result()]
 
 
-def machine_notes() -> list[str]:
+def machine_notes(jobs: int = 1) -> list[str]:
     """What the training times in the table can mean on this machine."""
     import torch
 
+    shared = (f" {jobs} runs trained at a time on it, so each run's images/s was measured while sharing the device "
+              "with others: compare them between runs with care; results/bench/ measures speed alone."
+              if jobs > 1 else "")
     if torch.cuda.is_available():
-        return [f"Trained by scripts/reproduce.py on {torch.cuda.get_device_name()}."]
-    return [f"Trained by scripts/reproduce.py on a CPU ({os.cpu_count()} cores). Its times say nothing about 2:4 "
-            "speed-ups: a CPU has no sparse matmul, so the sparse phase prunes and then multiplies densely (extra "
+        return [f"Trained by scripts/reproduce.py on {torch.cuda.get_device_name()}.{shared}"]
+    return [f"Trained by scripts/reproduce.py on a CPU ({os.cpu_count()} cores).{shared} Its times say nothing about "
+            "2:4 speed-ups: a CPU has no sparse matmul, so the sparse phase prunes and then multiplies densely (extra "
             "work); they also vary with whatever else the machine runs. GPU speed: results/bench/."]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs-dir", type=Path, default=Path("runs/default"), help="where the runs go")
-    parser.add_argument("--out", type=Path, default=Path("results/default"), help="where the table and plots go")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="train.py config (default: the embedded default), e.g. configs/cifar10.yaml")
+    parser.add_argument("--runs-dir", type=Path, default=None,
+                        help="where the runs go (default: runs/default, or runs/<config name> with --config)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where the table and plots go (default: results/default, or results/<config name>)")
     parser.add_argument("--fractions", type=parse_fractions, default=list(PUBLISHED_FRACTIONS),
                         help="comma-separated sparse fractions (default: the published table's seven)")
+    parser.add_argument("--extra-seeds", type=int, nargs="+", default=[], metavar="SEED",
+                        help="more train.seed values, for the --extra-seed-fractions only (run folders get _seedS)")
+    parser.add_argument("--extra-seed-fractions", type=float, nargs="+", default=[0.0, 0.7], metavar="F",
+                        help="the fractions trained again with each extra seed (default: 0 0.7)")
+    parser.add_argument("--no-baselines", dest="baselines", action="store_false",
+                        help="skip the random-init and raw-pixel evaluations on the dense run")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="schedules trained at once (default 1; more only pays with idle cores, and runs sharing "
-                             "a machine make their training times incomparable)")
+    parser.add_argument("--parallel", "--jobs", dest="jobs", type=int, default=1, metavar="N",
+                        help="runs trained at once, each a train.py process (default 1). On a GPU a small model "
+                             "leaves most of it idle: N runs share it (mind its memory); on a CPU more only pays "
+                             "with idle cores. Runs sharing a device make their images/s incomparable to a lone run")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py config overrides")
     parser.add_argument("--eval", dest="eval_overrides", nargs="*", default=[], metavar="key=value",
                         help="eval_linear.py overrides")
     args = parser.parse_args(argv)
     if args.jobs < 1:
-        parser.error("--jobs must be >= 1")
+        parser.error("--parallel must be >= 1")
+    if any(s < 0 for s in args.extra_seeds):
+        parser.error("--extra-seeds must be >= 0")
+    if any(not 0.0 <= f <= 1.0 for f in args.extra_seed_fractions):
+        parser.error("--extra-seed-fractions must be numbers in [0, 1]")
+    name = args.config.stem if args.config else "default"
+    args.runs_dir = args.runs_dir or Path("runs") / name
+    args.out = args.out or Path("results") / name
     return args
+
+
+def _check_config(args) -> Optional[str]:
+    """The config with the overrides, loaded once up front: a typo stops here, not in nine failed runs."""
+    from configs import ConfigError, load_config
+
+    try:
+        load_config(args.config, args.overrides)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     args = parse_args(argv)
-    planned = plan(args.runs_dir, args.fractions)
+    problem = _check_config(args)
+    if problem:
+        print(f"config error: {problem}", file=sys.stderr)
+        return 2
+    planned = plan(args.runs_dir, args.fractions, args.extra_seeds, args.extra_seed_fractions, args.baselines)
     for item in planned:
         todo = [step for step, wanted in (("train", item.train), ("evaluate", item.evaluate)) if wanted]
+        todo += [f"baseline {checkpoint}" for checkpoint in item.baselines]
         print(f"{item.run_dir}: {item.state} -> {', '.join(todo) or 'nothing to do'}")
+        if args.dry_run:
+            commands = ([train_command(item, args.overrides, args.config)] if item.train else []) + (
+                [eval_command(item, args.eval_overrides)] if item.evaluate else []) + [
+                eval_command(item, args.eval_overrides, c) for c in item.baselines]
+            for command in commands:
+                print("    $ " + shlex.join(command))
     if args.dry_run:
+        print(f"{len(planned)} runs, {args.jobs} at a time; table and plots: {args.out}")
         return 0
-    failures = execute(planned, args.overrides, args.eval_overrides, args.jobs)
+    failures = execute(planned, args.overrides, args.eval_overrides, args.jobs, args.config)
     from models.evaluation.table import make_table
 
-    written = make_table([item.run_dir for item in planned], args.out, extra_notes=machine_notes())
+    written = make_table([item.run_dir for item in planned], args.out, extra_notes=machine_notes(args.jobs))
     print("wrote " + ", ".join(str(p) for p in written))
     for line in failures:
         print(f"FAILED: {line}", file=sys.stderr)

@@ -2,10 +2,13 @@
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
-from reporting_runs import REPO, make_run
+from reporting_runs import REPO, eval_result, make_run
+
+BASELINE_FILES = {"eval_linear_random_init.json": eval_result(30.0), "eval_linear_pixels.json": eval_result(40.0)}
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +22,7 @@ def reproduce():
 @pytest.fixture
 def runs_dir(tmp_path):
     runs = tmp_path / "runs"
-    make_run(runs, "sparse_0.00", 0.0)  # trained and evaluated: nothing to do
+    make_run(runs, "sparse_0.00", 0.0, baselines=BASELINE_FILES)  # trained, evaluated, baselines: nothing to do
     stale = make_run(runs, "sparse_0.70", 0.7)  # evaluated before its teacher was re-exported: evaluate again
     os.utime(stale / "eval_linear.json", (1_000_000, 1_000_000))
     make_run(runs, "sparse_0.40", 0.4, result=None)  # trained, never evaluated
@@ -85,6 +88,9 @@ def test_parallel_jobs_run_every_planned_step(reproduce, runs_dir, monkeypatch, 
                              "sparse_0.90.eval.log", "sparse_0.90.train.log"]
     with pytest.raises(SystemExit):
         reproduce.parse_args(["--jobs", "0"])
+    with pytest.raises(SystemExit):
+        reproduce.parse_args(["--parallel", "0"])
+    assert reproduce.parse_args(["--parallel", "4"]).jobs == 4
 
 
 def test_without_eval_script_runs_are_trained_and_the_gap_reported(reproduce, runs_dir, monkeypatch, tmp_path):
@@ -102,3 +108,62 @@ def test_dry_run_runs_nothing(reproduce, runs_dir, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "sparse_0.00: complete -> nothing to do" in printed
     assert "sparse_0.60: missing (no run directory) -> train, evaluate" in printed
+
+
+def test_extra_seeds_and_baselines_are_planned(reproduce, tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "sparse_0.70_seed1", 0.7, seed=1)  # the extra seed of 70%: done
+    plan = reproduce.plan(runs, [0.0, 0.7, 1.0], extra_seeds=[1], extra_seed_fractions=[0.0, 0.7], baselines=True)
+    assert [(p.run_dir.name, p.seed) for p in plan] == [
+        ("sparse_0.00", None), ("sparse_0.70", None), ("sparse_1.00", None), ("sparse_0.00_seed1", 1),
+        ("sparse_0.70_seed1", 1)]
+    assert plan[0].baselines == ["random", "pixels"]  # on the dense run of the config's seed only
+    assert [p.baselines for p in plan[1:]] == [[]] * 4
+    assert (plan[4].train, plan[4].evaluate) == (False, False)
+    # a baseline already evaluated is not planned again
+    make_run(runs, "sparse_0.00", 0.0, baselines={"eval_linear_pixels.json": eval_result(40.0)})
+    assert reproduce.plan(runs, [0.0], baselines=True)[0].baselines == ["random"]
+
+
+def test_execute_passes_config_seed_and_baselines(reproduce, tmp_path, monkeypatch):
+    (tmp_path / "eval_linear.py").write_text("")
+    monkeypatch.setattr(reproduce, "EVAL_SCRIPT", tmp_path / "eval_linear.py")
+    calls = []
+    monkeypatch.setattr(reproduce, "_run_logged", lambda command, log_path: calls.append((command, log_path.name)) or 0)
+    plan = reproduce.plan(tmp_path / "runs", [0.0], extra_seeds=[1], extra_seed_fractions=[0.0], baselines=True)
+    config = tmp_path / "cifar10.yaml"
+    assert reproduce.execute(plan, ["data.root=/data/cifar10"], ["solver=torch"], config=config) == []
+    logs = [name for _, name in calls]
+    assert logs == ["sparse_0.00.train.log", "sparse_0.00.eval.log", "sparse_0.00.eval_random.log",
+                    "sparse_0.00.eval_pixels.log", "sparse_0.00_seed1.train.log", "sparse_0.00_seed1.eval.log"]
+    train = calls[0][0]
+    assert train[2:6] == ["--output-dir", str(tmp_path / "runs" / "sparse_0.00"), "--config", str(config)]
+    assert "train.seed=1" not in train and calls[4][0][-1] == "train.seed=1"  # the extra seed's override wins
+    assert calls[2][0][-2:] == ["solver=torch", "checkpoint=random"] and calls[3][0][-1] == "checkpoint=pixels"
+
+
+def test_dry_run_of_the_cifar_sweep(reproduce, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(reproduce, "_run_logged", lambda *a: pytest.fail("dry run started a process"))
+    config = tmp_path / "cifar10.yaml"
+    config.write_text("student:\n  arch: vit_small\n")
+    runs = tmp_path / "runs"
+    argv = ["--config", str(config), "--runs-dir", str(runs), "--parallel", "4", "--extra-seeds", "1",
+            "--extra-seed-fractions", "0", "0.7", "--dry-run", "data.root=/data/cifar10"]
+    assert reproduce.main(argv) == 0
+    printed = capsys.readouterr().out
+    names = [line.split(":")[0] for line in printed.splitlines() if line.startswith(str(runs))]
+    assert [os.path.basename(n) for n in names] == [
+        "sparse_0.00", "sparse_0.40", "sparse_0.60", "sparse_0.70", "sparse_0.80", "sparse_0.90", "sparse_1.00",
+        "sparse_0.00_seed1", "sparse_0.70_seed1"]
+    assert "sparse_0.00: missing (no run directory) -> train, evaluate, baseline random, baseline pixels" in printed
+    assert f"--config {config} sparsity.sparse_fraction=0.7 data.root=/data/cifar10 train.seed=1" in printed
+    assert "checkpoint=pixels" in printed and "9 runs, 4 at a time" in printed
+    assert not runs.exists()  # nothing written
+
+
+def test_defaults_follow_the_config_and_a_bad_override_stops_early(reproduce, capsys):
+    args = reproduce.parse_args(["--config", "configs/cifar10.yaml"])
+    assert (args.runs_dir, args.out) == (Path("runs/cifar10"), Path("results/cifar10"))
+    assert reproduce.parse_args([]).runs_dir == Path("runs/default")
+    assert reproduce.main(["--dry-run", "train.batchsize=3"]) == 2
+    assert "unknown config key 'train.batchsize'" in capsys.readouterr().err
