@@ -2,9 +2,11 @@
 
     python scripts/make_table.py RUN_DIR_OR_PARENT... [--out results/NAME]
 
-Reads each run's config.yaml, metrics.jsonl and eval_linear.json; writes table.md, table.csv, summary.json,
-top1_vs_sparsity.png and loss_curves.png into --out. Missing, partial, failed or unevaluated runs are listed with
-their state, never dropped.
+Reads each run's config.yaml, metrics.jsonl, log.txt, eval_linear.json and the baselines' results
+(eval_linear_random_init.json, eval_linear_pixels.json); writes table.md, table.csv, summary.json,
+top1_vs_sparsity.png and loss_curves.png into --out. Partial, failed or unevaluated runs are listed with their
+state, never dropped. A path that does not exist is an error (exit 2; a typo must not yield a table of nothing),
+unless --allow-missing lists it as a missing run.
 """
 
 import argparse
@@ -22,7 +24,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results/table"), help="output folder (default: %(default)s)")
     parser.add_argument("--no-plots", action="store_true", help="write the table, CSV and summary only")
     parser.add_argument("--note", action="append", default=[], help="a line added to the table's notes (repeatable)")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="list paths that do not exist as missing runs instead of stopping")
     args = parser.parse_args(argv)
+    absent = [path for path in args.runs if not path.exists()]
+    if absent and not args.allow_missing:
+        for path in absent:
+            print(f"error: {path}: no such run directory or folder of runs (--allow-missing lists it as a missing "
+                  "run)", file=sys.stderr)
+        return 2
 
     from models.evaluation.table import make_table
 

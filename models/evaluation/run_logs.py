@@ -242,7 +242,7 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
         rate = _float(record.get("images_per_s"))
         steps = end - previous_end
         previous_end = end
-        if not rate or rate <= 0 or steps <= 0:
+        if not rate or not math.isfinite(rate) or rate <= 0 or steps <= 0:  # "nan"/"inf" logged: no time
             continue
         batch = record.get("global_batch") or run.global_batch  # a logged batch size wins over the inferred one
         seconds = steps * batch / rate

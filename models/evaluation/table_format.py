@@ -4,6 +4,7 @@ The rows are duck-typed (table.TableRow, ScheduleMean, BaselineRow), so this mod
 """
 
 import csv
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -18,7 +19,7 @@ def _steps(n: Optional[int]) -> str:
 
 
 def _duration(seconds: Optional[float]) -> str:
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "–"
     seconds = round(seconds)  # whole seconds first: 59.7 s must not print as "0 min 60 s"
     if seconds < 60:
