@@ -1,13 +1,13 @@
 """Reproduce the sparse-then-dense study end to end: the embedded default on a CPU, or a real dataset on one GPU.
 
     python scripts/reproduce.py [--config FILE] [--runs-dir DIR] [--out DIR] [--fractions 0,0.4,...]
-                                [--extra-seeds 1 ...] [--extra-seed-fractions 0 0.7 ...] [--parallel N]
+                                [--extra-seeds 1,...] [--extra-seed-fractions 0,0.7] [--parallel N]
                                 [--no-baselines] [--dry-run] [key=value ...] [--eval key=value ...]
 
     # JPEG-q75 CIFAR-10 on one GPU, four runs at a time, a second seed for 0% and 70% (nine runs):
     python scripts/prepare_cifar10.py --npz ../shared/data/cifar10-jpeg/cifar10_jpeg_bytes.npz --out .gpudata/cifar10
     python scripts/reproduce.py --config configs/cifar10.yaml --parallel 4 --extra-seeds 1 \
-        --extra-seed-fractions 0 0.7 data.root=$PWD/.gpudata/cifar10
+        --extra-seed-fractions 0,0.7 data.root=$PWD/.gpudata/cifar10
 
 Trains the seven schedules of the published table (2:4-sparse for the first 0, 40, 60, 70, 80, 90, 100% of the
 steps, then dense) with `train.py`, evaluates each with `eval_linear.py` (linear probe + k-NN) right after its
@@ -67,6 +67,16 @@ def parse_fractions(text: str) -> list[float]:
     if not fractions or bad:
         raise argparse.ArgumentTypeError(f"--fractions must be numbers in [0, 1], got {text!r}")
     return fractions
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--extra-seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise argparse.ArgumentTypeError(f"--extra-seeds must be integers >= 0, got {text!r}")
+    return seeds
 
 
 def seeded_run_name(fraction: float, seed: Optional[int]) -> str:
@@ -187,10 +197,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="where the table and plots go (default: results/default, or results/<config name>)")
     parser.add_argument("--fractions", type=parse_fractions, default=list(PUBLISHED_FRACTIONS),
                         help="comma-separated sparse fractions (default: the published table's seven)")
-    parser.add_argument("--extra-seeds", type=int, nargs="+", default=[], metavar="SEED",
-                        help="more train.seed values, for the --extra-seed-fractions only (run folders get _seedS)")
-    parser.add_argument("--extra-seed-fractions", type=float, nargs="+", default=[0.0, 0.7], metavar="F",
-                        help="the fractions trained again with each extra seed (default: 0 0.7)")
+    parser.add_argument("--extra-seeds", type=parse_seeds, default=[], metavar="S[,S...]",
+                        help="comma-separated train.seed values run again for the --extra-seed-fractions only (run "
+                             "folders get _seedS)")
+    parser.add_argument("--extra-seed-fractions", type=parse_fractions, default=[0.0, 0.7], metavar="F[,F...]",
+                        help="comma-separated fractions trained again with each extra seed (default: 0,0.7)")
     parser.add_argument("--no-baselines", dest="baselines", action="store_false",
                         help="skip the random-init and raw-pixel evaluations on the dense run")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
@@ -204,10 +215,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--parallel must be >= 1")
-    if any(s < 0 for s in args.extra_seeds):
-        parser.error("--extra-seeds must be >= 0")
-    if any(not 0.0 <= f <= 1.0 for f in args.extra_seed_fractions):
-        parser.error("--extra-seed-fractions must be numbers in [0, 1]")
     name = args.config.stem if args.config else "default"
     args.runs_dir = args.runs_dir or Path("runs") / name
     args.out = args.out or Path("results") / name
@@ -219,9 +226,11 @@ def _check_config(args) -> Optional[str]:
     from configs import ConfigError, load_config
 
     try:
-        load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         return str(e)
+    if cfg.train.seed in args.extra_seeds:  # its runs are the ones named without a suffix
+        return f"--extra-seeds {cfg.train.seed} is the config's own train.seed"
     return None
 
 

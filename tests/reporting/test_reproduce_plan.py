@@ -147,8 +147,8 @@ def test_dry_run_of_the_cifar_sweep(reproduce, tmp_path, monkeypatch, capsys):
     config = tmp_path / "cifar10.yaml"
     config.write_text("student:\n  arch: vit_small\n")
     runs = tmp_path / "runs"
-    argv = ["--config", str(config), "--runs-dir", str(runs), "--parallel", "4", "--extra-seeds", "1",
-            "--extra-seed-fractions", "0", "0.7", "--dry-run", "data.root=/data/cifar10"]
+    argv = ["--dry-run", "--config", str(config), "--runs-dir", str(runs), "--parallel", "4", "--extra-seeds", "1",
+            "--extra-seed-fractions", "0,0.7", "data.root=/data/cifar10"]  # the overrides last, as documented
     assert reproduce.main(argv) == 0
     printed = capsys.readouterr().out
     names = [line.split(":")[0] for line in printed.splitlines() if line.startswith(str(runs))]
@@ -167,3 +167,9 @@ def test_defaults_follow_the_config_and_a_bad_override_stops_early(reproduce, ca
     assert reproduce.parse_args([]).runs_dir == Path("runs/default")
     assert reproduce.main(["--dry-run", "train.batchsize=3"]) == 2
     assert "unknown config key 'train.batchsize'" in capsys.readouterr().err
+    assert reproduce.main(["--dry-run", "--extra-seeds", "0"]) == 2
+    assert "--extra-seeds 0 is the config's own train.seed" in capsys.readouterr().err
+    assert reproduce.parse_args(["--extra-seeds", "1,2", "--extra-seed-fractions", "0.7"]).extra_seeds == [1, 2]
+    for bad in (["--extra-seeds", "-1"], ["--extra-seeds", "a"], ["--extra-seed-fractions", "2"]):
+        with pytest.raises(SystemExit):
+            reproduce.parse_args(bad)
