@@ -4,8 +4,8 @@ how long each phase took, and its evaluation.
 A run directory holds `config.yaml` (the resolved config), `metrics.jsonl` (one line per logged step),
 `checkpoints/step_XXXXXXXX.pt`, `log.txt`, `teacher_backbone.pth` once finished, and `eval_linear.json` once
 evaluated; optionally the baselines evaluated on the same data: `eval_linear_random_init.json` (the untrained
-network) and `eval_linear_pixels.json` (logistic regression on raw pixels). Anything may be missing or cut short: the summary then says so in `status` instead of raising, so a
-table of many runs always shows every run.
+network) and `eval_linear_pixels.json` (logistic regression on raw pixels). Anything may be missing or cut short:
+the summary then says so in `status` instead of raising, so a table of many runs always shows every run.
 """
 
 import json
