@@ -95,9 +95,10 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
     else:  # (backbone, step), built at most once
         teacher = functools.cache(lambda: load_teacher(run_cfg, checkpoint))
     suffix = BASELINES[PIXELS] if pixels else BASELINES[RANDOM_INIT] if checkpoint is None else ""
-    out = {"checkpoint_sha256": digest, "transform": tsettings, "precision": precision,
-           "dataset": {"name": data_cfg.dataset, "root": dataset_settings(data_cfg, "").get("root", "")}}
-    out["dataset"]["from"] = "eval" if eval_cfg.data.dataset or eval_cfg.data.root else "run"
+    root = dataset_settings(data_cfg, "").get("root", "")  # resolved path; "" for digits
+    dataset = {"name": data_cfg.dataset, "root": root,
+               "from": "eval" if eval_cfg.data.dataset or eval_cfg.data.root else "run"}
+    out = {"checkpoint_sha256": digest, "transform": tsettings, "precision": precision, "dataset": dataset}
     splits = {"train": eval_cfg.data.train_split, "val": eval_cfg.data.val_split}
     datasets = {role: build_dataset(data_cfg, split=split, transform=transform, split_key=f"data.{role}_split")
                 for role, split in splits.items()}
@@ -110,8 +111,7 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
         key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision)
         path = run_dir / "eval" / f"features_{split}{suffix}.pt"
         out[role] = _cached_or_extracted(path, key, datasets[role], teacher, eval_cfg, device, amp, split)
-        out[f"{role}_dataset"] = {"root": out["dataset"]["root"],
-                                  **{k: v for k, v in dsettings.items() if k != "classes"}}
+        out[f"{role}_dataset"] = {"root": root, **{k: v for k, v in dsettings.items() if k != "classes"}}
     out["checkpoint_step"] = out["train"].step
     out["n_classes"] = len(classes["train"]) or int(max(out["train"].y.max(), out["val"].y.max())) + 1
     return out
