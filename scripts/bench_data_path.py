@@ -33,22 +33,48 @@ from models.training.distributed import DistContext  # noqa: E402
 from models.training.trainer import Trainer  # noqa: E402
 
 
-def time_loader(cfg, device, batches: int, warmup: int, num_workers: int) -> dict:
+def time_loader(cfg, device, batches: int, warmup: int, num_workers: int, to_device: bool = True) -> dict:
+    """Sustained rate: timed from the first batch after warm-up over `batches` batches, many more than the workers
+    prefetch (2 per worker), so what was queued during start-up does not count as speed."""
     dataset = build_training_dataset(cfg)
     loader = build_ssl_loader(cfg, rank=0, world_size=1, start_step=0, dataset=dataset, num_workers=num_workers)
     it = iter(loader)
-    for _ in range(warmup):  # workers start and fill their prefetch queues
-        loader.to_device(next(it), device)
+    fetch = (lambda: loader.to_device(next(it), device)) if to_device else (lambda: next(it))
+    for _ in range(warmup):
+        fetch()
     torch.cuda.synchronize()
+    batches = max(batches, 8 * max(num_workers, 1))
     start = time.perf_counter()
     for _ in range(batches):
-        batch = loader.to_device(next(it), device)
+        batch = fetch()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     loader.close()
     images = batches * cfg.train.batch_size_per_gpu
     return {"images_per_s": round(images / seconds, 1), "ms_per_batch": round(1e3 * seconds / batches, 2),
             "num_workers": num_workers, "batch": batch}
+
+
+def time_augmentation(cfg, device, batch_images: torch.Tensor, iters: int) -> dict:
+    """The device augmentation alone on a resident uint8 batch: GPU time (CUDA events) and host time per batch."""
+    from data.loader import build_batched_augmentation
+
+    aug = build_batched_augmentation(cfg)
+    g = torch.Generator(device=device).manual_seed(0)
+    for _ in range(3):
+        aug(batch_images, g)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = time.perf_counter()
+    start.record()
+    for _ in range(iters):
+        aug(batch_images, g)
+    end.record()
+    host = time.perf_counter() - host
+    torch.cuda.synchronize()
+    return {"gpu_ms_per_batch": round(start.elapsed_time(end) / iters, 2),
+            "host_ms_per_batch": round(1e3 * host / iters, 2),
+            "images_per_s": round(batch_images.shape[0] * iters * 1e3 / start.elapsed_time(end), 1)}
 
 
 def time_step(cfg, device, batch: dict, warmup: int, iters: int, out_dir: Path) -> dict:
@@ -89,7 +115,14 @@ def main() -> None:
     rows = {}
     rows["loader-device"] = time_loader(cfg_device, device, args.batches, 5, cfg_device.train.num_workers)
     batch = rows["loader-device"].pop("batch")
-    rows["loader-workers"] = time_loader(cfg_workers, device, max(4, args.batches // 3), 3, args.workers)
+    images = torch.randint(0, 256, (cfg_device.train.batch_size_per_gpu, 3, 32, 32), dtype=torch.uint8,
+                           device=device)
+    rows["augmentation-device"] = time_augmentation(cfg_device, device, images, args.iters)
+    # the workers' part alone (index the array, stack, draw the iBOT masks): no copy, no augmentation
+    rows["loader-device-no-aug"] = time_loader(cfg_device, device, args.batches, 5, cfg_device.train.num_workers,
+                                               to_device=False)
+    rows["loader-device-no-aug"].pop("batch")
+    rows["loader-workers"] = time_loader(cfg_workers, device, args.batches, 3, args.workers)
     rows["loader-workers"].pop("batch")
     out_dir = Path("/tmp/bench_data_path")
     rows["step-dense"] = time_step(load_config(args.config, base + ["sparsity.sparse_fraction=0"]), device, batch,
@@ -97,7 +130,7 @@ def main() -> None:
     rows["step-sparse"] = time_step(load_config(args.config, base + ["sparsity.sparse_fraction=1"]), device, batch,
                                     8, args.iters, out_dir)
     step = rows["step-dense"]["images_per_s"]
-    for name in ("loader-device", "loader-workers", "step-sparse"):
+    for name in ("loader-device", "augmentation-device", "loader-device-no-aug", "loader-workers", "step-sparse"):
         rows[name]["vs_dense_step"] = round(rows[name]["images_per_s"] / step, 3)
     result["rows"] = rows
     args.out.parent.mkdir(parents=True, exist_ok=True)
