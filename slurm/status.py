@@ -16,6 +16,7 @@ from typing import Iterable, Optional
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from models.training.metrics_format import steps_done  # noqa: E402
 from slurm.sweep import CONFIG_FILE, EVAL_RESULT, last_step, latest_job, newest_checkpoint  # noqa: E402
 
 # Job states after which Slurm may still run the job (a requeued job is PENDING again).
@@ -96,7 +97,7 @@ def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
     total = _total_steps(run_dir)
     newest = newest_checkpoint(run_dir)
     row = {"run": run_dir.name,
-           "step": f"{record['step'] + 1 if record else 0}/{total if total is not None else '?'}",
+           "step": f"{steps_done(record) if record else 0}/{total if total is not None else '?'}",
            "phase": record.get("phase", "?") if record else "-",
            "checkpoint": str(newest[0]) if newest else "-"}
     for kind in ("train", "eval"):

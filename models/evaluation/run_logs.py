@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from models.training.metrics_format import steps_done
+
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
 KNN_SHOWN_K = 20  # the k-NN column of the table; dinov2's usual headline k (all k stay in the CSV)
 # total first, then the terms ssl_meta_arch logs; any other "*_loss" key found follows these
@@ -191,7 +193,8 @@ def _global_batch(run_dir: Path, batch_size_per_gpu: int) -> int:
 
 
 def _read_records(path: Path) -> list[dict]:
-    """metrics.jsonl lines; a line cut by a kill mid-write is ignored. A step going backwards means the run
+    """metrics.jsonl lines, each `step` read as the number of steps done (lines of older runs counted from 0:
+    `steps_done` converts them); a line cut by a kill mid-write is ignored. A step going backwards means the run
     restarted there (train.py truncates the file when it resumes or starts over, but logs written by older
     versions may repeat steps): the later lines replace the earlier ones from that step on."""
     records: list[dict] = []
@@ -202,6 +205,7 @@ def _read_records(path: Path) -> list[dict]:
             continue
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             continue
+        record = {**record, "step": steps_done(record)}
         while records and records[-1]["step"] >= record["step"]:
             records.pop()
         records.append(record)
@@ -222,7 +226,7 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     path = run_dir / "metrics.jsonl"
     records = _read_records(path) if path.is_file() else []
     checkpoint_steps = [step for step, _ in _checkpoints(run_dir)]
-    run.steps_done = max([r["step"] + 1 for r in records] + checkpoint_steps + [0])
+    run.steps_done = max([r["step"] for r in records] + checkpoint_steps + [0])
     terms = list(LOSS_TERMS) + sorted({k for r in records for k in r if k.endswith("_loss")} - set(LOSS_TERMS))
     for term in terms:
         curve = [(r["step"], v) for r in records if (v := _float(r.get(term))) is not None]
@@ -238,7 +242,7 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     timed = images = sparse_images = 0
     previous_end = 0  # first step not yet covered by a window
     for record in records:
-        end = record["step"] + 1
+        end = record["step"]
         rate = _float(record.get("images_per_s"))
         steps = end - previous_end
         previous_end = end
@@ -266,12 +270,12 @@ def _phase_rates(records: list[dict], sparse_steps: Optional[int], restarts: lis
     for record in records:
         phase = record.get("phase")
         if phase not in rates:  # older logs: the phase from the schedule
-            phase = "sparse" if sparse_steps and record["step"] < sparse_steps else "dense"
-        restarted = any(previous_end <= step <= record["step"] for step in restarts)
+            phase = "sparse" if sparse_steps and record["step"] <= sparse_steps else "dense"
+        restarted = any(previous_end <= step < record["step"] for step in restarts)
         rate = _float(record.get("images_per_s"))
         if phase == previous_phase and not restarted and rate and rate > 0 and math.isfinite(rate):
             rates[phase].append(rate)
-        previous_phase, previous_end = phase, record["step"] + 1
+        previous_phase, previous_end = phase, record["step"]
     return tuple(statistics.median(rates[p]) if rates[p] else None for p in ("sparse", "dense"))
 
 

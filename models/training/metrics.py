@@ -1,4 +1,5 @@
-"""`metrics.jsonl`: one JSON object per logged step, written by rank 0 only.
+"""`metrics.jsonl`: one JSON object per logged step, written by rank 0 only. A line's `step` is the number of steps
+done (see `metrics_format`: lines of older runs counted from 0, and `steps_done` reads both).
 
 On resume, lines for steps the checkpoint does not cover are dropped first: the resumed run logs them again, so an
 interrupted-then-resumed run leaves the same file as an uninterrupted one.
@@ -11,8 +12,10 @@ from typing import Any
 
 from models.safe_io import atomic_write_text
 
+from .metrics_format import steps_done
+
 # Fields that measure the machine rather than the computation; they differ between otherwise identical runs.
-TIMING_FIELDS = ("images_per_s", "step_time_s", "data_time_s", "time")
+TIMING_FIELDS = ("images_per_s", "step_time_s", "data_time_s", "time", "max_mem_mb")
 
 
 def _plain(value: Any) -> Any:
@@ -29,15 +32,16 @@ class MetricsLog:
         self.enabled = enabled
 
     def truncate_after(self, step: int) -> None:
-        """Keep only lines with `step` < the given step (those the resumed run will not log again)."""
+        """Keep only lines logged with at most `step` steps done (those a run resumed at `step` will not log
+        again); 0 empties the file."""
         if not self.enabled or not self.path.exists():
             return
         kept = []
         for line in self.path.read_text().splitlines():
             try:
-                if json.loads(line)["step"] < step:
+                if steps_done(json.loads(line)) <= step:
                     kept.append(line)
-            except (json.JSONDecodeError, KeyError):  # a line cut by a kill mid-write
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):  # a line cut by a kill mid-write
                 break
         atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))  # a kill here keeps the old file
 

@@ -15,6 +15,7 @@ same: the schedules are indexed by step, and a step is one global batch.
 
 import contextlib
 import inspect
+import json
 import logging
 import signal
 import time
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from tqdm import tqdm
 
 from configs import Config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference
@@ -34,6 +34,8 @@ from .checkpoint import CheckpointManager, rng_state, set_rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical
 from .metrics import MetricsLog
+from .metrics_format import FORMAT_KEY, METRICS_FORMAT
+from .progress import RUN_INFO, ProgressLog, log_run_info, max_memory_mb, run_info
 from .schedules import build_schedules
 from .sparse_schedule import SparseSchedule
 from .step_checks import StepChecks
@@ -83,7 +85,11 @@ class Trainer:
             **({"fused": True} if self.device.type == "cuda" else {}),
         )
         amp = AMP_DTYPES[cfg.train.amp_dtype] if self.device.type == "cuda" else torch.float32
-        self.amp_dtype = amp
+        self.amp_dtype = amp  # the dtype actually used: in the start-up summary and run_info.json
+        if amp != AMP_DTYPES[cfg.train.amp_dtype] and ctx.is_main:
+            logger.warning("train.amp_dtype=%s is not used on %s: autocast runs only on CUDA here, so this run "
+                           "computes in float32 (config.yaml keeps the configured value; run_info.json and the "
+                           "start-up summary record the dtype used)", cfg.train.amp_dtype, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == torch.float16)
         self.sparse_schedule = SparseSchedule(cfg.sparsity, cfg.sparse_steps)
         self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", cfg.train.max_to_keep,
@@ -217,7 +223,6 @@ class Trainer:
         if state is None:
             return False
         self.load_state_dict(state)
-        self.metrics.truncate_after(self.step)
         logger.info("resumed at step %d (%s phase)", self.step, self.sparse_schedule.current)
         return True
 
@@ -338,19 +343,51 @@ class Trainer:
         finally:
             signal.signal(signal.SIGTERM, previous)
 
+    def _finished_already(self, resumed: bool, last_step: int, final: Path) -> bool:
+        """A rerun of a run that has nothing left to do (its checkpoint is at the last step and, for a full run, the
+        teacher is exported): said so, and nothing is rewritten."""
+        total = self.cfg.total_steps
+        if not resumed or self.step < last_step or (last_step >= total and not final.exists()):
+            return False
+        if self.ctx.is_main:
+            if last_step >= total:
+                logger.info("%s is complete: checkpoint at step %d of %d, teacher exported to %s; nothing to do "
+                            "(nothing was rewritten; start a new run in another --output-dir)", self.output_dir,
+                            self.step, total, final)
+            else:
+                logger.info("%s has reached train.max_steps=%d (of %d steps): nothing to do; raise "
+                            "train.max_steps to continue it", self.output_dir, last_step, total)
+        return True
+
+    def _metrics_record(self, loss, terms: dict, values: dict, norms: dict, images_per_s: float) -> dict:
+        """A metrics.jsonl line: `step` counts the steps done (as checkpoints do; see metrics_format)."""
+        memory = max_memory_mb(self.device)
+        return {"step": self.step, FORMAT_KEY: METRICS_FORMAT, "phase": self.sparse_schedule.current, "loss": loss,
+                **terms, **values, **norms, **self.sparse_schedule.auto_summary(),
+                "corrupt_skipped": self.corrupt_skipped, "images_per_s": images_per_s,
+                **({"max_mem_mb": round(memory, 1)} if memory is not None else {})}
+
     def train(self) -> Path:
         """Run (or resume) to the end; return the exported teacher backbone path."""
         cfg = self.cfg
         total = cfg.total_steps
         last_step = min(total, cfg.train.max_steps) if cfg.train.max_steps > 0 else total
+        final = self.output_dir / "teacher_backbone.pth"
         if self.ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.resume_if_possible()  # refuses another config before anything is written
+        if self._finished_already(resumed, last_step, final):
+            return final
+        start_step = self.step
         if self.ctx.is_main:
             atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
-        if not resumed:
-            self.metrics.truncate_after(0)  # a fresh start in a used directory replaces the old log
-        elif self.step % cfg.train.teacher_export_period == 0 and 0 < self.step < total:
+            info = run_info(cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype, bool(self.compiled),
+                            start_step, last_step)
+            log_run_info(info)
+            atomic_write_text(self.output_dir / RUN_INFO, json.dumps(info, indent=1) + "\n")
+        # lines logged after the checkpoint are logged again; a fresh start in a used directory replaces the old log
+        self.metrics.truncate_after(self.step)
+        if resumed and self.step % cfg.train.teacher_export_period == 0 and 0 < self.step < total:
             # the checkpoint of an export step is written first: a kill during that export is redone from it
             path = self._export_path(self.step)
             if self.ctx.is_main and not path.exists():
@@ -358,11 +395,10 @@ class Trainer:
                 self.export_teacher(path)
         self.sparse_schedule.apply(self.model.student.backbone, self.step)
         self.model.train()
-        progress = tqdm(total=last_step, initial=self.step, disable=not self.ctx.is_main, desc="train",
-                        dynamic_ncols=True)
+        progress = ProgressLog(self.output_dir, self.step, last_step, enabled=self.ctx.is_main)
         with self._sigterm_stops_cleanly(), contextlib.closing(self._batches()) as batches, progress:
             # batches: lazy (the loader starts at the first next(), after any resume), closed however the loop ends;
-            # the bar is closed before any error is reported, so that the message is a line of its own
+            # the bar (a terminal only) is closed before any error is reported, so that the message is a line of its own
             window_start, window_steps = time.perf_counter(), 0
             while self.step < last_step:
                 self.sparse_schedule.apply(self.model.student.backbone, self.step)
@@ -379,12 +415,10 @@ class Trainer:
                 if log_now:
                     loss, terms = self._global_mean(loss, terms)
                     elapsed = time.perf_counter() - window_start
-                    record = {"step": self.step - 1, "phase": self.sparse_schedule.current, "loss": loss,
-                              **terms, **values, **norms, **self.sparse_schedule.auto_summary(),
-                              "corrupt_skipped": self.corrupt_skipped,
-                              "images_per_s": self.global_batch * window_steps / max(elapsed, 1e-9)}
+                    record = self._metrics_record(loss, terms, values, norms,
+                                                  self.global_batch * window_steps / max(elapsed, 1e-9))
                     self.metrics.write(record)
-                    progress.set_postfix(loss=f"{loss.item():.4f}", phase=self.sparse_schedule.current)
+                    progress.log(record)
                     window_start, window_steps = time.perf_counter(), 0
                 if self.step % cfg.train.checkpoint_period == 0 and self.step < last_step:
                     self.save_checkpoint()
@@ -396,8 +430,8 @@ class Trainer:
                     logger.warning("SIGTERM: checkpoint saved at step %d; rerun the same command to resume", self.step)
                     raise Preempted(self.step)
         self.settle_checks()
-        self.save_checkpoint()
-        final = self.output_dir / "teacher_backbone.pth"
+        if self.step > start_step:  # resumed at the last step (killed during the final export): only export
+            self.save_checkpoint()
         if self.step >= total:
             self.export_teacher(final)
         return final

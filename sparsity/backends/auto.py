@@ -23,7 +23,8 @@ with the fused kernel's dense-output mode (`prune_dense`, one read and one write
 pruning kernel, so that falling back costs little next to a plain dense layer; other pruning methods use the
 `dense` backend. Where cuSPARSELt cannot
 run (CPU, missing nvmath, compute capability < 8.0, shapes that are not multiples of 16, fp32) auto is the dense
-backend, and the reason is recorded. A key first met inside graph capture or compilation uses dense (no timing is
+backend, and the reason is recorded and logged (weights off CUDA: once per device type and dtype, in `fallbacks`).
+A key first met inside graph capture or compilation uses dense (no timing is
 possible there) without remembering it, so a later eager call can still decide.
 """
 
@@ -141,13 +142,25 @@ class AutoBackend(Backend):
     def __init__(self):
         self._lock = threading.Lock()
         self.decisions: dict = {}  # GemmKey -> record
+        self.fallbacks: dict = {}  # (device type, dtype) -> reason, for weights that cannot go to cuSPARSELt at all
         self._backends: dict = {}
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         return None  # dense always works
 
+    def _not_on_cuda(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Weights off CUDA run dense: said once per (device type, dtype), with the reason."""
+        key = (device.type, str(dtype).replace("torch.", ""))
+        if key not in self.fallbacks:
+            with self._lock:
+                if key not in self.fallbacks:
+                    reason = f"weights on {device.type}: cuSPARSELt runs only on CUDA GPUs"
+                    self.fallbacks[key] = reason
+                    log.info("auto backend: %s %s -> dense for every layer (%s)", key[0], key[1], reason)
+
     def sparsify(self, weight: torch.Tensor, pruning: str) -> SparseWeight:
         if weight.device.type != "cuda":
+            self._not_on_cuda(weight.device, weight.dtype)
             return self.backend("dense").sparsify(weight, pruning)
         return AutoSparseWeight(self, weight.detach(), pruning)
 
@@ -182,6 +195,7 @@ class AutoBackend(Backend):
         the device-time decision (`choice_graph`; a compiled step keeps the GPU busy), timed now on a random weight
         of the layer's shape if this key is new."""
         if device.type != "cuda":
+            self._not_on_cuda(device, dtype)
             return "dense"
         key = GemmKey(tokens, in_features, out_features, dtype, device.index if device.index is not None else 0)
         rec = self.decisions.get(key)
@@ -319,6 +333,8 @@ class AutoBackend(Backend):
         return {
             "backend": self.name,
             "weight_grad": decisions(),
+            "fallbacks": [{"device": d, "dtype": t, "choice": "dense", "reason": r}
+                          for (d, t), r in self.fallbacks.items()],
             "decisions": [
                 {"tokens": k.tokens, "in_features": k.in_features, "out_features": k.out_features,
                  "dtype": str(k.dtype).replace("torch.", ""), "device": k.device_index, **v}
