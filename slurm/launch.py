@@ -19,7 +19,7 @@ from typing import Optional
 if __package__ in (None, ""):  # `python slurm/launch.py`: import the package from the repo root, not slurm/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from configs import ConfigError, to_yaml  # noqa: E402
+from configs import ConfigError, scaled_lr, to_yaml  # noqa: E402
 from slurm.status import format_table  # noqa: E402
 from slurm.status import main as status_main  # noqa: E402
 from slurm.submit import Resources, SweepSubmitter  # noqa: E402
@@ -35,12 +35,45 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"sparsity.sparse_fraction={text} is out of range: must be >= 0 and <= 1")
+    return value
+
+
+def _split_overrides(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """(options, key=value overrides): every key=value that is not the value of an option is an override, wherever
+    it stands, so that `--sparse-fractions 0 0.5 data.root=/d` (a list option followed by an override) keeps the
+    override instead of reading it as a fraction."""
+    options, overrides = [], []
+    takes_value = False
+    for token in argv:
+        if takes_value:
+            options.append(token)
+            takes_value = False
+        elif token.startswith("-"):
+            name = token.split("=", 1)[0]
+            actions = [a for s, a in parser._option_string_actions.items() if s == name] or [
+                a for s, a in parser._option_string_actions.items() if s.startswith(name)]  # abbreviations
+            takes_value = "=" not in token and len(actions) == 1 and actions[0].nargs is None
+            options.append(token)
+        elif "=" in token:
+            overrides.append(token)
+        else:
+            options.append(token)
+    return options, overrides
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="slurm/launch.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, required=True, help="training YAML, e.g. configs/vitl16_imagenet.yaml")
-    p.add_argument("--sparse-fractions", type=float, nargs="+", default=REFERENCE_FRACTIONS, metavar="X",
-                   help="one run per value of sparsity.sparse_fraction (default: %(default)s)")
+    p.add_argument("--sparse-fractions", type=_fraction, nargs="+", default=REFERENCE_FRACTIONS, metavar="X",
+                   help="one run per value of sparsity.sparse_fraction, each in [0, 1] (default: %(default)s)")
     p.add_argument("--runs-dir", type=Path, default=None,
                    help="sweep folder, one run directory per fraction (default: runs/<config name>-sweep)")
     slurm = p.add_argument_group("Slurm resources (training job)")
@@ -66,11 +99,14 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="override for eval_linear.py, e.g. features.batch_size=128 (repeatable)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true",
-                      help="print the resolved configs and the sbatch files; submit nothing")
+                      help="print the resolved config, the global batch and peak lr, and each job's sbatch file; "
+                           "submit nothing")
     mode.add_argument("--local", action="store_true",
                       help="run the same jobs here with submitit's local executor, one run after the other")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="training config overrides for every run")
-    args = p.parse_intermixed_args(argv)  # options may follow the key=value overrides
+    options, overrides = _split_overrides(p, sys.argv[1:] if argv is None else list(argv))
+    args = p.parse_intermixed_args(options)  # options may follow the key=value overrides
+    args.overrides = [*overrides, *args.overrides]
     for name in ("nodes", "cpus_per_task", "cpu_tasks_per_node", "timeout_min", "max_num_timeout", "eval_timeout_min"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -82,6 +118,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.gpus_per_node < 0 or args.eval_gpus < 0:
         p.error("GPU counts must be >= 0")
     return args
+
+
+def dry_run_header(args: argparse.Namespace, plans: list) -> str:
+    """The resolved config once (the runs differ only in sparsity.sparse_fraction), then the global batch and the
+    peak lr this allocation trains with."""
+    cfg = plans[0].cfg
+    per_node = args.gpus_per_node or args.cpu_tasks_per_node
+    world = args.nodes * per_node
+    devices = "GPUs" if args.gpus_per_node else "CPU processes"
+    global_batch = world * cfg.train.batch_size_per_gpu
+    return "\n".join([
+        f"--- resolved config (shown for sparse_fraction={plans[0].fraction}; every run is this config with its own "
+        "sparsity.sparse_fraction)",
+        to_yaml(cfg).rstrip("\n"),
+        f"--- global batch {global_batch} = {args.nodes} node(s) x {per_node} {devices} x "
+        f"{cfg.train.batch_size_per_gpu} images (train.batch_size_per_gpu); peak lr {scaled_lr(cfg, world):.6g} "
+        f"(optim.base_lr {cfg.optim.base_lr:g} for 1024 images, scaled by {cfg.optim.scaling_rule})",
+        f"note: the lr scaling follows the global batch: on another number of nodes x GPUs than the recipe was "
+        f"written for, keep its global batch by changing train.batch_size_per_gpu, or the runs train with another "
+        f"lr and sample order than the recipe's",
+    ])
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -99,10 +156,11 @@ def launch(args: argparse.Namespace) -> int:
                     slurm_extra=dict(args.slurm_arg))
     submitter = SweepSubmitter(args.config, res, args.eval_arg, local=args.local, evaluate=not args.skip_eval)
     if args.dry_run:
+        print(dry_run_header(args, plans))
         for plan in plans:
             print(f"=== {plan.run_dir}  sparse_fraction={plan.fraction}  training: {plan.train_action} "
                   f"(step {plan.done_steps}/{plan.last_step}), eval: {'done' if plan.eval_done else 'todo'}")
-            print(f"--- resolved config\n{to_yaml(plan.cfg)}--- sbatch")
+            print("--- sbatch")
             print(submitter.preview(plan) or "(nothing to submit)")
         print(format_table([{"fraction": f"{p.fraction:g}", "run dir": str(p.run_dir), "train": p.train_action,
                              "eval": "done" if p.eval_done else "todo"} for p in plans]))

@@ -1,4 +1,5 @@
 """Where each run of a sweep stands: `python slurm/launch.py status --runs-dir DIR` (or `python slurm/status.py`).
+DIR is the sweep folder, or one run directory (then that run alone).
 
 One line per run directory: steps done of the run's total, the sparsity phase of the last logged step, the newest
 checkpoint, the latest training and evaluation jobs with their Slurm state, and the linear-probe result. Progress
@@ -112,12 +113,24 @@ def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
     return row
 
 
+def _is_run(path: Path) -> bool:
+    return any((path / name).exists() for name in (CONFIG_FILE, "jobs.json", "metrics.jsonl"))
+
+
 def find_runs(runs_dir: Path) -> list[Path]:
+    """The run directories of a sweep folder, or [runs_dir] if it is a run directory itself; FileNotFoundError if
+    there is none (an empty table would read as "nothing launched")."""
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise FileNotFoundError(f"{runs_dir}: no such sweep folder")
-    return sorted(p for p in runs_dir.iterdir() if p.is_dir() and ((p / CONFIG_FILE).exists()
-                                                                  or (p / "jobs.json").exists()))
+    if _is_run(runs_dir):
+        return [runs_dir]
+    runs = sorted(p for p in runs_dir.iterdir() if p.is_dir() and _is_run(p))
+    if not runs:
+        raise FileNotFoundError(f"{runs_dir}: neither a run directory (no {CONFIG_FILE}, jobs.json or metrics.jsonl) "
+                                f"nor a sweep folder holding runs (one sub-folder per fraction, e.g. sparse_0.70): "
+                                f"pass the --runs-dir given to the launcher, or one run's directory")
+    return runs
 
 
 def sweep_rows(runs_dir: Path) -> list[dict[str, str]]:
@@ -140,7 +153,8 @@ def format_table(rows: list[dict[str, str]]) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="slurm/launch.py status", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs-dir", type=Path, required=True, help="the sweep folder given to the launcher")
+    parser.add_argument("--runs-dir", type=Path, required=True,
+                        help="the sweep folder given to the launcher, or one run directory")
     args = parser.parse_args(argv)
     try:
         rows = sweep_rows(args.runs_dir)

@@ -50,13 +50,19 @@ def test_dry_run_of_the_vitl_sweep_prints_seven_jobs_and_seven_chained_evals(tmp
         assert ev["dependency"] == f"afterok:<job id of s24-train-{name}>" and ev["kill-on-invalid-dep"] == "yes"
         assert (ev["nodes"], ev["gpus-per-node"]) == ("1", "1")
         assert str(runs / name) in train["output"]
-    # each run's resolved config, with its own fraction and the sweep's override
-    configs = re.findall(r"--- resolved config\n(.*?)--- sbatch", out, flags=re.S)
-    assert len(configs) == 7
-    for text, fraction in zip(configs, FRACTIONS):
-        assert f"sparse_fraction: {float(fraction)}" in text and "root: /datasets/imagenet" in text
-        assert "arch: vit_large" in text
-    assert f"--output-dir {runs / 'sparse_0.70'} data.root=/datasets/imagenet sparsity.sparse_fraction=0.7" in out
+    # the resolved config once (with the sweep's override), then one summary line and one command per run, each
+    # with its own fraction and run directory
+    configs = re.findall(r"^--- resolved config.*?\n(.*?)^--- global batch", out, flags=re.S | re.M)
+    assert len(configs) == 1 and out.count("arch: vit_large") == 1, out[:3000]
+    assert "sparse_fraction: 0.0" in configs[0] and "root: /datasets/imagenet" in configs[0]
+    for fraction in FRACTIONS:
+        name = f"sparse_{float(fraction):.2f}"
+        assert f"=== {runs / name}  sparse_fraction={float(fraction)}  training: new" in out
+        assert (f"--output-dir {runs / name} data.root=/datasets/imagenet sparsity.sparse_fraction={float(fraction)}"
+                in out)
+    # 4 nodes x 8 GPUs x 64 images; lr 0.004 * sqrt(2048 / 1024)
+    assert "global batch 2048 = 4 node(s) x 8 GPUs x 64 images" in out and "peak lr 0.00565685 " in out
+    assert "lr scaling follows the global batch" in out
     assert not runs.exists(), "a dry run must not create anything"
 
 
@@ -180,9 +186,37 @@ def test_local_mode_trains_the_same_job_here_and_a_rerun_skips_it(tmp_path):
     first = launch(*args)
     run = tmp_path / "sparse_0.50"
     records = read_metrics(run / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(8)) and (run / "teacher_backbone.pth").exists()
+    assert [r["step"] for r in records] == list(range(1, 9)) and (run / "teacher_backbone.pth").exists()
     assert "(new)" in first.stdout and "skipped" in first.stdout, first.stdout
     status = launch("status", "--runs-dir", str(tmp_path)).stdout
     assert "8/8" in status and "(local)" in status, status
     again = launch(*args)
     assert "done" in again.stdout and len(json.loads((run / "jobs.json").read_text())) == 1, again.stdout
+
+
+def test_overrides_after_the_fraction_list_stay_overrides_and_fractions_are_validated(tmp_path):
+    from slurm.launch import parse_args
+
+    args = parse_args(["--config", "configs/default.yaml", "--sparse-fractions", "0", "0.5", "data.root=/d",
+                       "--slurm-arg", "account=abc", "--nodes", "2", "--eval-arg=linear.n_c=3", "train.seed=3"])
+    assert args.sparse_fractions == [0.0, 0.5] and args.nodes == 2
+    assert args.overrides == ["data.root=/d", "train.seed=3"]
+    assert args.slurm_arg == [("account", "abc")] and args.eval_arg == ["linear.n_c=3"]
+    result = launch("--config", "configs/default.yaml", "--sparse-fractions", "0", "1.5", "data.root=/d",
+                    "--runs-dir", str(tmp_path / "s"), "--dry-run", check=False)
+    assert result.returncode == 2 and "sparsity.sparse_fraction=1.5 is out of range" in result.stderr, result.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_status_of_one_run_directory_reports_that_run_and_a_folder_without_runs_is_an_error(tmp_path):
+    cfg = load_config(None, ["optim.epochs=2", "train.epoch_length=5"])
+    run = tmp_path / "sweep" / "sparse_0.70"
+    _fake_progress(run, cfg, [3, 6])
+    # a line in the current format: "step" counts the steps done, as the checkpoint names do
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 6, "format": 2, "phase": "dense", "loss": 1.0}) + "\n")
+    for runs_dir in (run, run.parent):  # the run itself, or its sweep folder
+        result = launch("status", "--runs-dir", str(runs_dir))
+        assert "sparse_0.70" in result.stdout and "6/10" in result.stdout, result.stdout
+    for not_runs in (run / "checkpoints", tmp_path / "absent"):
+        result = launch("status", "--runs-dir", str(not_runs), check=False)
+        assert result.returncode == 2 and result.stdout == "" and str(not_runs) in result.stderr, result.stderr

@@ -174,7 +174,7 @@ def test_two_ranks_stop_together_on_usr2_to_rank_0_requeue_and_resume_exactly(sw
 def _assert_same_as_uninterrupted(run: Path, reference: Path) -> None:
     wait_for(lambda: (reference / "teacher_backbone.pth").exists(), "the uninterrupted reference run")
     got, want = (without_timing(read_metrics(r / "metrics.jsonl")) for r in (run, reference))
-    assert [r["step"] for r in got] == list(range(TOTAL_STEPS))
+    assert [r["step"] for r in got] == list(range(1, TOTAL_STEPS + 1))
     assert got == want
     a, b = (torch.load(r / "teacher_backbone.pth", weights_only=True)["backbone"] for r in (run, reference))
     assert all(torch.equal(a[k], b[k]) for k in b)

@@ -10,5 +10,12 @@ from train_runs import run_train
 def reference_run(tmp_path_factory) -> Path:
     """One uninterrupted tiny run that the interrupted ones are compared with."""
     out = tmp_path_factory.mktemp("reference")
-    run_train(out)
+    result = run_train(out)
+    (out.parent / f"{out.name}.stderr").write_text(result.stderr)  # what a Slurm .err file would hold
     return out
+
+
+@pytest.fixture(scope="session")
+def reference_stderr(reference_run) -> str:
+    """The reference run's stderr (a pipe, not a terminal)."""
+    return (reference_run.parent / f"{reference_run.name}.stderr").read_text()

@@ -53,7 +53,7 @@ def two_processes(tmp_path_factory):
 
 def assert_same_run(got, expected):
     a, b = read_metrics(got / "metrics.jsonl"), read_metrics(expected / "metrics.jsonl")
-    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(STEPS))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
     assert [r["phase"] for r in a] == [r["phase"] for r in b] == ["sparse"] * 4 + ["dense"] * 4
     for key in ("loss", "dino_local_crops_loss", "dino_global_crops_loss", "ibot_loss", "lr", "grad_norm_backbone"):
         torch.testing.assert_close(torch.tensor([r[key] for r in a]), torch.tensor([r[key] for r in b]),

@@ -22,7 +22,7 @@ def _assert_same_metrics(run, reference, note):
 
 def test_reference_run_switches_phase_at_the_configured_step(reference_run):
     records = read_metrics(reference_run / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(16))
+    assert [r["step"] for r in records] == list(range(1, 17))  # steps done, as checkpoints count
     assert [r["phase"] for r in records] == ["sparse"] * SWITCH_STEP + ["dense"] * (16 - SWITCH_STEP)
     assert "step 8: sparse -> dense switch" in (reference_run / "log.txt").read_text()
 
@@ -31,7 +31,7 @@ def test_reference_run_switches_phase_at_the_configured_step(reference_run):
 @pytest.mark.parametrize(
     "sig,kill_after,period",
     [
-        # The signal lands inside step kill_after + 1, so kill_after must be <= 13 of the 16 steps (0..15): at 14 it
+        # The signal lands inside step kill_after + 1, so kill_after must be <= 14 of the 16 steps (1..16): at 15 it
         # lands in the last step and the run legitimately finishes. Fixed steps keep CI deterministic.
         (signal.SIGTERM, 4, 3),  # graceful, between periodic checkpoints: checkpoint at the step boundary, exit 143
         (signal.SIGKILL, 11, 3),  # hard, dense phase: resume from the last periodic checkpoint (step 9)

@@ -40,7 +40,7 @@ def start_train(output_dir: Path, *overrides: str, new_session: bool = False) ->
 
 
 def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
-    """Block until metrics.jsonl holds a line for `step` (the run is then inside step + 1)."""
+    """Block until metrics.jsonl holds the line logged after `step` steps (the run is then inside step + 1)."""
     deadline = time.monotonic() + timeout
     needle = f'"step": {step},'
     while time.monotonic() < deadline:
