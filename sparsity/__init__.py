@@ -10,7 +10,8 @@ Typical use (the MLPs of a ViT, sparse for the first part of training, dense aft
 Modules: `SemiSparseLinear` (weight 2:4), `SemiSparseActivationLinear` (input 2:4), `BlockSparseLinear`.
 Functions: `semi_sparse_linear`, `semi_sparse_activation_linear`, `block_sparse_linear`.
 Pruning: `prune(w, method)`, `mvue`, `is_transposable`, `PRUNING_METHODS`; backends: `get_backend(name)`.
-Importing this package does not import Triton (kernels load on first use, on CUDA tensors).
+Importing this package does not import Triton (kernels load on first use, on CUDA tensors), nor torchvision; on
+Linux with a CPU-only torch it lets PyPI's torchvision (and so timm) import afterwards (`sparsity.torchvision_compat`).
 """
 
 from sparsity.autograd import compute_dtype_for, semi_sparse_activation_linear, semi_sparse_linear
@@ -35,6 +36,10 @@ from sparsity.swap import (
     swap_semi_sparse_linear_with_linear,
     swap_to_dense,
 )
+from sparsity.torchvision_compat import ensure_torchvision_importable
+
+# None of the modules above imports torchvision; this only prepares a later `import timm` / `import torchvision`.
+ensure_torchvision_importable()
 
 __all__ = [
     "BACKENDS",
