@@ -110,7 +110,8 @@ def _number(value) -> Optional[float]:
 
 
 def format_line(record: dict, last_step: int, eta_s: float) -> str:
-    """One periodic line: `step 40/16  loss 9.12  dino_local_crops_loss ...  lr ...  images/s ...  eta 0:01:02`."""
+    """One periodic line: `step  40/1000  phase sparse  loss 9.1234  dino_local_crops_loss 5.4321 ...  lr 1.234e-04
+    wd 0.0400  images/s 812.3  max mem 5120 MB  eta 0:13:02`."""
     width = len(str(last_step))
     parts = [f"step {record['step']:>{width}}/{last_step}", f"phase {record.get('phase', '?')}"]
     for key, value in record.items():
