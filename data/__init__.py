@@ -27,7 +27,8 @@ from .transforms import (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, GaussianBl
                          make_eval_transform, make_normalize_transform)
 
 __all__ = [
-    "BatchedAugmentationDINO", "InMemoryImages", "build_training_dataset", "CorruptImageError", "DataAugmentationDINO", "DatasetError", "DigitsDataset", "GaussianBlur",
+    "BatchedAugmentationDINO", "InMemoryImages", "build_training_dataset",
+    "CorruptImageError", "DataAugmentationDINO", "DatasetError", "DigitsDataset", "GaussianBlur",
     "IMAGENET_DEFAULT_MEAN", "IMAGENET_DEFAULT_STD", "ImageFolderDataset", "InfiniteShardedSampler",
     "MaskingGenerator", "SSLCollate", "SSLDataset", "SSLLoader", "SSLSample", "build_augmentation",
     "build_dataset", "build_ssl_loader", "collate_ssl_samples", "load_image", "make_eval_transform",

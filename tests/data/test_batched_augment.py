@@ -132,7 +132,8 @@ def test_statistics_match_the_per_image_pipeline():
     """Same transforms, same probabilities as the PIL pipeline: the normalised crops' per-channel mean and std, and
     the spatial contrast of global crop 1 (always blurred) and of the others, agree. Sampling noise over 400 images
     is ~0.02; the PIL path also rounds to uint8 after each jitter op, which shifts its mean by ~0.04 (normalised
-    units, ~2/255). Without the blur on crop 1 its spatial contrast is off by 0.06, with crops of scale 0.9-1 by 0.09."""
+    units, ~2/255). Without the blur on crop 1 its spatial contrast is off by 0.06, with crops of scale 0.9-1 by
+    0.09."""
     n = 400
     images = (smooth_images(n, seed=6) * 255).round().to(torch.uint8)
     kw = dict(global_crops_scale=(0.3, 1.0), local_crops_scale=(0.1, 0.3), local_crops_number=2,

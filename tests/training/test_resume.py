@@ -14,7 +14,8 @@ SWITCH_STEP = 8  # TINY: 16 steps, sparse_fraction 0.5
 
 
 def _assert_same_metrics(run, reference, note):
-    got, want = without_timing(read_metrics(run / "metrics.jsonl")), without_timing(read_metrics(reference / "metrics.jsonl"))
+    got = without_timing(read_metrics(run / "metrics.jsonl"))
+    want = without_timing(read_metrics(reference / "metrics.jsonl"))
     assert [r["step"] for r in got] == [r["step"] for r in want], note
     for g, w in zip(got, want):
         assert g == w, f"{note}: first difference at step {w['step']}"
