@@ -12,7 +12,7 @@ import json
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
@@ -39,19 +39,15 @@ def shown_k(knn: dict) -> Optional[int]:
 
 
 @dataclass
-class EvalRecord:
-    """One eval_linear.py result file: the run's own evaluation or a baseline's."""
+class EvalResults:
+    """The numbers of one eval_linear.py result: shared by a result file's record and a run's summary."""
 
-    path: str
-    status: str = MISSING  # complete | missing | unreadable
-    reason: str = ""
     top1: Optional[float] = None
     top5: Optional[float] = None
     knn: dict = field(default_factory=dict)  # {k: top-1 %}
     best_C: Optional[float] = None
     solver: str = ""
-    seconds: Optional[float] = None
-    n_val: Optional[int] = None
+    n_val: Optional[int] = None  # validation images behind top-1
 
     @property
     def knn_k(self) -> Optional[int]:
@@ -62,8 +58,20 @@ class EvalRecord:
         return self.knn.get(self.knn_k)
 
 
-@dataclass
-class RunSummary:
+@dataclass(kw_only=True)
+class EvalRecord(EvalResults):
+    """One eval_linear.py result file: the run's own evaluation or a baseline's."""
+
+    path: str
+    status: str = MISSING  # complete | missing | unreadable
+    reason: str = ""
+    seconds: Optional[float] = None
+
+
+@dataclass(kw_only=True)
+class RunSummary(EvalResults):
+    """A run directory read back; its evaluation's numbers are the inherited `EvalResults` fields."""
+
     name: str
     path: str
     train_status: str = MISSING  # complete | partial | failed | missing | unreadable
@@ -93,14 +101,8 @@ class RunSummary:
     dense_images_per_s: Optional[float] = None
     final_loss: Optional[float] = None
     loss_terms: dict = field(default_factory=dict, repr=False)  # {term: [(step, value)]}, LOSS_TERMS order
-    # evaluation (from eval_linear.json)
-    top1: Optional[float] = None
-    top5: Optional[float] = None
-    knn: dict = field(default_factory=dict)  # {k: top-1 %}
-    best_C: Optional[float] = None
-    solver: str = ""
+    # evaluation (from eval_linear.json; top1, top5, knn, best_C, solver, n_val from EvalResults)
     eval_seconds: Optional[float] = None
-    n_val: Optional[int] = None  # validation images behind top-1
     baselines: dict = field(default_factory=dict)  # {"random_init" | "pixels": EvalRecord}, those found
 
     @property
@@ -113,14 +115,6 @@ class RunSummary:
         if self.total_steps is None or self.sparse_steps is None:
             return None
         return self.total_steps - self.sparse_steps
-
-    @property
-    def knn_k(self) -> Optional[int]:
-        return shown_k(self.knn)
-
-    @property
-    def knn_top1(self) -> Optional[float]:
-        return self.knn.get(self.knn_k)
 
     @property
     def seconds_per_step(self) -> Optional[float]:
@@ -351,9 +345,9 @@ def read_eval_record(path: Path) -> EvalRecord:
 
 def _read_eval(run: RunSummary, run_dir: Path) -> None:
     own = read_eval_record(run_dir / "eval_linear.json")
-    run.eval_status, run.eval_reason = own.status, own.reason
-    run.top1, run.top5, run.knn, run.best_C = own.top1, own.top5, own.knn, own.best_C
-    run.solver, run.eval_seconds, run.n_val = own.solver, own.seconds, own.n_val
+    run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds
+    for f in fields(EvalResults):
+        setattr(run, f.name, getattr(own, f.name))
     for key, names in BASELINE_FILES.items():
         for name in names:
             record = read_eval_record(run_dir / name)
