@@ -35,6 +35,8 @@ from data import build_ssl_loader, build_training_dataset  # noqa: E402
 from models.training.distributed import DistContext  # noqa: E402
 from models.training.trainer import Trainer  # noqa: E402
 
+from bench_train_step import time_steps  # noqa: E402  (scripts/ is on sys.path as the script's own folder)
+
 
 def time_loader(cfg, device, batches: int, warmup: int, num_workers: int, to_device: bool = True) -> dict:
     """Sustained rate: timed from the first batch after warm-up over `batches` batches, many more than the workers
@@ -83,19 +85,7 @@ def time_augmentation(cfg, device, batch_images: torch.Tensor, iters: int) -> di
 def time_step(cfg, device, batch: dict, warmup: int, iters: int, out_dir: Path) -> dict:
     trainer = Trainer(cfg, out_dir, DistContext(rank=0, world_size=1, local_rank=0, device=device), dataset=[0])
     trainer.sparse_schedule.apply(trainer.model.student.backbone, 0)
-    values = trainer.schedules.at(cfg.total_steps // 2)
-    for _ in range(warmup):
-        trainer._train_step(batch, values)
-    trainer.settle_checks()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for s, e in events:
-        s.record()
-        trainer._train_step(batch, values)
-        e.record()
-    trainer.settle_checks()
-    torch.cuda.synchronize()
-    ms = statistics.median(s.elapsed_time(e) for s, e in events)
+    ms = statistics.median(time_steps(trainer, batch, warmup, iters, step=cfg.total_steps // 2))
     return {"images_per_s": round(cfg.train.batch_size_per_gpu * 1e3 / ms, 1), "ms_per_step": round(ms, 2),
             "phase": trainer.sparse_schedule.current, **trainer.sparse_schedule.auto_summary()}
 

@@ -52,8 +52,10 @@ def synthetic_batch(cfg, device) -> dict:
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def time_steps(trainer: Trainer, batch: dict, warmup: int, iters: int) -> list[float]:
-    values = trainer.schedules.at(20_000)  # a mid-training point: last layer unfrozen, lr > 0
+def time_steps(trainer: Trainer, batch: dict, warmup: int, iters: int, step: int = 20_000) -> list[float]:
+    """CUDA-event milliseconds of `iters` training steps after `warmup`, with the schedules' values at `step` (by
+    default a mid-training point of the ViT-L recipe: last layer unfrozen, lr > 0)."""
+    values = trainer.schedules.at(step)
     for _ in range(warmup):
         trainer._train_step(batch, values)
     trainer.settle_checks()
