@@ -16,6 +16,7 @@ generator per batch, seeded by the caller (`loader.SSLLoader.to_device`: seed, r
 resumed run draws the same crops.
 """
 
+import functools
 import math
 from typing import Dict, Sequence
 
@@ -58,9 +59,10 @@ def sample_crop_boxes(n: int, height: int, width: int, scale: Sequence[float], g
         fw, fh = round(height * RATIO[1]), height
     else:
         fw, fh = width, height
-    fallback = torch.tensor([(height - fh) // 2, (width - fw) // 2, fh, fw], dtype=torch.float32, device=device)
-    boxes = torch.stack([top, left, h, w], 1)
-    return torch.where(ok.any(1)[:, None], boxes, fallback)
+    # Python scalars into torch.where: no host-to-device copy (a pageable copy waits for the stream, every step)
+    fallback = ((height - fh) // 2, (width - fw) // 2, fh, fw)
+    found = ok.any(1)
+    return torch.stack([torch.where(found, v, float(f)) for v, f in zip((top, left, h, w), fallback)], 1)
 
 
 def resized_crops(images: Tensor, boxes: Tensor, flip: Tensor, size: int) -> Tensor:
@@ -178,6 +180,14 @@ def solarize(x: Tensor, p: float, g: torch.Generator) -> Tensor:
     return torch.where(apply & (x >= SOLARIZE_THRESHOLD / 255.0), 1.0 - x, x)
 
 
+@functools.lru_cache(maxsize=None)
+def _mean_std(device: torch.device, dtype: torch.dtype) -> tuple:
+    """ImageNet mean and std as (1, 3, 1, 1) tensors, copied to `device` once (not once per batch: a copy from
+    pageable host memory waits for the device's stream, which would keep the host from running ahead)."""
+    return tuple(torch.tensor(v, dtype=dtype).view(1, 3, 1, 1).to(device)
+                 for v in (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD))
+
+
 class BatchedAugmentationDINO:
     """uint8 images (N, 3, H, W) -> {"global_crops": (2N, 3, G, G), "local_crops": (nL*N, 3, L, L)} normalised
     float32, ordered as `collate.collate_ssl_samples` orders them (crop 0 of every image, then crop 1, ...)."""
@@ -211,8 +221,7 @@ class BatchedAugmentationDINO:
 
     @staticmethod
     def _normalize(x: Tensor) -> Tensor:
-        mean = torch.tensor(IMAGENET_DEFAULT_MEAN, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_DEFAULT_STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
+        mean, std = _mean_std(x.device, x.dtype)
         return (x - mean) / std
 
     @torch.no_grad()
