@@ -19,7 +19,8 @@ import pytest
 import submitit
 import torch
 
-from models.training.metrics import read_metrics, without_timing
+from training.metrics import read_metrics, without_timing
+from training.metrics_format import steps_done
 
 from launcher_helpers import (CPU_JOB, REPO, SLURM_TIMEOUT_S, TINY, TOTAL_STEPS, job_ids, job_state, launch, slurm_logs,
                               wait_for)
@@ -27,7 +28,8 @@ from launcher_helpers import (CPU_JOB, REPO, SLURM_TIMEOUT_S, TINY, TOTAL_STEPS,
 pytestmark = pytest.mark.slow  # about 2-4 minutes for the whole module on 2 cores
 
 EVAL_FAST = ["--eval-arg", "linear.n_c=3", "--eval-arg", "features.num_workers=0"]
-PREEMPT_AFTER_STEP = 5  # metrics line of step 5 written: the run is inside step 6 of 16
+PREEMPT_AFTER_STEP = 5  # metrics line of step 5 written (5 steps done): the run is inside step 6 of 16
+CANCEL_AFTER_STEP = 1  # the first metrics line (one step done): the run is training
 
 
 def _sweep(runs_dir: Path, *fractions: str, evaluate: bool = True, ranks: int = 1,
@@ -40,8 +42,10 @@ def _sweep(runs_dir: Path, *fractions: str, evaluate: bool = True, ranks: int = 
 
 
 def _metrics_reached(run: Path, step: int) -> bool:
+    """A metrics line of `step` steps done is written (format 2: the first line says 1, never 0)."""
     path = run / "metrics.jsonl"
-    return path.exists() and f'"step": {step},' in path.read_text()
+    return path.exists() and any(steps_done(json.loads(line)) >= step
+                                 for line in path.read_text().splitlines() if line.strip().endswith("}"))
 
 
 def _submit_sbatch_template(root: Path) -> str:
@@ -90,7 +94,7 @@ def sweeps(slurm_cluster, tmp_path_factory):
                                               for k in ("cancel", "preempt", "two_ranks_preempt", "requeue"))
         done: dict = {}
         actions = {
-            "cancel": (cancel, 0, ["scancel", job_ids(cancel, "train")[0]]),
+            "cancel": (cancel, CANCEL_AFTER_STEP, ["scancel", job_ids(cancel, "train")[0]]),
             "preempt": (preempt, PREEMPT_AFTER_STEP, ["scancel", "--signal=USR2", job_ids(preempt, "train")[0]]),
             # the template asks for USR2 on its batch shell (--signal=B:USR2@180), which traps it
             "sbatch": (root / "sbatch" / "run", PREEMPT_AFTER_STEP,
