@@ -34,40 +34,11 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from scripts.benchmarks.timing import graph_ms, median_ms  # noqa: E402
+
 SHAPES = [(1024, 4096), (4096, 1024)]  # (in, out): fc1, fc2
 TOKENS = [16384, 32768, 58496]
 N_SETS = 3
-
-
-def median_ms(fn, sets=1, warm=5, reps=30):
-    for i in range(warm):
-        fn(i % sets)
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for i, (s, e) in enumerate(ev):
-        s.record()
-        fn(i % sets)
-        e.record()
-    torch.cuda.synchronize()
-    ts = sorted(s.elapsed_time(e) for s, e in ev)
-    return ts[len(ts) // 2]
-
-
-def graph_ms(step, sets, warm=3, reps=30):
-    """Capture step(i) once per input set i, replay round-robin."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(warm):
-            step(i % sets)
-    torch.cuda.current_stream().wait_stream(s)
-    graphs = []
-    for i in range(sets):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step(i)
-        graphs.append(g)
-    return median_ms(lambda i: graphs[i].replay(), sets, warm, reps)
 
 
 def rel(a, b):
@@ -94,8 +65,7 @@ class Bench:
 
 
 def bench_prune_pack(B, dtype, copy_tbps):
-    from sparsity.backends import _cslt_plans as P
-    from sparsity.backends import get_backend
+    from sparsity.backends.cusparselt.compressor import OperandLayout, compressor
     from sparsity.kernels.pack_cusparselt import prune_pack
     from sparsity.packing import layout as L
     from sparsity.pruning import prune
@@ -126,8 +96,8 @@ def bench_prune_pack(B, dtype, copy_tbps):
         B.add(**base, backend="cusparselt_fused", ms=fused, graph=False, dense_ms=dense_prune)
         B.add(**base, backend="cusparselt_fused", ms=fused_g, graph=True, dense_ms=dense_prune)
         # the library path: Triton prune + cusparseLtSpMMACompress2 for W and for W^T
-        cf = P.compressor(0, P.OperandLayout.for_weight(out_f, in_f, "fwd"), dtype)
-        cd = P.compressor(0, P.OperandLayout.for_weight(out_f, in_f, "dgrad"), dtype)
+        cf = compressor(0, OperandLayout.for_weight(out_f, in_f, "fwd"), dtype)
+        cd = compressor(0, OperandLayout.for_weight(out_f, in_f, "dgrad"), dtype)
 
         def lib_path(i):
             v, _ = prune(ws[i], "tile_greedy")
@@ -249,7 +219,7 @@ def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5, backends=(Non
     time between kernels (host-bound eager steps)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from sparsity.profiling import kernel_summary
+    from scripts.benchmarks.profiling import kernel_summary
 
     out = []
     x = torch.randn(tokens, in_f, device="cuda", dtype=x_dtype, requires_grad=True)
@@ -427,7 +397,7 @@ def main():
         sys.exit("bench_sparse.py needs a CUDA GPU")
     logging_setup()
     from sparsity.backends import BackendUnavailable, get_backend
-    from sparsity.backends import _cslt_plans as P
+    from sparsity.backends.cusparselt.library import version as cusparselt_version
 
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in args.dtypes]
     B = Bench(args)
@@ -437,7 +407,7 @@ def main():
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "python": platform.python_version(),
-        "cusparselt": P.version(),
+        "cusparselt": cusparselt_version(),
         "torch_cusparselt": torch.backends.cusparselt.version(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

@@ -7,6 +7,9 @@ Typical use (the MLPs of a ViT, sparse for the first part of training, dense aft
     ...                         # train: each forward re-prunes W into a transposable 2:4 pattern (STE to W)
     swap_to_dense(model)        # same Parameter objects: optimizer state, EMA, DDP hooks untouched
 
+or the same as a model converter with a schedule: `SparseThenDense(sparse_steps, backend=...).apply(model, step)`
+at every step (`convert(model)` / `revert(model)` by hand); `decisions()` says what the backends chose per shape.
+
 Modules: `SemiSparseLinear` (weight 2:4), `SemiSparseActivationLinear` (input 2:4), `BlockSparseLinear`.
 Functions: `semi_sparse_linear`, `semi_sparse_activation_linear`, `block_sparse_linear`.
 Pruning: `prune(w, method)`, `mvue`, `is_transposable`, `PRUNING_METHODS`; backends: `get_backend(name)`.
@@ -18,12 +21,16 @@ from sparsity.autograd import compute_dtype_for, semi_sparse_activation_linear, 
 from sparsity.backends import (
     BACKENDS,
     Backend,
+    BackendSettings,
     BackendUnavailable,
     SparseWeight,
     available_backends,
+    configure_backends,
     get_backend,
 )
 from sparsity.block_sparse import BlockSparseLinear, block_sparse_linear, select_blocks
+from sparsity.converter import KINDS, SparseThenDense, build_converter
+from sparsity.decisions import decisions
 from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
 from sparsity.pruning import METHODS as PRUNING_METHODS
 from sparsity.pruning import is_transposable, mvue, prune, soft_threshold_scale
@@ -44,16 +51,22 @@ ensure_torchvision_importable()
 __all__ = [
     "BACKENDS",
     "Backend",
+    "BackendSettings",
     "BackendUnavailable",
     "BlockSparseLinear",
+    "KINDS",
     "PRUNING_METHODS",
     "SPARSE_LINEAR_TYPES",
     "SemiSparseActivationLinear",
     "SemiSparseLinear",
+    "SparseThenDense",
     "SparseWeight",
     "available_backends",
     "block_sparse_linear",
+    "build_converter",
     "compute_dtype_for",
+    "configure_backends",
+    "decisions",
     "get_backend",
     "is_transposable",
     "mvue",

@@ -7,7 +7,8 @@
     weight grad  dW = dy^T @ x            dense GEMM, straight-through to the dense master weight (optionally
                                           masked: `masked_grad=True` gives dW * mask); on CUDA one cuBLASLt call
                                           that also reduces the bias gradient and writes fp32 directly
-                                          (`backends/_cublaslt_wgrad.py`), else the torch ops
+                                          (`weight_grad.py`; off with the backend setting fused_wgrad=False),
+                                          else the torch ops
 
 `semi_sparse_activation_linear(x, weight, bias, ...)`: torchao's SemiSparseActivationLinear semantics: the input
 x (tokens x in) is pruned 2:4 along features, y = x_s @ W^T + b, dW = dy^T @ x_s, dx = dy @ W (straight-through to x).
@@ -29,8 +30,8 @@ import torch
 from sparsity import traced
 from sparsity.backends import Backend, get_backend
 from sparsity.backends.base import cast
-from sparsity.backends._cublaslt_wgrad import weight_bias_grad
 from sparsity.pruning import check_method
+from sparsity.weight_grad import weight_bias_grad
 
 
 def compute_dtype_for(x: torch.Tensor) -> torch.dtype:
@@ -101,6 +102,7 @@ class SemiSparseWeightFunction(torch.autograd.Function):
                     y = y + cast(bias, dtype)
         ctx.sw = sw
         ctx.masked_grad = masked_grad
+        ctx.fused_wgrad = backend.settings.fused_wgrad
         record_input_meta(ctx, x, weight, bias)
         ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, scale)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
@@ -119,8 +121,11 @@ class SemiSparseWeightFunction(torch.autograd.Function):
                     dx = dx * scale
                 dx = cast(dx if len(x_shape) == 2 else dx.reshape(x_shape), x_dtype)
             if ctx.needs_input_grad[1]:
-                # one cuBLASLt GEMM with the bias gradient in its epilogue where it applies, else the torch ops
-                fused = weight_bias_grad(dy2, x2, ctx.w_dtype, ctx.b_dtype if ctx.needs_input_grad[2] else None)
+                # one cuBLASLt GEMM with the bias gradient in its epilogue where it applies (and the backend's
+                # settings allow it), else the torch ops
+                fused = None
+                if ctx.fused_wgrad:
+                    fused = weight_bias_grad(dy2, x2, ctx.w_dtype, ctx.b_dtype if ctx.needs_input_grad[2] else None)
                 dw, db = fused if fused is not None else (dy2.t() @ x2, None)
                 if scale is not None:
                     dw = dw * scale

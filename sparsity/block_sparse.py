@@ -87,6 +87,7 @@ class BlockSparseFunction(torch.autograd.Function):
             w = weight.detach().to(dtype)
             b = None if bias is None else bias.to(dtype)
             if _use_triton(x2, impl):
+                # Triton (an optional dependency on CPU) is imported by the kernel module, on first use
                 from sparsity.kernels import block_sparse as k
 
                 y = k.bsmm_forward(x2, w, b, layout)
@@ -108,6 +109,7 @@ class BlockSparseFunction(torch.autograd.Function):
             dy2 = dy.reshape(-1, dy.shape[-1])
             triton_path = _use_triton(dy2, ctx.impl)
             if triton_path:
+                # Triton (an optional dependency on CPU) is imported by the kernel module, on first use
                 from sparsity.kernels import block_sparse as k
             if ctx.needs_input_grad[0]:
                 dx = k.bsmm_input_grad(dy2, w, layout) if triton_path else dy2 @ w  # w already masked (torch)

@@ -25,8 +25,10 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from sparsity.backends._cslt_plans import TOKEN_MULTIPLE
-from sparsity.pruning import is_transposable
+from sparsity.backends import get_backend
+from sparsity.backends.cusparselt.library import TOKEN_MULTIPLE
+from sparsity.backends.dense import dense_sparsify
+from sparsity.pruning import is_transposable, prune
 
 # ----------------------------------------------------------------------------------------------------------------
 # pruning as an opaque op (Triton kernels on CUDA, the torch references elsewhere)
@@ -35,12 +37,8 @@ from sparsity.pruning import is_transposable
 @torch.library.custom_op("sparsity::prune", mutates_args=())
 def prune_op(w: torch.Tensor, method: str, with_mask: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """(pruned values in w.dtype, bool mask, or an empty bool tensor when `with_mask` is False)."""
-    if not with_mask and method == "tile_greedy":
-        from sparsity.backends.auto import dense_sparsify  # the fused kernel's dense-output mode where it applies
-
+    if not with_mask and method == "tile_greedy":  # the fused kernel's dense-output mode where it applies
         return dense_sparsify(w, method).to_dense(), torch.empty(0, dtype=torch.bool, device=w.device)
-    from sparsity.pruning import prune
-
     values, mask = prune(w, method)
     return values, mask if with_mask else torch.empty(0, dtype=torch.bool, device=w.device)
 
@@ -64,8 +62,6 @@ def _path(backend: str, pruning: str, device: str, dtype: str, out_features: int
           has_bias: bool) -> str:
     """"dense", "cusparselt" or "cusparselt-library" (cuSPARSELt with the library compressor). Runs as plain Python
     when the graph is traced, never in it; raises `BackendUnavailable` as the eager layer would."""
-    from sparsity.backends import get_backend
-
     dev, dt = torch.device(device), getattr(torch, dtype)
     if backend == "auto":
         choice = get_backend("auto").choice_for_trace(dev, dt, out_features, in_features, tokens, pruning, has_bias)
@@ -73,12 +69,17 @@ def _path(backend: str, pruning: str, device: str, dtype: str, out_features: int
             return "dense"
     elif backend != "cusparselt":
         return "dense"
-    from sparsity.backends.cusparselt import layout_status
-
     cs = get_backend("cusparselt")
     cs.check(dev, dt)
     cs.check_shape(out_features, in_features, pruning)
-    return "cusparselt" if layout_status(dev, dt)["pack"] == "triton" else "cusparselt-library"
+    return "cusparselt" if cs.layout_status(dev, dt)["pack"] == "triton" else "cusparselt-library"
+
+
+@torch._dynamo.assume_constant_result
+def _cslt_search() -> str:
+    """How the cuSPARSELt GEMMs choose a new shape's algorithm: the `cusparselt` backend's setting (a constant of
+    the graph, passed to the ops)."""
+    return get_backend("cusparselt").settings.cslt_search
 
 
 def _specialized(n) -> int:
@@ -134,12 +135,13 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool):
         fwd, dgrad, bits = torch.ops.sparsity.cslt_prune_pack(wd, None, True)
         mask = None
         if masked_grad:
+            # Triton (an optional dependency on CPU) is imported by the kernel modules, on first use
             from sparsity.kernels.pack_cusparselt import tile_bits_to_mask
 
             mask = tile_bits_to_mask(bits)[:out_f]
     else:
         values, mask = torch.ops.sparsity.prune(wd, pruning, True)
-        fwd, dgrad, _ = torch.ops.sparsity.cslt_prune_pack(values, mask, transposable)
+        fwd, dgrad, _ = torch.ops.sparsity.cslt_prune_pack(values, mask, transposable, library)
         mask = mask[:out_f]
         if not transposable:
             dgrad = values[:out_f]
@@ -154,7 +156,7 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool):
     if pad:
         x2 = F.pad(x2, (0, 0, 0, pad))
     y = torch.ops.sparsity.cslt_linear(x2, w_grad, bias if scale is None else None, fwd, dgrad, rows_pad,
-                                       transposable, ref)
+                                       transposable, ref, _cslt_search())
     if pad:
         y = y[:tokens]
     if scale is None:

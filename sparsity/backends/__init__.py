@@ -4,6 +4,10 @@
 modules (`cusparselt.CuSparseLtBackend`, `cutlass.CutlassBackend`, `auto.AutoBackend`) and are imported lazily by
 module path, so this registry imports nothing heavy and works in builds without them: asking for a missing one raises
 `BackendUnavailable`. Instances are cached because some keep per-shape state (plans, `auto`'s decisions).
+
+Every instance is built with the process's `BackendSettings` (`settings.py`: cuSPARSELt's algorithm search and
+packing, the fused weight gradient), set with `configure_backends(settings)` (a training run does this from its
+config when it converts the model, `sparsity.converter`); changing them drops the cached instances.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Dict, List
 import torch
 
 from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
+from .settings import CSLT_PACK_MODES, CSLT_SEARCH_MODES, BackendSettings
 
 BACKENDS = ("dense", "cusparselt", "cutlass", "auto")
 _IMPLEMENTATIONS = {
@@ -25,6 +30,24 @@ _IMPLEMENTATIONS = {
 }
 _CACHE: Dict[str, Backend] = {}
 _LOCK = threading.Lock()
+_SETTINGS = BackendSettings()
+
+
+def configure_backends(settings: BackendSettings) -> None:
+    """The settings every backend instance is built with from now on; instances built with other settings are
+    dropped (the next `get_backend` builds a new one)."""
+    global _SETTINGS
+    if not isinstance(settings, BackendSettings):
+        raise TypeError(f"configure_backends takes a BackendSettings, got {type(settings).__name__}")
+    with _LOCK:
+        if settings != _SETTINGS:
+            _SETTINGS = settings
+            _CACHE.clear()
+
+
+def backend_settings() -> BackendSettings:
+    """The settings backend instances are built with."""
+    return _SETTINGS
 
 
 def check_backend_name(name: str) -> str:
@@ -52,8 +75,14 @@ def get_backend(name: str) -> Backend:
                 raise BackendUnavailable(f"sparse backend {name!r} cannot be imported: {e}") from e
             except ImportError as e:
                 raise BackendUnavailable(f"sparse backend {name!r} cannot be imported: {e}") from e
-            _CACHE[name] = getattr(module, class_name)()
+            _CACHE[name] = getattr(module, class_name)(_SETTINGS)
     return _CACHE[name]
+
+
+def built_backends() -> Dict[str, Backend]:
+    """{name: instance} of the backends built so far in this process (nothing is built by asking)."""
+    with _LOCK:
+        return dict(_CACHE)
 
 
 def available_backends(device: torch.device, dtype: torch.dtype) -> List[str]:
@@ -76,12 +105,18 @@ def clear_backend_cache() -> None:
 
 __all__ = [
     "BACKENDS",
+    "CSLT_PACK_MODES",
+    "CSLT_SEARCH_MODES",
     "Backend",
+    "BackendSettings",
     "BackendUnavailable",
     "GemmKey",
     "SparseWeight",
     "available_backends",
+    "backend_settings",
+    "built_backends",
     "check_backend_name",
     "clear_backend_cache",
+    "configure_backends",
     "get_backend",
 ]

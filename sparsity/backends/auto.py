@@ -35,10 +35,14 @@ import threading
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
-from .base import Backend, BackendUnavailable, GemmKey, SparseWeight, cast
-from sparsity.backends._timing import device_only_ms, median_cuda_ms
+from sparsity.autograd import SemiSparseWeightFunction
+
+from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
+from .cusparselt import CuSparseLtBackend
+from .dense import DenseBackend, FastDenseBackend, dense_sparsify
+from .settings import BackendSettings
+from .timing import device_only_ms, median_cuda_ms
 
 log = logging.getLogger(__name__)
 
@@ -48,58 +52,6 @@ MARGIN = 1.02  # sparse must be faster than dense by this ratio (dense_ms / spar
 
 def _timing_generator(device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(0)
-
-
-class FastDenseSparseWeight(SparseWeight):
-    """W pruned (tile_greedy) by the fused kernel's dense-output mode, multiplied densely."""
-
-    def __init__(self, values: torch.Tensor, tile_bits: torch.Tensor, shape):
-        self.values = values
-        self._bits = tile_bits
-        self._mask = None
-        self.shape = torch.Size(shape)
-
-    def matmul(self, x, bias=None):
-        return F.linear(x, self.values, cast(bias, x.dtype))
-
-    def matmul_t(self, dy):
-        return dy @ self.values
-
-    def to_dense(self):
-        return self.values
-
-    def mask(self):
-        if self._mask is None:
-            from sparsity.kernels.pack_cusparselt import tile_bits_to_mask
-
-            self._mask = tile_bits_to_mask(self._bits)
-        return self._mask
-
-
-def dense_sparsify(weight: torch.Tensor, pruning: str) -> SparseWeight:
-    """auto's dense path: the fast fused pruning where it applies, else the dense backend."""
-    R, C = weight.shape
-    if (pruning == "tile_greedy" and weight.is_cuda and weight.dtype in (torch.float16, torch.bfloat16)
-            and R % 16 == 0 and C % 16 == 0):
-        from sparsity.kernels.pack_cusparselt import prune_dense
-
-        values, bits = prune_dense(weight.detach())
-        return FastDenseSparseWeight(values, bits, weight.shape)
-    from . import get_backend
-
-    return get_backend("dense").sparsify(weight, pruning)
-
-
-class _FastDenseBackend(Backend):
-    """auto's dense path as a Backend object, so that it can be timed through the real autograd function."""
-
-    name = "auto-dense"
-
-    def check(self, device, dtype) -> None:
-        return None
-
-    def sparsify(self, weight: torch.Tensor, pruning: str) -> SparseWeight:
-        return dense_sparsify(weight, pruning)
 
 
 class AutoSparseWeight(SparseWeight):
@@ -137,9 +89,13 @@ class AutoSparseWeight(SparseWeight):
 
 
 class AutoBackend(Backend):
+    """Chooses per GEMM shape between its own `CuSparseLtBackend` and `DenseBackend`, both built with its settings
+    (a cuSPARSELt choice runs with the same algorithm search and packing as the `cusparselt` backend)."""
+
     name = "auto"
 
-    def __init__(self):
+    def __init__(self, settings: Optional[BackendSettings] = None):
+        super().__init__(settings)
         self._lock = threading.Lock()
         self.decisions: dict = {}  # GemmKey -> record
         self.fallbacks: dict = {}  # (device type, dtype) -> reason, for weights that cannot go to cuSPARSELt at all
@@ -165,11 +121,13 @@ class AutoBackend(Backend):
         return AutoSparseWeight(self, weight.detach(), pruning)
 
     def backend(self, name: str) -> Backend:
+        """The backend a choice runs on: "cusparselt" or "dense", built with this backend's settings."""
         b = self._backends.get(name)
         if b is None:
-            from . import get_backend
-
-            b = self._backends[name] = get_backend(name)
+            kinds = {"cusparselt": CuSparseLtBackend, "dense": DenseBackend}
+            if name not in kinds:
+                raise ValueError(f"auto chooses between {', '.join(kinds)}, not {name!r}")
+            b = self._backends[name] = kinds[name](self.settings)
         return b
 
     # ------------------------------------------------------------------------------------------------------------
@@ -297,9 +255,7 @@ class AutoBackend(Backend):
         return (min(ts), min(td)), (min(gs), min(gd)), how
 
     def _autograd_steps(self, w, pruning, x, dy, bias):
-        from sparsity.autograd import SemiSparseWeightFunction
-
-        cs, fd = self.backend("cusparselt"), _FastDenseBackend()
+        cs, fd = self.backend("cusparselt"), FastDenseBackend(self.settings)
         xg = x.detach().requires_grad_()
         wg = w.detach().requires_grad_()
         bg = None if bias is None else bias.detach().requires_grad_()
@@ -328,11 +284,10 @@ class AutoBackend(Backend):
         return choice
 
     def describe(self) -> dict:
-        from ._cublaslt_wgrad import decisions
-
+        """The settings, the devices that run dense for every layer, and the choice per GEMM shape."""
         return {
             "backend": self.name,
-            "weight_grad": decisions(),
+            "settings": self.settings_dict(),
             "fallbacks": [{"device": d, "dtype": t, "choice": "dense", "reason": r}
                           for (d, t), r in self.fallbacks.items()],
             "decisions": [

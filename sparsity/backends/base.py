@@ -13,10 +13,13 @@ The weight gradient dW = dy^T @ x is always a dense GEMM and is done by the auto
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from .settings import BackendSettings
 
 
 class BackendUnavailable(RuntimeError):
@@ -47,9 +50,16 @@ class SparseWeight(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """A way to run the two sparse GEMMs of a linear layer."""
+    """A way to run the two sparse GEMMs of a linear layer, configured by the `BackendSettings` it is built with."""
 
     name: str = ""
+    settings: BackendSettings = BackendSettings()  # the defaults, for subclasses that do not call __init__
+
+    def __init__(self, settings: Optional[BackendSettings] = None):
+        self.settings = settings if settings is not None else BackendSettings()
+
+    def settings_dict(self) -> dict:
+        return dataclasses.asdict(self.settings)
 
     @abc.abstractmethod
     def check(self, device: torch.device, dtype: torch.dtype) -> None:

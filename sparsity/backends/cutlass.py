@@ -24,6 +24,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+
+from sparsity.pruning import is_transposable, prune
 
 from .base import Backend, BackendUnavailable, SparseWeight, cast
 
@@ -80,8 +83,6 @@ class CutlassBackend(Backend):
                                      f"{in_features})")
 
     def sparsify(self, weight: torch.Tensor, pruning: str) -> CutlassSparseWeight:
-        from sparsity.pruning import is_transposable, prune
-
         self.check(weight.device, weight.dtype)
         self.check_shape(*weight.shape)
         w = weight.detach().contiguous()
@@ -91,8 +92,6 @@ class CutlassBackend(Backend):
             )
             return CutlassSparseWeight(w.shape, packed, meta, packed_t, meta_t, w.dtype, bitmask=bitmask, source=w)
         values, mask = prune(w, pruning)
-        from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
-
         prev = SparseSemiStructuredTensor._FORCE_CUTLASS
         SparseSemiStructuredTensor._FORCE_CUTLASS = True
         try:

@@ -8,8 +8,10 @@ import torch
 import triton  # noqa: F401  (kernel modules import this module first)
 
 
-# Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when the kernel modules are imported: read it once
-# here too (the kernels' wrappers ask on every launch, and an environment lookup costs host time).
+# TRITON_INTERPRET is Triton's own switch (its CPU interpreter), not a setting of this package: Triton reads it when a
+# kernel is decorated, i.e. when the kernel modules are imported, and the kernels' launch wrappers must agree with
+# Triton about it (CUDA tensors required or not, block sizes). The only environment read in `sparsity`: once, here
+# (the wrappers ask on every launch, and an environment lookup costs host time).
 _INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 

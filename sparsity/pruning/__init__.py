@@ -49,6 +49,7 @@ def prune(w: torch.Tensor, method: str, *, impl: str = "auto") -> Tuple[torch.Te
     """
     check_shape(w.shape, method)
     if _use_triton(w, impl):
+        # Triton (an optional dependency on CPU) is imported by the kernel modules, on first use
         from sparsity.kernels import prune as kernels
 
         return kernels.prune(w.detach(), method)
@@ -58,6 +59,7 @@ def prune(w: torch.Tensor, method: str, *, impl: str = "auto") -> Tuple[torch.Te
 def mvue(x: torch.Tensor, seed: int, *, impl: str = "auto") -> torch.Tensor:
     """`reference.mvue24` (unbiased stochastic 2:4 along the last dim), by Triton on CUDA."""
     if _use_triton(x, impl):
+        # Triton (an optional dependency on CPU) is imported by the kernel modules, on first use
         from sparsity.kernels import mvue as kernels
 
         return kernels.mvue24(x.detach(), seed)

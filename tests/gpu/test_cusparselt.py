@@ -27,21 +27,19 @@ def _rel(a, b):
 def cs():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from sparsity.backends import BackendUnavailable, get_backend
+    from sparsity.backends import BackendSettings, BackendUnavailable, configure_backends, get_backend
 
     import os
 
-    from sparsity.backends import _cslt_plans as P
-
+    # the algorithm sweep (~50 plans per new shape) would dominate the run time of these many-shape tests; it has
+    # its own test below. SPARSITY_TEST_SWEEP=1 keeps it on everywhere.
+    if os.environ.get("SPARSITY_TEST_SWEEP") != "1":
+        configure_backends(BackendSettings(cslt_search="none"))
     b = get_backend("cusparselt")
     try:
         b.check(torch.device("cuda"), torch.bfloat16)
     except BackendUnavailable as e:
         pytest.skip(f"cusparselt unavailable: {e}")
-    # the algorithm sweep (~50 plans per new shape) would dominate the run time of these many-shape tests; it has
-    # its own test below. SPARSITY_TEST_SWEEP=1 keeps it on everywhere.
-    if os.environ.get("SPARSITY_TEST_SWEEP") != "1":
-        P.SEARCH_MODE = "none"
     return b
 
 
@@ -59,7 +57,7 @@ def _masked(w, pruning="tile_greedy"):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(4096, 1024), (1024, 4096), (256, 512), (48, 80), (96, 160)])
 def test_fused_pack_equals_library(cs, dtype, shape):
-    from sparsity.backends import _cslt_plans as P
+    from sparsity.backends.cusparselt import compressor as P
     from sparsity.kernels.pack_cusparselt import prune_pack, tile_bits_to_mask
     from sparsity.packing import layout as L
     from sparsity.pruning.reference import tile_greedy_mask
@@ -82,7 +80,7 @@ def test_fused_pack_equals_library(cs, dtype, shape):
 
 @pytest.mark.parametrize("pruning", ["tile_optimal", "rowwise", "soft_threshold"])
 def test_pack_given_mask_equals_library(cs, pruning):
-    from sparsity.backends import _cslt_plans as P
+    from sparsity.backends.cusparselt import compressor as P
     from sparsity.kernels.pack_cusparselt import prune_pack
     from sparsity.packing import layout as L
     from sparsity.pruning import is_transposable, prune
@@ -180,10 +178,11 @@ def test_padded_rows_and_bad_shapes(cs):
 
 
 def test_library_compressor_fallback(cs, monkeypatch):
-    import sparsity.backends.cusparselt as C
+    import sparsity.backends.cusparselt.packing as C
 
     dev_index = torch.cuda.current_device()
-    monkeypatch.setitem(C._layout_status, (dev_index, torch.float16), {"pack": "library", "reason": "test"})
+    monkeypatch.setitem(C._layout_status, (dev_index, torch.float16, cs.settings.cslt_pack),
+                        {"pack": "library", "reason": "test"})
     w = torch.randn(512, 256, device="cuda", dtype=torch.float16)
     sw = cs.sparsify(w, "tile_greedy")
     values, _ = _masked(w)
@@ -211,12 +210,14 @@ def test_other_thread(cs):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_plans_record_verified_algorithms(cs, dtype, monkeypatch):
-    from sparsity.backends import _cslt_plans as P
+def test_plans_record_verified_algorithms(cs, dtype):
+    from sparsity.backends import BackendSettings
+    from sparsity.backends.cusparselt import CuSparseLtBackend
+    from sparsity.backends.cusparselt import search as P
 
-    monkeypatch.setattr(P, "SEARCH_MODE", "sweep")
+    sweeping = CuSparseLtBackend(BackendSettings(cslt_search="sweep"))  # the setting reaches it by its constructor
     w = torch.randn(2048, 1024, device="cuda", dtype=dtype)
-    sw = cs.sparsify(w, "tile_greedy")
+    sw = sweeping.sparsify(w, "tile_greedy")
     x = torch.randn(2048, 1024, device="cuda", dtype=dtype)
     y = sw.matmul(x)
     assert _rel(y, x.float() @ sw.to_dense().float().t()) < 1e-2

@@ -22,7 +22,7 @@ def _rel(a, b):
 def wg():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from sparsity.backends import _cublaslt_wgrad as W
+    from sparsity import weight_grad as W
 
     if W._lib() is None:
         pytest.skip(f"cuBLASLt through nvmath unavailable: {W._load_error}")

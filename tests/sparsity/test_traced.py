@@ -10,7 +10,7 @@ import torch._dynamo
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import sparsity.backends._cslt_ops as ops
+import sparsity.backends.cusparselt.ops as ops
 from sparsity import SemiSparseActivationLinear, SemiSparseLinear, swap_linear_modules
 from sparsity.packing import layout as L
 

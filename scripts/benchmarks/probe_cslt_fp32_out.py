@@ -1,39 +1,37 @@
-#!/usr/bin/env python3
 """Probe (GPU): does cuSPARSELt accept bf16 A/B with an fp32 C/D, i.e. could the input-gradient GEMM write dx in
 fp32 and save the cast of fc1's dx (0.067 ms at 32k tokens, results/bench/NOTES.md §10)?
 
-    PYTHONPATH=. python3 scripts/probe_cslt_fp32_out.py
+    python -m scripts.benchmarks.probe_cslt_fp32_out     # from the repository root
 
 H100, cuSPARSELt 0.8.0 (run 12): "D=fp32: refused: cuSPARSELtError (10)" (NOT_SUPPORTED), bf16 D fine.
 """
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sparsity.backends import _cslt_plans as P, get_backend  # noqa: E402
+from sparsity.backends import get_backend
+from sparsity.backends.cusparselt.compressor import OperandLayout, structured_descriptor
+from sparsity.backends.cusparselt.library import OP_N, OP_T, ORDER_COL, ORDER_ROW, handle, lib
 
 
 def main():
-    c = P.lib()
-    h = P._state().handle(0)
+    c = lib()
+    h = handle(0)
     out_f, in_f, n = 4096, 1024, 32768
     dt = torch.bfloat16
     w = torch.randn(out_f, in_f, device="cuda", dtype=dt)
     sw = get_backend("cusparselt").sparsify(w, "tile_greedy")
     wp = sw.to_dense()
     dy = torch.randn(n, out_f, device="cuda", dtype=dt)
-    lay = P.OperandLayout.for_weight(out_f, in_f, "dgrad")
+    lay = OperandLayout.for_weight(out_f, in_f, "dgrad")
     m, k = lay.rows, lay.cols
     for d_type, name in ((0, "fp32"), (14, "bf16")):
         try:
-            a = P.structured_descriptor(h, lay, dt)
-            b = c.dense_descriptor_init(h, n, k, k, 16, 14, P.ORDER_ROW)
-            d = c.dense_descriptor_init(h, m, n, m, 16, d_type, P.ORDER_COL)
-            md = c.matmul_descriptor_init(h, P.OP_N, P.OP_T, a, b, d, d, c.ComputeType.COMPUTE_32F)
+            a = structured_descriptor(h, lay, dt)
+            b = c.dense_descriptor_init(h, n, k, k, 16, 14, ORDER_ROW)
+            d = c.dense_descriptor_init(h, m, n, m, 16, d_type, ORDER_COL)
+            md = c.matmul_descriptor_init(h, OP_N, OP_T, a, b, d, d, c.ComputeType.COMPUTE_32F)
             sel = c.matmul_alg_selection_init(h, md, c.MatmulAlg.DEFAULT)
             plan = c.matmul_plan_init(h, md, sel)
             ws = torch.empty(max(int(c.matmul_get_workspace(h, plan)), 16), dtype=torch.uint8, device="cuda")

@@ -14,6 +14,8 @@ op(A) = x^T, A = x's memory (tokens x in row-major = in x tokens column-major, o
 (out x tokens column-major, op T); k = tokens; BGRADB reduces B over k: a vector of length out = db. The other
 formulation ("dWT+BGRADA") swaps A and B and writes dW^T (see `_Plan`).
 
+Called by the autograd function of a weight-sparse layer (`sparsity.autograd`) when its backend's settings allow it
+(`BackendSettings.fused_wgrad`, the config's `sparsity.fused_wgrad`).
 `weight_bias_grad` returns None wherever this path cannot run (CPU, no nvmath/cuBLASLt, a dtype combination the
 heuristic has no algorithm for, a result that fails its one-time check against the torch path, or a fused call
 slower than the torch path on this GPU): the caller then runs the torch ops. Each (shape, dtypes, device) is decided
@@ -24,7 +26,6 @@ decisions are kept for the run log (`decisions()`).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -32,13 +33,12 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from sparsity.backends._cslt_plans import _raw_stream, _rel_err
-from sparsity.backends._timing import median_cuda_ms
 from sparsity.backends.base import cast
+from sparsity.backends.cuda import raw_stream, rel_err
+from sparsity.backends.timing import median_cuda_ms
 
 log = logging.getLogger(__name__)
 
-ENABLED = os.environ.get("SPARSITY_FUSED_WGRAD", "1") != "0"
 _CUDA_DTYPE = {torch.float16: 2, torch.bfloat16: 14, torch.float32: 0}
 COMPUTE_32F = 68  # cublasComputeType_t CUBLAS_COMPUTE_32F
 OP_N, OP_T = 0, 1
@@ -60,6 +60,8 @@ def _lib():
     with _lock:
         if _lt is None and _load_error is None:
             try:
+                # nvmath-python is an optional dependency (the `gpu` extra): imported on the first CUDA call, so
+                # that this module imports without it (the torch ops are used then)
                 from nvmath.bindings import cublasLt  # noqa: PLC0415
 
                 cublasLt.get_version()
@@ -124,7 +126,7 @@ class _Plan:
         la, lb, ld = self.layouts
         dp = d.data_ptr()
         lt.matmul(self.handle, self.desc, _ONE_P, a.data_ptr(), la, b.data_ptr(), lb, _ZERO_P, dp, ld, dp, ld,
-                  self.algo_ptr, self._ws[0], self._ws[1], _raw_stream(self._device_index))
+                  self.algo_ptr, self._ws[0], self._ws[1], raw_stream(self._device_index))
         return (d.t() if self.transposed else d), db
 
 
@@ -207,7 +209,7 @@ def weight_bias_grad(dy2: torch.Tensor, x2: torch.Tensor, w_dtype: torch.dtype, 
 
     dy2 (tokens x out) and x2 (tokens x in): CUDA, same 16-bit dtype. w_dtype: the weight's dtype (the GEMM writes
     it directly when it is fp32 or the compute dtype). b_dtype: the bias's dtype, or None for no bias gradient."""
-    if not (ENABLED and dy2.is_cuda and dy2.dtype in (torch.float16, torch.bfloat16) and x2.dtype == dy2.dtype):
+    if not (dy2.is_cuda and dy2.dtype in (torch.float16, torch.bfloat16) and x2.dtype == dy2.dtype):
         return None
     out_dtype = torch.float32 if w_dtype == torch.float32 else dy2.dtype
     if w_dtype not in (torch.float32, dy2.dtype) or (b_dtype is not None and b_dtype not in (out_dtype, dy2.dtype)):
@@ -255,7 +257,7 @@ def _first_call(key, dy2, x2, w_dtype, b_dtype) -> dict:
                 except _lt.cuBLASLtError as e:
                     rejected[plan.label] = repr(e)
                     continue
-                err_w, err_b = _rel_err(dw, ref_w), (0.0 if db is None else _rel_err(db, ref_b))
+                err_w, err_b = rel_err(dw, ref_w), (0.0 if db is None else rel_err(db, ref_b))
                 if not (err_w < 1e-2 and err_b < 1e-2):
                     rejected[plan.label] = f"rel err dW {err_w:.3g}, db {err_b:.3g}"
                     continue

@@ -4,8 +4,10 @@ Some algorithms of cuSPARSELt 0.8.0 on sm90 crash the CUDA context for fp16 (ill
 in-process check can recover from. This script writes a line before and after each attempt; a driver loop restarts
 it after the last attempted id when it dies:
 
-    s=0; while :; do python3 -m sparsity.packing.probe_algs --dtype fp16 --kind fwd --out f.jsonl --start $s && break;
-         s=$(( $(python3 -m sparsity.packing.probe_algs --last f.jsonl) + 1 )); done
+    s=0; while :; do python3 -m scripts.benchmarks.probe_algs --dtype fp16 --kind fwd --out f.jsonl --start $s && break;
+         s=$(( $(python3 -m scripts.benchmarks.probe_algs --last f.jsonl) + 1 )); done
+
+(from the repository root).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-from sparsity.backends._timing import median_cuda_ms
 
 
 def last_alg(path: str) -> int:
@@ -40,11 +41,15 @@ def main():
     if args.last:
         print(last_alg(args.last))
         return
-    import torch
+    import torch  # imported after the --last shortcut, which the driver loop calls once per restart
     import torch.nn.functional as F
 
-    from sparsity.backends import _cslt_plans as P
+    from sparsity.backends.cusparselt.compressor import OperandLayout
+    from sparsity.backends.cusparselt.library import ORDER_COL, handle
+    from sparsity.backends.cusparselt.plans import GemmPlan, empty_d
+    from sparsity.backends.timing import median_cuda_ms
     from sparsity.kernels.pack_cusparselt import prune_pack
+    from sparsity.packing import layout as L
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     o, i, n = args.out_features, args.in_features, args.tokens
@@ -59,8 +64,6 @@ def main():
     torch.manual_seed(0)
     w = torch.randn(o, i, device="cuda", dtype=dtype)
     pk = prune_pack(w)
-    from sparsity.packing import layout as L
-
     wp = L.unpack_reference(pk.fwd, o, i, "row", dtype)
     if args.kind == "fwd":
         a, b = pk.fwd, torch.randn(n, i, device="cuda", dtype=dtype)
@@ -68,17 +71,17 @@ def main():
     else:
         a, b = pk.dgrad, torch.randn(n, o, device="cuda", dtype=dtype)
         ref = b @ wp
-    lay = P.OperandLayout.for_weight(o, i, args.kind)
-    h = P._state().handle(0)
-    base = P.GemmPlan(("probe",), 0, h, lay, n, dtype, True, P.ORDER_COL, False, None)
+    lay = OperandLayout.for_weight(o, i, args.kind)
+    h = handle(0)
+    base = GemmPlan(("probe",), 0, h, lay, n, dtype, True, ORDER_COL, False, None)
     base.build()
     max_alg = base.max_alg()
     emit(event="max_alg", max_alg=max_alg, default_alg=base.current_alg(), alg=args.start - 1)
-    d = P._empty_d(base, b.device)
+    d = empty_d(base, b.device)
     for alg in range(args.start, max_alg + 1):
         emit(alg=alg, event="try")
         try:
-            p = P.GemmPlan(("probe", alg), 0, h, lay, n, dtype, True, P.ORDER_COL, False, alg)
+            p = GemmPlan(("probe", alg), 0, h, lay, n, dtype, True, ORDER_COL, False, alg)
             p.build()
         except Exception as e:  # noqa: BLE001
             emit(alg=alg, event="plan_error", error=repr(e)[:120])

@@ -1,11 +1,14 @@
-"""CPU tests of the kernel-time summary (sparsity.profiling) and of auto's per-mode decisions (eager vs graph)."""
+"""CPU tests of the benchmarks' kernel-time summary (scripts/benchmarks/profiling.py)."""
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
-from sparsity.profiling import categorize, kernel_summary
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: scripts.benchmarks
+
+from scripts.benchmarks.profiling import categorize, kernel_summary  # noqa: E402
 
 
 def _event(name, start, end, device="DeviceType.CUDA"):
@@ -59,45 +62,3 @@ def test_compiled_kernels_have_their_own_category():
 
 def test_kernel_summary_without_kernels():
     assert kernel_summary(_FakeProf([]))["kernels"] == 0
-
-
-def test_auto_keeps_one_choice_per_mode(monkeypatch):
-    """auto decides once per shape and mode: eager timings (host included) pick `choice`, device-only timings pick
-    `choice_graph`, used while a CUDA graph is being captured."""
-    from sparsity.backends.auto import MARGIN, AutoBackend
-
-    auto = AutoBackend()
-    calls = []
-
-    def fake_measure(weight, pruning, tokens, has_bias, in_backward=False):
-        calls.append(tokens)
-        # eager: sparse host-bound (slower); device only: sparse faster
-        return (1.0, 0.8), (0.5, 0.6), "fake"
-
-    monkeypatch.setattr(auto, "_sparse_unavailable", lambda w, t: None)
-    monkeypatch.setattr(auto, "_measure", fake_measure)
-    capturing = {"on": False}
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
-    w = torch.zeros(64, 32)
-    assert auto.decide(w, "tile_greedy", 128, True) == "dense"
-    capturing["on"] = True
-    assert auto.decide(w, "tile_greedy", 128, True) == "cusparselt"
-    assert calls == [128]  # timed once
-    (rec,) = auto.describe()["decisions"]
-    assert rec["choice"] == "dense" and rec["choice_graph"] == "cusparselt"
-    assert rec["speedup"] == pytest.approx(0.8) and rec["speedup_graph"] == pytest.approx(1.2)
-    assert rec["speedup_graph"] > MARGIN > rec["speedup"]
-    # a new shape first met during capture: dense, not remembered (no timing is possible inside a capture)
-    assert auto.decide(w, "tile_greedy", 256, True) == "dense"
-    assert len(auto.describe()["decisions"]) == 1
-
-
-def test_auto_unavailable_is_dense_in_both_modes(monkeypatch):
-    from sparsity.backends.auto import AutoBackend
-
-    auto = AutoBackend()
-    monkeypatch.setattr(auto, "_sparse_unavailable", lambda w, t: "no GPU here")
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert auto.decide(torch.zeros(64, 32), "tile_greedy", 128, False) == "dense"
-    (rec,) = auto.describe()["decisions"]
-    assert rec["choice"] == rec["choice_graph"] == "dense" and rec["reason"] == "no GPU here"

@@ -1,6 +1,6 @@
 """First look at the cached-plan cuSPARSELt GEMMs on the GPU: correctness, layouts, padding rules, graph capture.
 
-    python -m sparsity.packing.probe_gemm --out $OUT/gemm_probe.json
+    python -m scripts.benchmarks.probe_gemm --out $OUT/gemm_probe.json     # from the repository root
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from sparsity.backends import _cslt_plans as P
+from sparsity.backends.cusparselt.compressor import Compressor, OperandLayout
+from sparsity.backends.cusparselt.library import ORDER_ROW, lib, version
+from sparsity.backends.cusparselt.plans import empty_d
+from sparsity.backends.cusparselt.search import choice_record, get_plan
+from sparsity.backends.timing import median_cuda_ms
 from sparsity.pruning.reference import tile_greedy_mask
-from sparsity.backends._timing import median_cuda_ms
-
 
 
 def rel(a, b):
@@ -40,16 +42,16 @@ def main():
         print(json.dumps(res, default=str), flush=True)
 
     t0 = time.perf_counter()
-    P.lib()
+    lib()
     res["nvmath_import_s"] = time.perf_counter() - t0
-    res["cusparselt_version"] = P.version()
+    res["cusparselt_version"] = version()
     out_f, in_f = 4096, 1024
     torch.manual_seed(0)
     W = torch.randn(out_f, in_f, device=dev, dtype=dtype)
     mask = tile_greedy_mask(W)
     Wm = torch.where(mask, W, torch.zeros((), dtype=dtype, device=dev))
-    cf = P.Compressor(0, P.OperandLayout.for_weight(out_f, in_f, "fwd"), dtype)
-    cd = P.Compressor(0, P.OperandLayout.for_weight(out_f, in_f, "dgrad"), dtype)
+    cf = Compressor(0, OperandLayout.for_weight(out_f, in_f, "fwd"), dtype)
+    cd = Compressor(0, OperandLayout.for_weight(out_f, in_f, "dgrad"), dtype)
     cw, cwt = cf(Wm), cd(Wm)
     part = args.part
     try:
@@ -59,8 +61,8 @@ def main():
                 x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
                 dy = torch.randn(tokens, out_f, device=dev, dtype=dtype)
                 r = res[str(tokens)] = {}
-                pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, search=False)
-                y = P._empty_d(pl, dev)
+                pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, search=False)
+                y = empty_d(pl, dev)
                 pl.run(cw, x, y)
                 r["fwd_col"] = {"err": rel(y, F.linear(x, Wm)), "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
                                 "alg": pl.current_alg(), "ws": pl.workspace.numel()}
@@ -70,8 +72,8 @@ def main():
                     pl.run(cw, x, y)
                 r["host_us_per_call"] = (time.perf_counter() - t) / 200 * 1e6
                 torch.cuda.synchronize()
-                pl = P.get_plan(out_f, in_f, "dgrad", tokens, dtype, 0, search=False)
-                dx = P._empty_d(pl, dev)
+                pl = get_plan(out_f, in_f, "dgrad", tokens, dtype, 0, search=False)
+                dx = empty_d(pl, dev)
                 pl.run(cwt, dy, dx)
                 r["dgrad_col"] = {"err": rel(dx, dy @ Wm), "ms": median_cuda_ms(lambda: pl.run(cwt, dy, dx), 10, 50),
                                   "alg": pl.current_alg()}
@@ -88,8 +90,8 @@ def main():
         elif part == "row":
             tokens = 32768
             x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
-            pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, d_order=P.ORDER_ROW, search=False)
-            y = P._empty_d(pl, dev)
+            pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, d_order=ORDER_ROW, search=False)
+            y = empty_d(pl, dev)
             pl.run(cw, x, y)
             res["fwd_row"] = {"err": rel(y.t(), F.linear(x, Wm)), "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
                               "alg": pl.current_alg()}
@@ -97,16 +99,16 @@ def main():
             tokens = 32768
             x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
             xt = x.t().contiguous()
-            pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, b_transposed=False, search=False)
-            y = P._empty_d(pl, dev)
+            pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, b_transposed=False, search=False)
+            y = empty_d(pl, dev)
             pl.run(cw, xt, y)
             res["fwd_bN"] = {"err": rel(y, F.linear(x, Wm)), "ms": median_cuda_ms(lambda: pl.run(cw, xt, y), 10, 50)}
         elif part == "bias":
             tokens = 32768
             x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
             bias = torch.randn(out_f, device=dev, dtype=dtype)
-            pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, has_bias=True, search=False)
-            y = P._empty_d(pl, dev)
+            pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, has_bias=True, search=False)
+            y = empty_d(pl, dev)
             pl.run(cw, x, y, bias)
             res["fwd_bias"] = {"err": rel(y, F.linear(x, Wm) + bias), "ms": median_cuda_ms(lambda: pl.run(cw, x, y, bias), 10, 50)}
         elif part == "search":
@@ -114,12 +116,12 @@ def main():
                 x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
                 dy = torch.randn(tokens, out_f, device=dev, dtype=dtype)
                 for kind, a, b, ref in (("fwd", cw, x, lambda: F.linear(x, Wm)), ("dgrad", cwt, dy, lambda: dy @ Wm)):
-                    pl = P.get_plan(out_f, in_f, kind, tokens, dtype, 0, search=True, a_compressed=a, b=b,
+                    pl = get_plan(out_f, in_f, kind, tokens, dtype, 0, search=True, a_compressed=a, b=b,
                                     reference=ref)
-                    d = P._empty_d(pl, dev)
+                    d = empty_d(pl, dev)
                     pl.run(a, b, d)
                     res[f"{kind}_{tokens}"] = {"err": rel(d, ref()), "ms": median_cuda_ms(lambda: pl.run(a, b, d), 10, 50),
-                                               "record": P._alg_choice.get(pl.key), "ws": pl.workspace.numel()}
+                                               "record": choice_record(pl.key), "ws": pl.workspace.numel()}
                     torch.cuda.synchronize()
                     flush()
         elif part == "odd":
@@ -127,8 +129,8 @@ def main():
             for tokens in (4097, 4100, 4104, 4112, 4120):
                 x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
                 try:
-                    pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, search=False)
-                    y = P._empty_d(pl, dev)
+                    pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, search=False)
+                    y = empty_d(pl, dev)
                     pl.run(cw, x, y)
                     torch.cuda.synchronize()
                     odd[tokens] = rel(y, F.linear(x, Wm))
@@ -138,8 +140,8 @@ def main():
         elif part == "graph":
             tokens = 4096
             x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
-            pl = P.get_plan(out_f, in_f, "fwd", tokens, dtype, 0, search=False)
-            y = P._empty_d(pl, dev)
+            pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, search=False)
+            y = empty_d(pl, dev)
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):

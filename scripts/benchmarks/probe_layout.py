@@ -1,6 +1,6 @@
 """Dump cuSPARSELt's compressed 2:4 layout for known inputs (GPU), to reverse-engineer it on a CPU.
 
-    python -m sparsity.packing.probe_layout --out $OUT/layout_dump.pt
+    python -m scripts.benchmarks.probe_layout --out $OUT/layout_dump.pt     # from the repository root
 
 For each accepted shape, dtype and orientation ("row": A (m x k) row-major, 2:4 along k, as W in the forward GEMM;
 "col": A (m x k) column-major, 2:4 along k, as W^T in the input-gradient GEMM) the library compressor
@@ -23,7 +23,9 @@ import time
 
 import torch
 
-from sparsity.backends import _cslt_plans as P
+from sparsity.backends.cusparselt.compressor import Compressor, OperandLayout, structured_descriptor
+from sparsity.backends.cusparselt.library import ORDER_COL, ORDER_ROW, handle, lib
+from sparsity.backends.cusparselt.plans import GemmPlan
 
 CODE_BASE = 0x0400  # a positive normal number in fp16 and bf16; base + index stays finite for index < 0x7000
 
@@ -67,8 +69,8 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    cs = P.lib()
-    h = P._state().handle(0)
+    cs = lib()
+    h = handle(0)
     info = {"cusparselt_version": cs.get_version(h), "gpu": torch.cuda.get_device_name(),
             "arch": "sm%d%d" % torch.cuda.get_device_capability()}
     # ---- which shapes does the structured descriptor accept, and how large is the compressed buffer?
@@ -78,9 +80,9 @@ def main():
     for dtype in (torch.float16,):
         for orient in ("row", "col"):
             for (m, k) in trial_shapes:
-                lay = P.OperandLayout(m, k, k if orient == "row" else m, P.ORDER_ROW if orient == "row" else P.ORDER_COL)
+                lay = OperandLayout(m, k, k if orient == "row" else m, ORDER_ROW if orient == "row" else ORDER_COL)
                 try:
-                    d = P.structured_descriptor(h, lay, dtype)
+                    d = structured_descriptor(h, lay, dtype)
                     sz = cs.sp_mma_compressed_size2(h, d)
                     accept[f"{orient}_{m}x{k}"] = [int(sz[0]), int(sz[1])]
                     cs.mat_descriptor_destroy(d)
@@ -98,9 +100,9 @@ def main():
             dump = dumps[(dtype, orient)] = {"entries": {}}
             for (m, k) in shapes:
                 key = f"{str(dtype)[6:]}_{orient}_{m}x{k}"
-                lay = P.OperandLayout(m, k, k if orient == "row" else m, P.ORDER_ROW if orient == "row" else P.ORDER_COL)
+                lay = OperandLayout(m, k, k if orient == "row" else m, ORDER_ROW if orient == "row" else ORDER_COL)
                 try:
-                    comp = P.Compressor(0, lay, dtype)
+                    comp = Compressor(0, lay, dtype)
                 except Exception as e:  # noqa: BLE001
                     dump["entries"][key] = {"error": repr(e)}
                     continue
@@ -143,8 +145,8 @@ def main():
     # plan-based compress vs descriptor-based compress (does the layout depend on the plan / algorithm?)
     plan_check = {}
     for kind, (o, i) in (("fwd", (256, 512)), ("dgrad", (256, 512))):
-        lay = P.OperandLayout.for_weight(o, i, kind)
-        comp = P.Compressor(0, lay, torch.float16)
+        lay = OperandLayout.for_weight(o, i, kind)
+        comp = Compressor(0, lay, torch.float16)
         w = rand_values(o, i, torch.float16, gen, dev)
         nib = rand_nibbles(lay.rows, lay.cols, TWO_KEPT, gen, dev)
         mask_l = expand_mask(nib)  # logical (m, k) of A
@@ -154,7 +156,7 @@ def main():
         res = {}
         for alg in (None, 1, 3, 7):
             try:
-                plan = P.GemmPlan(("probe", kind, alg), 0, h, lay, 256, torch.float16, True, P.ORDER_COL, False, alg)
+                plan = GemmPlan(("probe", kind, alg), 0, h, lay, 256, torch.float16, True, ORDER_COL, False, alg)
                 plan.build()
                 sz = cs.sp_mma_compressed_size(h, plan.plan)
                 out = torch.empty(int(sz[0]), dtype=torch.uint8, device=dev)

@@ -1,0 +1,39 @@
+"""Timing for the benchmarks, built on the library's CUDA-event timers (`sparsity.backends.timing`: one copy).
+
+    median_ms(fn, sets)   median of CUDA-event times of fn(i), i rotating over `sets` input sets (so that nothing is
+                          served from L2), after warm-up
+    graph_ms(step, sets)  the same for step(i) captured once per input set as a CUDA graph and replayed
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from sparsity.backends.timing import device_only_ms, median_cuda_ms
+
+__all__ = ["device_only_ms", "graph_ms", "median_cuda_ms", "median_ms"]
+
+
+def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
+    """Median CUDA-event milliseconds of fn(i) over `reps` calls after `warm`, i = 0, 1, ... modulo `sets`."""
+    calls = itertools.count()
+    return median_cuda_ms(lambda: fn(next(calls) % sets), warm, reps)
+
+
+def graph_ms(step, sets: int, warm: int = 3, reps: int = 30) -> float:
+    """Capture step(i) once per input set i, replay round-robin: median milliseconds per replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(warm):
+            step(i % sets)
+    torch.cuda.current_stream().wait_stream(s)
+    graphs = []
+    for i in range(sets):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step(i)
+        graphs.append(g)
+    return median_ms(lambda i: graphs[i].replay(), sets, warm, reps)

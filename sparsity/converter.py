@@ -1,0 +1,125 @@
+"""The sparse-then-dense switch as a model converter (torchtitan's `ModelConverter` shape): a named object built
+from plain values, with `convert(model)` (the selected nn.Linear modules become 2:4-sparse) and `revert(model)`
+(dense again), both sharing the Parameter objects, so optimizer state, EMA copies, DDP/FSDP hooks and checkpoints
+never see the difference.
+
+    converter = SparseThenDense(sparse_steps=87_500, backend="auto", pruning="tile_greedy")
+    converter.apply(model, step)      # at every step: convert at the first sparse step, revert at the first dense one
+
+`SparseThenDense(**values)` takes exactly the training config's `sparsity` keys (but `sparse_fraction`, which the
+caller turns into `sparse_steps`); the valid values of each are the tuples this package owns (`KINDS`,
+`sparsity.backends.BACKENDS`, `sparsity.pruning.METHODS`, `sparsity.backends.settings`). Converting also sets the
+backend settings the GEMM backends are built with (`configure_backends`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List
+
+from torch import nn
+
+from sparsity.backends import BackendSettings, check_backend_name, configure_backends, get_backend
+from sparsity.decisions import decisions
+from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
+from sparsity.pruning import check_method
+from sparsity.swap import swap_linear_modules, swap_to_dense
+
+log = logging.getLogger(__name__)
+
+SPARSE, DENSE = "sparse", "dense"
+PHASES = (SPARSE, DENSE)
+# weight: the weight is pruned 2:4 (SemiSparseLinear) | activation: the input is (SemiSparseActivationLinear)
+KINDS = ("weight", "activation")
+MODULE_CLASSES = {"weight": SemiSparseLinear, "activation": SemiSparseActivationLinear}
+DEFAULT_MODULES = r"blocks\.\d+\.mlp\.fc[12]"  # a ViT's MLP linears
+
+
+class SparseThenDense:
+    """2:4-sparse linears for the first `sparse_steps` steps, dense afterwards.
+
+    modules: regex over module names (full match), or a glob after "glob:"; kind: one of KINDS; backend: a GEMM
+    backend name; pruning: a transposable 2:4 method; cslt_search, cslt_pack, fused_wgrad: `BackendSettings`."""
+
+    name = "sparse_then_dense"
+
+    def __init__(self, sparse_steps: int = 0, *, modules: str = DEFAULT_MODULES, kind: str = "weight",
+                 backend: str = "auto", pruning: str = "tile_greedy", cslt_search: str = BackendSettings.cslt_search,
+                 cslt_pack: str = BackendSettings.cslt_pack, fused_wgrad: bool = BackendSettings.fused_wgrad):
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r} is not one of {', '.join(KINDS)}")
+        check_backend_name(backend)
+        check_method(pruning)
+        if sparse_steps < 0:
+            raise ValueError(f"sparse_steps={sparse_steps} must be >= 0")
+        self.sparse_steps = sparse_steps
+        self.modules, self.kind, self.backend, self.pruning = modules, kind, backend, pruning
+        self.settings = BackendSettings(cslt_search=cslt_search, cslt_pack=cslt_pack, fused_wgrad=fused_wgrad)
+        self.phase = DENSE
+        self.converted: List[str] = []
+
+    # --------------------------------------------------------------------------------------------- the converter
+    def convert(self, model: nn.Module) -> List[str]:
+        """Turn the selected nn.Linear modules of `model` into 2:4-sparse ones (in place, same Parameters); returns
+        their names. The GEMM backends are (re)built with this converter's settings."""
+        configure_backends(self.settings)
+        self.converted = swap_linear_modules(model, pattern=self.modules, module_cls=MODULE_CLASSES[self.kind],
+                                             backend=self.backend, pruning=self.pruning)
+        self.phase = SPARSE
+        return self.converted
+
+    def revert(self, model: nn.Module) -> List[str]:
+        """Every sparse linear of `model` back to nn.Linear (same module objects and Parameters); returns names."""
+        names = swap_to_dense(model)
+        self.phase = DENSE
+        return names
+
+    # --------------------------------------------------------------------------------------------- the schedule
+    def phase_at(self, step: int) -> str:
+        """The phase of step `step` (0-based): sparse for the first `sparse_steps`."""
+        return SPARSE if step < self.sparse_steps else DENSE
+
+    def apply(self, model: nn.Module, step: int) -> bool:
+        """Put `model` in the phase of `step`; True if it changed."""
+        return self.set_phase(model, self.phase_at(step), step)
+
+    def set_phase(self, model: nn.Module, wanted: str, step: int) -> bool:
+        """Convert or revert `model` so that it is in phase `wanted` (logged with `step`); True if it changed."""
+        if wanted not in PHASES:
+            raise ValueError(f"unknown sparsity phase {wanted!r}")
+        if wanted == self.phase:
+            return False
+        if wanted == SPARSE:
+            self.convert(model)
+            log.info("step %d: %d linears now 2:4-sparse (%s, backend=%s, pruning=%s)",
+                     step, len(self.converted), self.kind, self.backend, self.pruning)
+        else:
+            self.revert(model)
+            log.info("step %d: sparse -> dense switch, %d linears dense again", step, len(self.converted))
+        return True
+
+    # --------------------------------------------------------------------------------------------- what it decided
+    def auto_summary(self) -> dict:
+        """For the metrics, in the sparse phase with backend `auto`: how many GEMM shapes it has decided, and how many
+        of them run sparse in eager code (`choice`) and in compiled code (`choice_graph`, decided by device time).
+        Each decision is also logged when it is made."""
+        if self.phase != SPARSE or self.backend != "auto":
+            return {}
+        recs = get_backend("auto").describe()["decisions"]
+        return {"auto_shapes": len(recs),
+                "auto_sparse_eager": sum(d["choice"] == "cusparselt" for d in recs),
+                "auto_sparse_compiled": sum(d["choice_graph"] == "cusparselt" for d in recs)}
+
+    def decisions(self) -> dict:
+        """`sparsity.decisions()`: what the backends decided so far, per GEMM shape."""
+        return decisions()
+
+
+CONVERTERS = {SparseThenDense.name: SparseThenDense}
+
+
+def build_converter(name: str, sparse_steps: int, **values) -> SparseThenDense:
+    """The converter registered as `name`, built from plain values (e.g. a config section's keys)."""
+    if name not in CONVERTERS:
+        raise ValueError(f"unknown model converter {name!r}; choose one of {', '.join(CONVERTERS)}")
+    return CONVERTERS[name](sparse_steps, **values)
