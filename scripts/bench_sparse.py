@@ -34,7 +34,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scripts.benchmarks.timing import graph_ms, median_ms  # noqa: E402
+from scripts.benchmarks.timing import graph_ms, median_ms, wall_ms  # noqa: E402
 
 SHAPES = [(1024, 4096), (4096, 1024)]  # (in, out): fc1, fc2
 TOKENS = [16384, 32768, 58496]
@@ -213,6 +213,21 @@ def bench_modules(B, dtype, op, tokens, in_f, out_f, backends, x_dtype=torch.flo
                 torch.cuda.synchronize()
 
 
+def _fwd_bwd_step(model, x, dy, dtype):
+    """One eager forward + backward of `model` under autocast, gradients cleared first."""
+    params = list(model.parameters())
+
+    def step():
+        for p in params:
+            p.grad = None
+        x.grad = None
+        with torch.autocast("cuda", dtype=dtype):
+            y = model(x)
+        y.backward(dy)
+
+    return step
+
+
 def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5, backends=(None, "cusparselt")):
     """Device time per kernel category of one eager linear fwd+bwd (nn.Linear vs each backend), from the profiler:
     the numbers behind the fwd+bwd bound (fwd, dgrad, wgrad GEMMs, pack, casts, bias gradient), and the GPU's idle
@@ -225,14 +240,7 @@ def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5, backends=(Non
     x = torch.randn(tokens, in_f, device="cuda", dtype=x_dtype, requires_grad=True)
     dy = torch.randn(tokens, out_f, device="cuda", dtype=dtype)
     for backend in backends:
-        model = _linear_pair(in_f, out_f, backend)
-
-        def step():
-            model.weight.grad = model.bias.grad = x.grad = None
-            with torch.autocast("cuda", dtype=dtype):
-                y = model(x)
-            y.backward(dy)
-
+        step = _fwd_bwd_step(_linear_pair(in_f, out_f, backend), x, dy, dtype)
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -279,24 +287,10 @@ def bench_host(B, dtype):
     eager step at 32768 tokens (top CPU ops, synchronisations)."""
     dn = str(dtype).replace("torch.", "")
     for backend in (None, "cusparselt", "auto"):
-        model = _linear_pair(1024, 4096, backend)
         x = torch.randn(256, 1024, device="cuda", requires_grad=True)
         dy = torch.randn(256, 4096, device="cuda", dtype=dtype)
-
-        def step():
-            model.weight.grad = None
-            with torch.autocast("cuda", dtype=dtype):
-                y = model(x)
-            y.backward(dy)
-
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(50):
-            step()
-        torch.cuda.synchronize()
-        us = (time.perf_counter() - t) / 50 * 1e6
+        step = _fwd_bwd_step(_linear_pair(1024, 4096, backend), x, dy, dtype)
+        us = wall_ms(step, 5, 50) * 1e3
         B.add(op="host_per_step", backend=backend or "nn.Linear", tokens=256, in_features=1024, out_features=4096,
               dtype=dn, ms=us / 1e3, dense_ms=None, graph=False)
         if backend is not None:  # where the host time goes, by Python function
@@ -317,16 +311,9 @@ def bench_host(B, dtype):
     from torch.profiler import ProfilerActivity, profile
 
     for backend in ("cusparselt", None):
-        model = _linear_pair(1024, 4096, backend)
         x = torch.randn(32768, 1024, device="cuda", requires_grad=True)
         dy = torch.randn(32768, 4096, device="cuda", dtype=dtype)
-
-        def step():
-            model.weight.grad = None
-            x.grad = None
-            with torch.autocast("cuda", dtype=dtype):
-                y = model(x)
-            y.backward(dy)
+        step = _fwd_bwd_step(_linear_pair(1024, 4096, backend), x, dy, dtype)
 
         for _ in range(3):
             step()

@@ -5,14 +5,14 @@ fp32 and save the cast of fc1's dx (0.067 ms at 32k tokens, results/bench/NOTES.
 
 H100, cuSPARSELt 0.8.0 (run 12): "D=fp32: refused: cuSPARSELtError (10)" (NOT_SUPPORTED), bf16 D fine.
 """
-import time
-
 import numpy as np
 import torch
 
 from sparsity.backends import get_backend
 from sparsity.backends.cusparselt.compressor import OperandLayout, structured_descriptor
 from sparsity.backends.cusparselt.library import OP_N, OP_T, ORDER_COL, ORDER_ROW, handle, lib
+
+from .timing import wall_ms
 
 
 def main():
@@ -47,14 +47,7 @@ def main():
             torch.cuda.synchronize()
             ref = dy.float() @ wp.float()
             err = float((out.float() - ref).norm() / ref.norm())
-            for _ in range(3):
-                run()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(20):
-                run()
-            torch.cuda.synchronize()
-            ms = (time.perf_counter() - t) / 20 * 1e3
+            ms = wall_ms(run, 3, 20)
             print(f"D={name}: OK rel err {err:.2e}, {ms:.4f} ms (default alg)")
         except Exception as e:  # noqa: BLE001 -- report whatever the library says
             print(f"D={name}: refused: {e!r}")

@@ -3,17 +3,19 @@
     median_ms(fn, sets)   median of CUDA-event times of fn(i), i rotating over `sets` input sets (so that nothing is
                           served from L2), after warm-up
     graph_ms(step, sets)  the same for step(i) captured once per input set as a CUDA graph and replayed
+    wall_ms(fn)           mean wall-clock milliseconds per fn() (host time: the GPU synchronised before and after)
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 
 import torch
 
 from sparsity.backends.timing import device_only_ms, median_cuda_ms
 
-__all__ = ["device_only_ms", "graph_ms", "median_cuda_ms", "median_ms"]
+__all__ = ["device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "wall_ms"]
 
 
 def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
@@ -37,3 +39,15 @@ def graph_ms(step, sets: int, warm: int = 3, reps: int = 30) -> float:
             step(i)
         graphs.append(g)
     return median_ms(lambda i: graphs[i].replay(), sets, warm, reps)
+
+
+def wall_ms(fn, warm: int = 3, iters: int = 20) -> float:
+    """Mean wall-clock milliseconds per fn() over `iters` calls after `warm`, the GPU synchronised around them."""
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e3
