@@ -13,14 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sparsity.backends.cuda import rel_err as _rel  # relative Frobenius error against an fp32 reference
+
 pytestmark = pytest.mark.gpu
 
 DTYPES = [torch.bfloat16, torch.float16]
-
-
-def _rel(a, b):
-    a, b = a.float(), b.float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,9 @@ import pytest
 import torch
 from torch import nn
 
+from sparsity.backends.cuda import rel_err as _rel  # relative Frobenius error against an fp32 reference
+
 pytestmark = pytest.mark.gpu
-
-
-def _rel(a, b):
-    a, b = a.float(), b.float()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 @pytest.fixture(scope="module")
