@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from data import CorruptImageError, DatasetError
-    from models.evaluation import EvalInputError, evaluate_run
+    from evaluation import EvalInputError, evaluate_run
 
     try:
         record = evaluate_run(args.run, eval_cfg)

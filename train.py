@@ -60,9 +60,9 @@ def main(argv=None) -> int:
 
     from data import CorruptImageError, DatasetError, build_training_dataset
     from models.safe_io import CorruptFile, UnsafeFile
-    from models.training.checkpoint import NoReadableCheckpoint
-    from models.training.distributed import LaunchError, detect_launch, init_distributed, shutdown
-    from models.training.trainer import ResumeMismatch, Trainer, TrainingDiverged
+    from training.checkpoint import NoReadableCheckpoint
+    from training.distributed import LaunchError, detect_launch, init_distributed, shutdown
+    from training.trainer import ResumeMismatch, Trainer, TrainingDiverged
 
     try:
         launch = detect_launch(os.environ)

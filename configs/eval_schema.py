@@ -12,7 +12,7 @@ from typing import List
 from .fields import check_fields, value
 
 
-# the torch solver's arithmetic (models/evaluation/logreg.py PRECISIONS): auto = float64 on CPU and for small
+# the torch solver's arithmetic (evaluation/logreg.py PRECISIONS): auto = float64 on CPU and for small
 # problems, float32_3xtf32 (fp32 accuracy on TF32 tensor cores) for large GPU problems; float32 = IEEE fp32 GEMMs
 PRECISIONS = ("auto", "float64", "float32", "float32_3xtf32")
 

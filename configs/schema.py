@@ -138,7 +138,7 @@ class TrainConfig:
     teacher_export_period: int = value(12500, ge=1)  # iterations between teacher backbone exports for evaluation
     resume: bool = True
     max_steps: int = value(0, ge=0)  # > 0: stop after this many steps (schedules still span epochs * epoch_length)
-    # torch.compile of the blocks, heads and losses (models/training/compile.py): auto = on for CUDA, off on CPU
+    # torch.compile of the blocks, heads and losses (training/compile.py): auto = on for CUDA, off on CPU
     compile: str = value("auto", choices=("auto", "true", "false"))
     # torch.compile backend (aot_eager and eager to debug)
     compile_backend: str = value("inductor", choices=("inductor", "aot_eager", "eager"))

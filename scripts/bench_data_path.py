@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
 from data import build_ssl_loader, build_training_dataset  # noqa: E402
-from models.training.distributed import DistContext  # noqa: E402
-from models.training.trainer import Trainer  # noqa: E402
+from training.distributed import DistContext  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
 
 from bench_train_step import time_steps  # noqa: E402  (scripts/ is on sys.path as the script's own folder)
 

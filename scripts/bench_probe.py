@@ -46,9 +46,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.evaluation.logreg import (INEXACT_PRECISIONS, MATMUL_MODES, PRECISIONS, SklearnLBFGS,  # noqa: E402
+from evaluation.logreg import (INEXACT_PRECISIONS, MATMUL_MODES, PRECISIONS, SklearnLBFGS,  # noqa: E402
                                       TorchLBFGS, c_grid, objective_and_grad, topk_accuracy)
-from models.evaluation.probe import best_C, holdout_split  # noqa: E402
+from evaluation.probe import best_C, holdout_split  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # written before measuring (module docstring): float32_3xtf32 on an H100, bf16 features
@@ -114,7 +114,7 @@ def sync(device: torch.device) -> None:
 
 
 def torch_sweep(args, solver, x, y, xv, yv, device) -> dict:
-    """The protocol of models.evaluation.probe.run_probe, step by step, so a time limit can stop it."""
+    """The protocol of evaluation.probe.run_probe, step by step, so a time limit can stop it."""
     fit_idx, hold_idx = holdout_split(len(y), 0.1, args.seed)
     fit_idx, hold_idx = fit_idx.to(device), hold_idx.to(device)
     x_fit, y_fit, x_hold, y_hold = x[fit_idx], y[fit_idx], x[hold_idx], y[hold_idx]

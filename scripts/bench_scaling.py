@@ -118,7 +118,7 @@ def _sync(device) -> None:
 
 
 def time_model(ctx, cfg, warmup: int, iters: int, workdir: Path) -> dict:
-    from models.training.trainer import Trainer
+    from training.trainer import Trainer
 
     trainer = Trainer(cfg, workdir, ctx)
     trainer.model.train()
@@ -149,7 +149,7 @@ def loss_curve(ctx, cfg, steps: int, workdir: Path, workers: int) -> tuple[dict,
     """The global-batch loss and its KoLeo term over the first `steps` steps: the trainer's step on the real
     loader's batches."""
     from data import build_ssl_loader
-    from models.training.trainer import Trainer
+    from training.trainer import Trainer
 
     trainer = Trainer(cfg, workdir, ctx)
     trainer.model.train()
@@ -177,7 +177,7 @@ def curve_plan(world: int, gpus: list[int], b: int) -> list[tuple[int, int]]:
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, result_path: str) -> None:
-    from models.training.distributed import DistContext
+    from training.distributed import DistContext
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // (2 * world)) if not args.cpu else 1)
     if args.cpu:

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from configs import load_config  # noqa: E402
 
 from data.collate import SSLCollate, SSLSample  # noqa: E402
-from models.training.distributed import DistContext  # noqa: E402
-from models.training.trainer import Trainer  # noqa: E402
+from training.distributed import DistContext  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
 
 ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto")
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs")

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
                   "run)", file=sys.stderr)
         return 2
 
-    from models.evaluation.table import make_table
+    from reporting.table import make_table
 
     try:
         written = make_table(args.runs, args.out, plots=not args.no_plots, extra_notes=args.note)

@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from models.evaluation.published import FRACTIONS as PUBLISHED_FRACTIONS  # noqa: E402
-from models.evaluation.run_logs import BASELINE_FILES, COMPLETE, read_run  # noqa: E402
+from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS  # noqa: E402
+from reporting.run_logs import BASELINE_FILES, COMPLETE, read_run  # noqa: E402
 from slurm.sweep import run_name  # noqa: E402  (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
 
 TRAIN_SCRIPT, EVAL_SCRIPT = REPO / "train.py", REPO / "eval_linear.py"
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
         print(f"{len(planned)} runs, {args.jobs} at a time; table and plots: {args.out}")
         return 0
     failures = execute(planned, args.overrides, args.eval_overrides, args.jobs, args.config)
-    from models.evaluation.table import make_table
+    from reporting.table import make_table
 
     written = make_table([item.run_dir for item in planned], args.out, extra_notes=machine_notes(args.jobs))
     print("wrote " + ", ".join(str(p) for p in written))

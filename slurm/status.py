@@ -17,7 +17,7 @@ from typing import Iterable, Optional
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from models.training.metrics_format import steps_done  # noqa: E402
+from training.metrics_format import steps_done  # noqa: E402
 from slurm.sweep import CONFIG_FILE, EVAL_RESULT, last_step, latest_job, newest_checkpoint  # noqa: E402
 
 # Job states after which Slurm may still run the job (a requeued job is PENDING again).

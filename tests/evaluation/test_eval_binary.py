@@ -9,8 +9,8 @@ import torch
 from sklearn.datasets import load_breast_cancer
 from sklearn.linear_model import LogisticRegression
 
-from models.evaluation.logreg import LogRegFit, Preconditioner, SklearnLBFGS, TorchLBFGS, c_grid
-from models.evaluation.probe import best_C, holdout_split, run_probe
+from evaluation.logreg import LogRegFit, Preconditioner, SklearnLBFGS, TorchLBFGS, c_grid
+from evaluation.probe import best_C, holdout_split, run_probe
 
 CS = c_grid(-5, -2, 4)  # where L-BFGS converges on the raw features (larger C: ill-conditioned, 1000+ iterations)
 

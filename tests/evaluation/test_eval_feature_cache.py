@@ -5,8 +5,8 @@ import pytest
 
 from configs import load_config, load_eval_config
 from eval_test_helpers import FAST_EVAL, make_folder_run, make_run_dir, write_teacher
-from models.evaluation.evaluate import extract_run_features
-from models.evaluation.features import EvalInputError, cache_key, load_teacher
+from evaluation.evaluate import extract_run_features
+from evaluation.features import EvalInputError, cache_key, load_teacher
 
 
 def _extract(run, *overrides):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from models.evaluation.knn import knn_classify
+from evaluation.knn import knn_classify
 
 
 def test_hand_checkable_votes():

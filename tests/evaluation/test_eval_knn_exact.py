@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.evaluation.knn import CosineIndex, knn_classify
+from evaluation.knn import CosineIndex, knn_classify
 
 
 def reference(train_x, train_y, val_x, val_y, ks, T=0.07, n_classes=None):

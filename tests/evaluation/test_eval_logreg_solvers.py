@@ -9,9 +9,9 @@ from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
-from models.evaluation.logreg import (Preconditioner, SklearnLBFGS, TorchLBFGS, c_grid, objective_and_grad,
+from evaluation.logreg import (Preconditioner, SklearnLBFGS, TorchLBFGS, c_grid, objective_and_grad,
                                       topk_accuracy)
-from models.evaluation.probe import run_probe
+from evaluation.probe import run_probe
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from sklearn.datasets import load_digits
 
 from configs import ConfigError, load_eval_config
 from configs.eval_schema import PRECISIONS as SCHEMA_PRECISIONS
-from models.evaluation.logreg import (PRECISIONS, TorchLBFGS, addmm, build_solver, c_grid, objective_and_grad,
+from evaluation.logreg import (PRECISIONS, TorchLBFGS, addmm, build_solver, c_grid, objective_and_grad,
                                       split_tf32)
-from models.evaluation.probe import run_probe
+from evaluation.probe import run_probe
 
 
 def tf32(x):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from models.evaluation.logreg import TorchLBFGS, c_grid
-from models.evaluation.probe import best_C, holdout_split, run_probe
+from evaluation.logreg import TorchLBFGS, c_grid
+from evaluation.probe import best_C, holdout_split, run_probe
 
 
 def test_c_grid_is_the_reference_grid():

@@ -102,8 +102,8 @@ def test_compiled_block_fullgraph_both_phases_no_steady_state_recompile(backend)
 
 def _trainer(compile_: str, backend: str, tmp_path):
     from configs import load_config
-    from models.training.distributed import DistContext
-    from models.training.trainer import Trainer
+    from training.distributed import DistContext
+    from training.trainer import Trainer
 
     cfg = load_config(None, [
         "student.arch=vit_small", "student.patch_size=8", "student.drop_path_rate=0.2",

@@ -10,9 +10,9 @@ import matplotlib.image
 import pytest
 import torch
 
-from models.evaluation.run_logs import read_run
-from models.evaluation.plots import plot_accuracy
-from models.evaluation.table import build_rows, make_table
+from reporting.run_logs import read_run
+from reporting.plots import plot_accuracy
+from reporting.table import build_rows, make_table
 from reporting_runs import REPO, make_run
 
 
@@ -28,7 +28,7 @@ def study(tmp_path):
     make_run(runs, "s70", 0.7, top1=88.5)
     make_run(runs, "s40_noeval", 0.4, result=None)
     make_run(runs, "s90_partial", 0.9, steps_done=150, finished=False, result=None,
-             log_tail="WARNING models.training.trainer: SIGTERM: checkpoint saved at step 150; rerun to resume")
+             log_tail="WARNING training.trainer: SIGTERM: checkpoint saved at step 150; rerun to resume")
     make_run(runs, "s100_failed", 1.0, steps_done=40, finished=False, result=None,
              log_tail="ERROR train: TrainingDiverged: non-finite loss at step 41 (dino_local_crops_loss=nan)")
     make_run(runs, "s60_badeval", 0.6, result="{not json")

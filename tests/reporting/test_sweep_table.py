@@ -11,9 +11,9 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from models.evaluation import published
-from models.evaluation.run_logs import read_run
-from models.evaluation.table import make_table
+from reporting import published
+from reporting.run_logs import read_run
+from reporting.table import make_table
 from reporting_runs import LOG_TIME, REPO, eval_result, make_run
 
 RANDOM, PIXELS = "eval_linear_random_init.json", "eval_linear_pixels.json"
@@ -126,7 +126,7 @@ def test_images_per_s_per_phase_is_the_median_without_warm_up_windows(tmp_path, 
         (209, "dense", 210.0), (219, "dense", "nan"),  # a rate that is not a number: skipped
     ], with_phase)
     with open(run_dir / "log.txt", "a") as log:
-        log.write(f"{LOG_TIME} INFO models.training.trainer: resumed at step 190 (dense phase)\n")
+        log.write(f"{LOG_TIME} INFO training.trainer: resumed at step 190 (dense phase)\n")
     run = read_run(run_dir)
     assert run.sparse_images_per_s == pytest.approx(105.0)  # median of 100, 110, 90, 300: (100 + 110) / 2
     assert run.dense_images_per_s == pytest.approx(205.0)  # median of 200, 220, 180, 210: (200 + 210) / 2
@@ -185,11 +185,11 @@ def test_make_table_cli_on_a_missing_directory(tmp_path, capsys):
 
 def test_reporting_imports_point_one_way():
     """table -> table_format, plots -> published, run_logs; nothing imports table back (no cycle)."""
-    folder = REPO / "models" / "evaluation"
+    folder = REPO / "reporting"
     for name in ("plots", "table_format", "published", "run_logs"):
         tree = ast.parse((folder / f"{name}.py").read_text())
         imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-        assert "table" not in imported and "models.evaluation.table" not in imported, name
+        assert "table" not in imported and "reporting.table" not in imported, name
 
 
 def test_published_numbers_match_the_reference_copy():

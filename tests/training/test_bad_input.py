@@ -8,9 +8,9 @@ import torch
 from PIL import Image
 
 from configs import load_config
-from models.training.distributed import DistContext
-from models.training.metrics import read_metrics
-from models.training.trainer import Trainer, TrainingDiverged
+from training.distributed import DistContext
+from training.metrics import read_metrics
+from training.trainer import Trainer, TrainingDiverged
 
 from train_runs import TINY, run_train
 

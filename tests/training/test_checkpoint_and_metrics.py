@@ -10,8 +10,8 @@ import textwrap
 import torch
 
 from models.safe_io import save_verified
-from models.training.checkpoint import CheckpointManager
-from models.training.metrics import MetricsLog, read_metrics, without_timing
+from training.checkpoint import CheckpointManager
+from training.metrics import MetricsLog, read_metrics, without_timing
 
 
 def test_history_is_bounded_and_latest_loads(tmp_path):

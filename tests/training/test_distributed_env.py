@@ -2,7 +2,7 @@
 
 import pytest
 
-from models.training.distributed import LaunchError, detect_launch, first_host, slurm_port
+from training.distributed import LaunchError, detect_launch, first_host, slurm_port
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu017", "MASTER_PORT": "29500",
             "LOCAL_WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "42"}

@@ -16,7 +16,7 @@ import pytest
 import torch
 from train_runs import REPO, TINY, run_train
 
-from models.training.metrics import read_metrics
+from training.metrics import read_metrics
 
 STEPS = 8
 SAME_GLOBAL_BATCH = [

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from models.training.distributed import DistContext, all_gather_objects, check_replicas_identical
+from training.distributed import DistContext, all_gather_objects, check_replicas_identical
 
 CPU = DistContext(0, 1, 0, torch.device("cpu"))
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from configs import load_config
-from models.training.distributed import DistContext
-from models.training.trainer import Trainer
+from training.distributed import DistContext
+from training.trainer import Trainer
 from sparsity import SemiSparseLinear
 from sparsity.backends.dense import DenseSparseWeight
 

@@ -11,7 +11,7 @@ import torch
 from train_runs import run_train, start_train, wait_for_step
 
 import models.safe_io as safe_io
-from models.training.metrics import MetricsLog, read_metrics, without_timing
+from training.metrics import MetricsLog, read_metrics, without_timing
 
 FLIP = 4096
 

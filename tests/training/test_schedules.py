@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from configs import load_config
-from models.training.schedules import build_schedules, cosine_schedule, linear_then_constant
+from training.schedules import build_schedules, cosine_schedule, linear_then_constant
 
 
 def test_cosine_schedule_by_hand():

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from models.training.distributed import DistContext
-from models.training.step_checks import StepChecks
+from training.distributed import DistContext
+from training.step_checks import StepChecks
 
 CPU = DistContext(0, 1, 0, torch.device("cpu"))
 

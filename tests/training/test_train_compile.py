@@ -12,10 +12,10 @@ import torch._dynamo
 from train_runs import TINY, run_train
 
 from configs import load_config
-from models.training.compile import compile_wanted
-from models.training.distributed import DistContext
-from models.training.metrics import read_metrics
-from models.training.trainer import Trainer
+from training.compile import compile_wanted
+from training.distributed import DistContext
+from training.metrics import read_metrics
+from training.trainer import Trainer
 from models.vision_transformer import Block
 from sparsity import SemiSparseLinear, swap_linear_modules, swap_to_dense
 
@@ -110,7 +110,7 @@ def test_compiled_two_processes_equal_compiled_one_process(tmp_path):
 def test_auto_decisions_reach_the_metrics(monkeypatch):
     """What `auto` decided (eagerly, or while a graph was traced) is summarised in every sparse-phase metrics line."""
     from configs.schema import SparsityConfig
-    from models.training.sparse_schedule import SparseSchedule
+    from training.sparse_schedule import SparseSchedule
     from sparsity.backends import GemmKey, get_backend
 
     auto = get_backend("auto")
