@@ -8,7 +8,8 @@
                                           masked: `masked_grad=True` gives dW * mask); on CUDA one cuBLASLt call
                                           that also reduces the bias gradient and writes fp32 directly
                                           (`weight_grad.py`; off with the backend setting fused_wgrad=False),
-                                          else the torch ops
+                                          else the torch ops; with `weight_grad="mvue24"` dW = MVUE24(dy^T) @ x,
+                                          dy^T pruned 2:4 along tokens, unbiased (`mvue_grad.py`; eager only)
 
 `semi_sparse_activation_linear(x, weight, bias, ...)`: torchao's SemiSparseActivationLinear semantics: the input
 x (tokens x in) is pruned 2:4 along features, y = x_s @ W^T + b, dW = dy^T @ x_s, dx = dy @ W (straight-through to x).
@@ -30,6 +31,7 @@ import torch
 from sparsity import traced
 from sparsity.backends import Backend, get_backend
 from sparsity.backends.base import cast
+from sparsity.mvue_grad import check_weight_grad, mvue_weight_grad
 from sparsity.pruning import check_method
 from sparsity.weight_grad import weight_bias_grad
 
@@ -88,7 +90,8 @@ def record_input_meta(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional
 
 class SemiSparseWeightFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, backend: Backend, pruning: str, masked_grad: bool, scale, dtype):
+    def forward(ctx, x, weight, bias, backend: Backend, pruning: str, masked_grad: bool, scale, dtype,
+                weight_grad: str = "dense"):
         # (inside forward nothing is tracked by autograd: no .detach() needed; no-op casts are skipped, they cost
         # host time on every step)
         with AutocastOff(x.device.type):
@@ -103,6 +106,7 @@ class SemiSparseWeightFunction(torch.autograd.Function):
         ctx.sw = sw
         ctx.masked_grad = masked_grad
         ctx.fused_wgrad = backend.settings.fused_wgrad
+        ctx.weight_grad = weight_grad
         record_input_meta(ctx, x, weight, bias)
         ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, scale)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
@@ -124,7 +128,9 @@ class SemiSparseWeightFunction(torch.autograd.Function):
                 # one cuBLASLt GEMM with the bias gradient in its epilogue where it applies (and the backend's
                 # settings allow it), else the torch ops
                 fused = None
-                if ctx.fused_wgrad:
+                if ctx.weight_grad == "mvue24":
+                    fused = (mvue_weight_grad(dy2, x2), None)  # the bias gradient below stays the exact sum of dy
+                elif ctx.fused_wgrad:
                     fused = weight_bias_grad(dy2, x2, ctx.w_dtype, ctx.b_dtype if ctx.needs_input_grad[2] else None)
                 dw, db = fused if fused is not None else (dy2.t() @ x2, None)
                 if scale is not None:
@@ -134,7 +140,7 @@ class SemiSparseWeightFunction(torch.autograd.Function):
                 dw = cast(dw, ctx.w_dtype)
             if ctx.needs_input_grad[2] and db is None:
                 db = cast(dy2.sum(0), ctx.b_dtype)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 class SemiSparseActivationFunction(torch.autograd.Function):
@@ -178,16 +184,22 @@ def semi_sparse_linear(
     pruning: str = "tile_greedy",
     masked_grad: bool = False,
     scale: Optional[torch.Tensor] = None,
+    weight_grad: str = "dense",
 ) -> torch.Tensor:
     """y = x @ prune(weight)^T [* scale] + bias with straight-through weight gradients (see the module docstring).
 
     `scale`: optional 0-d tensor multiplying the pruned weight (S-STE's beta for pruning="soft_threshold").
+    `weight_grad`: "dense" (dy^T @ x) | "mvue24" (MVUE24(dy^T) @ x, `sparsity.mvue_grad`; eager only).
     """
     check_method(pruning)
+    check_weight_grad(weight_grad)
     if torch.compiler.is_compiling():  # the compiler's form: ops it can see and fuse (sparsity/traced.py)
+        if weight_grad != "dense":
+            raise NotImplementedError(f"weight_grad={weight_grad!r} runs in eager mode only (its seed is drawn on the "
+                                      "host at every backward): set train.compile=false")
         return traced.semi_sparse_linear(x, weight, bias, backend, pruning, masked_grad, scale, compute_dtype_for(x))
     return SemiSparseWeightFunction.apply(
-        x, weight, bias, get_backend(backend), pruning, masked_grad, scale, compute_dtype_for(x)
+        x, weight, bias, get_backend(backend), pruning, masked_grad, scale, compute_dtype_for(x), weight_grad
     )
 
 

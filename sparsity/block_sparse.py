@@ -4,7 +4,8 @@ Blocks are kept by magnitude (sum of squares of the block, fp32; ties to the low
 module is created and whenever `select_blocks()` is called. Forward y = x @ (W * M)^T + b, input grad dx = dy @ (W * M),
 weight grad dy^T @ x on the kept blocks only (zero elsewhere: the pruned blocks are frozen, as in
 pytorch_block_sparse, which stores only the kept blocks). On CUDA the three products are Triton block-sparse GEMMs
-(`sparsity.kernels.block_sparse`), skipping pruned blocks; elsewhere they are dense torch ops on the masked weight.
+(`sparsity.kernels.block_sparse`), skipping pruned blocks; elsewhere, and under torch.compile, they are dense torch
+ops on the masked weight.
 
 The block mask is the persistent buffer ``block_mask`` (bool, (out/block, in/block)); loading a state dict without
 it (e.g. an nn.Linear one) re-selects blocks from the loaded weight.
@@ -181,6 +182,13 @@ class BlockSparseLinear(SparseLinearMixin, nn.Linear):
         self._layout = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # the compiler's form: the same math on the masked weight, as ops it can see (the layout cache reads
+            # data pointers and the Triton kernels take a Python layout object; neither traces). The gradient of
+            # W * M is dy^T x * M: the pruned blocks stay frozen as in the eager path.
+            b = self.block_size
+            mask = self.block_mask.repeat_interleave(b, 0).repeat_interleave(b, 1)
+            return F.linear(x, self.weight * mask, self.bias)
         return block_sparse_linear(x, self.weight, self.bias, self.layout(), impl=self.impl)
 
     def extra_repr(self) -> str:

@@ -1,15 +1,16 @@
 """The sparse-then-dense switch as a model converter (torchtitan's `ModelConverter` shape): a named object built
-from plain values, with `convert(model)` (the selected nn.Linear modules become 2:4-sparse) and `revert(model)`
-(dense again), both sharing the Parameter objects, so optimizer state, EMA copies, DDP/FSDP hooks and checkpoints
-never see the difference.
+from plain values, with `convert(model)` (the selected nn.Linear modules become 2:4-sparse, or block-sparse with
+kind="block") and `revert(model)` (dense again), both sharing the Parameter objects, so optimizer state, EMA copies,
+DDP/FSDP hooks and checkpoints never see the difference.
 
     converter = SparseThenDense(sparse_steps=87_500, backend="auto", pruning="tile_greedy")
     converter.apply(model, step)      # at every step: convert at the first sparse step, revert at the first dense one
 
 `SparseThenDense(**values)` takes exactly the training config's `sparsity` keys (but `sparse_fraction`, which the
 caller turns into `sparse_steps`); the valid values of each are the tuples this package owns (`KINDS`,
-`sparsity.backends.BACKENDS`, `sparsity.pruning.METHODS`, `sparsity.backends.settings`). Converting also sets the
-backend settings the GEMM backends are built with (`configure_backends`).
+`sparsity.backends.BACKENDS`, `sparsity.pruning.METHODS`, `sparsity.backends.settings`,
+`sparsity.mvue_grad.WEIGHT_GRADS`). Converting also sets the backend settings the GEMM backends are built with
+(`configure_backends`).
 """
 
 from __future__ import annotations
@@ -20,18 +21,22 @@ from typing import List
 from torch import nn
 
 from sparsity.backends import BackendSettings, check_backend_name, configure_backends, get_backend
+from sparsity.block_sparse import BlockSparseLinear
 from sparsity.decisions import decisions
 from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
+from sparsity.mvue_grad import WEIGHT_GRADS
 from sparsity.pruning import check_method
-from sparsity.swap import swap_linear_modules, swap_to_dense
+from sparsity.swap import name_matcher, swap_linear_modules, swap_to_dense
 
 log = logging.getLogger(__name__)
 
 SPARSE, DENSE = "sparse", "dense"
 PHASES = (SPARSE, DENSE)
-# weight: the weight is pruned 2:4 (SemiSparseLinear) | activation: the input is (SemiSparseActivationLinear)
-KINDS = ("weight", "activation")
-MODULE_CLASSES = {"weight": SemiSparseLinear, "activation": SemiSparseActivationLinear}
+# weight: the weight is pruned 2:4 (SemiSparseLinear) | activation: the input is (SemiSparseActivationLinear) |
+# block: a fixed `block_density` of the weight's (block_size x block_size) blocks is used and trained
+# (BlockSparseLinear; backend and pruning do not apply)
+KINDS = ("weight", "activation", "block")
+MODULE_CLASSES = {"weight": SemiSparseLinear, "activation": SemiSparseActivationLinear, "block": BlockSparseLinear}
 DEFAULT_MODULES = r"blocks\.\d+\.mlp\.fc[12]"  # a ViT's MLP linears
 
 
@@ -39,32 +44,64 @@ class SparseThenDense:
     """2:4-sparse linears for the first `sparse_steps` steps, dense afterwards.
 
     modules: regex over module names (full match), or a glob after "glob:"; kind: one of KINDS; backend: a GEMM
-    backend name; pruning: a transposable 2:4 method; cslt_search, cslt_pack, fused_wgrad: `BackendSettings`."""
+    backend name; pruning: a transposable 2:4 method; cslt_search, cslt_pack, fused_wgrad: `BackendSettings`;
+    weight_grad (kind weight): "dense" | "mvue24" (`sparsity.mvue_grad`); block_density, block_size (kind block):
+    the fraction of blocks kept, in (0, 1], and the block's side, which must divide both dims of every converted
+    weight. Errors name the `sparsity.` config key."""
 
     name = "sparse_then_dense"
 
     def __init__(self, sparse_steps: int = 0, *, modules: str = DEFAULT_MODULES, kind: str = "weight",
                  backend: str = "auto", pruning: str = "tile_greedy", cslt_search: str = BackendSettings.cslt_search,
-                 cslt_pack: str = BackendSettings.cslt_pack, fused_wgrad: bool = BackendSettings.fused_wgrad):
+                 cslt_pack: str = BackendSettings.cslt_pack, fused_wgrad: bool = BackendSettings.fused_wgrad,
+                 weight_grad: str = "dense", block_density: float = 0.5, block_size: int = 32):
         if kind not in KINDS:
-            raise ValueError(f"kind={kind!r} is not one of {', '.join(KINDS)}")
+            raise ValueError(f"sparsity.kind={kind!r} is not one of {', '.join(KINDS)}")
         check_backend_name(backend)
         check_method(pruning)
         if sparse_steps < 0:
             raise ValueError(f"sparse_steps={sparse_steps} must be >= 0")
+        if weight_grad not in WEIGHT_GRADS:
+            raise ValueError(f"sparsity.weight_grad={weight_grad!r} is not one of {', '.join(WEIGHT_GRADS)}")
+        if weight_grad != "dense" and kind != "weight":
+            raise ValueError(f"sparsity.weight_grad={weight_grad} applies to sparsity.kind=weight only, not {kind}")
+        if not 0.0 < block_density <= 1.0:
+            raise ValueError(f"sparsity.block_density={block_density} must be in (0, 1]")
+        if int(block_size) != block_size or block_size < 1:
+            raise ValueError(f"sparsity.block_size={block_size} must be a positive integer")
         self.sparse_steps = sparse_steps
         self.modules, self.kind, self.backend, self.pruning = modules, kind, backend, pruning
+        self.weight_grad, self.block_density, self.block_size = weight_grad, float(block_density), int(block_size)
         self.settings = BackendSettings(cslt_search=cslt_search, cslt_pack=cslt_pack, fused_wgrad=fused_wgrad)
         self.phase = DENSE
         self.converted: List[str] = []
+
+    def _module_options(self) -> dict:
+        if self.kind == "block":
+            return {"density": self.block_density, "block_size": self.block_size}
+        options = {"backend": self.backend, "pruning": self.pruning}
+        return {**options, "weight_grad": self.weight_grad} if self.kind == "weight" else options
+
+    def check(self, model: nn.Module) -> None:
+        """Raise ValueError (naming the config key) if `convert(model)` could not convert every selected linear;
+        checks without converting, so a run can refuse its config before it starts."""
+        if self.kind != "block":
+            return
+        match = name_matcher(self.modules)
+        for name, m in model.named_modules():
+            if isinstance(m, nn.Linear) and match(name) and (m.in_features % self.block_size
+                                                             or m.out_features % self.block_size):
+                raise ValueError(f"sparsity.block_size={self.block_size} must divide both dims of every converted "
+                                 f"linear: {name} is (out, in) = ({m.out_features}, {m.in_features})")
 
     # --------------------------------------------------------------------------------------------- the converter
     def convert(self, model: nn.Module) -> List[str]:
         """Turn the selected nn.Linear modules of `model` into 2:4-sparse ones (in place, same Parameters); returns
         their names. The GEMM backends are (re)built with this converter's settings."""
         configure_backends(self.settings)
+        self.check(model)
         self.converted = swap_linear_modules(model, pattern=self.modules, module_cls=MODULE_CLASSES[self.kind],
-                                             backend=self.backend, pruning=self.pruning)
+                                             **self._module_options())
         self.phase = SPARSE
         return self.converted
 
@@ -91,19 +128,25 @@ class SparseThenDense:
             return False
         if wanted == SPARSE:
             self.convert(model)
-            log.info("step %d: %d linears now 2:4-sparse (%s, backend=%s, pruning=%s)",
-                     step, len(self.converted), self.kind, self.backend, self.pruning)
+            log.info("step %d: %d linears now %s", step, len(self.converted), self.describe())
         else:
             self.revert(model)
             log.info("step %d: sparse -> dense switch, %d linears dense again", step, len(self.converted))
         return True
+
+    def describe(self) -> str:
+        """What the sparse phase runs, in words (the log and the run's start-up summary)."""
+        if self.kind == "block":
+            return f"block-sparse (density {self.block_density:g}, {self.block_size}x{self.block_size} blocks)"
+        grad = f", weight gradient {self.weight_grad}" if self.weight_grad != "dense" else ""
+        return f"2:4-sparse ({self.kind}, backend={self.backend}, pruning={self.pruning}{grad})"
 
     # --------------------------------------------------------------------------------------------- what it decided
     def auto_summary(self) -> dict:
         """For the metrics, in the sparse phase with backend `auto`: how many GEMM shapes it has decided, and how many
         of them run sparse in eager code (`choice`) and in compiled code (`choice_graph`, decided by device time).
         Each decision is also logged when it is made."""
-        if self.phase != SPARSE or self.backend != "auto":
+        if self.phase != SPARSE or self.backend != "auto" or self.kind == "block":
             return {}
         recs = get_backend("auto").describe()["decisions"]
         return {"auto_shapes": len(recs),

@@ -17,6 +17,7 @@ from torch import nn
 
 from sparsity.autograd import semi_sparse_activation_linear, semi_sparse_linear
 from sparsity.backends import check_backend_name, get_backend
+from sparsity.mvue_grad import check_weight_grad
 from sparsity.pruning import check_method, check_shape, soft_threshold_scale
 
 SCALE_BUFFER = "soft_threshold_scale"
@@ -129,19 +130,24 @@ class SemiSparseLinear(_SparseLinearBase):
 
     backend: "dense" | "cusparselt" | "cutlass" | "auto"; pruning: "tile_greedy" | "tile_optimal" (transposable:
     both GEMMs sparse) | "rowwise" | "soft_threshold" (input-gradient GEMM dense); masked_grad: multiply the
-    straight-through weight gradient by the mask.
+    straight-through weight gradient by the mask; weight_grad: "dense" | "mvue24" (the weight gradient from the
+    MVUE 2:4-sparse output gradient, `sparsity.mvue_grad`).
     """
 
     masked_grad = False
-    _SPARSE_ATTRS = ("backend", "pruning", "masked_grad")
+    weight_grad = "dense"
+    _SPARSE_ATTRS = ("backend", "pruning", "masked_grad", "weight_grad")
     _SPARSE_BUFFERS = (SCALE_BUFFER,)
 
     def configure(
-        self, *, backend: Optional[str] = None, pruning: Optional[str] = None, masked_grad: Optional[bool] = None
+        self, *, backend: Optional[str] = None, pruning: Optional[str] = None, masked_grad: Optional[bool] = None,
+        weight_grad: Optional[str] = None,
     ) -> None:
         super().configure(backend=backend, pruning=pruning)
         if masked_grad is not None:
             self.masked_grad = bool(masked_grad)
+        if weight_grad is not None:
+            self.weight_grad = check_weight_grad(weight_grad)
         if pruning is not None:
             self._sync_scale_buffer()
 
@@ -180,10 +186,12 @@ class SemiSparseLinear(_SparseLinearBase):
             pruning=self.pruning,
             masked_grad=self.masked_grad,
             scale=getattr(self, SCALE_BUFFER) if self.pruning == "soft_threshold" else None,
+            weight_grad=self.weight_grad,
         )
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + (", masked_grad=True" if self.masked_grad else "")
+        return (super().extra_repr() + (", masked_grad=True" if self.masked_grad else "")
+                + (f", weight_grad={self.weight_grad}" if self.weight_grad != "dense" else ""))
 
 
 class SemiSparseActivationLinear(_SparseLinearBase):
