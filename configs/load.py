@@ -81,6 +81,11 @@ def validate(cfg: Config) -> None:
         (cfg.data.dataset != "imagenet_folder" or bool(cfg.data.root), "data.root is required for imagenet_folder"),
         (cfg.train.compile_mode == "default" or cfg.train.compile_backend == "inductor",
          "train.compile_mode=reduce-overhead needs train.compile_backend=inductor (CUDA graphs are inductor's)"),
+        (cfg.sparsity.weight_grad == "dense" or cfg.sparsity.kind == "weight",
+         f"sparsity.weight_grad={cfg.sparsity.weight_grad} applies to sparsity.kind=weight only, not "
+         f"{cfg.sparsity.kind}"),
+        (cfg.sparsity.weight_grad == "dense" or cfg.train.compile == "false",
+         f"sparsity.weight_grad={cfg.sparsity.weight_grad} runs in eager mode only: set train.compile=false"),
     ]
     for ok, message in checks:
         if not ok:

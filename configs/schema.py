@@ -116,10 +116,16 @@ class SparsityConfig:
     # first `sparse_fraction * total_steps` steps 2:4-sparse, then dense
     sparse_fraction: float = value(0.0, ge=0, le=1)
     modules: str = r"blocks\.\d+\.mlp\.fc[12]"  # regex over module names (full match); glob if it starts with glob:
-    # weight (SemiSparseLinear) | activation (SemiSparseActivationLinear)
-    kind: str = value("weight", choices=("weight", "activation"))
+    # weight (SemiSparseLinear: 2:4 weight) | activation (SemiSparseActivationLinear: 2:4 input) | block
+    # (BlockSparseLinear: block_density of the weight's block_size x block_size blocks; backend, pruning unused)
+    kind: str = value("weight", choices=("weight", "activation", "block"))
     backend: str = value("auto", choices=("auto", "cusparselt", "cutlass", "dense"))
     pruning: str = value("tile_greedy", choices=("tile_greedy", "tile_optimal", "rowwise", "soft_threshold"))
+    # kind=weight: the weight gradient dy^T @ x as is (dense) or from the MVUE 2:4-sparse dy^T (mvue24: unbiased,
+    # sparsity/mvue_grad.py; eager only, needs train.compile=false)
+    weight_grad: str = value("dense", choices=("dense", "mvue24"))
+    block_density: float = value(0.5, gt=0, le=1)  # kind=block: fraction of the weight's blocks kept and trained
+    block_size: int = value(32, ge=1)  # kind=block: side of a block; must divide both dims of every converted linear
 
 
 @dataclass
