@@ -1,13 +1,20 @@
 """Typed schema of every training config.
 
 Defaults are the reference DINOv2 values (`ssl_default_config.yaml`); YAML files in this folder and command-line
-dotlists only override them. Every key is declared here, so a typo or a wrong type is an error, and every number and
+dotlists only override them. The valid values of the `sparsity` section are the tuples the `sparsity` library owns
+(imported here, never listed twice). Every key is declared here, so a typo or a wrong type is an error, and every number and
 choice declares its valid range (`value(default, ...)`, `fields.py`), so a meaningless value is an error naming the
 key and the range (see `load.py`).
 """
 
 from dataclasses import dataclass, field
 from typing import List
+
+from sparsity.backends import BACKENDS
+from sparsity.backends.settings import CSLT_PACK_MODES, CSLT_SEARCH_MODES, BackendSettings
+from sparsity.converter import KINDS
+from sparsity.mvue_grad import WEIGHT_GRADS
+from sparsity.pruning import METHODS as PRUNING_METHODS
 
 from .fields import value
 
@@ -118,12 +125,26 @@ class SparsityConfig:
     modules: str = r"blocks\.\d+\.mlp\.fc[12]"  # regex over module names (full match); glob if it starts with glob:
     # weight (SemiSparseLinear: 2:4 weight) | activation (SemiSparseActivationLinear: 2:4 input) | block
     # (BlockSparseLinear: block_density of the weight's block_size x block_size blocks; backend, pruning unused)
-    kind: str = value("weight", choices=("weight", "activation", "block"))
-    backend: str = value("auto", choices=("auto", "cusparselt", "cutlass", "dense"))
-    pruning: str = value("tile_greedy", choices=("tile_greedy", "tile_optimal", "rowwise", "soft_threshold"))
+    kind: str = value("weight", choices=KINDS)
+    # the GEMMs of a 2:4 layer: auto (per GEMM shape the faster of cusparselt and dense, timed once; its choices are
+    # written to the run's sparsity_decisions.json) | cusparselt | cutlass (A100) | dense (the pruned weight dense)
+    backend: str = value("auto", choices=BACKENDS)
+    pruning: str = value("tile_greedy", choices=PRUNING_METHODS)
     # kind=weight: the weight gradient dy^T @ x as is (dense) or from the MVUE 2:4-sparse dy^T (mvue24: unbiased,
     # sparsity/mvue_grad.py; eager only, needs train.compile=false)
-    weight_grad: str = value("dense", choices=("dense", "mvue24"))
+    weight_grad: str = value("dense", choices=WEIGHT_GRADS)
+    # How cuSPARSELt chooses a GEMM shape's algorithm, once per process (sparsity/backends/cusparselt/search.py):
+    # sweep (every algorithm checked against the dense product and timed; ids known to crash are skipped, and where
+    # no such list exists for the GPU and library version the default algorithm is used) | sweep_unsafe (the sweep
+    # there too) | library (cusparseLtMatmulSearch, checked) | none (the library's default)
+    cslt_search: str = value(BackendSettings.cslt_search, choices=CSLT_SEARCH_MODES)
+    # How W is compressed for cuSPARSELt (sparsity/backends/cusparselt/packing.py): auto (the fused Triton packer
+    # where its byte layout is validated or a start-up probe matches the library's, else the library compressor) |
+    # triton (no check) | library (cusparseLtSpMMACompress2, slower)
+    cslt_pack: str = value(BackendSettings.cslt_pack, choices=CSLT_PACK_MODES)
+    # The weight gradient of a 2:4 layer as one cuBLASLt call that also reduces the bias gradient and writes fp32
+    # (sparsity/weight_grad.py; eager CUDA only, timed against the torch ops per shape and used where faster)
+    fused_wgrad: bool = BackendSettings.fused_wgrad
     block_density: float = value(0.5, gt=0, le=1)  # kind=block: fraction of the weight's blocks kept and trained
     block_size: int = value(32, ge=1)  # kind=block: side of a block; must divide both dims of every converted linear
 
