@@ -1,10 +1,10 @@
 """Typed schema of every training config.
 
 Defaults are the reference DINOv2 values (`ssl_default_config.yaml`); YAML files in this folder and command-line
-dotlists only override them. The valid values of the `sparsity` section are the tuples the `sparsity` library owns
-(imported here, never listed twice). Every key is declared here, so a typo or a wrong type is an error, and every number and
+dotlists only override them. Every key is declared here, so a typo or a wrong type is an error, and every number and
 choice declares its valid range (`value(default, ...)`, `fields.py`), so a meaningless value is an error naming the
-key and the range (see `load.py`).
+key and the range (see `load.py`). The choices of the `sparsity` section are the tuples the `sparsity` library owns,
+imported here (never listed twice).
 """
 
 from dataclasses import dataclass, field
