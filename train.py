@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from configs import DEFAULT_CONFIG, ConfigError, load_config
+from training.run_dir import LOG, METRICS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -45,7 +46,7 @@ def setup_logging(output_dir: Path, is_main: bool) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(output_dir / "log.txt"))
+        handlers.append(logging.FileHandler(output_dir / LOG))
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
 
@@ -58,11 +59,13 @@ def main(argv=None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
 
+    # the data and model stack (torchvision, timm) is imported only now, so a config error above is reported at once
     from data import CorruptImageError, DatasetError, build_training_dataset
     from models.safe_io import CorruptFile, UnsafeFile
     from training.checkpoint import NoReadableCheckpoint
     from training.distributed import LaunchError, detect_launch, init_distributed, shutdown
-    from training.trainer import ResumeMismatch, Trainer, TrainingDiverged
+    from training.resume import ResumeMismatch
+    from training.trainer import Trainer, TrainingDiverged
 
     try:
         launch = detect_launch(os.environ)
@@ -89,7 +92,7 @@ def main(argv=None) -> int:
     log = logging.getLogger("train")
     try:
         teacher = Trainer(cfg, output_dir, ctx, dataset=dataset).train()
-        log.info("done: %s (metrics in %s)", teacher, output_dir / "metrics.jsonl")
+        log.info("done: %s (metrics in %s)", teacher, output_dir / METRICS)
     except (DatasetError, CorruptImageError, TrainingDiverged, ResumeMismatch, NoReadableCheckpoint, CorruptFile,
             UnsafeFile) as e:
         log.error("%s: %s", type(e).__name__, e)

@@ -15,7 +15,10 @@ from typing import Optional
 
 import torch
 
-from models.safe_io import atomic_write_text
+from configs import ConfigError, load_config, to_yaml
+from data import build_dataset, make_eval_transform
+from models.atomic_io import atomic_write_text
+from training.run_dir import BASELINE_SUFFIXES, CONFIG, TEACHER, eval_result_name
 
 from .features import (EvalInputError, Features, PixelFeatures, cache_key, dataset_settings, extract, load_cached,
                        load_teacher, resolve_data, save_cached, transform_settings, weights_digest)
@@ -28,16 +31,15 @@ logger = logging.getLogger(__name__)
 RESULT_FORMAT = 1
 RANDOM_INIT = "random"  # checkpoint=random: the untrained backbone, the baseline a run must beat
 PIXELS = "pixels"  # checkpoint=pixels: the eval transform's normalised pixels, no model (features.PixelFeatures)
-BASELINES = {RANDOM_INIT: "_random_init", PIXELS: "_pixels"}  # checkpoint value -> output / cache name suffix
+# checkpoint value -> output / cache name suffix
+BASELINES = {RANDOM_INIT: BASELINE_SUFFIXES["random_init"], PIXELS: BASELINE_SUFFIXES["pixels"]}
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
 def load_run_config(run_dir: Path):
-    from configs import ConfigError, load_config
-
     if not run_dir.is_dir():
         raise EvalInputError(f"run directory not found: {run_dir}")
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG
     if not path.is_file():
         raise EvalInputError(f"{path} not found: --run must be a directory written by train.py")
     try:
@@ -82,8 +84,6 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
     """Train and val features of the run's teacher (`checkpoint` None: its random initialisation; `pixels`: the
     normalised pixels, no model) and what they were computed from, on the run's dataset or the one `eval_cfg.data`
     names. Cached per split under `<run>/eval/`; the model is built only on a cache miss."""
-    from data import build_dataset, make_eval_transform
-
     digest = PIXELS if pixels else weights_digest(run_cfg, checkpoint)
     data_cfg = resolve_data(run_cfg, eval_cfg.data)
     tsettings = transform_settings(run_cfg, eval_cfg.features)
@@ -132,13 +132,11 @@ def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, devic
 
 def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     """Evaluate `run_dir` as `eval_cfg` (`configs.EvalConfig`) says; returns the record written to the JSON."""
-    from configs import to_yaml
-
     start = time.perf_counter()
     run_dir = Path(run_dir)
     run_cfg = load_run_config(run_dir)
     baseline = eval_cfg.checkpoint if eval_cfg.checkpoint in BASELINES else None
-    checkpoint = None if baseline else Path(eval_cfg.checkpoint or run_dir / "teacher_backbone.pth")
+    checkpoint = None if baseline else Path(eval_cfg.checkpoint or run_dir / TEACHER)
     device = resolve_device(eval_cfg.device)
     feats = extract_run_features(run_dir, run_cfg, eval_cfg, checkpoint, device, pixels=baseline == PIXELS)
     train, val = feats["train"], feats["val"]
@@ -178,12 +176,12 @@ def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional
     evaluation gets a name of its own, so it never replaces that record: `eval_knn*.json` for mode=knn,
     `*_random_init.json` for the untrained baseline (`baseline` "random"), `*_pixels.json` for the raw-pixel one,
     `*_step_XXXXXXXX.json` (or `*_<file stem>.json`) for another checkpoint."""
-    name = "eval_knn" if mode == "knn" else "eval_linear"
+    knn_only = mode == "knn"
     if baseline:
-        return f"{name}{BASELINES[baseline]}.json"
-    if checkpoint is not None and checkpoint.resolve() != (run_dir / "teacher_backbone.pth").resolve():
-        return f"{name}_step_{step:08d}.json" if step is not None else f"{name}_{checkpoint.stem}.json"
-    return f"{name}.json"
+        return eval_result_name(knn_only, BASELINES[baseline])
+    if checkpoint is not None and checkpoint.resolve() != (run_dir / TEACHER).resolve():
+        return eval_result_name(knn_only, f"_step_{step:08d}" if step is not None else f"_{checkpoint.stem}")
+    return eval_result_name(knn_only)
 
 
 def index_path(run_dir: Path, setting: str) -> Optional[Path]:

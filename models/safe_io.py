@@ -1,7 +1,7 @@
 """Every file a run writes goes through here: atomic, checksummed where it holds state, and loaded without running code.
 
-- `atomic_write_text` / `atomic_write_bytes`: write `<name>.tmp`, fsync, rename over `<name>`, fsync the directory.
-  A kill at any moment leaves either the old file or the new one, never a truncated one (metrics, config, exports).
+- Atomic writes (`models.atomic_io`, torch-free): write `<name>.tmp`, fsync, rename over `<name>`, fsync the
+  directory. A kill at any moment leaves either the old file or the new one, never a truncated one.
 - `save_verified(obj, path)`: `torch.save` streamed through SHA-256; the digest goes to `<path>.sha256` (atomically,
   before the checkpoint itself is renamed into place, so a checkpoint never exists without its digest).
 - `load_verified(path)`: checks the digest when there is one (a file with a flipped block is refused, naming it:
@@ -17,11 +17,12 @@ import argparse
 import hashlib
 import io
 import logging
-import os
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Optional
+from typing import Any, Optional
 
 import torch
+
+from .atomic_io import atomic_write_text, write_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -44,42 +45,6 @@ class UnsafeFile(_FileProblem):
     """A file that would need arbitrary code (pickled objects beyond plain data) to load."""
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
-
-
-def _write_atomically(path: Path | str, write: Callable[[BinaryIO], None],
-                      before_rename: Optional[Callable[[], None]] = None) -> None:
-    """`write(f)` into `<path>.tmp`, fsync, `before_rename()`, rename over `path`, fsync the directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp(path)
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    if before_rename is not None:
-        before_rename()
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
-    _write_atomically(path, lambda f: f.write(data))
-
-
-def atomic_write_text(path: Path | str, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
 class _HashingWriter(io.RawIOBase):
     def __init__(self, f, sha):
         self.f, self.sha = f, sha
@@ -100,8 +65,8 @@ def save_verified(obj: Any, path: Path | str) -> str:
     def write(f):
         torch.save(obj, _HashingWriter(f, sha))
 
-    _write_atomically(path, write,
-                      before_rename=lambda: atomic_write_text(digest_path(path), f"{sha.hexdigest()}  {path.name}\n"))
+    write_atomically(path, write,
+                     before_rename=lambda: atomic_write_text(digest_path(path), f"{sha.hexdigest()}  {path.name}\n"))
     return sha.hexdigest()
 
 

@@ -1,34 +1,29 @@
 """Read one training run directory (as written by `train.py`) into a `RunSummary`: its schedule, how far it got,
 how long each phase took, and its evaluation.
 
-A run directory holds `config.yaml` (the resolved config), `metrics.jsonl` (one line per logged step),
-`checkpoints/step_XXXXXXXX.pt`, `log.txt`, `teacher_backbone.pth` once finished, and `eval_linear.json` once
-evaluated; optionally the baselines evaluated on the same data: `eval_linear_random_init.json` (the untrained
-network) and `eval_linear_pixels.json` (logistic regression on raw pixels). Anything may be missing or cut short:
-the summary then says so in `status` instead of raising, so a table of many runs always shows every run.
+The files and their readers are `training.run_dir`'s (config.yaml, metrics.jsonl, checkpoints, status.json,
+teacher_backbone.pth, eval_linear.json and the baselines' results: the untrained network and raw pixels). Anything
+may be missing or cut short: the summary then says so in `status` instead of raising, so a table of many runs always
+shows every run.
 """
 
 import json
 import math
-import re
 import statistics
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
-from training.metrics_format import steps_done
+import torch
+
+from configs import ConfigError, load_config
+from training.run_dir import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, FAILED, METRICS, PREEMPTED, TEACHER,
+                              checkpoint_dir, is_run_dir, list_checkpoints, metrics_by_steps_done, read_status)
 
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
 KNN_SHOWN_K = 20  # the k-NN column of the table; dinov2's usual headline k (all k stay in the CSV)
 # total first, then the terms ssl_meta_arch logs; any other "*_loss" key found follows these
 LOSS_TERMS = ("loss", "dino_local_crops_loss", "dino_global_crops_loss", "koleo_loss", "ibot_loss")
-# baseline key -> result files, first found wins (mode=knn writes eval_knn_*: k-NN only)
-BASELINE_FILES = {"random_init": ("eval_linear_random_init.json", "eval_knn_random_init.json"),
-                  "pixels": ("eval_linear_pixels.json", "eval_knn_pixels.json")}
-_RESUMED = re.compile(r"^resumed at step (\d+)")
-
-_CHECKPOINT = re.compile(r"^step_(\d{8})\.pt$")
-_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<logger>\S+): (?P<message>.*)$")
 
 
 def shown_k(knn: dict) -> Optional[int]:
@@ -133,19 +128,13 @@ class RunSummary(EvalResults):
         return f"{self.train_status} ({self.reason})" if self.reason else self.train_status
 
 
-def is_run_dir(path: Path) -> bool:
-    return (path / "config.yaml").is_file() or (path / "metrics.jsonl").is_file()
-
-
 def _short(text: str, limit: int = 120) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _read_config(run: RunSummary, run_dir: Path) -> bool:
-    from configs import ConfigError, load_config
-
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG
     if not path.is_file():
         run.train_status, run.reason = UNREADABLE, "no config.yaml"
         return False
@@ -163,47 +152,17 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
     return True
 
 
-def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    directory = run_dir / "checkpoints"
-    if not directory.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _CHECKPOINT.match(p.name))]
-    return sorted(found)
-
-
 def _global_batch(run_dir: Path, batch_size_per_gpu: int) -> int:
     """Images per step (metrics' images/s are global): processes x per-GPU batch of the newest readable
     checkpoint, memory-mapped so a ViT-L checkpoint costs no more than its header; the config's per-GPU batch on
     one process if no checkpoint is readable."""
-    import torch
-
-    for _, path in reversed(_checkpoints(run_dir)):
+    for _, path in reversed(list_checkpoints(checkpoint_dir(run_dir))):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             return int(state["world_size"]) * int(state.get("batch_size_per_gpu", batch_size_per_gpu))
         except Exception:  # noqa: BLE001 - an unreadable checkpoint: try the previous one
             continue
     return batch_size_per_gpu
-
-
-def _read_records(path: Path) -> list[dict]:
-    """metrics.jsonl lines, each `step` read as the number of steps done (lines of older runs counted from 0:
-    `steps_done` converts them); a line cut by a kill mid-write is ignored. A step going backwards means the run
-    restarted there (train.py truncates the file when it resumes or starts over, but logs written by older
-    versions may repeat steps): the later lines replace the earlier ones from that step on."""
-    records: list[dict] = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            continue
-        record = {**record, "step": steps_done(record)}
-        while records and records[-1]["step"] >= record["step"]:
-            records.pop()
-        records.append(record)
-    return records
 
 
 def _float(value) -> Optional[float]:
@@ -217,9 +176,8 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     """Progress, loss curve and phase times. Each record's images/s covers the steps since the previous record,
     so a window took steps * global_batch / images_per_s seconds; a window straddling the sparse->dense switch is
     split between the phases by its step count."""
-    path = run_dir / "metrics.jsonl"
-    records = _read_records(path) if path.is_file() else []
-    checkpoint_steps = [step for step, _ in _checkpoints(run_dir)]
+    records = metrics_by_steps_done(run_dir / METRICS)  # a line cut by a kill mid-write is skipped
+    checkpoint_steps = [step for step, _ in list_checkpoints(checkpoint_dir(run_dir))]
     run.steps_done = max([r["step"] for r in records] + checkpoint_steps + [0])
     terms = list(LOSS_TERMS) + sorted({k for r in records for k in r if k.endswith("_loss")} - set(LOSS_TERMS))
     for term in terms:
@@ -229,7 +187,7 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     if run.loss_curve:
         run.final_loss = run.loss_curve[-1][1]
     run.sparse_images_per_s, run.dense_images_per_s = _phase_rates(records, run.sparse_steps,
-                                                                   _resume_steps(run_dir))
+                                                                   read_status(run_dir).resumed_at)
     if not run.global_batch:
         return
     sparse_time = dense_time = 0.0
@@ -273,46 +231,23 @@ def _phase_rates(records: list[dict], sparse_steps: Optional[int], restarts: lis
     return tuple(statistics.median(rates[p]) if rates[p] else None for p in ("sparse", "dense"))
 
 
-def _resume_steps(run_dir: Path) -> list[int]:
-    """Steps at which train.py resumed this run (its log says "resumed at step N")."""
-    path = run_dir / "log.txt"
-    if not path.is_file():
-        return []
-    steps = []
-    for line in path.read_text(errors="replace").splitlines():
-        match = _LOG_LINE.match(line)
-        if match and (resumed := _RESUMED.match(match.group("message"))):
-            steps.append(int(resumed.group(1)))
-    return steps
-
-
-def _last_log_event(run_dir: Path) -> Optional[tuple[str, str]]:
-    """(level, message) of the last log line train.py wrote, if any."""
-    path = run_dir / "log.txt"
-    if not path.is_file():
-        return None
-    for line in reversed(path.read_text(errors="replace").splitlines()):
-        match = _LOG_LINE.match(line)
-        if match:
-            return match.group("level"), match.group("message")
-    return None
-
-
 def _training_status(run: RunSummary, run_dir: Path) -> None:
+    """Complete when trained to the end with the teacher exported; otherwise what status.json (or, for older runs,
+    their log) recorded: failed with its reason, or partial (preempted, or still running / killed)."""
     finished = run.total_steps is not None and run.steps_done >= run.total_steps
-    if finished and (run_dir / "teacher_backbone.pth").is_file():
+    if finished and (run_dir / TEACHER).is_file():
         run.train_status = COMPLETE
         return
-    event = _last_log_event(run_dir)
-    if event and event[0] in ("ERROR", "CRITICAL"):
-        run.train_status, run.reason = FAILED, _short(event[1])
-    elif run.steps_done == 0 and not (run_dir / "metrics.jsonl").is_file():
+    status = read_status(run_dir)
+    if status.state == FAILED:
+        run.train_status, run.reason = FAILED, _short(status.reason)
+    elif run.steps_done == 0 and not (run_dir / METRICS).is_file():
         run.train_status, run.reason = PARTIAL, "no steps logged"
     else:
         run.train_status = PARTIAL
         if finished:
-            run.reason = "no teacher_backbone.pth"
-        elif event and "SIGTERM" in event[1]:
+            run.reason = f"no {TEACHER}"
+        elif status.state == PREEMPTED:
             run.reason = "preempted"
 
 
@@ -344,11 +279,11 @@ def read_eval_record(path: Path) -> EvalRecord:
 
 
 def _read_eval(run: RunSummary, run_dir: Path) -> None:
-    own = read_eval_record(run_dir / "eval_linear.json")
+    own = read_eval_record(run_dir / EVAL_RESULT)
     run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds
     for f in fields(EvalResults):
         setattr(run, f.name, getattr(own, f.name))
-    for key, names in BASELINE_FILES.items():
+    for key, names in BASELINE_RESULTS.items():
         for name in names:
             record = read_eval_record(run_dir / name)
             if record.status == COMPLETE:

@@ -6,7 +6,7 @@
 Rows: `loader-workers` (the per-image PIL augmentation in `--workers` data workers, the reference path),
 `loader-device` (the in-memory images augmented per batch on the GPU: `data.in_memory=true data.augment_on=device`),
 each timed as batches/s delivered to the GPU including the host-to-device copy (and the device augmentation);
-`step-dense` and `step-sparse` (`Trainer._train_step` on one real batch reused: forward, backward, AdamW, EMA, under
+`step-dense` and `step-sparse` (`Trainer.train_step` on one real batch reused: forward, backward, AdamW, EMA, under
 the config's compile setting; the sparse row with `sparsity.backend` as configured). Images/s are per training image
 (2 global + n local crops each). The data path keeps up when its images/s exceed the step's.
 

@@ -3,7 +3,7 @@
     python scripts/bench_scaling.py --gpus 1 2 4                      # writes results/bench/scaling_<gpu>.json/.png
     python scripts/bench_scaling.py --cpu --gpus 1 2 --models small --iters 2 ...   # gloo smoke mode (tests)
 
-For each N it starts N processes (torch.multiprocessing), which run the trainer's real step (`Trainer._train_step`:
+For each N it starts N processes (torch.multiprocessing), which run the trainer's real step (`Trainer.train_step`:
 student + teacher forward, backward with DDP's bucketed gradient all-reduce, per-module clipping, AdamW, EMA) on a
 synthetic batch of the loader's shapes (each rank its own pixels and masks), so the data pipeline is out of the
 timing. Models: the embedded default (vit_tiny/8, configs/default.yaml) at the recipe's per-GPU batch and at a
@@ -125,14 +125,14 @@ def time_model(ctx, cfg, warmup: int, iters: int, workdir: Path) -> dict:
     batch = synthetic_batch(cfg, ctx.device, ctx.rank)
     values = trainer.schedules.at(cfg.optim.warmup_epochs * cfg.train.epoch_length)  # past warm-up: lr > 0
     for _ in range(warmup):
-        trainer._train_step(batch, values)
+        trainer.train_step(batch, values)
     _sync(ctx.device)
     if ctx.is_distributed:
         dist.barrier()
     times = []
     for _ in range(iters):  # each step ends in a host sync (the trainer's flag all-reduce), so wall time is exact
         start = time.perf_counter()
-        trainer._train_step(batch, values)
+        trainer.train_step(batch, values)
         _sync(ctx.device)
         times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated(ctx.device) / 2**30 if ctx.device.type == "cuda" else 0.0
@@ -161,8 +161,8 @@ def loss_curve(ctx, cfg, steps: int, workdir: Path, workers: int) -> tuple[dict,
     for step in range(steps):
         trainer.sparse_schedule.apply(trainer.model.student.backbone, step)
         batch = {k: v.to(ctx.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in next(batches).items()}
-        loss, terms, _ = trainer._train_step(batch, trainer.schedules.at(step))
-        loss, terms = trainer._global_mean(loss, terms)
+        loss, terms, _ = trainer.train_step(batch, trainer.schedules.at(step))
+        loss, terms = trainer.global_mean(loss, terms)
         losses.append(loss.item())
         koleo.append(terms["koleo_loss"].item())
     del batches, loader, trainer
@@ -307,7 +307,7 @@ def summarise(rows, curves, counts, gpu_name, available, skipped, args, started)
         "model": "; ".join(f"{m}: {MODELS[m][1]}" for m in args.models),
         "configs": {m: MODELS[m][0] for m in args.models},
         "overrides": BENCH_OVERRIDES + args.overrides,
-        "method": "median step of DDP data parallel Trainer._train_step on a synthetic batch per rank "
+        "method": "median step of DDP data parallel Trainer.train_step on a synthetic batch per rank "
                   f"({args.warmup} warm-up steps, {args.iters} timed, {args.vitl_iters} for vitl16); bf16 autocast "
                   "on GPU; efficiency = images/s(N) / (N x images/s(1))",
         "rows": rows,

@@ -11,7 +11,7 @@ after the baseline it is compared with.
 
 One synthetic multi-crop batch (the real collate's shapes and masks, random pixels) is reused, so the data
 pipeline is out of the measurement: forward (student + teacher) + backward + clipping + AdamW + EMA, bf16 autocast
-over fp32 master weights, exactly `Trainer._train_step`. Eager rows run the same trainer with torch.compile's stance
+over fp32 master weights, exactly `Trainer.train_step`. Eager rows run the same trainer with torch.compile's stance
 "force_eager". Medians of CUDA-event timings after warm-up (the first steps of a compiled row compile, and are
 warm-up). `--profile N` adds, per row, the kernel time by category over N steps, and for sparse rows the part of the
 step 2:4 replaces: dense GEMM time removed (the dense row's minus the sparse row's) against the sparse GEMM and
@@ -57,13 +57,13 @@ def time_steps(trainer: Trainer, batch: dict, warmup: int, iters: int, step: int
     default a mid-training point of the ViT-L recipe: last layer unfrozen, lr > 0)."""
     values = trainer.schedules.at(step)
     for _ in range(warmup):
-        trainer._train_step(batch, values)
+        trainer.train_step(batch, values)
     trainer.settle_checks()
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     for start, end in events:  # back to back, as training runs: the host may queue ahead of the GPU
         start.record()
-        trainer._train_step(batch, values)
+        trainer.train_step(batch, values)
         end.record()
     trainer.settle_checks()
     torch.cuda.synchronize()
@@ -74,13 +74,13 @@ def profile_steps(trainer: Trainer, batch: dict, steps: int) -> dict:
     """Kernel time by category and GPU idle time per step (CUDA activity only)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from sparsity.profiling import kernel_summary
+    from scripts.benchmarks.profiling import kernel_summary
 
     values = trainer.schedules.at(20_000)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            trainer._train_step(batch, values)
+            trainer.train_step(batch, values)
         trainer.settle_checks()
         torch.cuda.synchronize()
     return kernel_summary(prof, steps=steps, top=30)
@@ -98,7 +98,7 @@ def host_profile(trainer: Trainer, batch: dict, steps: int, top: int = 45) -> di
     t0 = time.perf_counter()
     prof.enable()
     for _ in range(steps):
-        trainer._train_step(batch, values)
+        trainer.train_step(batch, values)
     prof.disable()
     wall = (time.perf_counter() - t0) / steps
     trainer.settle_checks()

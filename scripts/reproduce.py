@@ -29,21 +29,28 @@ import os
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+import torch
+from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from configs import ConfigError, load_config  # noqa: E402
 from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS  # noqa: E402
-from reporting.run_logs import BASELINE_FILES, COMPLETE, read_run  # noqa: E402
+from reporting.run_logs import COMPLETE, read_run  # noqa: E402
+from reporting.table import make_table  # noqa: E402
 from slurm.sweep import run_name  # noqa: E402  (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
+from training.run_dir import BASELINE_RESULTS, EVAL_RESULT, TEACHER  # noqa: E402
 
 TRAIN_SCRIPT, EVAL_SCRIPT = REPO / "train.py", REPO / "eval_linear.py"
 # eval_linear.py's checkpoint= value of each baseline -> the result file it writes (what run_logs reads)
-BASELINES = {"random": BASELINE_FILES["random_init"][0], "pixels": BASELINE_FILES["pixels"][0]}
+BASELINES = {"random": BASELINE_RESULTS["random_init"][0], "pixels": BASELINE_RESULTS["pixels"][0]}
 log = logging.getLogger("reproduce")
 
 
@@ -85,7 +92,7 @@ def seeded_run_name(fraction: float, seed: Optional[int]) -> str:
 
 
 def _eval_is_stale(run_dir: Path) -> bool:
-    result, teacher = run_dir / "eval_linear.json", run_dir / "teacher_backbone.pth"
+    result, teacher = run_dir / EVAL_RESULT, run_dir / TEACHER
     return not result.is_file() or (teacher.is_file() and result.stat().st_mtime < teacher.stat().st_mtime)
 
 
@@ -157,10 +164,6 @@ def execute(planned: list[PlannedRun], train_overrides: list[str], eval_override
             jobs: int = 1, config: Optional[Path] = None) -> list[str]:
     """Train and evaluate what the plan says, `jobs` runs at a time (in plan order; each run's evaluations follow
     its training in the same slot); returns one line per step that failed."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    from tqdm import tqdm
-
     failures = []
     can_evaluate = EVAL_SCRIPT.is_file()
     if not can_evaluate:
@@ -175,8 +178,6 @@ def execute(planned: list[PlannedRun], train_overrides: list[str], eval_override
 
 def machine_notes(jobs: int = 1) -> list[str]:
     """What the training times in the table can mean on this machine."""
-    import torch
-
     shared = (f" {jobs} runs trained at a time on it, so each run's images/s was measured while sharing the device "
               "with others: compare them between runs with care; results/bench/ measures speed alone."
               if jobs > 1 else "")
@@ -223,8 +224,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _check_config(args) -> Optional[str]:
     """The config with the overrides, loaded once up front: a typo stops here, not in nine failed runs."""
-    from configs import ConfigError, load_config
-
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -256,8 +255,6 @@ def main(argv=None) -> int:
         print(f"{len(planned)} runs, {args.jobs} at a time; table and plots: {args.out}")
         return 0
     failures = execute(planned, args.overrides, args.eval_overrides, args.jobs, args.config)
-    from reporting.table import make_table
-
     written = make_table([item.run_dir for item in planned], args.out, extra_notes=machine_notes(args.jobs))
     print("wrote " + ", ".join(str(p) for p in written))
     for line in failures:

@@ -31,6 +31,8 @@ from typing import Optional
 
 import submitit
 
+from training.run_dir import EVAL_RESULT, TEACHER
+
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,7 +146,7 @@ class TrainJob(ScriptJob):
         self.run_dir = Path(run_dir)
 
     def result(self) -> dict:
-        return {"run_dir": str(self.run_dir), "teacher": str(self.run_dir / "teacher_backbone.pth")}
+        return {"run_dir": str(self.run_dir), "teacher": str(self.run_dir / TEACHER)}
 
 
 class EvalJob(ScriptJob):
@@ -157,7 +159,7 @@ class EvalJob(ScriptJob):
         self.run_dir = Path(run_dir)
 
     def result(self) -> dict:
-        path = self.run_dir / "eval_linear.json"
+        path = self.run_dir / EVAL_RESULT
         if not path.exists():
             raise ChildFailed(f"eval_linear.py exited cleanly but wrote no {path}")
         return json.loads(path.read_text())

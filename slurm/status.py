@@ -1,10 +1,11 @@
 """Where each run of a sweep stands: `python slurm/launch.py status --runs-dir DIR` (or `python slurm/status.py`).
 DIR is the sweep folder, or one run directory (then that run alone).
 
-One line per run directory: steps done of the run's total, the sparsity phase of the last logged step, the newest
-checkpoint, the latest training and evaluation jobs with their Slurm state, and the linear-probe result. Progress
-comes from the run directory (metrics.jsonl, checkpoints/, eval_linear.json), job states from `sacct` (with
-`squeue` as a fallback where accounting is off), so it works for runs launched by hand as well.
+One line per run directory: steps done of the run's total (with how the run ended, when it did: finished,
+preempted, failed, as the trainer recorded it), the sparsity phase of the last logged step, the newest checkpoint,
+the latest training and evaluation jobs with their Slurm state, and the linear-probe result. Progress comes from the
+run directory (`training.run_dir`: metrics.jsonl, checkpoints/, status.json, eval_linear.json), job states from
+`sacct` (with `squeue` as a fallback where accounting is off), so it works for runs launched by hand as well.
 """
 
 import argparse
@@ -17,8 +18,10 @@ from typing import Iterable, Optional
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from training.metrics_format import steps_done  # noqa: E402
-from slurm.sweep import CONFIG_FILE, EVAL_RESULT, last_step, latest_job, newest_checkpoint  # noqa: E402
+from configs import ConfigError, load_config  # noqa: E402
+from slurm.sweep import JOBS_FILE, latest_job  # noqa: E402
+from training.run_dir import (CONFIG, EVAL_RESULT, METRICS, RUNNING, last_step, metrics_by_steps_done,  # noqa: E402
+                              newest_checkpoint, read_status)
 
 # Job states after which Slurm may still run the job (a requeued job is PENDING again).
 ACTIVE_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
@@ -61,23 +64,9 @@ def query_states(job_ids: Iterable[str]) -> dict[str, str]:
         return {}
 
 
-def _last_metrics(run_dir: Path) -> Optional[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return None
-    for line in reversed(path.read_text().splitlines()):
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a kill mid-write
-            continue
-    return None
-
-
 def _total_steps(run_dir: Path) -> Optional[int]:
-    from configs import ConfigError, load_config
-
     try:
-        return last_step(load_config(run_dir / CONFIG_FILE))
+        return last_step(load_config(run_dir / CONFIG))
     except (ConfigError, OSError, ValueError):
         return None
 
@@ -94,11 +83,14 @@ def _eval_summary(run_dir: Path) -> str:
 
 
 def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
-    record = _last_metrics(run_dir)
+    records = metrics_by_steps_done(run_dir / METRICS)  # step = steps done, whatever the line's format
+    record = records[-1] if records else None
     total = _total_steps(run_dir)
     newest = newest_checkpoint(run_dir)
+    state = read_status(run_dir).state  # running: the Slurm state says more (a killed run cannot record its end)
     row = {"run": run_dir.name,
-           "step": f"{steps_done(record) if record else 0}/{total if total is not None else '?'}",
+           "step": f"{record['step'] if record else 0}/{total if total is not None else '?'}"
+                   + (f" {state}" if state and state != RUNNING else ""),
            "phase": record.get("phase", "?") if record else "-",
            "checkpoint": str(newest[0]) if newest else "-"}
     for kind in ("train", "eval"):
@@ -114,7 +106,7 @@ def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
 
 
 def _is_run(path: Path) -> bool:
-    return any((path / name).exists() for name in (CONFIG_FILE, "jobs.json", "metrics.jsonl"))
+    return any((path / name).exists() for name in (CONFIG, JOBS_FILE, METRICS))
 
 
 def find_runs(runs_dir: Path) -> list[Path]:
@@ -127,7 +119,7 @@ def find_runs(runs_dir: Path) -> list[Path]:
         return [runs_dir]
     runs = sorted(p for p in runs_dir.iterdir() if p.is_dir() and _is_run(p))
     if not runs:
-        raise FileNotFoundError(f"{runs_dir}: neither a run directory (no {CONFIG_FILE}, jobs.json or metrics.jsonl) "
+        raise FileNotFoundError(f"{runs_dir}: neither a run directory (no {CONFIG}, {JOBS_FILE} or {METRICS}) "
                                 f"nor a sweep folder holding runs (one sub-folder per fraction, e.g. sparse_0.70): "
                                 f"pass the --runs-dir given to the launcher, or one run's directory")
     return runs

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 import submitit
+from submitit.slurm.slurm import _make_sbatch_string  # noqa: PLC2701 - the formatter submit() itself uses
 
 from .jobs import REPO, EvalJob, TrainJob
 from .status import ACTIVE_STATES, query_states
@@ -81,8 +82,6 @@ def eval_parameters(res: Resources, name: str, after: Optional[str]) -> dict:
 
 def sbatch_preview(params: dict, folder: Path) -> str:
     """The sbatch file submitit would write for these parameters (its own formatter, nothing submitted)."""
-    from submitit.slurm.slurm import _make_sbatch_string  # noqa: PLC2701 - the formatter submit() itself uses
-
     command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {folder}"
     return _make_sbatch_string(command=command, folder=folder, **params)
 

@@ -11,7 +11,6 @@ over:
 """
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,30 +18,15 @@ from typing import Optional, Sequence
 
 from configs import Config, ConfigError, load_config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference
+from models.atomic_io import atomic_write_text
+from training.run_dir import CONFIG, EVAL_RESULT, last_step, newest_checkpoint
 
-JOBS_FILE = "jobs.json"
-EVAL_RESULT = "eval_linear.json"
-CONFIG_FILE = "config.yaml"
-CHECKPOINT_NAME = re.compile(r"^step_(\d{8})\.pt$")
+JOBS_FILE = "jobs.json"  # the launcher's record of the jobs it submitted for a run (in the run directory)
 
 
 def run_name(fraction: float) -> str:
     """sparse_0.70 (two decimals where they are exact, so names sort; more digits where needed)."""
     return f"sparse_{fraction:.2f}" if round(fraction, 2) == fraction else f"sparse_{fraction:g}"
-
-
-def last_step(cfg: Config) -> int:
-    """The step a finished run stops at (train.max_steps cuts the schedule short)."""
-    total = cfg.total_steps
-    return min(total, cfg.train.max_steps) if cfg.train.max_steps > 0 else total
-
-
-def newest_checkpoint(run_dir: Path) -> Optional[tuple[int, Path]]:
-    directory = Path(run_dir) / "checkpoints"
-    if not directory.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := CHECKPOINT_NAME.match(p.name))]
-    return max(found) if found else None
 
 
 @dataclass
@@ -65,11 +49,7 @@ def read_jobs(run_dir: Path) -> list[JobRecord]:
 
 def record_job(run_dir: Path, kind: str, job_id: str, cluster: str) -> None:
     records = read_jobs(run_dir) + [JobRecord(kind, str(job_id), cluster, time.strftime("%Y-%m-%dT%H:%M:%S"))]
-    path = Path(run_dir) / JOBS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps([r.__dict__ for r in records], indent=1))
-    tmp.replace(path)
+    atomic_write_text(Path(run_dir) / JOBS_FILE, json.dumps([r.__dict__ for r in records], indent=1))
 
 
 def latest_job(run_dir: Path, kind: str) -> Optional[JobRecord]:
@@ -115,7 +95,7 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
         cfg = load_config(config, run_overrides)
         run_dir = Path(runs_dir) / run_name(fraction)
         plan = RunPlan(fraction, run_dir, run_overrides, cfg, last_step(cfg))
-        existing = run_dir / CONFIG_FILE
+        existing = run_dir / CONFIG
         if existing.exists():
             changed = config_difference(existing.read_text(), to_yaml(cfg), RESUMABLE_CHANGES)
             if changed:

@@ -10,7 +10,6 @@ is readable the run stops (`NoReadableCheckpoint`) instead of silently starting 
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Optional
 
@@ -18,10 +17,10 @@ import torch
 
 from models.safe_io import CorruptFile, UnsafeFile, digest_path, load_verified, save_verified
 
+from .run_dir import CORRUPT_SUFFIX, checkpoint_name, list_checkpoints
+
 logger = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
-CORRUPT_SUFFIX = ".corrupt"
 
 
 class NoReadableCheckpoint(RuntimeError):
@@ -51,19 +50,17 @@ class CheckpointManager:
         self.writer = writer
 
     def path_for(self, step: int) -> Path:
-        return self.directory / f"step_{step:08d}.pt"
+        return self.directory / checkpoint_name(step)
 
     def checkpoints(self) -> list[Path]:
-        if not self.directory.is_dir():
-            return []
-        found = [p for p in self.directory.iterdir() if _NAME.match(p.name)]
-        return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+        """Oldest first (the names the run-directory format gives checkpoints; anything else is ignored)."""
+        return [path for _, path in list_checkpoints(self.directory)]
 
     def save(self, state: dict, step: int) -> Path:
         path = self.path_for(step)
         save_verified(state, path)
         # only older ones go, oldest first: never the one just written, never a file with a later step
-        older = [p for p in self.checkpoints() if int(_NAME.match(p.name).group(1)) < step]
+        older = [p for s, p in list_checkpoints(self.directory) if s < step]
         for old in older[: max(0, len(older) + 1 - self.max_to_keep)]:
             old.unlink(missing_ok=True)
             digest_path(old).unlink(missing_ok=True)
@@ -87,8 +84,7 @@ class CheckpointManager:
                 continue
             logger.info("resuming from %s", path)
             return state
-        set_aside = sorted(p.name for p in self.directory.glob(f"step_*.pt{CORRUPT_SUFFIX}")) \
-            if self.directory.is_dir() else []
+        set_aside = [p.name for _, p in list_checkpoints(self.directory, suffix=CORRUPT_SUFFIX)]
         if failures or set_aside:  # (set aside by an earlier attempt: still not a reason to start over)
             failures = failures or [f"{name}: set aside earlier as unreadable" for name in set_aside]
             raise NoReadableCheckpoint(

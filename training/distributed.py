@@ -13,6 +13,7 @@ Launchers, in order of precedence (`detect_launch`, a pure function of the envir
 NCCL on GPUs, gloo on CPU.
 """
 
+import inspect
 import logging
 import os
 import re
@@ -222,6 +223,30 @@ def check_replicas_identical(tensors: list[torch.Tensor], ctx: DistContext, what
     if mismatched.item() > 0:
         raise RuntimeError(f"{what} differ between ranks ({int(mismatched.item())} tensor sums, over all ranks, "
                            "differ from rank 0's): the replicas are out of sync")
+
+
+def data_parallel(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+    """DDP over the whole meta-architecture (`model` itself on one process): only the student has trainable
+    parameters, so only its gradients are bucketed and all-reduced, overlapped with the backward pass (the teacher
+    runs under no_grad).
+
+    broadcast_buffers=False: the loss centers are all-reduced inside the losses, and swapping linears to 2:4
+    replaces modules (sharing their Parameters, so DDP's hooks survive) but not a buffer list DDP would hold.
+    Every student parameter gets a gradient each step unless the DINO loss is off (the DINO head then only
+    serves the iBOT loss, or nothing with a separate iBOT head)."""
+    if not ctx.is_distributed:
+        return model
+    ddp = torch.nn.parallel.DistributedDataParallel
+    # torch >= 2.13 renamed the switch (and deprecated the old name); older releases only know the old one
+    no_buffer_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters
+                      else "broadcast_buffers")
+    return ddp(
+        model,
+        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy in or out
+        find_unused_parameters=not model.do_dino,
+        **{no_buffer_sync: False},
+    )
 
 
 def shutdown(ctx: DistContext) -> None:

@@ -29,7 +29,6 @@ from configs import Config, scaled_lr
 
 logger = logging.getLogger("train")
 
-RUN_INFO = "run_info.json"  # the start-up summary of the latest (re)start, in the run directory
 _NOT_SCALARS = ("step", "format", "phase")
 
 

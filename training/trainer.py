@@ -11,11 +11,12 @@ centers (reduced across ranks in the losses) stay identical without any broadcas
 Rank 0 alone writes metrics, checkpoints and exports. Checkpoints are full (unsharded) state dicts, so a run can
 resume on another number of processes provided the global batch (processes x `train.batch_size_per_gpu`) is the
 same: the schedules are indexed by step, and a step is one global batch.
+
+Split by concern: the rules for continuing from a checkpoint are in `resume.py`, the run directory's files (names,
+metrics lines, status.json) in `run_dir.py`, the DDP wrapping in `distributed.py`; this module is the loop.
 """
 
 import contextlib
-import inspect
-import json
 import logging
 import signal
 import time
@@ -25,17 +26,18 @@ from typing import Iterator
 import torch
 
 from configs import Config, to_yaml
-from configs.load import RESUMABLE_CHANGES, config_difference
 from data import build_ssl_loader, build_training_dataset
-from models.safe_io import atomic_write_text, save_verified
+from models.atomic_io import atomic_write_text
+from models.safe_io import save_verified
 from models.ssl_meta_arch import SSLMetaArch
 
-from .checkpoint import CheckpointManager, rng_state, set_rng_state
+from . import run_dir
+from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
-from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical
-from .metrics import MetricsLog
-from .metrics_format import FORMAT_KEY, METRICS_FORMAT
-from .progress import RUN_INFO, ProgressLog, log_run_info, max_memory_mb, run_info
+from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
+from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
+from .resume import ResumeMismatch, check_resumable, check_same_config, restore_rng
+from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RUNNING, MetricsLog
 from .schedules import build_schedules
 from .sparse_schedule import SparseSchedule
 from .step_checks import StepChecks
@@ -57,10 +59,6 @@ class Preempted(SystemExit):
         self.step = step
 
 
-class ResumeMismatch(RuntimeError):
-    """The checkpoint cannot be continued with this run's processes and batch size."""
-
-
 class Trainer:
     def __init__(self, cfg: Config, output_dir: Path, ctx: DistContext, dataset=None):
         """`dataset`: the training images, if the caller built them already (train.py does, to report a wrong
@@ -72,7 +70,7 @@ class Trainer:
         self.model = SSLMetaArch(cfg).to(self.device)
         self.compiled = (compile_model(self.model, cfg.train.compile_backend, cfg.train.compile_mode)
                          if compile_wanted(cfg.train.compile, self.device) else [])
-        self.forward_model = self._data_parallel(self.model)
+        self.forward_model = data_parallel(self.model, ctx)
         torch.manual_seed(cfg.train.seed + ctx.rank)  # drop-path draws differ per rank
         self.global_batch = cfg.train.batch_size_per_gpu * ctx.world_size
 
@@ -92,37 +90,16 @@ class Trainer:
                            "start-up summary record the dtype used)", cfg.train.amp_dtype, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == torch.float16)
         self.sparse_schedule = SparseSchedule(cfg.sparsity, cfg.sparse_steps)
-        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", cfg.train.max_to_keep,
+        self.checkpoints = CheckpointManager(run_dir.checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
                                              writer=ctx.is_main)
-        self.metrics = MetricsLog(self.output_dir / "metrics.jsonl", enabled=ctx.is_main)
+        self.metrics = MetricsLog(self.output_dir / run_dir.METRICS, enabled=ctx.is_main)
         self.step = 0
         self.corrupt_skipped = 0  # over all ranks
         self._stop_requested = False  # set by SIGTERM on this rank
         self._stop_agreed = False  # some rank got SIGTERM (agreed on in the per-step flag all-reduce)
         self.checks = StepChecks(ctx)  # per-step flags, read one step late: no per-step host sync
         self._student_params = None  # per student module, for clipping (see _clip_gradients)
-
-    def _data_parallel(self, model: SSLMetaArch) -> torch.nn.Module:
-        """DDP over the whole meta-architecture: only the student has trainable parameters, so only its gradients
-        are bucketed and all-reduced, overlapped with the backward pass (the teacher runs under no_grad).
-
-        broadcast_buffers=False: the loss centers are all-reduced inside the losses, and swapping linears to 2:4
-        replaces modules (sharing their Parameters, so DDP's hooks survive) but not a buffer list DDP would hold.
-        Every student parameter gets a gradient each step unless the DINO loss is off (the DINO head then only
-        serves the iBOT loss, or nothing with a separate iBOT head)."""
-        if not self.ctx.is_distributed:
-            return model
-        ddp = torch.nn.parallel.DistributedDataParallel
-        # torch >= 2.13 renamed the switch (and deprecated the old name); older releases only know the old one
-        no_buffer_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters
-                          else "broadcast_buffers")
-        return ddp(
-            model,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy in or out
-            find_unused_parameters=not model.do_dino,
-            **{no_buffer_sync: False},
-        )
+        self._resumed_at: list[int] = []  # steps this run was resumed at, for status.json
 
     # ----------------------------------------------------------------- state
     def state_dict(self, rng_per_rank: list[dict]) -> dict:
@@ -141,65 +118,10 @@ class Trainer:
             "config": to_yaml(self.cfg),
         }
 
-    @staticmethod
-    def _batch_bookkeeping(state: dict) -> tuple[int, int, int]:
-        """(world size, per-GPU batch, samples consumed) of a checkpoint; older ones only hold their config."""
-        world = state["world_size"]
-        if "batch_size_per_gpu" in state:
-            return world, state["batch_size_per_gpu"], state["samples_consumed"]
-        from omegaconf import OmegaConf
-
-        b = int(OmegaConf.create(state["config"]).train.batch_size_per_gpu)
-        return world, b, state["step"] * world * b
-
-    def _check_resumable(self, state: dict) -> None:
-        """The sampler restarts at global stream position `samples_consumed` (each rank at samples_consumed / W,
-        see `data.samplers.local_start`), which is where the uninterrupted run would be iff this run's global batch
-        equals the checkpoint's; the schedules (lr, momentum, sparsity switch) are indexed by step and also assume
-        that batch. So the global batch must match; the number of processes may change."""
-        saved_world, saved_b, consumed = self._batch_bookkeeping(state)
-        saved_global = saved_world * saved_b
-        if consumed != state["step"] * saved_global:
-            raise ResumeMismatch(f"checkpoint at step {state['step']} records {consumed} samples consumed, not "
-                                 f"step x {saved_global}: it is inconsistent")
-        if saved_global == self.global_batch:
-            return
-        world = self.ctx.world_size
-        if saved_global % world == 0:
-            fix = f"set train.batch_size_per_gpu={saved_global // world} to resume on {world} processes"
-        else:
-            fix = (f"no per-GPU batch gives {saved_global} images on {world} processes: resume on a number of "
-                   f"processes that divides {saved_global}")
-        raise ResumeMismatch(
-            f"checkpoint at step {state['step']} was written with a global batch of {saved_global} ({saved_world} "
-            f"processes x {saved_b} per GPU); this run has {world} x {self.cfg.train.batch_size_per_gpu} = "
-            f"{self.global_batch}. The schedules and the sample stream are counted in global batches, so the "
-            f"global batch must stay the same: {fix}")
-
-    def _restore_rng(self, rng_per_rank: list[dict]) -> None:
-        if len(rng_per_rank) == self.ctx.world_size:
-            set_rng_state(rng_per_rank[self.ctx.rank])
-            return
-        # Another number of processes: the per-rank streams (drop-path draws) cannot be continued; start fresh,
-        # distinct ones. The data order does not depend on them.
-        torch.manual_seed(self.cfg.train.seed + 1_000_003 * self.step + self.ctx.rank)
-        if self.ctx.is_main:
-            logger.warning("checkpoint written by %d processes, resumed on %d: data order preserved, per-rank "
-                           "drop-path random streams reseeded", len(rng_per_rank), self.ctx.world_size)
-
-    def _check_same_config(self, state: dict) -> None:
-        """A run continues only under the config it was started with, except for `RESUMABLE_CHANGES` (how it is
-        executed and observed): anything else would silently mix two experiments in one run directory."""
-        changed = config_difference(state["config"], to_yaml(self.cfg), RESUMABLE_CHANGES)
-        if changed:
-            raise ResumeMismatch(
-                f"{self.output_dir} was trained with another config ({'; '.join(changed)}). Resume it with the "
-                f"same settings (these may change: {', '.join(RESUMABLE_CHANGES)}), or start a new run in another "
-                "--output-dir")
-
     def load_state_dict(self, state: dict) -> None:
-        self._check_same_config(state)
-        self._check_resumable(state)
+        """Continue from a checkpoint's state (`resume.py` holds the rules for when that is possible)."""
+        check_same_config(state, self.cfg, self.output_dir)
+        check_resumable(state, self.cfg, self.ctx.world_size)
         self.step = state["step"]
         # Enter the phase the checkpoint was written in (that of its last step) before loading: sparse modules may
         # carry state of their own (e.g. S-STE's scale). A switch due at `step` then happens in the loop, as it
@@ -209,7 +131,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.corrupt_skipped = state["corrupt_skipped"]
-        self._restore_rng(state["rng"] if isinstance(state["rng"], list) else [state["rng"]])
+        restore_rng(state["rng"] if isinstance(state["rng"], list) else [state["rng"]], self.ctx, self.cfg.train.seed,
+                    self.step)
 
     def resume_if_possible(self) -> bool:
         """Every rank loads the newest readable checkpoint of the (shared) run directory; they must agree."""
@@ -238,9 +161,6 @@ class Trainer:
             self.checkpoints.save(self.state_dict(rng), self.step)
         barrier(self.ctx)
         return path
-
-    def _export_path(self, step: int) -> Path:
-        return self.output_dir / "eval" / f"step_{step:08d}" / "teacher_backbone.pth"
 
     def export_teacher(self, path: Path) -> None:
         """The teacher backbone alone, for linear probes and fine-tuning (loaded with weights_only=True)."""
@@ -290,7 +210,13 @@ class Trainer:
         """Wait for every queued step check (before anything is written, so no checkpoint holds a diverged step)."""
         self._apply_checks(self.checks.resolve())
 
-    def _train_step(self, batch: dict, values: dict) -> tuple[torch.Tensor, dict, dict]:
+    def train_step(self, batch: dict, values: dict) -> tuple[torch.Tensor, dict, dict]:
+        """One optimizer step on this rank's `batch` (on the device) with the schedule `values` of the step
+        (`self.schedules.at(step)`): forward under autocast, backward (gradients all-reduced under DDP), per-module
+        clipping, AdamW, EMA teacher update. Returns (loss, loss terms, gradient norms), detached and still on the
+        device: nothing here waits for the GPU (the step's NaN / stop checks are read one step later). The caller
+        owns `self.step`, the sparsity phase (`self.sparse_schedule.apply`) and the logging, as `train` does;
+        benchmarks call this to time the real step."""
         self._set_hyperparameters(values)
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
         with autocast:
@@ -308,7 +234,8 @@ class Trainer:
         self._apply_checks(self.checks.resolve_previous())
         return loss.detach(), terms, norms
 
-    def _batches(self) -> Iterator[dict]:
+    def batches(self) -> Iterator[dict]:
+        """This rank's batches from step `self.step` on, on the device (the loader stops when this is closed)."""
         loader = build_ssl_loader(self.cfg, rank=self.ctx.rank, world_size=self.ctx.world_size,
                                   start_step=self.step, dataset=self.dataset)
         with torch.random.fork_rng(devices=[]):  # creating workers draws a seed: keep the training RNG untouched
@@ -319,7 +246,7 @@ class Trainer:
         finally:
             loader.close()  # however the loop ends: the data workers stop here, not at interpreter exit
 
-    def _global_mean(self, loss: torch.Tensor, terms: dict) -> tuple[torch.Tensor, dict]:
+    def global_mean(self, loss: torch.Tensor, terms: dict) -> tuple[torch.Tensor, dict]:
         """Loss terms averaged over ranks (each a mean over its rank's batch): the global batch's values."""
         if not self.ctx.is_distributed:
             return loss, terms
@@ -360,43 +287,73 @@ class Trainer:
         return True
 
     def _metrics_record(self, loss, terms: dict, values: dict, norms: dict, images_per_s: float) -> dict:
-        """A metrics.jsonl line: `step` counts the steps done (as checkpoints do; see metrics_format)."""
+        """A metrics.jsonl line: `step` counts the steps done (as checkpoints do; see run_dir)."""
         memory = max_memory_mb(self.device)
         return {"step": self.step, FORMAT_KEY: METRICS_FORMAT, "phase": self.sparse_schedule.current, "loss": loss,
                 **terms, **values, **norms, **self.sparse_schedule.auto_summary(),
                 "corrupt_skipped": self.corrupt_skipped, "images_per_s": images_per_s,
                 **({"max_mem_mb": round(memory, 1)} if memory is not None else {})}
 
+    def _record_status(self, state: str, reason: str = "") -> None:
+        """status.json (rank 0): a failure to write it is logged, never raised over what ended the run."""
+        if not self.ctx.is_main:
+            return
+        try:
+            run_dir.write_status(self.output_dir, state, self.step, reason[:2000], self._resumed_at)
+        except OSError as e:
+            logger.warning("could not record the run's status (%s) in %s: %s", state, self.output_dir, e)
+
+    def _start(self, resumed: bool, last_step: int) -> None:
+        """What a (re)start writes before the first step: config.yaml, run_info.json (and the start-up summary),
+        status.json (running), and metrics.jsonl cut back to the checkpoint."""
+        if self.ctx.is_main:
+            previous = run_dir.read_status(self.output_dir)
+            self._resumed_at = run_dir.resumed_history(previous, self.step, resumed)
+            atomic_write_text(self.output_dir / run_dir.CONFIG, to_yaml(self.cfg))
+            info = run_info(self.cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype,
+                            bool(self.compiled), self.step, last_step)
+            log_run_info(info)
+            run_dir.write_run_info(self.output_dir, info)
+            self._record_status(RUNNING)
+        # lines logged after the checkpoint are logged again; a fresh start in a used directory replaces the old log
+        self.metrics.truncate_after(self.step)
+
     def train(self) -> Path:
-        """Run (or resume) to the end; return the exported teacher backbone path."""
-        cfg = self.cfg
-        total = cfg.total_steps
-        last_step = min(total, cfg.train.max_steps) if cfg.train.max_steps > 0 else total
-        final = self.output_dir / "teacher_backbone.pth"
+        """Run (or resume) to the end; return the exported teacher backbone path. status.json records the run's
+        state from its start on (a refusal to resume, raised before, leaves the directory as it was)."""
+        last_step = run_dir.last_step(self.cfg)
+        final = self.output_dir / run_dir.TEACHER
         if self.ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.resume_if_possible()  # refuses another config before anything is written
         if self._finished_already(resumed, last_step, final):
             return final
+        self._start(resumed, last_step)
+        try:
+            self._run(resumed, last_step, final)
+        except Preempted:
+            self._record_status(PREEMPTED)
+            raise
+        except BaseException as e:  # noqa: BLE001 - recorded, then raised as it was
+            self._record_status(FAILED, f"{type(e).__name__}: {e}")
+            raise
+        self._record_status(FINISHED)
+        return final
+
+    def _run(self, resumed: bool, last_step: int, final: Path) -> None:
+        cfg = self.cfg
+        total = cfg.total_steps
         start_step = self.step
-        if self.ctx.is_main:
-            atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
-            info = run_info(cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype, bool(self.compiled),
-                            start_step, last_step)
-            log_run_info(info)
-            atomic_write_text(self.output_dir / RUN_INFO, json.dumps(info, indent=1) + "\n")
-        # lines logged after the checkpoint are logged again; a fresh start in a used directory replaces the old log
-        self.metrics.truncate_after(self.step)
         if resumed and self.step % cfg.train.teacher_export_period == 0 and 0 < self.step < total:
             # the checkpoint of an export step is written first: a kill during that export is redone from it
-            path = self._export_path(self.step)
+            path = run_dir.teacher_export_path(self.output_dir, self.step)
             if self.ctx.is_main and not path.exists():
                 logger.warning("redoing the teacher export of step %d, which did not finish", self.step)
                 self.export_teacher(path)
         self.sparse_schedule.apply(self.model.student.backbone, self.step)
         self.model.train()
         progress = ProgressLog(self.output_dir, self.step, last_step, enabled=self.ctx.is_main)
-        with self._sigterm_stops_cleanly(), contextlib.closing(self._batches()) as batches, progress:
+        with self._sigterm_stops_cleanly(), contextlib.closing(self.batches()) as batches, progress:
             # batches: lazy (the loader starts at the first next(), after any resume), closed however the loop ends;
             # the bar (a terminal only) is closed before any error is reported, so that the message is a line of its own
             window_start, window_steps = time.perf_counter(), 0
@@ -404,7 +361,7 @@ class Trainer:
                 self.sparse_schedule.apply(self.model.student.backbone, self.step)
                 values = self.schedules.at(self.step)
                 batch = next(batches)
-                loss, terms, norms = self._train_step(batch, values)
+                loss, terms, norms = self.train_step(batch, values)
                 window_steps += 1
                 self.step += 1
                 progress.update(1)
@@ -413,7 +370,7 @@ class Trainer:
                         self.step % cfg.train.teacher_export_period == 0):
                     self.settle_checks()
                 if log_now:
-                    loss, terms = self._global_mean(loss, terms)
+                    loss, terms = self.global_mean(loss, terms)
                     elapsed = time.perf_counter() - window_start
                     record = self._metrics_record(loss, terms, values, norms,
                                                   self.global_batch * window_steps / max(elapsed, 1e-9))
@@ -423,7 +380,7 @@ class Trainer:
                 if self.step % cfg.train.checkpoint_period == 0 and self.step < last_step:
                     self.save_checkpoint()
                 if self.step % cfg.train.teacher_export_period == 0 and self.step < total:
-                    self.export_teacher(self._export_path(self.step))
+                    self.export_teacher(run_dir.teacher_export_path(self.output_dir, self.step))
                 if self._stop_agreed:
                     self.save_checkpoint()
                     progress.close()
@@ -434,4 +391,3 @@ class Trainer:
             self.save_checkpoint()
         if self.step >= total:
             self.export_teacher(final)
-        return final

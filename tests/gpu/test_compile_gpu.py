@@ -118,10 +118,10 @@ def _trainer(compile_: str, backend: str, tmp_path):
 
 def _run_steps(trainer, steps, on_step=None):
     losses = []
-    batches = trainer._batches()
+    batches = trainer.batches()
     for step in range(steps):
         trainer.sparse_schedule.apply(trainer.model.student.backbone, step)
-        loss, _, _ = trainer._train_step(next(batches), trainer.schedules.at(step))
+        loss, _, _ = trainer.train_step(next(batches), trainer.schedules.at(step))
         trainer.step += 1
         losses.append(loss.item())
         if on_step is not None:

@@ -9,7 +9,7 @@ from PIL import Image
 
 from configs import load_config
 from training.distributed import DistContext
-from training.metrics import read_metrics
+from training.run_dir import read_metrics
 from training.trainer import Trainer, TrainingDiverged
 
 from train_runs import TINY, run_train

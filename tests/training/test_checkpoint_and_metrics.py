@@ -11,7 +11,7 @@ import torch
 
 from models.safe_io import save_verified
 from training.checkpoint import CheckpointManager
-from training.metrics import MetricsLog, read_metrics, without_timing
+from training.run_dir import MetricsLog, read_metrics, without_timing
 
 
 def test_history_is_bounded_and_latest_loads(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from train_runs import REPO, TINY, run_train
 
-from training.metrics import read_metrics
+from training.run_dir import read_metrics
 
 STEPS = 8
 SAME_GLOBAL_BATCH = [

@@ -10,8 +10,9 @@ import pytest
 import torch
 from train_runs import run_train, start_train, wait_for_step
 
+import models.atomic_io as atomic_io
 import models.safe_io as safe_io
-from training.metrics import MetricsLog, read_metrics, without_timing
+from training.run_dir import MetricsLog, read_metrics, without_timing
 
 FLIP = 4096
 
@@ -57,12 +58,12 @@ def test_a_kill_inside_an_atomic_write_keeps_the_previous_file(tmp_path, monkeyp
     def killed(*args):
         raise KeyboardInterrupt("killed between write and rename")
 
-    monkeypatch.setattr(safe_io.os, "replace", killed)
+    monkeypatch.setattr(atomic_io.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
         metrics.truncate_after(2)
     assert (tmp_path / "metrics.jsonl").read_text() == before
     with pytest.raises(KeyboardInterrupt):
-        safe_io.atomic_write_text(tmp_path / "metrics.jsonl", "")
+        atomic_io.atomic_write_text(tmp_path / "metrics.jsonl", "")
     assert (tmp_path / "metrics.jsonl").read_text() == before
     with pytest.raises(KeyboardInterrupt):
         safe_io.save_verified({"w": torch.zeros(3)}, tmp_path / "ckpt.pt")

@@ -14,7 +14,7 @@ from train_runs import TINY, run_train
 from configs import load_config
 from training.compile import compile_wanted
 from training.distributed import DistContext
-from training.metrics import read_metrics
+from training.run_dir import read_metrics
 from training.trainer import Trainer
 from models.vision_transformer import Block
 from sparsity import SemiSparseLinear, swap_linear_modules, swap_to_dense
@@ -75,7 +75,7 @@ def test_switch_compiles_once_and_compiled_training_equals_eager(tmp_path):
     cfg = load_config(None, TINY + COMPILED)
     trainer = Trainer(cfg, tmp_path / "compiled", CPU)
     new_graphs = []
-    step_fn = trainer._train_step
+    step_fn = trainer.train_step
 
     def counted(batch, values):
         before = _graphs()
@@ -83,7 +83,7 @@ def test_switch_compiles_once_and_compiled_training_equals_eager(tmp_path):
         new_graphs.append(_graphs() - before)
         return out
 
-    trainer._train_step = counted
+    trainer.train_step = counted
     trainer.train()
     assert len(new_graphs) == 16
     assert new_graphs[0] > 0 and new_graphs[8] == 1, new_graphs

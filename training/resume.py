@@ -1,0 +1,79 @@
+"""The rules for continuing a run from a checkpoint, apart from the loop (trainer.py) because they are a concern of
+their own: which config changes a resume accepts, the global-batch bookkeeping that lets a run resume on another
+number of processes, checkpoints of older versions, and the per-rank random streams.
+"""
+
+import logging
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from configs import Config, to_yaml
+from configs.load import RESUMABLE_CHANGES, config_difference
+
+from .checkpoint import set_rng_state
+from .distributed import DistContext
+
+logger = logging.getLogger(__name__)
+
+
+class ResumeMismatch(RuntimeError):
+    """The checkpoint cannot be continued with this run's processes, batch size or config."""
+
+
+def batch_bookkeeping(state: dict) -> tuple[int, int, int]:
+    """(world size, per-GPU batch, samples consumed) of a checkpoint; older ones only hold their config."""
+    world = state["world_size"]
+    if "batch_size_per_gpu" in state:
+        return world, state["batch_size_per_gpu"], state["samples_consumed"]
+    b = int(OmegaConf.create(state["config"]).train.batch_size_per_gpu)
+    return world, b, state["step"] * world * b
+
+
+def check_resumable(state: dict, cfg: Config, world_size: int) -> None:
+    """The sampler restarts at global stream position `samples_consumed` (each rank at samples_consumed / W,
+    see `data.samplers.local_start`), which is where the uninterrupted run would be iff this run's global batch
+    equals the checkpoint's; the schedules (lr, momentum, sparsity switch) are indexed by step and also assume
+    that batch. So the global batch must match; the number of processes may change."""
+    saved_world, saved_b, consumed = batch_bookkeeping(state)
+    saved_global = saved_world * saved_b
+    global_batch = cfg.train.batch_size_per_gpu * world_size
+    if consumed != state["step"] * saved_global:
+        raise ResumeMismatch(f"checkpoint at step {state['step']} records {consumed} samples consumed, not "
+                             f"step x {saved_global}: it is inconsistent")
+    if saved_global == global_batch:
+        return
+    if saved_global % world_size == 0:
+        fix = f"set train.batch_size_per_gpu={saved_global // world_size} to resume on {world_size} processes"
+    else:
+        fix = (f"no per-GPU batch gives {saved_global} images on {world_size} processes: resume on a number of "
+               f"processes that divides {saved_global}")
+    raise ResumeMismatch(
+        f"checkpoint at step {state['step']} was written with a global batch of {saved_global} ({saved_world} "
+        f"processes x {saved_b} per GPU); this run has {world_size} x {cfg.train.batch_size_per_gpu} = "
+        f"{global_batch}. The schedules and the sample stream are counted in global batches, so the "
+        f"global batch must stay the same: {fix}")
+
+
+def check_same_config(state: dict, cfg: Config, output_dir: Path) -> None:
+    """A run continues only under the config it was started with, except for `RESUMABLE_CHANGES` (how it is
+    executed and observed): anything else would silently mix two experiments in one run directory."""
+    changed = config_difference(state["config"], to_yaml(cfg), RESUMABLE_CHANGES)
+    if changed:
+        raise ResumeMismatch(
+            f"{output_dir} was trained with another config ({'; '.join(changed)}). Resume it with the "
+            f"same settings (these may change: {', '.join(RESUMABLE_CHANGES)}), or start a new run in another "
+            "--output-dir")
+
+
+def restore_rng(rng_per_rank: list[dict], ctx: DistContext, seed: int, step: int) -> None:
+    if len(rng_per_rank) == ctx.world_size:
+        set_rng_state(rng_per_rank[ctx.rank])
+        return
+    # Another number of processes: the per-rank streams (drop-path draws) cannot be continued; start fresh,
+    # distinct ones. The data order does not depend on them.
+    torch.manual_seed(seed + 1_000_003 * step + ctx.rank)
+    if ctx.is_main:
+        logger.warning("checkpoint written by %d processes, resumed on %d: data order preserved, per-rank "
+                       "drop-path random streams reseeded", len(rng_per_rank), ctx.world_size)
