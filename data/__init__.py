@@ -1,12 +1,12 @@
 """Data pipeline of DINOv2 training: datasets, multi-crop augmentation, iBOT masks, the resumable SSL loader.
 
 Public API:
-    build_ssl_loader(cfg, *, rank, world_size, start_step) -> SSLLoader   infinite iterable of batch dicts
+    build_ssl_loader(cfg, *, rank, world_size, start_step) -> SSLLoader   infinite iterable of SSLBatch
     build_dataset(cfg, split=None)                                        ImageFolderDataset | DigitsDataset
     build_training_dataset(cfg)                                           the same, decoded in memory if asked
     make_eval_transform(resize=256, crop=224)                             transform for kNN / linear probes
     DataAugmentationDINO, build_augmentation(cfg), MaskingGenerator, SSLCollate, InfiniteShardedSampler
-The batch dict is documented in `data.collate`.
+SSLBatch (`data.batch`): the typed batch; `SSLLoader.to_device` moves it to the training device once.
 """
 
 from configs.torch_env import ensure_torchvision_importable
@@ -14,6 +14,7 @@ from configs.torch_env import ensure_torchvision_importable
 ensure_torchvision_importable()
 
 from .augmentations import DataAugmentationDINO, build_augmentation  # noqa: E402
+from .batch import SSLBatch  # noqa: E402
 from .collate import SSLCollate, SSLSample, collate_ssl_samples  # noqa: E402
 from .corrupt import load_image  # noqa: E402
 from .datasets import (CorruptImageError, DatasetError, DigitsDataset, ImageFolderDataset,  # noqa: E402
@@ -30,7 +31,7 @@ __all__ = [
     "BatchedAugmentationDINO", "InMemoryImages", "build_training_dataset",
     "CorruptImageError", "DataAugmentationDINO", "DatasetError", "DigitsDataset", "GaussianBlur",
     "IMAGENET_DEFAULT_MEAN", "IMAGENET_DEFAULT_STD", "ImageFolderDataset", "InfiniteShardedSampler",
-    "MaskingGenerator", "SSLCollate", "SSLDataset", "SSLLoader", "SSLSample", "build_augmentation",
+    "MaskingGenerator", "SSLBatch", "SSLCollate", "SSLDataset", "SSLLoader", "SSLSample", "build_augmentation",
     "build_dataset", "build_ssl_loader", "collate_ssl_samples", "load_image", "make_eval_transform",
     "make_normalize_transform", "mask_targets",
 ]

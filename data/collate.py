@@ -1,28 +1,16 @@
-"""Collate of SSL samples into the batch dict the model consumes, with the iBOT masks of the global crops.
+"""Collate of SSL samples into the `batch.SSLBatch` the model consumes, with the iBOT masks of the global crops.
 
-Batch dict (B = batch size, nL = local crops per image, p = patch size, Ng = (Hg // p) * (Wg // p)):
-
-    global_crops      float (2B, 3, Hg, Wg)  [crop0 of every sample..., crop1 of every sample...]
-    local_crops       float (nL*B, 3, Hl, Wl) [local0 of every sample..., local1 ...]; (0, 3, Hl, Wl) if nL = 0
-    masks             bool  (2B, Ng)   patch tokens (no cls) of each global crop; True = masked (student only)
-    mask_indices      long  (M,)       indices into masks.flatten() of the M masked patches
-    masks_weight      float (M,)       1 / (#masked patches of the patch's image): sums to #masked images
-    n_masked_patches  long  ()         M
-    upperbound        int              the reference's bound on M (sum over masked images of int(Ng * ratio_max_i))
-    labels            long  (B,)       class labels (unused by SSL)
-    corrupt_skipped   long  ()         unreadable images met (and replaced) while loading this batch
-
-With `data.augment_on=device` the samples carry their uint8 image instead of crops: the batch then holds
-`images` uint8 (B, 3, H, W) and `first_position` (int, seeds the device augmentation) in place of the crops,
-which `loader.SSLLoader.to_device` makes on the training device.
+With `data.augment_on=device` the samples carry their uint8 image instead of crops: the batch then holds `images`
+and `first_position` in place of the crops, which `loader.SSLLoader.to_device` makes on the training device.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
 
+from .batch import SSLBatch
 from .masking import MaskingGenerator, mask_targets
 from .seeding import TAG_MASKING, numpy_rng
 
@@ -43,8 +31,8 @@ class SSLSample:
 
 def collate_ssl_samples(samples: Sequence[SSLSample], mask_generator: MaskingGenerator,
                         mask_ratio_min_max: Sequence[float], mask_sample_probability: float,
-                        rng: np.random.Generator, local_crops_size: int) -> Dict[str, object]:
-    """Stack crops and draw the iBOT masks (see module docstring); all randomness comes from `rng`."""
+                        rng: np.random.Generator, local_crops_size: int) -> SSLBatch:
+    """Stack crops and draw the iBOT masks (see `SSLBatch`); all randomness comes from `rng`."""
     if samples[0].image is not None:  # crops are made on the training device
         pixels = {"images": torch.stack([s.image for s in samples]), "first_position": int(samples[0].position)}
         n_images = N_GLOBAL * len(samples)
@@ -67,16 +55,16 @@ def collate_ssl_samples(samples: Sequence[SSLSample], mask_generator: MaskingGen
     mask_indices = masks.flatten().nonzero().flatten()
     per_image = masks.sum(-1).clamp(min=1).to(torch.float32)
     masks_weight = (1.0 / per_image).unsqueeze(-1).expand_as(masks)[masks]
-    return {
+    return SSLBatch(
         **pixels,
-        "masks": masks,
-        "mask_indices": mask_indices,
-        "masks_weight": masks_weight,
-        "n_masked_patches": torch.tensor(mask_indices.numel(), dtype=torch.long),
-        "upperbound": int(upperbound),
-        "labels": torch.tensor([s.label for s in samples], dtype=torch.long),
-        "corrupt_skipped": torch.tensor(sum(s.corrupt_skipped for s in samples), dtype=torch.long),
-    }
+        masks=masks,
+        mask_indices=mask_indices,
+        masks_weight=masks_weight,
+        n_masked_patches=torch.tensor(mask_indices.numel(), dtype=torch.long),
+        upperbound=int(upperbound),
+        labels=torch.tensor([s.label for s in samples], dtype=torch.long),
+        corrupt_skipped=torch.tensor(sum(s.corrupt_skipped for s in samples), dtype=torch.long),
+    )
 
 
 class SSLCollate:
@@ -100,7 +88,7 @@ class SSLCollate:
     def rng_for(self, first_position: int) -> np.random.Generator:
         return numpy_rng(TAG_MASKING, self.seed, self.rank, first_position)
 
-    def __call__(self, samples: Sequence[SSLSample]) -> Dict[str, object]:
+    def __call__(self, samples: Sequence[SSLSample]) -> SSLBatch:
         return collate_ssl_samples(samples, self.mask_generator, self.mask_ratio_min_max,
                                    self.mask_sample_probability, self.rng_for(samples[0].position),
                                    self.local_crops_size)

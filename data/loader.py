@@ -7,6 +7,7 @@ sample). So batches do not depend on `num_workers`, and a loader started at step
 of one started at 0.
 """
 
+import dataclasses
 import logging
 import signal
 from typing import Dict, Iterator, Optional
@@ -16,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .augmentations import DataAugmentationDINO, applied_blur_probabilities, build_augmentation
+from .batch import SSLBatch
 from .batched_augment import BatchedAugmentationDINO
 from .collate import SSLCollate, SSLSample
 from .corrupt import load_image
@@ -63,14 +65,15 @@ class SSLDataset(torch.utils.data.Dataset):
 
 
 class SSLLoader:
-    """Infinite iterable of batch dicts (see `data.collate`) starting at `start_step`.
+    """Infinite iterable of `SSLBatch`es (on the host, pinned when CUDA is available).
 
-    `next_step` is the step of the next batch to be yielded; `state_dict()` is the sampler state at the batches
-    actually consumed (not at the DataLoader's prefetch), for a checkpoint taken after `next_step - 1`.
-    Re-iterating restarts the stream at `next_step`.
+    The stream position is the sampler's: `state_dict()` is the sampler's state at the batches actually delivered
+    (not at the DataLoader's prefetch), what a checkpoint stores; `load_state_dict` continues such a state, also one
+    saved with another number of ranks (`InfiniteShardedSampler.load_state_dict`). Re-iterating restarts the stream
+    at the first batch not yet delivered. `next_step` = batches delivered before the next one (with the start).
     """
 
-    def __init__(self, dataloader: DataLoader, sampler: InfiniteShardedSampler, batch_size: int, start_step: int,
+    def __init__(self, dataloader: DataLoader, sampler: InfiniteShardedSampler, batch_size: int,
                  device_augmentation: Optional[BatchedAugmentationDINO] = None, seed: int = 0, rank: int = 0):
         self.device_augmentation = device_augmentation
         self.seed, self.rank = int(seed), int(rank)
@@ -78,27 +81,32 @@ class SSLLoader:
         self.sampler = sampler
         self.dataset = dataloader.dataset.dataset
         self.batch_size = batch_size
-        self.start_step = start_step
-        self.next_step = start_step
+        self.delivered = sampler.position  # this rank's samples handed out so far (the sampler runs ahead of it)
 
-    def __iter__(self) -> Iterator[Dict[str, object]]:
-        self.sampler.position = self.next_step * self.batch_size
+    @property
+    def next_step(self) -> int:
+        return self.delivered // self.batch_size
+
+    def __iter__(self) -> Iterator[SSLBatch]:
+        self.sampler.position = self.delivered
         try:
             for batch in self.dataloader:
-                self.next_step += 1
+                self.delivered += self.batch_size
                 yield batch
         finally:
             self.close()
 
-    def to_device(self, batch: Dict[str, object], device: torch.device) -> Dict[str, object]:
-        """The batch on `device`, its crops made there if the loader left that to the device (`images`): the
-        generator is seeded by (seed, rank, position of the batch's first sample), so a resumed run draws the same
-        crops."""
-        batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-        if "images" in batch:
+    def to_device(self, batch: SSLBatch, device: torch.device) -> SSLBatch:
+        """The batch on `device` (one asynchronous copy, `SSLBatch.to`), its crops made there if the loader left
+        that to the device (`images`): the generator is seeded by (seed, rank, position of the batch's first
+        sample), so a resumed run draws the same crops."""
+        batch = batch.to(device)
+        if batch.needs_augmentation:
             generator = torch.Generator(device=device)
-            generator.manual_seed(torch_seed(TAG_DEVICE_AUGMENTATION, self.seed, self.rank, batch["first_position"]))
-            batch.update(self.device_augmentation(batch.pop("images"), generator))
+            generator.manual_seed(torch_seed(TAG_DEVICE_AUGMENTATION, self.seed, self.rank, batch.first_position))
+            crops = self.device_augmentation(batch.images, generator)
+            batch = dataclasses.replace(batch, images=None, global_crops=crops["global_crops"],
+                                        local_crops=crops["local_crops"])
         return batch
 
     def close(self) -> None:
@@ -110,8 +118,16 @@ class SSLLoader:
         self.dataloader._iterator = None
 
     def state_dict(self) -> Dict[str, int]:
-        return {**self.sampler.state_dict(), "position": self.next_step * self.batch_size,
-                "next_step": self.next_step, "batch_size": self.batch_size}
+        """The sampler's state at the delivered batches (+ `next_step`, `batch_size` for reading)."""
+        return {**self.sampler.state_dict(position=self.delivered), "next_step": self.next_step,
+                "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        """Continue the stream of `state` (a `state_dict()`, possibly of another world size): the next batch is the
+        one the saving run would have drawn next."""
+        self.close()
+        self.sampler.load_state_dict(state)
+        self.delivered = self.sampler.position
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -123,10 +139,11 @@ def ignore_stop_signals(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int,
+def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int = 0, sampler_state: Optional[dict] = None,
                      dataset=None, num_workers: Optional[int] = None) -> SSLLoader:
     """The training loader of one rank: `cfg.train.batch_size_per_gpu` images per batch, `cfg.train.num_workers`
-    persistent workers (pinned memory when CUDA is available), the sampler at `start_step * batch_size`.
+    persistent workers (pinned memory when CUDA is available). It starts where `sampler_state` (a loader's
+    `state_dict()`, from a checkpoint) says, else at batch `start_step` of this rank's stream (tests, tools).
 
     `dataset` (default `build_dataset(cfg)`) and `num_workers` (default `cfg.train.num_workers`) are overrides for
     tests and tools.
@@ -167,7 +184,10 @@ def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int,
         worker_init_fn=ignore_stop_signals,
     )
     device_augmentation = build_batched_augmentation(cfg) if on_device else None
-    return SSLLoader(dataloader, sampler, batch_size, start_step, device_augmentation, seed=seed, rank=rank)
+    loader = SSLLoader(dataloader, sampler, batch_size, device_augmentation, seed=seed, rank=rank)
+    if sampler_state is not None:
+        loader.load_state_dict(sampler_state)
+    return loader
 
 
 def build_batched_augmentation(cfg) -> BatchedAugmentationDINO:

@@ -39,7 +39,7 @@ class InfiniteShardedSampler:
     `load_state_dict` continues it on any world size that divides it (`local_start`).
 
     Note: a DataLoader iterates its sampler ahead of the batches it has delivered (prefetch), so `position`
-    runs ahead of training; checkpoint the consumed position (step * batch size) instead, as `SSLLoader` does.
+    runs ahead of training; checkpoint the state at the delivered position instead, as `SSLLoader.state_dict` does.
     """
 
     def __init__(self, dataset_size: int, rank: int = 0, world_size: int = 1, seed: int = 0, start: int = 0):
@@ -83,10 +83,12 @@ class InfiniteShardedSampler:
                 yield idx, g
                 g += self.world_size
 
-    def state_dict(self) -> Dict[str, int]:
-        return {"position": self.position, "dataset_size": self.dataset_size, "rank": self.rank,
-                "world_size": self.world_size, "seed": self.seed,
-                "samples_consumed": self.position * self.world_size}
+    def state_dict(self, position: Optional[int] = None) -> Dict[str, int]:
+        """The state at `position` (default: the current one; `SSLLoader` passes the position of the batches it
+        has delivered, behind the DataLoader's prefetch)."""
+        position = self.position if position is None else int(position)
+        return {"position": position, "dataset_size": self.dataset_size, "rank": self.rank,
+                "world_size": self.world_size, "seed": self.seed, "samples_consumed": position * self.world_size}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
         """Continue the global stream of `state`, possibly saved with another world size (all ranks in lockstep)."""

@@ -21,7 +21,7 @@ swapped so student crop A is matched to teacher crop B and vice versa.
 """
 
 import logging
-from typing import Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +31,9 @@ from .heads import DINOHead, build_dino_head, build_ibot_head
 from .losses import DINOLoss, KoLeoLoss, iBOTPatchLoss
 from .param_groups import build_param_groups
 from .vision_transformer import DinoVisionTransformer, build_backbone
+
+if TYPE_CHECKING:  # the batch type only; models/ does not depend on the data pipeline
+    from data.batch import SSLBatch
 
 logger = logging.getLogger(__name__)
 
@@ -182,18 +185,20 @@ class SSLMetaArch(nn.Module):
                 )
         return dino_probs.reshape(N_GLOBAL_CROPS, -1, dino_probs.shape[-1]), ibot_probs
 
-    def forward(self, batch: Dict, teacher_temp: float) -> Tuple[Tensor, Dict[str, Tensor]]:
+    def forward(self, batch: "SSLBatch", teacher_temp: float) -> Tuple[Tensor, Dict[str, Tensor]]:
         """Returns (total_loss, {dino_local_crops_loss, dino_global_crops_loss, koleo_loss, ibot_loss}); the terms
-        are detached copies of the exact summands of `total_loss`."""
+        are detached copies of the exact summands of `total_loss`. `batch` is a `data.SSLBatch` already on the
+        model's device (`SSLLoader.to_device` / `SSLBatch.to`): it is not copied here."""
         device = self.student["backbone"].cls_token.device
-        global_crops = batch["global_crops"].to(device, non_blocking=True)
-        local_crops = batch["local_crops"].to(device, non_blocking=True)
-        masks = batch["masks"].to(device, non_blocking=True).bool()
-        mask_indices = batch["mask_indices"].to(device, non_blocking=True)
-        masks_weight = batch["masks_weight"].to(device, non_blocking=True)
-        n_masked_tensor = torch.as_tensor(batch["n_masked_patches"]).to(device, non_blocking=True)
+        if isinstance(batch, dict) or batch.global_crops is None:
+            raise TypeError("forward takes a data.SSLBatch holding its crops (SSLLoader.to_device makes them)")
+        if batch.global_crops.device != device or batch.masks.device != device:
+            raise ValueError(f"the batch is on {batch.global_crops.device}, the model on {device}: move it once with "
+                             f"batch.to(device) (SSLLoader.to_device)")
+        global_crops, local_crops, masks = batch.global_crops, batch.local_crops, batch.masks
+        mask_indices, masks_weight, n_masked_tensor = batch.mask_indices, batch.masks_weight, batch.n_masked_patches
         n_masked = mask_indices.shape[0]
-        upperbound = max(int(batch["upperbound"]), n_masked)
+        upperbound = max(int(batch.upperbound), n_masked)
 
         if global_crops.shape[0] % N_GLOBAL_CROPS:
             raise ValueError(f"global_crops holds {global_crops.shape[0]} images, not 2 crops per sample")

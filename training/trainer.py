@@ -230,7 +230,7 @@ class Trainer:
         self.model.update_teacher(values["momentum"])
         terms = {k: v.detach() for k, v in terms.items()}
         # this step's flags start on their way; the previous step's are read now (the GPU is still busy with this one)
-        self.checks.queue(self.step, loss, terms, norms, self._stop_requested, int(batch.get("corrupt_skipped", 0)))
+        self.checks.queue(self.step, loss, terms, norms, self._stop_requested, int(batch.corrupt_skipped))
         self._apply_checks(self.checks.resolve_previous())
         return loss.detach(), terms, norms
 

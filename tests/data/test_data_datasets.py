@@ -120,8 +120,8 @@ def test_corrupt_count_travels_in_the_batch(small_cfg, corrupt_folder):
     cfg = small_cfg("data.dataset=imagenet_folder", f"data.root={corrupt_folder}", "train.batch_size_per_gpu=6")
     batch = next(iter(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0)))
     # one pass over the 6 files: samples at the 3 broken files skip 3, 2 and 1 files
-    assert int(batch["corrupt_skipped"]) == 6
-    assert batch["global_crops"].shape == (12, 3, 16, 16) and torch.isfinite(batch["global_crops"]).all()
+    assert int(batch.corrupt_skipped) == 6
+    assert batch.global_crops.shape == (12, 3, 16, 16) and torch.isfinite(batch.global_crops).all()
     cfg = small_cfg("data.dataset=imagenet_folder", f"data.root={corrupt_folder}", "train.batch_size_per_gpu=6",
                     "data.on_corrupt=raise")
     with pytest.raises(CorruptImageError, match=r"(truncated|empty|text)\.jpg"):

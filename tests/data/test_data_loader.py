@@ -12,6 +12,7 @@ def batches(loader, n):
 
 
 def assert_same(a, b):
+    a, b = a.fields(), b.fields()
     assert a.keys() == b.keys()
     for k in a:
         if torch.is_tensor(a[k]):
@@ -24,14 +25,14 @@ def test_batch_layout_from_config(small_cfg):
     cfg = small_cfg()
     (batch,) = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0), 1)
     B, nL = 4, 2
-    assert batch["global_crops"].shape == (2 * B, 3, 16, 16)
-    assert batch["local_crops"].shape == (nL * B, 3, 8, 8)
-    assert batch["masks"].shape == (2 * B, (16 // 4) ** 2)
-    assert int(batch["masks"].any(1).sum()) == B  # int(2B * 0.5) masked global crops
-    assert batch["labels"].shape == (B,) and int(batch["corrupt_skipped"]) == 0
+    assert batch.global_crops.shape == (2 * B, 3, 16, 16)
+    assert batch.local_crops.shape == (nL * B, 3, 8, 8)
+    assert batch.masks.shape == (2 * B, (16 // 4) ** 2)
+    assert int(batch.masks.any(1).sum()) == B  # int(2B * 0.5) masked global crops
+    assert batch.labels.shape == (B,) and int(batch.corrupt_skipped) == 0
     cfg0 = small_cfg("crops.local_crops_number=0")
     (batch,) = batches(build_ssl_loader(cfg0, rank=0, world_size=1, start_step=0), 1)
-    assert batch["local_crops"].shape == (0, 3, 8, 8)
+    assert batch.local_crops.shape == (0, 3, 8, 8)
 
 
 def test_same_batches_with_0_and_2_workers(small_cfg):
@@ -40,9 +41,9 @@ def test_same_batches_with_0_and_2_workers(small_cfg):
     par = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0, num_workers=2), 4)
     for a, b in zip(ref, par):
         assert_same(a, b)
-    assert not torch.equal(ref[0]["global_crops"], ref[1]["global_crops"])
+    assert not torch.equal(ref[0].global_crops, ref[1].global_crops)
     # crop 0 and crop 1 of one image differ (independent augmentations)
-    assert not torch.equal(ref[0]["global_crops"][0], ref[0]["global_crops"][4])
+    assert not torch.equal(ref[0].global_crops[0], ref[0].global_crops[4])
 
 
 def test_resume_at_step_k_continues_the_stream(small_cfg):
@@ -67,13 +68,38 @@ def test_loader_state_and_reiteration(small_cfg):
         assert_same(a, b)
 
 
+def test_loader_continues_its_state_dict_on_any_world_size(small_cfg):
+    """A checkpoint stores `loader.state_dict()` (the sampler's state at the delivered batches) and a new loader
+    continues from it: the same world size, or another one that divides the samples consumed."""
+    cfg = small_cfg()
+    ref = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0), 5)
+    loader = build_ssl_loader(cfg, rank=0, world_size=1, num_workers=2)
+    batches(loader, 2)
+    state = loader.state_dict()
+    assert state["samples_consumed"] == 8 and state["world_size"] == 1 and state["seed"] == cfg.train.seed
+    resumed = build_ssl_loader(cfg, rank=0, world_size=1, sampler_state=state)
+    assert resumed.next_step == 2 and resumed.state_dict() == state
+    for a, b in zip(ref[2:], batches(resumed, 3)):
+        assert_same(a, b)
+    # two ranks deliver 3 batches each (24 samples of the global stream); one rank continues at sample 24
+    two = [build_ssl_loader(cfg, rank=r, world_size=2) for r in range(2)]
+    for loader in two:
+        batches(loader, 3)
+    state = two[0].state_dict()
+    assert state["samples_consumed"] == 24 == two[1].state_dict()["samples_consumed"]
+    one = build_ssl_loader(cfg, rank=0, world_size=1, sampler_state=state)
+    assert one.next_step == 6
+    for a, b in zip(batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=6), 2), batches(one, 2)):
+        assert_same(a, b)
+
+
 def test_ranks_differ_and_seed_matters(small_cfg):
     cfg = small_cfg()
     r0 = batches(build_ssl_loader(cfg, rank=0, world_size=2, start_step=0), 1)[0]
     r1 = batches(build_ssl_loader(cfg, rank=1, world_size=2, start_step=0), 1)[0]
     other = batches(build_ssl_loader(small_cfg("train.seed=8"), rank=0, world_size=2, start_step=0), 1)[0]
-    assert not torch.equal(r0["global_crops"], r1["global_crops"])
-    assert not torch.equal(r0["global_crops"], other["global_crops"])
+    assert not torch.equal(r0.global_crops, r1.global_crops)
+    assert not torch.equal(r0.global_crops, other.global_crops)
 
 
 def test_global_rng_untouched(small_cfg):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from data import MaskingGenerator, SSLCollate, SSLSample, collate_ssl_samples, mask_targets
+from data import MaskingGenerator, SSLBatch, SSLCollate, SSLSample, collate_ssl_samples, mask_targets
 
 
 class SpyGenerator:
@@ -44,13 +44,13 @@ def test_collate_requests_stratified_counts_then_shuffles():
     batch = collate_ssl_samples(_samples(2), spy, (0.1, 0.5), 0.5, np.random.default_rng(3), local_crops_size=4)
     t = spy.requested
     assert len(t) == 4 and 10 <= t[0] < 30 and 30 <= t[1] < 50 and t[2:] == [0, 0]
-    assert sorted(batch["masks"].sum(1).tolist()) == sorted(t)
-    assert batch["upperbound"] == 80
+    assert sorted(batch.masks.sum(1).tolist()) == sorted(t)
+    assert batch.upperbound == 80
     # shuffled: over many draws the masked images land in every row
     rows = set()
     for seed in range(40):
         b = collate_ssl_samples(_samples(2), SpyGenerator(10), (0.1, 0.5), 0.5, np.random.default_rng(seed), 4)
-        rows |= set(b["masks"].any(1).nonzero().flatten().tolist())
+        rows |= set(b.masks.any(1).nonzero().flatten().tolist())
     assert rows == {0, 1, 2, 3}
 
 
@@ -86,44 +86,45 @@ def test_collate_shapes_order_and_weights():
                          mask_sample_probability=0.5, seed=0, rank=0)
     B = 3
     batch = collate(_samples(B))
-    assert set(batch) == {"global_crops", "local_crops", "masks", "mask_indices", "masks_weight",
+    assert isinstance(batch, SSLBatch)
+    assert {k for k, v in batch.fields().items() if v is not None} == {"global_crops", "local_crops", "masks", "mask_indices", "masks_weight",
                           "n_masked_patches", "upperbound", "labels", "corrupt_skipped"}
-    g, loc = batch["global_crops"], batch["local_crops"]
+    g, loc = batch.global_crops, batch.local_crops
     assert g.shape == (2 * B, 3, 8, 8) and g.dtype == torch.float32
     assert loc.shape == (2 * B, 3, 4, 4) and loc.dtype == torch.float32
     # [crop0 of every sample..., crop1 of every sample...]
     assert g[:, 0, 0, 0].tolist() == [0, 100, 200, 10, 110, 210]
     assert loc[:, 0, 0, 0].tolist() == [5, 105, 205, 15, 115, 215]
-    masks = batch["masks"]
+    masks = batch.masks
     assert masks.shape == (2 * B, 16) and masks.dtype == torch.bool
     assert int(masks.any(1).sum()) == int(2 * B * 0.5)  # 3 of the 6 global crops are masked
-    assert batch["mask_indices"].dtype == torch.long
-    assert torch.equal(batch["mask_indices"], masks.flatten().nonzero().flatten())
-    assert batch["n_masked_patches"].shape == () and batch["n_masked_patches"].dtype == torch.long
-    assert int(batch["n_masked_patches"]) == int(masks.sum()) == batch["mask_indices"].numel()
-    w = batch["masks_weight"]
-    assert w.shape == batch["mask_indices"].shape and w.dtype == torch.float32
+    assert batch.mask_indices.dtype == torch.long
+    assert torch.equal(batch.mask_indices, masks.flatten().nonzero().flatten())
+    assert batch.n_masked_patches.shape == () and batch.n_masked_patches.dtype == torch.long
+    assert int(batch.n_masked_patches) == int(masks.sum()) == batch.mask_indices.numel()
+    w = batch.masks_weight
+    assert w.shape == batch.mask_indices.shape and w.dtype == torch.float32
     # every masked patch weighs 1 / (#masked of its image): weights sum to the number of masked images
-    rows = batch["mask_indices"] // 16
+    rows = batch.mask_indices // 16
     for r in rows.unique():
         assert torch.allclose(w[rows == r], torch.full_like(w[rows == r], 1.0 / masks[r].sum()))
     assert float(w.sum()) == pytest.approx(int(masks.any(1).sum()))
-    assert isinstance(batch["upperbound"], int) and int(masks.sum()) <= batch["upperbound"]
-    assert batch["labels"].tolist() == [0, 1, 2] and batch["labels"].dtype == torch.long
-    assert batch["corrupt_skipped"].shape == () and int(batch["corrupt_skipped"]) == 1
+    assert isinstance(batch.upperbound, int) and int(masks.sum()) <= batch.upperbound
+    assert batch.labels.tolist() == [0, 1, 2] and batch.labels.dtype == torch.long
+    assert batch.corrupt_skipped.shape == () and int(batch.corrupt_skipped) == 1
 
 
 def test_collate_without_local_crops_and_seeded_by_first_position():
     collate = SSLCollate(patches_per_side=4, local_crops_size=4, mask_ratio_min_max=(0.1, 0.5),
                          mask_sample_probability=0.5, seed=0, rank=0)
     batch = collate(_samples(2, n_local=0))
-    assert batch["local_crops"].shape == (0, 3, 4, 4)
+    assert batch.local_crops.shape == (0, 3, 4, 4)
     again = collate(_samples(2, n_local=0))
-    assert torch.equal(batch["masks"], again["masks"])  # same first position -> same masks
+    assert torch.equal(batch.masks, again.masks)  # same first position -> same masks
     others = [SSLCollate(patches_per_side=4, local_crops_size=4, mask_ratio_min_max=(0.1, 0.5),
-                         mask_sample_probability=0.5, seed=s, rank=r)(_samples(2, n_local=0))["masks"]
+                         mask_sample_probability=0.5, seed=s, rank=r)(_samples(2, n_local=0)).masks
               for s, r in ((1, 0), (0, 1), (2, 0), (0, 2))]
-    assert any(not torch.equal(batch["masks"], m) for m in others)
+    assert any(not torch.equal(batch.masks, m) for m in others)
 
 
 def test_reference_collate_numbers_for_vitl16():

@@ -29,7 +29,7 @@ def test_in_memory_holds_the_decoded_images(small_cfg):
     a = first_batches(small_cfg(), 2)
     b = first_batches(cfg, 2, dataset=memory)
     for x, y in zip(a, b):
-        assert torch.equal(x["global_crops"], y["global_crops"]) and torch.equal(x["masks"], y["masks"])
+        assert torch.equal(x.global_crops, y.global_crops) and torch.equal(x.masks, y.masks)
 
 
 def test_in_memory_refuses_mixed_sizes_and_skips_corrupt_files(tmp_path, small_cfg):
@@ -52,15 +52,15 @@ def test_device_augmentation_batches(small_cfg):
     dataset = build_training_dataset(cfg)
     ref = first_batches(cfg, 4, dataset=dataset)
     batch = ref[0]
-    assert "images" not in batch and "first_position" in batch
-    assert batch["global_crops"].shape == (8, 3, 16, 16) and batch["local_crops"].shape == (8, 3, 8, 8)
-    assert batch["global_crops"].dtype == torch.float32 and batch["masks"].shape == (8, 16)
+    assert batch.images is None and batch.first_position is not None
+    assert batch.global_crops.shape == (8, 3, 16, 16) and batch.local_crops.shape == (8, 3, 8, 8)
+    assert batch.global_crops.dtype == torch.float32 and batch.masks.shape == (8, 16)
     # workers, resume and files-vs-memory give the same batches: draws depend on (seed, rank, position) only
     for other in (first_batches(cfg, 4, num_workers=2, dataset=dataset), first_batches(cfg, 4),
                   [None] + first_batches(cfg, 3, start_step=1, dataset=dataset)):
         for a, b in zip(ref[1:], other[1:]):
             for k in ("global_crops", "local_crops", "masks", "labels"):
-                assert torch.equal(a[k], b[k]), k
-    assert not torch.equal(ref[0]["global_crops"], ref[1]["global_crops"])
+                assert torch.equal(getattr(a, k), getattr(b, k)), k
+    assert not torch.equal(ref[0].global_crops, ref[1].global_crops)
     seed1 = first_batches(small_cfg("data.augment_on=device", "train.seed=8"), 1)[0]
-    assert not torch.equal(seed1["global_crops"], batch["global_crops"])
+    assert not torch.equal(seed1.global_crops, batch.global_crops)

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from configs.schema import Config
+from data.batch import SSLBatch
 from models.losses import KoLeoLoss
 from models.ssl_meta_arch import SSLMetaArch
 
@@ -34,17 +35,17 @@ def make_batch(n_local=N_LOCAL, extra_upperbound=4, seed=0):
     masks[2, [1, 2, 8, 9, 15]] = True
     counts = masks.sum(-1, keepdim=True).clamp(min=1)
     mask_indices = masks.flatten().nonzero().flatten()
-    return {
-        "global_crops": torch.randn(2 * B, 3, G, G, generator=g),
-        "local_crops": torch.randn(n_local * B, 3, L, L, generator=g),
-        "masks": masks,
-        "mask_indices": mask_indices,
-        "masks_weight": (1.0 / counts).expand_as(masks)[masks],
-        "n_masked_patches": torch.tensor(mask_indices.numel()),
-        "upperbound": mask_indices.numel() + extra_upperbound,
-        "labels": torch.zeros(B, dtype=torch.long),
-        "corrupt_skipped": 0,
-    }
+    return SSLBatch(
+        global_crops=torch.randn(2 * B, 3, G, G, generator=g),
+        local_crops=torch.randn(n_local * B, 3, L, L, generator=g),
+        masks=masks,
+        mask_indices=mask_indices,
+        masks_weight=(1.0 / counts).expand_as(masks)[masks],
+        n_masked_patches=torch.tensor(mask_indices.numel()),
+        upperbound=mask_indices.numel() + extra_upperbound,
+        labels=torch.zeros(B, dtype=torch.long),
+        corrupt_skipped=torch.tensor(0),
+    )
 
 
 def build(cfg, seed=0, perturb=True):
@@ -63,7 +64,7 @@ def build(cfg, seed=0, perturb=True):
 def expected_terms(model, batch, teacher_temp):
     """The reference's forward_backward written out term by term, from the modules (center = 0, no drop-path)."""
     cfg = model.cfg
-    g, loc, masks = batch["global_crops"], batch["local_crops"], batch["masks"]
+    g, loc, masks = batch.global_crops, batch.local_crops, batch.masks
     n_local = loc.shape[0] // B
     ibot_head = model.student["ibot_head"] if "ibot_head" in model.student else model.student["dino_head"]
     t_ibot_head = model.teacher["ibot_head"] if "ibot_head" in model.teacher else model.teacher["dino_head"]

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 def test_ssl_meta_arch_bf16_autocast_forward_backward_ema():
     for centering in ("centering", "sinkhorn_knopp"):
         model = build(tiny_cfg(drop_path_rate=0.3, train__centering=centering)).cuda()
-        batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in make_batch().items()}
+        batch = make_batch().to("cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             total, terms = model(batch, teacher_temp=0.04)
         assert total.dtype == torch.float32 and torch.isfinite(total)
@@ -24,7 +24,7 @@ def test_ssl_meta_arch_bf16_autocast_forward_backward_ema():
 
     # bf16 losses track the fp32 ones (no drop-path, fresh centers)
     model = build(tiny_cfg()).cuda()
-    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in make_batch().items()}
+    batch = make_batch().to("cuda")
     exp = expected_terms(model, batch, 0.05)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, terms = model(batch, teacher_temp=0.05)

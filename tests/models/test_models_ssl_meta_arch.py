@@ -46,9 +46,9 @@ def test_centers_update_after_use_and_are_saved():
     model = build(tiny_cfg())
     batch = make_batch()
     with torch.no_grad():
-        t_out = model.teacher["backbone"].forward_features(batch["global_crops"])
+        t_out = model.teacher["backbone"].forward_features(batch.global_crops)
         cls_head = model.teacher["dino_head"](t_out["x_norm_clstoken"])
-        patch_head = model.teacher["dino_head"](t_out["x_norm_patchtokens"][batch["masks"]])
+        patch_head = model.teacher["dino_head"](t_out["x_norm_patchtokens"][batch.masks])
     model(batch, teacher_temp=0.04)
     torch.testing.assert_close(model.dino_loss.center, 0.1 * cls_head.mean(0, keepdim=True))
     torch.testing.assert_close(model.ibot_patch_loss.center, 0.1 * patch_head.mean(0).view(1, 1, -1))
@@ -146,7 +146,7 @@ def test_pretrained_weights_load_into_student_and_teacher(tmp_path):
 
 
 def test_batch_from_the_data_collate():
-    """Contract with `data.collate`: its batch dict goes straight into forward, and the losses match the formulas."""
+    """Contract with `data.collate`: its SSLBatch goes straight into forward, and the losses match the formulas."""
     from data.collate import SSLCollate, SSLSample
 
     cfg = tiny_cfg(drop_path_rate=0.0)
@@ -160,7 +160,7 @@ def test_batch_from_the_data_collate():
         for i in range(B)
     ]
     batch = collate(samples)
-    assert batch["mask_indices"].numel() > 0
+    assert batch.mask_indices.numel() > 0
     model = build(cfg)
     exp = expected_terms(model, batch, 0.04)
     total, terms = model(batch, teacher_temp=0.04)
@@ -177,3 +177,19 @@ def test_compiled_student_backbone_keeps_names_for_ema_and_groups():
     model.update_teacher(0.5)
     names = {n for g in model.get_params_groups() for n in g["names"]}
     assert "backbone.blocks.0.mlp.fc1.weight" in names and not any("_orig_mod" in n for n in names)
+
+
+def test_batch_is_typed_and_moved_once_by_its_owner():
+    """forward reads an `SSLBatch` already on the model's device (the loader's one copy); it never copies it, and
+    refuses a batch elsewhere or an untyped dict instead of copying it a second time."""
+    model = build(tiny_cfg())
+    batch = make_batch()
+    moved = batch.to("meta")
+    assert all(getattr(moved, k).device.type == "meta" for k in ("global_crops", "local_crops", "masks",
+                                                                     "mask_indices", "masks_weight", "n_masked_patches"))
+    assert moved.labels is batch.labels and moved.corrupt_skipped is batch.corrupt_skipped  # host bookkeeping
+    assert batch.to("cpu").global_crops is batch.global_crops  # already there: no copy
+    with pytest.raises(ValueError, match=r"batch.to\(device\)"):
+        model(moved, teacher_temp=0.04)
+    with pytest.raises(TypeError, match="SSLBatch"):
+        model(batch.fields(), teacher_temp=0.04)
