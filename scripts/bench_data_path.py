@@ -32,10 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
 from data import build_ssl_loader, build_training_dataset  # noqa: E402
+from scripts.benchmarks.timing import time_steps  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
-
-from bench_train_step import time_steps  # noqa: E402  (scripts/ is on sys.path as the script's own folder)
 
 
 def time_loader(cfg, device, batches: int, warmup: int, num_workers: int, to_device: bool = True) -> dict:
@@ -84,10 +83,10 @@ def time_augmentation(cfg, device, batch_images: torch.Tensor, iters: int) -> di
 
 def time_step(cfg, device, batch: dict, warmup: int, iters: int, out_dir: Path) -> dict:
     trainer = Trainer(cfg, out_dir, DistContext(rank=0, world_size=1, local_rank=0, device=device), dataset=[0])
-    trainer.sparse_schedule.apply(trainer.model.student.backbone, 0)
+    trainer.enter_phase(trainer.sparsity.phase_at(0))
     ms = statistics.median(time_steps(trainer, batch, warmup, iters, step=cfg.total_steps // 2))
     return {"images_per_s": round(cfg.train.batch_size_per_gpu * 1e3 / ms, 1), "ms_per_step": round(ms, 2),
-            "phase": trainer.sparse_schedule.current, **trainer.sparse_schedule.auto_summary()}
+            "phase": trainer.sparsity.phase, **trainer.sparsity.auto_summary()}
 
 
 def main() -> None:

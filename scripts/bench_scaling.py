@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from configs import load_config  # noqa: E402
+from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 
 MODELS = {  # name -> (config, description)
     "small": ("configs/default.yaml", "embedded default: vit_tiny/8, 32/16 px crops, 1024 prototypes"),
@@ -95,23 +96,6 @@ def curve_dataset(cfg):
         return SyntheticImages(size=cfg.data.digits_image_size), "synthetic (scikit-learn missing)"
 
 
-def synthetic_batch(cfg, device, rank: int) -> dict:
-    """One batch of the loader's shapes (the real collate: masks included); pixels and masks differ per rank."""
-    from data.collate import SSLCollate, SSLSample
-
-    gen = torch.Generator().manual_seed(1000 + rank)
-    g, loc, n = cfg.crops.global_crops_size, cfg.crops.local_crops_size, cfg.crops.local_crops_number
-    b = cfg.train.batch_size_per_gpu
-    samples = [SSLSample(global_crops=[torch.randn(3, g, g, generator=gen) for _ in range(2)],
-                         local_crops=[torch.randn(3, loc, loc, generator=gen) for _ in range(n)],
-                         label=0, position=rank * b + i, corrupt_skipped=0) for i in range(b)]
-    collate = SSLCollate(patches_per_side=g // cfg.student.patch_size, local_crops_size=loc,
-                         mask_ratio_min_max=tuple(cfg.ibot.mask_ratio_min_max),
-                         mask_sample_probability=cfg.ibot.mask_sample_probability, seed=0, rank=rank)
-    batch = collate(samples)
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -122,7 +106,7 @@ def time_model(ctx, cfg, warmup: int, iters: int, workdir: Path) -> dict:
 
     trainer = Trainer(cfg, workdir, ctx)
     trainer.model.train()
-    batch = synthetic_batch(cfg, ctx.device, ctx.rank)
+    batch = synthetic_batch(cfg, ctx.device, ctx.rank, seed=1000 + ctx.rank)  # pixels and masks differ per rank
     values = trainer.schedules.at(cfg.optim.warmup_epochs * cfg.train.epoch_length)  # past warm-up: lr > 0
     for _ in range(warmup):
         trainer.train_step(batch, values)
@@ -159,8 +143,8 @@ def loss_curve(ctx, cfg, steps: int, workdir: Path, workers: int) -> tuple[dict,
     batches = iter(loader)
     losses, koleo = [], []
     for step in range(steps):
-        trainer.sparse_schedule.apply(trainer.model.student.backbone, step)
-        batch = {k: v.to(ctx.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in next(batches).items()}
+        trainer.enter_phase(trainer.sparsity.phase_at(step))
+        batch = loader.to_device(next(batches), ctx.device)
         loss, terms, _ = trainer.train_step(batch, trainer.schedules.at(step))
         loss, terms = trainer.global_mean(loss, terms)
         losses.append(loss.item())

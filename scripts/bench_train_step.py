@@ -29,8 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
-
-from data.collate import SSLCollate, SSLSample  # noqa: E402
+from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
+from scripts.benchmarks.profiling import kernel_summary  # noqa: E402
+from scripts.benchmarks.timing import time_steps  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
@@ -38,43 +39,9 @@ ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto",
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs")
 
 
-def synthetic_batch(cfg, device) -> dict:
-    """A batch shaped exactly like the loader's: real masks from the collate, random pixels."""
-    gen = torch.Generator().manual_seed(0)
-    g, l, n = cfg.crops.global_crops_size, cfg.crops.local_crops_size, cfg.crops.local_crops_number
-    samples = [SSLSample(global_crops=[torch.randn(3, g, g, generator=gen) for _ in range(2)],
-                         local_crops=[torch.randn(3, l, l, generator=gen) for _ in range(n)],
-                         label=0, position=i, corrupt_skipped=0) for i in range(cfg.train.batch_size_per_gpu)]
-    collate = SSLCollate(patches_per_side=g // cfg.student.patch_size, local_crops_size=l,
-                         mask_ratio_min_max=tuple(cfg.ibot.mask_ratio_min_max),
-                         mask_sample_probability=cfg.ibot.mask_sample_probability, seed=0, rank=0)
-    batch = collate(samples)
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
-def time_steps(trainer: Trainer, batch: dict, warmup: int, iters: int, step: int = 20_000) -> list[float]:
-    """CUDA-event milliseconds of `iters` training steps after `warmup`, with the schedules' values at `step` (by
-    default a mid-training point of the ViT-L recipe: last layer unfrozen, lr > 0)."""
-    values = trainer.schedules.at(step)
-    for _ in range(warmup):
-        trainer.train_step(batch, values)
-    trainer.settle_checks()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:  # back to back, as training runs: the host may queue ahead of the GPU
-        start.record()
-        trainer.train_step(batch, values)
-        end.record()
-    trainer.settle_checks()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in events]
-
-
 def profile_steps(trainer: Trainer, batch: dict, steps: int) -> dict:
     """Kernel time by category and GPU idle time per step (CUDA activity only)."""
     from torch.profiler import ProfilerActivity, profile
-
-    from scripts.benchmarks.profiling import kernel_summary
 
     values = trainer.schedules.at(20_000)
     torch.cuda.synchronize()
@@ -171,11 +138,10 @@ class _Ablation:
 def set_row(trainer: Trainer, row: str) -> tuple[str, str]:
     """Put the student in the row's phase and backend; returns (mode, backend)."""
     mode, backend = row.split("-", 1)
-    backbone = trainer.model.student.backbone
-    trainer.sparse_schedule.set_phase(backbone, "dense", step=0)
+    trainer.enter_phase("dense")
     if backend != "dense":
-        trainer.sparse_schedule.cfg.backend = backend
-        trainer.sparse_schedule.set_phase(backbone, "sparse", step=0)
+        trainer.sparsity.backend = backend  # the converter's next convert() uses it
+        trainer.enter_phase("sparse")
     return mode, backend
 
 

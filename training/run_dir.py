@@ -8,6 +8,8 @@ A run directory (`train.py --output-dir`) holds:
                                     at which step, why, and the steps it was resumed at (`write_status`)
     metrics.jsonl                   one JSON object per logged step, rank 0 (`MetricsLog`; `step` = steps done)
     log.txt                         the log of every (re)start, for people (read only for runs older than status.json)
+    sparsity_decisions.json         what the sparse backends decided by timing (`sparsity.decisions()`: auto's choice
+                                    per GEMM shape, cuSPARSELt algorithms, weight-gradient path), rank 0
     checkpoints/step_XXXXXXXX.pt    resumable checkpoints (+ `.sha256`; `.corrupt` once set aside as unreadable)
     eval/step_XXXXXXXX/teacher_backbone.pth   the periodic teacher exports
     teacher_backbone.pth            the final teacher, once trained to the end
@@ -41,6 +43,7 @@ METRICS = "metrics.jsonl"
 LOG = "log.txt"
 CHECKPOINTS = "checkpoints"
 TEACHER = "teacher_backbone.pth"
+SPARSITY_DECISIONS = "sparsity_decisions.json"  # what the sparse backends decided by timing
 EVAL_DIR = "eval"
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8})\.pt$")

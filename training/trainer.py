@@ -17,6 +17,8 @@ metrics lines, status.json) in `run_dir.py`, the DDP wrapping in `distributed.py
 """
 
 import contextlib
+import dataclasses
+import json
 import logging
 import signal
 import time
@@ -30,6 +32,8 @@ from data import build_ssl_loader, build_training_dataset
 from models.atomic_io import atomic_write_text
 from models.safe_io import save_verified
 from models.ssl_meta_arch import SSLMetaArch
+from sparsity import SparseThenDense, build_converter
+from sparsity.converter import DENSE, SPARSE
 
 from . import run_dir
 from .checkpoint import CheckpointManager, rng_state
@@ -39,7 +43,6 @@ from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
 from .resume import ResumeMismatch, check_resumable, check_same_config, restore_rng
 from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RUNNING, MetricsLog
 from .schedules import build_schedules
-from .sparse_schedule import SparseSchedule
 from .step_checks import StepChecks
 
 logger = logging.getLogger(__name__)
@@ -89,7 +92,10 @@ class Trainer:
                            "computes in float32 (config.yaml keeps the configured value; run_info.json and the "
                            "start-up summary record the dtype used)", cfg.train.amp_dtype, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == torch.float16)
-        self.sparse_schedule = SparseSchedule(cfg.sparsity, cfg.sparse_steps)
+        # the sparse-then-dense switch of the student backbone (the teacher, an EMA of the dense master weights,
+        # always runs dense), applied in one place: `enter_phase`
+        self.sparsity = sparsity_converter(cfg)
+        self._decisions_written = ""  # the text of sparsity_decisions.json as last written
         self.checkpoints = CheckpointManager(run_dir.checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
                                              writer=ctx.is_main)
         self.metrics = MetricsLog(self.output_dir / run_dir.METRICS, enabled=ctx.is_main)
@@ -106,7 +112,7 @@ class Trainer:
         """Everything to continue (all ranks hold the same model and optimizer; `rng_per_rank` is gathered)."""
         return {
             "step": self.step,
-            "phase": self.sparse_schedule.current,
+            "phase": self.sparsity.phase,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -126,7 +132,7 @@ class Trainer:
         # Enter the phase the checkpoint was written in (that of its last step) before loading: sparse modules may
         # carry state of their own (e.g. S-STE's scale). A switch due at `step` then happens in the loop, as it
         # did in the uninterrupted run.
-        self.sparse_schedule.set_phase(self.model.student.backbone, state["phase"], self.step)
+        self.enter_phase(state["phase"])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
@@ -146,7 +152,7 @@ class Trainer:
         if state is None:
             return False
         self.load_state_dict(state)
-        logger.info("resumed at step %d (%s phase)", self.step, self.sparse_schedule.current)
+        logger.info("resumed at step %d (%s phase)", self.step, self.sparsity.phase)
         return True
 
     def save_checkpoint(self) -> Path:
@@ -210,12 +216,32 @@ class Trainer:
         """Wait for every queued step check (before anything is written, so no checkpoint holds a diverged step)."""
         self._apply_checks(self.checks.resolve())
 
+    def enter_phase(self, phase: str) -> bool:
+        """Put the student backbone in sparsity phase `phase` ("sparse" or "dense"): the one place the trainer
+        applies its model converter (`self.sparsity`: convert at the first sparse step, revert at the switch, or the
+        checkpoint's phase on resume). True if the phase changed."""
+        changed = self.sparsity.set_phase(self.model.student.backbone, phase, self.step)
+        if changed and phase == DENSE:
+            self.write_sparsity_decisions()  # what the last sparse steps decided
+        return changed
+
+    def write_sparsity_decisions(self) -> None:
+        """sparsity_decisions.json: what the sparse backends decided by timing so far (`sparsity.decisions()`: auto's
+        choice per GEMM shape, cuSPARSELt plans and packing, the weight-gradient path); rank 0, atomically, only
+        when it changed (decisions are made at the first steps of each shape)."""
+        if not self.ctx.is_main:
+            return
+        text = json.dumps(self.sparsity.decisions(), indent=1, default=str) + "\n"
+        if text != self._decisions_written:
+            atomic_write_text(self.output_dir / run_dir.SPARSITY_DECISIONS, text)
+            self._decisions_written = text
+
     def train_step(self, batch: dict, values: dict) -> tuple[torch.Tensor, dict, dict]:
         """One optimizer step on this rank's `batch` (on the device) with the schedule `values` of the step
         (`self.schedules.at(step)`): forward under autocast, backward (gradients all-reduced under DDP), per-module
         clipping, AdamW, EMA teacher update. Returns (loss, loss terms, gradient norms), detached and still on the
         device: nothing here waits for the GPU (the step's NaN / stop checks are read one step later). The caller
-        owns `self.step`, the sparsity phase (`self.sparse_schedule.apply`) and the logging, as `train` does;
+        owns `self.step`, the sparsity phase (`enter_phase`) and the logging, as `train` does;
         benchmarks call this to time the real step."""
         self._set_hyperparameters(values)
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
@@ -289,8 +315,8 @@ class Trainer:
     def _metrics_record(self, loss, terms: dict, values: dict, norms: dict, images_per_s: float) -> dict:
         """A metrics.jsonl line: `step` counts the steps done (as checkpoints do; see run_dir)."""
         memory = max_memory_mb(self.device)
-        return {"step": self.step, FORMAT_KEY: METRICS_FORMAT, "phase": self.sparse_schedule.current, "loss": loss,
-                **terms, **values, **norms, **self.sparse_schedule.auto_summary(),
+        return {"step": self.step, FORMAT_KEY: METRICS_FORMAT, "phase": self.sparsity.phase, "loss": loss,
+                **terms, **values, **norms, **self.sparsity.auto_summary(),
                 "corrupt_skipped": self.corrupt_skipped, "images_per_s": images_per_s,
                 **({"max_mem_mb": round(memory, 1)} if memory is not None else {})}
 
@@ -350,7 +376,7 @@ class Trainer:
             if self.ctx.is_main and not path.exists():
                 logger.warning("redoing the teacher export of step %d, which did not finish", self.step)
                 self.export_teacher(path)
-        self.sparse_schedule.apply(self.model.student.backbone, self.step)
+        self.enter_phase(self.sparsity.phase_at(self.step))
         self.model.train()
         progress = ProgressLog(self.output_dir, self.step, last_step, enabled=self.ctx.is_main)
         with self._sigterm_stops_cleanly(), contextlib.closing(self.batches()) as batches, progress:
@@ -358,7 +384,7 @@ class Trainer:
             # the bar (a terminal only) is closed before any error is reported, so that the message is a line of its own
             window_start, window_steps = time.perf_counter(), 0
             while self.step < last_step:
-                self.sparse_schedule.apply(self.model.student.backbone, self.step)
+                self.enter_phase(self.sparsity.phase_at(self.step))
                 values = self.schedules.at(self.step)
                 batch = next(batches)
                 loss, terms, norms = self.train_step(batch, values)
@@ -376,6 +402,8 @@ class Trainer:
                                                   self.global_batch * window_steps / max(elapsed, 1e-9))
                     self.metrics.write(record)
                     progress.log(record)
+                    if self.sparsity.phase == SPARSE:
+                        self.write_sparsity_decisions()
                     window_start, window_steps = time.perf_counter(), 0
                 if self.step % cfg.train.checkpoint_period == 0 and self.step < last_step:
                     self.save_checkpoint()
@@ -391,3 +419,11 @@ class Trainer:
             self.save_checkpoint()
         if self.step >= total:
             self.export_teacher(final)
+
+
+def sparsity_converter(cfg: Config) -> SparseThenDense:
+    """The config's `sparsity` section as the library's model converter (every key but `sparse_fraction`, which
+    becomes the number of sparse steps)."""
+    values = dataclasses.asdict(cfg.sparsity)
+    del values["sparse_fraction"]
+    return build_converter(SparseThenDense.name, cfg.sparse_steps, **values)

@@ -4,6 +4,7 @@
                           served from L2), after warm-up
     graph_ms(step, sets)  the same for step(i) captured once per input set as a CUDA graph and replayed
     wall_ms(fn)           mean wall-clock milliseconds per fn() (host time: the GPU synchronised before and after)
+    time_steps(trainer)   CUDA-event milliseconds of each of a trainer's steps, run back to back as training runs
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from sparsity.backends.timing import device_only_ms, median_cuda_ms
 
-__all__ = ["device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "wall_ms"]
+__all__ = ["device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "time_steps", "wall_ms"]
 
 
 def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
@@ -51,3 +52,21 @@ def wall_ms(fn, warm: int = 3, iters: int = 20) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / iters * 1e3
+
+
+def time_steps(trainer, batch, warmup: int, iters: int, step: int = 20_000) -> list[float]:
+    """CUDA-event milliseconds of `iters` training steps (`Trainer.train_step` on `batch`) after `warmup`, with the
+    schedules' values at `step` (by default a mid-training point of the ViT-L recipe: last layer unfrozen, lr > 0)."""
+    values = trainer.schedules.at(step)
+    for _ in range(warmup):
+        trainer.train_step(batch, values)
+    trainer.settle_checks()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:  # back to back, as training runs: the host may queue ahead of the GPU
+        start.record()
+        trainer.train_step(batch, values)
+        end.record()
+    trainer.settle_checks()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events]

@@ -120,7 +120,7 @@ def _run_steps(trainer, steps, on_step=None):
     losses = []
     batches = trainer.batches()
     for step in range(steps):
-        trainer.sparse_schedule.apply(trainer.model.student.backbone, step)
+        trainer.enter_phase(trainer.sparsity.phase_at(step))
         loss, _, _ = trainer.train_step(next(batches), trainer.schedules.at(step))
         trainer.step += 1
         losses.append(loss.item())
@@ -146,7 +146,7 @@ def test_compiled_training_equals_eager_20_steps(backend, tmp_path):
     assert all(math.isfinite(v) for v in eager + compiled)
     for step, (c, e) in enumerate(zip(compiled, eager)):
         assert abs(c - e) / abs(e) < 1e-2, (step, c, e)
-    trainer.sparse_schedule.set_phase(trainer.model.student.backbone, "sparse", step=20)
+    trainer.enter_phase("sparse")
     for name, m in trainer.model.student.backbone.named_modules():
         if isinstance(m, SemiSparseLinear):
             values, mask = prune_reference(m.weight.detach().to(torch.bfloat16), m.pruning)

@@ -109,17 +109,17 @@ def test_compiled_two_processes_equal_compiled_one_process(tmp_path):
 
 def test_auto_decisions_reach_the_metrics(monkeypatch):
     """What `auto` decided (eagerly, or while a graph was traced) is summarised in every sparse-phase metrics line."""
-    from configs.schema import SparsityConfig
-    from training.sparse_schedule import SparseSchedule
+    from configs import load_config
     from sparsity.backends import GemmKey, get_backend
+    from training.trainer import sparsity_converter
 
     auto = get_backend("auto")
     monkeypatch.setattr(auto, "decisions", {})
-    schedule = SparseSchedule(SparsityConfig(backend="auto"), sparse_steps=10)
+    schedule = sparsity_converter(load_config(None, ["sparsity.backend=auto", "sparsity.sparse_fraction=0.5"]))
     assert schedule.auto_summary() == {}  # dense phase: nothing to report
-    schedule.current = "sparse"
+    schedule.phase = "sparse"
     auto._record(GemmKey(30779, 1024, 4096, torch.bfloat16, 0), "dense", choice_graph="cusparselt")
     auto._record(GemmKey(30779, 4096, 1024, torch.bfloat16, 0), "cusparselt")
     assert schedule.auto_summary() == {"auto_shapes": 2, "auto_sparse_eager": 1, "auto_sparse_compiled": 2}
-    schedule.cfg.backend = "cusparselt"
+    schedule.backend = "cusparselt"
     assert schedule.auto_summary() == {}
