@@ -53,7 +53,7 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
                                  "dino_global_crops_loss": 0.2 * loss, "koleo_loss": -0.01 * end / total,
                                  "ibot_loss": 0.2 * loss, "lr": 1e-3, "images_per_s": rate}))
     (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
-    log = [f"{LOG_TIME} INFO training.sparse_schedule: step 0: 24 linears now 2:4-sparse"]
+    log = [f"{LOG_TIME} INFO sparsity.converter: step 0: 24 linears now 2:4-sparse"]
     if log_tail:
         log.append(f"{LOG_TIME} {log_tail}")
     (run / "log.txt").write_text("\n".join(log) + "\n")
