@@ -19,8 +19,12 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
+from models.checkpoint_conversion import load_backbone_weights
 from models.safe_io import CorruptFile, UnsafeFile, file_digest, load_verified, save_verified
+from models.vision_transformer import build_backbone
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +69,6 @@ def load_teacher(run_cfg, checkpoint: Optional[Path]):
     """The run's backbone (teacher architecture, no drop-path) with the checkpoint's weights, in eval mode, and
     the training step stored in the checkpoint (None if it has none). Loads with weights_only=True.
     `checkpoint=None`: the untrained backbone, initialised with the run's seed (the baseline a run must beat)."""
-    from models.checkpoint_conversion import load_backbone_weights
-    from models.vision_transformer import build_backbone
-
     if checkpoint is None:
         torch.manual_seed(run_cfg.train.seed)
         backbone = build_backbone(run_cfg.student, img_size=run_cfg.crops.global_crops_size, drop_path_rate=0.0)
@@ -151,9 +152,6 @@ def save_cached(path: Path, key: str, features: Features) -> None:
 def extract(backbone, dataset, *, batch_size: int, num_workers: int, device: torch.device,
             amp_dtype: Optional[torch.dtype], step: Optional[int] = None, desc: str = "features") -> Features:
     """CLS-after-norm features of every image, in dataset order (float32 on CPU)."""
-    from torch.utils.data import DataLoader
-    from tqdm.auto import tqdm
-
     workers = min(num_workers, os.cpu_count() or 1)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=device.type == "cuda", drop_last=False)

@@ -20,6 +20,7 @@ binary objective at the same C (two free softmax rows would be the single-logit 
 import contextlib
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -275,8 +276,7 @@ class SklearnLBFGS:
         self.max_iter, self.tol = max_iter, tol
 
     def fit(self, X: Tensor, y: Tensor, n_classes: int, C: float, init: Optional[LogRegFit] = None) -> LogRegFit:
-        import warnings
-
+        # scikit-learn only for this solver (the torch one is the default): its import takes a moment
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.linear_model import LogisticRegression
 

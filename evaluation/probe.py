@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from .logreg import LogRegFit, c_grid, topk_accuracy
 
@@ -42,8 +43,6 @@ def sweep_C(solver, X_fit: Tensor, y_fit: Tensor, X_hold: Tensor, y_hold: Tensor
             Cs: list[float], progress: bool = True) -> tuple[list[dict], dict[float, LogRegFit]]:
     """Fit each C (small to large, each warm-started from the previous fit when the solver can use it) and score
     the hold-out. Returns the curve and the fits by C."""
-    from tqdm.auto import tqdm
-
     curve, fits, previous = [], {}, None
     for C in tqdm(sorted(Cs), desc=f"C sweep ({solver.name})", disable=not progress, dynamic_ncols=True):
         fit = solver.fit(X_fit, y_fit, n_classes, C, init=previous)

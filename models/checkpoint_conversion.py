@@ -21,12 +21,21 @@ prefixes (heads and loss buffers are dropped); BlockChunk names `blocks.{chunk}.
 import logging
 import math
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from configs.torch_env import ensure_torchvision_importable
+
+from .safe_io import load_verified
+
+ensure_torchvision_importable()  # before timm, which imports torchvision (see configs/torch_env.py)
+
+from timm.layers import Mlp  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +58,6 @@ def load_checkpoint_file(path) -> Any:
     """The object in a checkpoint file, on CPU: weights-only (tensors, numbers, plain containers and the few classes
     `models.safe_io.ALLOWED_GLOBALS` lists), digest-checked where one was recorded; never a full unpickle, which would
     run whatever code the file names (`UnsafeFile`, naming it)."""
-    from models.safe_io import load_verified
-
     return load_verified(path)
 
 
@@ -124,10 +131,6 @@ def timm_model_kwargs(backbone: nn.Module, no_embed_class: Optional[bool] = None
     if blk.attn.proj.bias is None:
         kwargs["proj_bias"] = False
     if blk.mlp.fc1.bias is None:
-        from functools import partial
-
-        from timm.layers import Mlp
-
         kwargs["mlp_layer"] = partial(Mlp, bias=False)
     return kwargs
 
