@@ -23,12 +23,26 @@ class ResumeMismatch(RuntimeError):
 
 
 def batch_bookkeeping(state: dict) -> tuple[int, int, int]:
-    """(world size, per-GPU batch, samples consumed) of a checkpoint; older ones only hold their config."""
+    """(world size, per-GPU batch, samples consumed) of a checkpoint: the samples consumed are its data loader's
+    sampler state; checkpoints written before that was saved record them beside it, and older ones only hold their
+    config (derived from the step, as those versions did)."""
     world = state["world_size"]
+    if "sampler" in state:
+        return world, state["batch_size_per_gpu"], state["sampler"]["samples_consumed"]
     if "batch_size_per_gpu" in state:
         return world, state["batch_size_per_gpu"], state["samples_consumed"]
     b = int(OmegaConf.create(state["config"]).train.batch_size_per_gpu)
     return world, b, state["step"] * world * b
+
+
+def sampler_state(state: dict) -> dict:
+    """Where the data stream of checkpoint `state` continues: its loader's sampler state (`SSLLoader.state_dict`);
+    for a checkpoint written before that was saved, the same state derived from its step (all its ranks had
+    consumed samples_consumed / world_size samples each)."""
+    if "sampler" in state:
+        return state["sampler"]
+    world, _, consumed = batch_bookkeeping(state)
+    return {"position": consumed // world, "world_size": world, "samples_consumed": consumed}
 
 
 def check_resumable(state: dict, cfg: Config, world_size: int) -> None:

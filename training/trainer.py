@@ -2,8 +2,8 @@
 teacher, sparse-then-dense phases, JSONL metrics, atomic resumable checkpoints, clean stops on SIGTERM and NaN.
 
 Resuming is bit-exact: a checkpoint holds the student, teacher and loss centers (all in the model's state dict),
-the optimizer, the grad scaler, every rank's RNG states, the step (which fixes the sampler position and the sparsity
-phase) and the number of samples consumed.
+the optimizer, the grad scaler, every rank's RNG states, the step (which fixes the sparsity phase) and the data
+loader's sampler state (the position in the sample stream: `SSLLoader.state_dict`).
 
 Data parallel over processes (see `distributed.py`): the student is wrapped in DDP, whose bucketed gradient
 all-reduce overlaps the backward pass; every rank then applies the same update, so the EMA teacher and the loss
@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 
 from configs import Config, to_yaml
-from data import build_ssl_loader, build_training_dataset
+from data import SSLBatch, build_ssl_loader, build_training_dataset
 from models.atomic_io import atomic_write_text
 from models.safe_io import save_verified
 from models.ssl_meta_arch import SSLMetaArch
@@ -40,7 +40,7 @@ from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
-from .resume import ResumeMismatch, check_resumable, check_same_config, restore_rng
+from .resume import ResumeMismatch, check_resumable, check_same_config, restore_rng, sampler_state
 from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RUNNING, MetricsLog
 from .schedules import build_schedules
 from .step_checks import StepChecks
@@ -95,10 +95,13 @@ class Trainer:
         # the sparse-then-dense switch of the student backbone (the teacher, an EMA of the dense master weights,
         # always runs dense), applied in one place: `enter_phase`
         self.sparsity = sparsity_converter(cfg)
+        self.sparsity.check(self.model.student.backbone)  # options the model cannot take fail now, naming the key
         self._decisions_written = ""  # the text of sparsity_decisions.json as last written
         self.checkpoints = CheckpointManager(run_dir.checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
                                              writer=ctx.is_main)
         self.metrics = MetricsLog(self.output_dir / run_dir.METRICS, enabled=ctx.is_main)
+        # the data stream; its position is the loader's sampler state, saved in checkpoints and restored from them
+        self.loader = build_ssl_loader(cfg, rank=ctx.rank, world_size=ctx.world_size, dataset=self.dataset)
         self.step = 0
         self.corrupt_skipped = 0  # over all ranks
         self._stop_requested = False  # set by SIGTERM on this rank
@@ -110,6 +113,7 @@ class Trainer:
     # ----------------------------------------------------------------- state
     def state_dict(self, rng_per_rank: list[dict]) -> dict:
         """Everything to continue (all ranks hold the same model and optimizer; `rng_per_rank` is gathered)."""
+        sampler = self.loader.state_dict()  # at the batches trained on (the workers' prefetch runs ahead)
         return {
             "step": self.step,
             "phase": self.sparsity.phase,
@@ -120,7 +124,8 @@ class Trainer:
             "corrupt_skipped": self.corrupt_skipped,
             "world_size": self.ctx.world_size,
             "batch_size_per_gpu": self.cfg.train.batch_size_per_gpu,
-            "samples_consumed": self.step * self.global_batch,  # global stream positions [0, this) are used
+            "sampler": sampler,
+            "samples_consumed": sampler["samples_consumed"],  # global stream positions [0, this) are used
             "config": to_yaml(self.cfg),
         }
 
@@ -128,6 +133,10 @@ class Trainer:
         """Continue from a checkpoint's state (`resume.py` holds the rules for when that is possible)."""
         check_same_config(state, self.cfg, self.output_dir)
         check_resumable(state, self.cfg, self.ctx.world_size)
+        try:  # older checkpoints: the sampler state their step implies
+            self.loader.load_state_dict(sampler_state(state))
+        except ValueError as e:  # another dataset size or seed
+            raise ResumeMismatch(f"the checkpoint's sample stream cannot be continued: {e}") from None
         self.step = state["step"]
         # Enter the phase the checkpoint was written in (that of its last step) before loading: sparse modules may
         # carry state of their own (e.g. S-STE's scale). A switch due at `step` then happens in the loop, as it
@@ -236,7 +245,7 @@ class Trainer:
             atomic_write_text(self.output_dir / run_dir.SPARSITY_DECISIONS, text)
             self._decisions_written = text
 
-    def train_step(self, batch: dict, values: dict) -> tuple[torch.Tensor, dict, dict]:
+    def train_step(self, batch: SSLBatch, values: dict) -> tuple[torch.Tensor, dict, dict]:
         """One optimizer step on this rank's `batch` (on the device) with the schedule `values` of the step
         (`self.schedules.at(step)`): forward under autocast, backward (gradients all-reduced under DDP), per-module
         clipping, AdamW, EMA teacher update. Returns (loss, loss terms, gradient norms), detached and still on the
@@ -260,10 +269,10 @@ class Trainer:
         self._apply_checks(self.checks.resolve_previous())
         return loss.detach(), terms, norms
 
-    def batches(self) -> Iterator[dict]:
-        """This rank's batches from step `self.step` on, on the device (the loader stops when this is closed)."""
-        loader = build_ssl_loader(self.cfg, rank=self.ctx.rank, world_size=self.ctx.world_size,
-                                  start_step=self.step, dataset=self.dataset)
+    def batches(self) -> Iterator[SSLBatch]:
+        """This rank's batches on the device, from the loader's position on (the start, or the checkpoint's); the
+        loader stops its workers when this is closed."""
+        loader = self.loader
         with torch.random.fork_rng(devices=[]):  # creating workers draws a seed: keep the training RNG untouched
             iterator = iter(loader)
         try:
