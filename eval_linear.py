@@ -39,6 +39,7 @@ def main(argv=None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the data and model stack (torchvision, timm) is imported only now, so a config error above is reported at once
     from data import CorruptImageError, DatasetError
     from evaluation import EvalInputError, evaluate_run
 
