@@ -18,7 +18,7 @@ import torch
 from configs import ConfigError, load_config, to_yaml
 from data import build_dataset, make_eval_transform
 from models.atomic_io import atomic_write_text
-from training.run_dir import BASELINE_SUFFIXES, CONFIG, TEACHER, eval_result_name
+from training.run_dir import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, eval_result_name
 
 from .features import (EvalInputError, Features, PixelFeatures, cache_key, dataset_settings, extract, load_cached,
                        load_teacher, resolve_data, save_cached, transform_settings, weights_digest)
@@ -109,7 +109,7 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
     for role, split in splits.items():
         dsettings = {**dataset_settings(data_cfg, split), "n_images": len(datasets[role]), "classes": classes[role]}
         key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision)
-        path = run_dir / "eval" / f"features_{split}{suffix}.pt"
+        path = run_dir / EVAL_DIR / f"features_{split}{suffix}.pt"
         out[role] = _cached_or_extracted(path, key, datasets[role], teacher, eval_cfg, device, amp, split)
         out[f"{role}_dataset"] = {"root": root, **{k: v for k, v in dsettings.items() if k != "classes"}}
     out["checkpoint_step"] = out["train"].step
