@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     # the data and model stack (torchvision, timm) is imported only now, so a config error above is reported at once
     from data import CorruptImageError, DatasetError, build_training_dataset
     from models.safe_io import CorruptFile, UnsafeFile
+    from sparsity.converter import ConversionError
     from training.checkpoint import NoReadableCheckpoint
     from training.distributed import LaunchError, detect_launch, init_distributed, shutdown
     from training.resume import ResumeMismatch
@@ -93,6 +94,9 @@ def main(argv=None) -> int:
     try:
         teacher = Trainer(cfg, output_dir, ctx, dataset=dataset).train()
         log.info("done: %s (metrics in %s)", teacher, output_dir / METRICS)
+    except ConversionError as e:  # a sparsity option the model cannot take: refused before the first step
+        log.error("config error: %s", e)
+        return 2
     except (DatasetError, CorruptImageError, TrainingDiverged, ResumeMismatch, NoReadableCheckpoint, CorruptFile,
             UnsafeFile) as e:
         log.error("%s: %s", type(e).__name__, e)

@@ -40,6 +40,10 @@ MODULE_CLASSES = {"weight": SemiSparseLinear, "activation": SemiSparseActivation
 DEFAULT_MODULES = r"blocks\.\d+\.mlp\.fc[12]"  # a ViT's MLP linears
 
 
+class ConversionError(ValueError):
+    """The converter's options do not fit the model (the message names the `sparsity.` config key)."""
+
+
 class SparseThenDense:
     """2:4-sparse linears for the first `sparse_steps` steps, dense afterwards.
 
@@ -83,7 +87,7 @@ class SparseThenDense:
         return {**options, "weight_grad": self.weight_grad} if self.kind == "weight" else options
 
     def check(self, model: nn.Module) -> None:
-        """Raise ValueError (naming the config key) if `convert(model)` could not convert every selected linear;
+        """Raise ConversionError (naming the config key) if `convert(model)` could not convert a selected linear;
         checks without converting, so a run can refuse its config before it starts."""
         if self.kind != "block":
             return
@@ -91,8 +95,9 @@ class SparseThenDense:
         for name, m in model.named_modules():
             if isinstance(m, nn.Linear) and match(name) and (m.in_features % self.block_size
                                                              or m.out_features % self.block_size):
-                raise ValueError(f"sparsity.block_size={self.block_size} must divide both dims of every converted "
-                                 f"linear: {name} is (out, in) = ({m.out_features}, {m.in_features})")
+                raise ConversionError(f"sparsity.block_size={self.block_size} must divide both dims of every "
+                                      f"converted linear: {name} is (out, in) = ({m.out_features}, "
+                                      f"{m.in_features})")
 
     # --------------------------------------------------------------------------------------------- the converter
     def convert(self, model: nn.Module) -> List[str]:
