@@ -14,6 +14,7 @@ from configs.load import RESUMABLE_CHANGES, config_difference
 
 from .checkpoint import set_rng_state
 from .distributed import DistContext
+from .run_dir import TEACHER
 
 logger = logging.getLogger(__name__)
 
@@ -91,3 +92,19 @@ def restore_rng(rng_per_rank: list[dict], ctx: DistContext, seed: int, step: int
     if ctx.is_main:
         logger.warning("checkpoint written by %d processes, resumed on %d: data order preserved, per-rank "
                        "drop-path random streams reseeded", len(rng_per_rank), ctx.world_size)
+
+
+def nothing_left(cfg: Config, output_dir: Path, step: int, last_step: int, say: bool) -> bool:
+    """Whether a run resumed at `step` has nothing left to do: its checkpoint is at the last step and, for a full
+    run, the teacher is exported. Then it is said so (`say`: the rank that logs), and nothing is rewritten."""
+    total = cfg.total_steps
+    final = output_dir / TEACHER
+    if step < last_step or (last_step >= total and not final.exists()):
+        return False
+    if say and last_step >= total:
+        logger.info("%s is complete: checkpoint at step %d of %d, teacher exported to %s; nothing to do "
+                    "(nothing was rewritten; start a new run in another --output-dir)", output_dir, step, total, final)
+    elif say:
+        logger.info("%s has reached train.max_steps=%d (of %d steps): nothing to do; raise "
+                    "train.max_steps to continue it", output_dir, last_step, total)
+    return True

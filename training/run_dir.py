@@ -198,9 +198,21 @@ class MetricsLog:
             f.flush()
 
 
-# ----------------------------------------------------------------- run info and status
+# ----------------------------------------------------------------- config, run info, decisions and status
+def write_config(run_dir: Path, yaml_text: str) -> None:
+    atomic_write_text(Path(run_dir) / CONFIG, yaml_text)
+
+
 def write_run_info(run_dir: Path, info: dict) -> None:
     atomic_write_text(Path(run_dir) / RUN_INFO, json.dumps(info, indent=1) + "\n")
+
+
+def write_sparsity_decisions(run_dir: Path, decisions: dict, unless: str = "") -> str:
+    """sparsity_decisions.json, unless its text would be `unless` (what was last written); returns the text."""
+    text = json.dumps(decisions, indent=1, default=str) + "\n"
+    if text != unless:
+        atomic_write_text(Path(run_dir) / SPARSITY_DECISIONS, text)
+    return text
 
 
 def read_json(path: Path) -> Optional[dict]:

@@ -11,8 +11,10 @@ always before a checkpoint could contain it.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -81,3 +83,19 @@ class StepChecks:
             bad_loss, bad_grad, stop, skipped = p.host.tolist()
             out.append(StepFlags(p.step, bad_loss > 0, bad_grad > 0, stop > 0, int(skipped), p.terms, p.norms))
         return out
+
+
+@contextlib.contextmanager
+def on_sigterm(request_stop: Callable[[], None]):
+    """Inside the block SIGTERM only calls `request_stop` (the trainer's stop flag, agreed on over the ranks in the
+    step's flags): the loop stops at a step boundary after a checkpoint. Outside the main thread signals are left
+    alone (Python delivers them to the main thread only)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: request_stop())
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -12,15 +12,14 @@ Rank 0 alone writes metrics, checkpoints and exports. Checkpoints are full (unsh
 resume on another number of processes provided the global batch (processes x `train.batch_size_per_gpu`) is the
 same: the schedules are indexed by step, and a step is one global batch.
 
-Split by concern: the rules for continuing from a checkpoint are in `resume.py`, the run directory's files (names,
-metrics lines, status.json) in `run_dir.py`, the DDP wrapping in `distributed.py`; this module is the loop.
+Split by concern, so that this module is the loop: the rules for continuing from a checkpoint are in `resume.py`,
+the run directory's files (names, metrics lines, status.json) in `run_dir.py`, AdamW, its per-group schedule values
+and per-module clipping in `optim.py`, the DDP wrapping in `distributed.py`, SIGTERM in `step_checks.py`.
 """
 
 import contextlib
 import dataclasses
-import json
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import Iterator
@@ -29,7 +28,6 @@ import torch
 
 from configs import Config, to_yaml
 from data import SSLBatch, build_ssl_loader, build_training_dataset
-from models.atomic_io import atomic_write_text
 from models.safe_io import save_verified
 from models.ssl_meta_arch import SSLMetaArch
 from sparsity import SparseThenDense, build_converter
@@ -39,11 +37,12 @@ from . import run_dir
 from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
+from .optim import build_optimizer, clip_per_module, set_hyperparameters
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
-from .resume import ResumeMismatch, check_resumable, check_same_config, restore_rng, sampler_state
+from .resume import ResumeMismatch, check_resumable, check_same_config, nothing_left, restore_rng, sampler_state
 from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RUNNING, MetricsLog
 from .schedules import build_schedules
-from .step_checks import StepChecks
+from .step_checks import StepChecks, on_sigterm
 
 logger = logging.getLogger(__name__)
 
@@ -79,12 +78,7 @@ class Trainer:
 
         self.schedules = build_schedules(cfg, ctx.world_size)
         self.param_groups = self.model.get_params_groups()
-        self.optimizer = torch.optim.AdamW(
-            [{k: v for k, v in g.items() if k != "names"} for g in self.param_groups],
-            betas=(cfg.optim.adamw_beta1, cfg.optim.adamw_beta2),
-            # one fused kernel per parameter group on CUDA instead of foreach's separate passes (same math, fp32)
-            **({"fused": True} if self.device.type == "cuda" else {}),
-        )
+        self.optimizer = build_optimizer(self.param_groups, cfg, self.device)
         amp = AMP_DTYPES[cfg.train.amp_dtype] if self.device.type == "cuda" else torch.float32
         self.amp_dtype = amp  # the dtype actually used: in the start-up summary and run_info.json
         if amp != AMP_DTYPES[cfg.train.amp_dtype] and ctx.is_main:
@@ -186,22 +180,11 @@ class Trainer:
             logger.info("exported teacher backbone to %s", path)
 
     # ----------------------------------------------------------------- loop
-    def _set_hyperparameters(self, values: dict) -> None:
-        for group in self.optimizer.param_groups:
-            lr = values["last_layer_lr"] if group["is_last_layer"] else values["lr"]
-            group["lr"] = lr * group["lr_multiplier"]
-            group["weight_decay"] = values["wd"] * group["wd_multiplier"]
-
     def _clip_gradients(self) -> dict:
         """Per student module, as the reference (not one global norm)."""
-        norms = {}
         if self._student_params is None:  # the Parameter objects never change (2:4 swaps share them): list them once
             self._student_params = {name: list(m.parameters()) for name, m in self.model.student.items()}
-        for name, all_params in self._student_params.items():
-            params = [p for p in all_params if p.grad is not None]
-            if params:
-                norms[f"grad_norm_{name}"] = torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.clip_grad)
-        return norms
+        return clip_per_module(self._student_params, self.cfg.optim.clip_grad)
 
     def _apply_checks(self, flags) -> None:
         """Act on resolved step flags (`StepChecks`): count skipped images, note a stop, stop on divergence."""
@@ -238,12 +221,9 @@ class Trainer:
         """sparsity_decisions.json: what the sparse backends decided by timing so far (`sparsity.decisions()`: auto's
         choice per GEMM shape, cuSPARSELt plans and packing, the weight-gradient path); rank 0, atomically, only
         when it changed (decisions are made at the first steps of each shape)."""
-        if not self.ctx.is_main:
-            return
-        text = json.dumps(self.sparsity.decisions(), indent=1, default=str) + "\n"
-        if text != self._decisions_written:
-            atomic_write_text(self.output_dir / run_dir.SPARSITY_DECISIONS, text)
-            self._decisions_written = text
+        if self.ctx.is_main:
+            self._decisions_written = run_dir.write_sparsity_decisions(self.output_dir, self.sparsity.decisions(),
+                                                                       unless=self._decisions_written)
 
     def train_step(self, batch: SSLBatch, values: dict) -> tuple[torch.Tensor, dict, dict]:
         """One optimizer step on this rank's `batch` (on the device) with the schedule `values` of the step
@@ -252,7 +232,7 @@ class Trainer:
         device: nothing here waits for the GPU (the step's NaN / stop checks are read one step later). The caller
         owns `self.step`, the sparsity phase (`enter_phase`) and the logging, as `train` does;
         benchmarks call this to time the real step."""
-        self._set_hyperparameters(values)
+        set_hyperparameters(self.optimizer, values)
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
         with autocast:
             loss, terms = self.forward_model(batch, teacher_temp=values["teacher_temp"])
@@ -290,36 +270,9 @@ class Trainer:
         values /= self.ctx.world_size
         return values[0], dict(zip(terms, values[1:]))
 
-    @contextlib.contextmanager
-    def _sigterm_stops_cleanly(self):
-        def handler(signum, frame):
-            self._stop_requested = True
-
-        try:
-            previous = signal.signal(signal.SIGTERM, handler)
-        except ValueError:  # not the main thread: leave signals alone
-            yield
-            return
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-
-    def _finished_already(self, resumed: bool, last_step: int, final: Path) -> bool:
-        """A rerun of a run that has nothing left to do (its checkpoint is at the last step and, for a full run, the
-        teacher is exported): said so, and nothing is rewritten."""
-        total = self.cfg.total_steps
-        if not resumed or self.step < last_step or (last_step >= total and not final.exists()):
-            return False
-        if self.ctx.is_main:
-            if last_step >= total:
-                logger.info("%s is complete: checkpoint at step %d of %d, teacher exported to %s; nothing to do "
-                            "(nothing was rewritten; start a new run in another --output-dir)", self.output_dir,
-                            self.step, total, final)
-            else:
-                logger.info("%s has reached train.max_steps=%d (of %d steps): nothing to do; raise "
-                            "train.max_steps to continue it", self.output_dir, last_step, total)
-        return True
+    def request_stop(self) -> None:
+        """Stop at the next step boundary with a checkpoint (what SIGTERM does during `train`)."""
+        self._stop_requested = True
 
     def _metrics_record(self, loss, terms: dict, values: dict, norms: dict, images_per_s: float) -> dict:
         """A metrics.jsonl line: `step` counts the steps done (as checkpoints do; see run_dir)."""
@@ -344,7 +297,7 @@ class Trainer:
         if self.ctx.is_main:
             previous = run_dir.read_status(self.output_dir)
             self._resumed_at = run_dir.resumed_history(previous, self.step, resumed)
-            atomic_write_text(self.output_dir / run_dir.CONFIG, to_yaml(self.cfg))
+            run_dir.write_config(self.output_dir, to_yaml(self.cfg))
             info = run_info(self.cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype,
                             bool(self.compiled), self.step, last_step)
             log_run_info(info)
@@ -361,7 +314,7 @@ class Trainer:
         if self.ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.resume_if_possible()  # refuses another config before anything is written
-        if self._finished_already(resumed, last_step, final):
+        if resumed and nothing_left(self.cfg, self.output_dir, self.step, last_step, say=self.ctx.is_main):
             return final
         self._start(resumed, last_step)
         try:
@@ -388,7 +341,7 @@ class Trainer:
         self.enter_phase(self.sparsity.phase_at(self.step))
         self.model.train()
         progress = ProgressLog(self.output_dir, self.step, last_step, enabled=self.ctx.is_main)
-        with self._sigterm_stops_cleanly(), contextlib.closing(self.batches()) as batches, progress:
+        with on_sigterm(self.request_stop), contextlib.closing(self.batches()) as batches, progress:
             # batches: lazy (the loader starts at the first next(), after any resume), closed however the loop ends;
             # the bar (a terminal only) is closed before any error is reported, so that the message is a line of its own
             window_start, window_steps = time.perf_counter(), 0
