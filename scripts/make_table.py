@@ -34,7 +34,7 @@ def main(argv=None) -> int:
                   "run)", file=sys.stderr)
         return 2
 
-    from reporting.table import make_table
+    from reporting.table import make_table  # after the checks above: a wrong path is reported without importing torch
 
     try:
         written = make_table(args.runs, args.out, plots=not args.no_plots, extra_notes=args.note)
