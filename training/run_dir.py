@@ -139,7 +139,8 @@ def _parsed(line: str) -> Optional[dict]:
 def read_metrics(path: Path) -> list[dict]:
     """The records of a metrics.jsonl as written (`step` in the file's own format), unparsable lines skipped;
     FileNotFoundError if there is no such file."""
-    return [r for line in path.read_text().splitlines() if line.strip() and (r := _parsed(line)) is not None]
+    lines = Path(path).read_text().splitlines()
+    return [r for line in lines if line.strip() and (r := _parsed(line)) is not None]
 
 
 def metrics_by_steps_done(path: Path) -> list[dict]:
