@@ -249,6 +249,11 @@ def compare_curves(curves: list[dict], gpus: list[int], b: int) -> list[dict]:
     return result
 
 
+def _series_name(model: str) -> str:
+    """Legend name of a benchmarked model: its architecture and patch, not the benchmark's short key."""
+    return {"small": "ViT-Ti/8 (embedded default)", "vitl16": "ViT-L/16 (ImageNet recipe)"}.get(model, model)
+
+
 def plot(result: dict, png: Path) -> None:
     try:
         import matplotlib
@@ -259,23 +264,30 @@ def plot(result: dict, png: Path) -> None:
         print(f"matplotlib missing: no plot (redraw with --plot-only {png.with_suffix('.json')})")
         return
     rows, curves = result["rows"], result["loss_curves"]["runs"]
-    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 6, 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 6.4, 4.5), squeeze=False)
     ax = axes[0][0]
     series = sorted({(r["model"], r["per_gpu_batch"]) for r in rows})
+    device = "GPU" if result["gpu"] != "cpu" else "CPU rank"
     for model, b in series:
         pts = sorted((r["gpus"], r["efficiency"]) for r in rows if (r["model"], r["per_gpu_batch"]) == (model, b))
-        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", label=f"{model}, {b}/GPU")
-    ax.axhline(90, color="gray", ls=":", lw=1)
-    ax.set(xlabel="GPUs", ylabel="weak-scaling efficiency (%)", title=f"{result['gpu']}: images/s(N) / (N x 1 GPU)",
+        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", label=f"{_series_name(model)}, {b} images/{device}")
+    ax.axhline(90, color="gray", ls=":", lw=1, label="90% (target)")
+    where = "CPU, gloo" if result["gpu"] == "cpu" else result["gpu"]
+    ax.set(xlabel=f"{device}s (data parallel)", ylabel="weak-scaling efficiency (%)",
+           title=f"Weak scaling of the training step ({where})\nimages/s with N {device}s / (N x images/s with one)",
            xticks=sorted({r["gpus"] for r in rows}),
            ylim=(0, max(110, 5 + max(100 * r["efficiency"] for r in rows))))
-    ax.legend()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
     if curves:
         ax = axes[0][1]
         for c in curves:
             style = "--" if c["gpus"] == 1 and c["seed"] else "-"
-            ax.plot(c["loss"], style, lw=1, label=f"{c['gpus']} x {c['per_gpu_batch']} (seed {c['seed']})")
-        ax.set(xlabel="step", ylabel="loss (global batch)", title="small model: N x b vs 1 x N*b")
+            ax.plot(c["loss"], style, lw=1,
+                    label=f"{c['gpus']} x {c['per_gpu_batch']} images (seed {c['seed']})")
+        ax.set(xlabel="step", ylabel="training loss (global batch)",
+               title="Same global batch split over N ranks:\nN x b images vs 1 x N*b images")
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
