@@ -24,12 +24,9 @@ class ResumeMismatch(RuntimeError):
 
 
 def batch_bookkeeping(state: dict) -> tuple[int, int, int]:
-    """(world size, per-GPU batch, samples consumed) of a checkpoint: the samples consumed are its data loader's
-    sampler state; checkpoints written before that was saved record them beside it, and older ones only hold their
-    config (derived from the step, as those versions did)."""
+    """(world size, per-GPU batch, samples consumed) of a checkpoint (the trainer records its sampler state's count);
+    older ones only hold their config (derived from the step, as those versions did)."""
     world = state["world_size"]
-    if "sampler" in state:
-        return world, state["batch_size_per_gpu"], state["sampler"]["samples_consumed"]
     if "batch_size_per_gpu" in state:
         return world, state["batch_size_per_gpu"], state["samples_consumed"]
     b = int(OmegaConf.create(state["config"]).train.batch_size_per_gpu)
@@ -58,6 +55,9 @@ def check_resumable(state: dict, cfg: Config, world_size: int) -> None:
         raise ResumeMismatch(f"checkpoint at step {state['step']} records {consumed} samples consumed, not "
                              f"step x {saved_global}: it is inconsistent")
     if saved_global == global_batch:
+        if "sampler" in state and state["sampler"]["samples_consumed"] != consumed:
+            raise ResumeMismatch(f"checkpoint at step {state['step']} records {consumed} samples consumed, its "
+                                 f"sampler state {state['sampler']['samples_consumed']}: it is inconsistent")
         return
     if saved_global % world_size == 0:
         fix = f"set train.batch_size_per_gpu={saved_global // world_size} to resume on {world_size} processes"
