@@ -60,15 +60,21 @@ def _submit_sbatch_template(root: Path) -> str:
     return done.stdout.strip().split(";")[0]
 
 
+INTERRUPTIONS = ("cancel", "preempt", "sbatch", "two_ranks", "requeue")
+
+
 def _interrupt(actions: dict, done: dict) -> None:
     """Cancel one run once it trains and send USR2 (what Slurm sends before a time limit or a preemption) to the
-    others mid-run, at those moments whatever test is running meanwhile."""
-    deadline = time.monotonic() + SLURM_TIMEOUT_S
-    while len(done) < len(actions) and time.monotonic() < deadline:
-        for name, (run, step, command) in actions.items():
+    others mid-run, at those moments whatever test is running meanwhile. Runs from before the first submission:
+    `actions` fills as jobs are submitted, so a job cannot finish before its interruption is watched for."""
+    deadline = time.monotonic() + 2 * SLURM_TIMEOUT_S
+    while len(done) < len(INTERRUPTIONS) and time.monotonic() < deadline:
+        for name, (run, step, command) in list(actions.items()):
             if name not in done and _metrics_reached(run, step):
-                subprocess.run(command, check=True)
-                done[name] = True
+                # a failed command is recorded, not raised: an exception here would end the thread and leave every
+                # other test waiting for its own interruption
+                sent = subprocess.run(command, capture_output=True, text=True)
+                done[name] = sent.returncode == 0 or f"{command} failed: {sent.stderr.strip()}"
         time.sleep(0.2)
 
 
@@ -79,34 +85,44 @@ def sweeps(slurm_cluster, tmp_path_factory):
             "two_ranks": root / "two_ranks", "two_ranks_preempt": root / "two_ranks_preempt",
             "requeue": root / "requeue"}
     sbatch_ids = []
+    done: dict = {}
+    actions: dict = {}
+    threading.Thread(target=_interrupt, args=(actions, done), daemon=True).start()
+
+    def train_job(name: str) -> str:
+        return job_ids(dirs[name] / "sparse_0.50", "train")[0]
+
     try:
         # Slurm starts them in this order, two one-CPU jobs at a time: the reference runs early, and the two-task
-        # jobs (the whole node each) last.
-        _sweep(dirs["cancel"], "0.5")
+        # jobs (the whole node each) last. The cancelled run is long (1,600 steps) so that only the cancel ends it.
+        _sweep(dirs["cancel"], "0.5", extra=("optim.epochs=400",))
+        actions["cancel"] = (dirs["cancel"] / "sparse_0.50", CANCEL_AFTER_STEP, ["scancel", train_job("cancel")])
         first = _sweep(dirs["sweep"], "0.5", "0.25")
         _sweep(dirs["preempt"], "0.5", evaluate=False)
+        actions["preempt"] = (dirs["preempt"] / "sparse_0.50", PREEMPT_AFTER_STEP,
+                              ["scancel", "--signal=USR2", train_job("preempt")])
         _sweep(dirs["requeue"], "0.5", evaluate=False, extra=("train.num_workers=2",))  # data workers running
+        # from outside the job: SIGTERM to every process of it (train.py and its data workers), then a restart
+        actions["requeue"] = (dirs["requeue"] / "sparse_0.50", PREEMPT_AFTER_STEP,
+                              ["scontrol", "requeue", train_job("requeue")])
         sbatch_ids.append(_submit_sbatch_template(root / "sbatch"))
+        # the template asks for USR2 on its batch shell (--signal=B:USR2@180), which traps it
+        actions["sbatch"] = (root / "sbatch" / "run", PREEMPT_AFTER_STEP,
+                             ["scancel", "--batch", "--signal=USR2", sbatch_ids[0]])
         _sweep(dirs["two_ranks"], "0.5", evaluate=False, ranks=2)
         _sweep(dirs["two_ranks_preempt"], "0.5", evaluate=False, ranks=2)
-        cancel, preempt, preempt2, requeue = (dirs[k] / "sparse_0.50"
-                                              for k in ("cancel", "preempt", "two_ranks_preempt", "requeue"))
-        done: dict = {}
-        actions = {
-            "cancel": (cancel, CANCEL_AFTER_STEP, ["scancel", job_ids(cancel, "train")[0]]),
-            "preempt": (preempt, PREEMPT_AFTER_STEP, ["scancel", "--signal=USR2", job_ids(preempt, "train")[0]]),
-            # the template asks for USR2 on its batch shell (--signal=B:USR2@180), which traps it
-            "sbatch": (root / "sbatch" / "run", PREEMPT_AFTER_STEP,
-                       ["scancel", "--batch", "--signal=USR2", sbatch_ids[0]]),
-            "two_ranks": (preempt2, PREEMPT_AFTER_STEP, ["scancel", "--signal=USR2", job_ids(preempt2, "train")[0]]),
-            # from outside the job: SIGTERM to every process of it (train.py and its data workers), then a restart
-            "requeue": (requeue, PREEMPT_AFTER_STEP, ["scontrol", "requeue", job_ids(requeue, "train")[0]]),
-        }
-        threading.Thread(target=_interrupt, args=(actions, done), daemon=True).start()
+        actions["two_ranks"] = (dirs["two_ranks_preempt"] / "sparse_0.50", PREEMPT_AFTER_STEP,
+                                ["scancel", "--signal=USR2", train_job("two_ranks_preempt")])
         yield {**dirs, "launch_output": first.stdout, "interrupted": done, "sbatch": (root / "sbatch", sbatch_ids[0])}
     finally:  # nothing may outlive the tests, passed or failed
         ids = [i for d in dirs.values() for r in d.glob("sparse_*") for k in ("train", "eval") for i in job_ids(r, k)]
         subprocess.run(["scancel", *sbatch_ids, *ids], capture_output=True)
+
+
+def _wait_interrupted(sweeps, action: str, what: str) -> None:
+    """Wait until the interrupting thread has sent `action`; fail with scancel's/scontrol's words if it failed."""
+    outcome = wait_for(lambda: sweeps["interrupted"].get(action), what)
+    assert outcome is True, outcome
 
 
 def _finished(job_id: str) -> bool:
@@ -116,7 +132,7 @@ def _finished(job_id: str) -> bool:
 def test_a_job_cancelled_from_outside_is_reported_failed_not_left_hanging(sweeps):
     run = sweeps["cancel"] / "sparse_0.50"
     (train_id,), (eval_id,) = job_ids(run, "train"), job_ids(run, "eval")
-    wait_for(lambda: sweeps["interrupted"].get("cancel"), "the cancellation")
+    _wait_interrupted(sweeps, "cancel", "the cancellation")
 
     # submitit (what the launcher and users' scripts poll) must see the job end: done(), then an error, no hang
     job = submitit.SlurmJob(folder=run / "slurm" / "%j", job_id=train_id)
@@ -134,7 +150,7 @@ def _completed_after_interruption(sweeps, runs: str, action: str, what: str) -> 
     (run dir, its Slurm logs)."""
     run = sweeps[runs] / "sparse_0.50"
     (train_id,) = job_ids(run, "train")
-    wait_for(lambda: sweeps["interrupted"].get(action), what)
+    _wait_interrupted(sweeps, action, what)
     wait_for(lambda: _finished(train_id), f"the job interrupted by {what} to restart and finish")
     logs = slurm_logs(run)
     assert job_state(train_id) == "COMPLETED", logs[-4000:]
@@ -185,7 +201,7 @@ def _assert_same_as_uninterrupted(run: Path, reference: Path) -> None:
 
 def test_the_sbatch_template_traps_usr2_checkpoints_requeues_and_resumes(sweeps):
     folder, job_id = sweeps["sbatch"]
-    wait_for(lambda: sweeps["interrupted"].get("sbatch"), "USR2 to be sent to the sbatch job")
+    _wait_interrupted(sweeps, "sbatch", "USR2 to be sent to the sbatch job")
     wait_for(lambda: _finished(job_id), "the sbatch job to requeue and finish")
     log = "\n".join(p.read_text(errors="replace") for p in folder.glob("*.out"))
     assert job_state(job_id) == "COMPLETED", log[-4000:]
