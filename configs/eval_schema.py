@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 from .fields import check_fields, value
+from .load import ConfigError, load_structured  # load.py imports only the training schema: no cycle
 
 
 # the torch solver's arithmetic (evaluation/logreg.py PRECISIONS): auto = float64 on CPU and for small
@@ -84,8 +85,6 @@ class EvalConfig:
 
 def validate_eval(cfg: EvalConfig) -> None:
     """Every field within its declared range, and the C grid the right way round."""
-    from .load import ConfigError  # load.py imports the training schema only; keep that one-way
-
     problem = check_fields(cfg)
     if problem:
         raise ConfigError(problem)
@@ -99,6 +98,4 @@ def validate_eval(cfg: EvalConfig) -> None:
 
 def load_eval_config(path=None, overrides=()) -> EvalConfig:
     """Schema defaults <- optional YAML `path` <- `key=value` overrides, validated (raises `ConfigError`)."""
-    from .load import load_structured
-
     return load_structured(EvalConfig, path, overrides, validate_eval)
