@@ -36,6 +36,15 @@ TERM_TITLES = {"loss": "Total loss", "dino_local_crops_loss": "DINO loss, local 
                "ibot_loss": "iBOT masked-patch loss"}
 
 
+def _save_with_caption(fig, path, caption: str, y: float) -> None:
+    """Lay out, put `caption` (if any) in grey under the axes, write the PNG and free the figure."""
+    fig.tight_layout()
+    if caption:
+        fig.text(0.01, y, caption, fontsize=9, ha="left", va="top", color="0.25")
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+
+
 def _share(row) -> float:
     """Share of sparse steps in percent (what the schedule did, e.g. 32 for a 40k-of-125k run)."""
     if row.total_steps:
@@ -162,11 +171,7 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
             caption.append("Error bars: half the range over seeds (hollow markers: the single seeds).")
         if off_scale:
             caption.append("Baselines off the scale, not drawn: " + "; ".join(off_scale) + ".")
-        fig.tight_layout()
-        if caption:
-            fig.text(0.01, -0.02, "\n".join(caption), fontsize=9, ha="left", va="top", color="0.25")
-        fig.savefig(path, dpi=DPI, bbox_inches="tight")
-        plt.close(fig)
+        _save_with_caption(fig, path, "\n".join(caption), y=-0.02)
     return Path(path)
 
 
@@ -256,11 +261,7 @@ def plot_losses(runs, path: Path) -> Path:
             notes.append(f"Curves: moving average over {window} logged values.")
         if clipped:
             notes.append("Y axes cut to the values after the first 10% of steps (the start is off the top).")
-        fig.tight_layout()
-        if notes:
-            fig.text(0.01, -0.01, "  ".join(notes), fontsize=9, ha="left", va="top", color="0.25")
-        fig.savefig(path, dpi=DPI, bbox_inches="tight")
-        plt.close(fig)
+        _save_with_caption(fig, path, "  ".join(notes), y=-0.01)
     return Path(path)
 
 
