@@ -20,11 +20,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from models.checkpoint_conversion import load_backbone_weights
 from models.safe_io import CorruptFile, UnsafeFile, file_digest, load_verified, save_verified
 from models.vision_transformer import build_backbone
+from training.terminal import track
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def extract(backbone, dataset, *, batch_size: int, num_workers: int, device: tor
     backbone = backbone.to(device)
     autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
     offset = 0
-    for images, targets in tqdm(loader, desc=desc, dynamic_ncols=True):
+    for images, targets in track(loader, desc, "batches", say=logger.info):
         with autocast:
             out = backbone(images.to(device, non_blocking=True)).float().cpu()
         if feats is None:

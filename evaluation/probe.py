@@ -12,7 +12,8 @@ from typing import Optional
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+
+from training.terminal import track
 
 from .logreg import LogRegFit, c_grid, topk_accuracy
 
@@ -44,7 +45,7 @@ def sweep_C(solver, X_fit: Tensor, y_fit: Tensor, X_hold: Tensor, y_hold: Tensor
     """Fit each C (small to large, each warm-started from the previous fit when the solver can use it) and score
     the hold-out. Returns the curve and the fits by C."""
     curve, fits, previous = [], {}, None
-    for C in tqdm(sorted(Cs), desc=f"C sweep ({solver.name})", disable=not progress, dynamic_ncols=True):
+    for C in track(sorted(Cs), f"C sweep ({solver.name})", "fits", enabled=progress, say=logger.info):
         fit = solver.fit(X_fit, y_fit, n_classes, C, init=previous)
         acc = topk_accuracy(X_hold, y_hold, fit, ks=(1,))
         curve.append({"C": C, "holdout_top1": acc[1], "loss": fit.loss, "n_iter": fit.n_iter,

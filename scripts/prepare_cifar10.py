@@ -25,6 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from training.terminal import Progress  # noqa: E402  (torch-free)
+
 # CIFAR-10 label order; sorted() of these names is the same order, which the folder dataset relies on
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 assert list(CLASSES) == sorted(CLASSES)
@@ -150,37 +156,13 @@ def existing_tree_matches(out: Path, digest: str, expected: dict) -> str:
     return ""
 
 
-class Progress:
-    """tqdm on a terminal; on a log file, a plain line every 10%."""
-
-    def __init__(self, total: int, desc: str):
-        self.total, self.desc, self.done, self.next_line = total, desc, 0, 0.1
-        self.bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="img", dynamic_ncols=True)
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-        elif self.done >= self.next_line * self.total:
-            print(f"{self.desc}: {self.done}/{self.total} images", flush=True)
-            self.next_line = (int(self.done * 10 / self.total) + 1) / 10
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def write_tree(root: Path, splits: dict) -> None:
     for split, folder in SPLITS.items():
         jpeg, offsets, labels = splits[split]
         for name in CLASSES:
             (root / folder / name).mkdir(parents=True)
         width = len(str(len(labels) - 1))
-        progress = Progress(len(labels), folder)
+        progress = Progress(len(labels), folder, "images", say=print)
         data = memoryview(jpeg)
         for i, label in enumerate(labels.tolist()):
             with open(root / folder / CLASSES[label] / f"{i:0{width}d}.JPEG", "wb") as f:

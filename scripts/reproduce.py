@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -47,6 +46,7 @@ from reporting.run_logs import COMPLETE, read_run  # noqa: E402
 from reporting.table import make_table  # noqa: E402
 from slurm.sweep import run_name  # noqa: E402  (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
 from training.run_dir import BASELINE_RESULTS, EVAL_RESULT, TEACHER  # noqa: E402
+from training.terminal import track  # noqa: E402
 
 TRAIN_SCRIPT, EVAL_SCRIPT = REPO / "train.py", REPO / "eval_linear.py"
 # eval_linear.py's checkpoint= value of each baseline -> the result file it writes (what run_logs reads)
@@ -171,7 +171,8 @@ def execute(planned: list[PlannedRun], train_overrides: list[str], eval_override
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(_train_and_evaluate, item, train_overrides, eval_overrides, can_evaluate, config)
                    for item in planned]
-        for _ in tqdm(as_completed(futures), total=len(futures), desc="runs", unit="run", dynamic_ncols=True):
+        for _ in track(as_completed(futures), "runs", "runs done", total=len(futures), every=1 / max(1, len(futures)),
+                       say=log.info):
             pass
     return failures + [line for future in futures for line in future.result()]
 

@@ -11,7 +11,6 @@ import contextlib
 import datetime
 import logging
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -26,6 +25,8 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from configs import Config, scaled_lr
+
+from .terminal import on_terminal
 
 logger = logging.getLogger("train")
 
@@ -152,7 +153,7 @@ class ProgressLog:
     def __init__(self, output_dir: Path, start_step: int, last_step: int, enabled: bool):
         self.enabled, self.last_step = enabled, last_step
         self.bar = tqdm(total=last_step, initial=start_step, desc="train", dynamic_ncols=True,
-                        disable=not (enabled and sys.stderr.isatty()))
+                        disable=not (enabled and on_terminal()))
         self.writer = _open_tensorboard(Path(output_dir), start_step + 1) if enabled else None
         self._start_step, self._start_time = start_step, time.perf_counter()
         self._stack = contextlib.ExitStack()

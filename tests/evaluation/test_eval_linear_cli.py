@@ -1,6 +1,7 @@
 """eval_linear.py end to end: the embedded default's digits run and an image-folder run; bad input exits cleanly."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -37,6 +38,9 @@ def test_folder_run_in_a_subprocess(tmp_path):
     result = subprocess.run([sys.executable, str(REPO / "eval_linear.py"), "--run", str(run), *FAST_EVAL,
                              "features.cache=false"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
+    # as in a Slurm .err file: plain progress lines, no tqdm bar redrawn with carriage returns
+    done = re.findall(r"INFO evaluation\.features: (train|val) features: (\d+)/\2 batches \(100%\)", result.stderr)
+    assert "\r" not in result.stderr and sorted(split for split, _ in done) == ["train", "val"], result.stderr[-3000:]
     record = json.loads((run / "eval_linear.json").read_text())
     assert REQUIRED <= set(record) and record["n_train"] == 12 and record["n_val"] == 6
     assert record["solver"] == "sklearn"  # auto on a CPU

@@ -1,6 +1,7 @@
 """scripts/reproduce.py without training anything: what it plans, what it skips, the commands it would run."""
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
@@ -78,12 +79,16 @@ def test_execute_runs_what_is_planned_and_continues_after_a_failure(reproduce, r
     assert [f for f in failures if "sparse_0.90" in f] and not [f for f in failures if "sparse_1.00" in f]
 
 
-def test_parallel_jobs_run_every_planned_step(reproduce, runs_dir, monkeypatch, tmp_path):
+def test_parallel_jobs_run_every_planned_step(reproduce, runs_dir, monkeypatch, tmp_path, caplog, capsys):
+    caplog.set_level(logging.INFO, logger="reproduce")
     (tmp_path / "eval_linear.py").write_text("")
     monkeypatch.setattr(reproduce, "EVAL_SCRIPT", tmp_path / "eval_linear.py")
     calls = []
     monkeypatch.setattr(reproduce, "_run_logged", lambda command, log_path: calls.append(log_path.name) or 0)
     assert reproduce.execute(reproduce.plan(runs_dir, [0.0, 0.4, 0.6, 0.9]), [], [], jobs=3) == []
+    # off a terminal, a plain line per finished run instead of a bar
+    assert [m for m in caplog.messages if m.startswith("runs: ")][-1].startswith("runs: 4/4 runs done (100%)")
+    assert "\r" not in capsys.readouterr().err
     assert sorted(calls) == ["sparse_0.40.eval.log", "sparse_0.60.eval.log", "sparse_0.60.train.log",
                              "sparse_0.90.eval.log", "sparse_0.90.train.log"]
     with pytest.raises(SystemExit):
