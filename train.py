@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from configs import DEFAULT_CONFIG, ConfigError, load_config
+from training import run_dir
 from training.run_dir import LOG, METRICS
 
 
@@ -88,9 +89,17 @@ def main(argv=None) -> int:
     if problem:
         print(f"--output-dir {output_dir}: {problem}", file=sys.stderr)
         return 2
+    try:  # rank 0 holds the run directory until it exits: a second trainer there would overwrite its checkpoints
+        run_lock = run_dir.lock(output_dir) if launch.rank == 0 else None
+    except run_dir.RunDirInUse as e:
+        print(f"--output-dir: {e}", file=sys.stderr)
+        return 1
     ctx = init_distributed()
     setup_logging(output_dir, ctx.is_main)
     log = logging.getLogger("train")
+    if run_lock is not None and not run_lock.held:
+        log.warning("cannot lock the run directory (%s): make sure no other trainer writes into it",
+                    run_lock.unsupported)
     try:
         teacher = Trainer(cfg, output_dir, ctx, dataset=dataset).train()
         log.info("done: %s (metrics in %s)", teacher, output_dir / METRICS)
@@ -103,6 +112,8 @@ def main(argv=None) -> int:
         return 1
     finally:
         shutdown(ctx)
+        if run_lock is not None:
+            run_lock.release()
     return 0
 
 

@@ -15,6 +15,7 @@ A run directory (`train.py --output-dir`) holds:
     teacher_backbone.pth            the final teacher, once trained to the end
     eval_linear.json                its linear probe (`eval_linear.py`); the baselines in eval_linear_<name>.json
     jobs.json                       the Slurm launcher's job record (`slurm/sweep.py`), for launched runs
+    .lock                           held (flock) by the training process of rank 0 while it runs (`lock`)
 
 Steps are counted as steps done everywhere: a checkpoint's number, the teacher export's and status's `step`, and
 (since metrics format 2) a metrics line's `step`; a run's last line says `"step": total_steps`. Lines written
@@ -26,8 +27,11 @@ Every write is atomic (`models.atomic_io`), except the metrics line appended per
 mid-write is skipped by the readers and dropped on resume).
 """
 
+import errno
+import fcntl
 import json
 import math
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -45,6 +49,7 @@ CHECKPOINTS = "checkpoints"
 TEACHER = "teacher_backbone.pth"
 SPARSITY_DECISIONS = "sparsity_decisions.json"  # what the sparse backends decided by timing
 EVAL_DIR = "eval"
+LOCK = ".lock"
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8})\.pt$")
 CORRUPT_SUFFIX = ".corrupt"  # an unreadable checkpoint set aside: out of the rotation, never deleted
@@ -288,3 +293,45 @@ def _status_from_old_log(path: Path) -> RunStatus:
         elif preempted := _OLD_PREEMPTED.match(message):
             status.state, status.step = PREEMPTED, int(preempted.group(1))
     return status
+
+
+# ----------------------------------------------------------------- the lock of a running trainer
+
+class RunDirInUse(RuntimeError):
+    """Another process trains in this run directory (two trainers would overwrite each other's checkpoints)."""
+
+
+@dataclass
+class RunDirLock:
+    """An flock on `<run dir>/.lock`, held while its descriptor stays open: the kernel drops it when the process
+    dies, however it dies, so a stale lock never blocks a requeued job. `held` is False where the file system has
+    no flock (`unsupported` then says why)."""
+    path: Path
+    held: bool
+    unsupported: str = ""
+    _fd: Optional[int] = field(default=None, repr=False)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd, self.held = None, False
+
+
+def lock(run_dir: Path) -> RunDirLock:
+    """Take the run directory for this process, or raise `RunDirInUse`. Advisory and non-blocking. The lock file is
+    created once and never written (a rerun of a finished run changes no file)."""
+    path = Path(run_dir) / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # read-write: NFS emulates flock with write locks
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            status = read_status(run_dir)
+            since = f" (its status.json: {status.state} at step {status.step}, {status.time})" if status.time else ""
+            raise RunDirInUse(f"{run_dir} is in use by another training process{since} (see its {LOG}); wait for "
+                              "it to end or stop it (a dead process holds no lock), or choose another --output-dir"
+                              ) from None
+        # e.g. Lustre mounted without flock: ENOSYS / EOPNOTSUPP / ENOLCK
+        return RunDirLock(path, held=False, unsupported=f"{e.strerror or e} on {path}")
+    return RunDirLock(path, held=True, _fd=fd)
