@@ -1,7 +1,7 @@
 """PNG figures of a sparse-then-dense study (matplotlib, Agg backend: no display needed).
 
 - `plot_accuracy`: linear-probe and k-NN top-1 against the share of sparse steps, mean over seeds with the seed
-  spread as error bars, the dense run and the baselines (untrained network, raw pixels) as horizontal lines. The
+  spread as error bars (one seed: the 95% Wilson interval over the validation images), the dense run and the baselines (untrained network, raw pixels) as horizontal lines. The
   published ViT-L/16 ImageNet-1k numbers: on the same axes when the runs are that setting, else their Δ to dense in
   a panel of their own (a small model on another dataset has another scale; the shape is what compares).
 - `plot_losses`: one panel per loss term, every schedule overlaid, coloured by its share of sparse steps, the
@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from . import published  # noqa: E402
+from .intervals import wilson_interval  # noqa: E402
 from .run_logs import KNN_SHOWN_K, LOSS_TERMS  # noqa: E402
 
 DPI = 150
@@ -54,12 +55,35 @@ def _share(row) -> float:
 
 def _by_share(rows, key: str) -> list[tuple[float, float, float, list]]:
     """[(share %, mean, half range or 0, values)] over the rows (seeds) of each schedule that have `key`."""
-    groups: dict[float, list] = {}
+    return [(x, statistics.fmean(v), (max(v) - min(v)) / 2, v) for x, (v, _) in _groups(rows, key)]
+
+
+def _groups(rows, key: str) -> list[tuple[float, tuple[list, list]]]:
+    """[(share %, (values, validation sizes))] per schedule, in share order, of the rows that have `key`."""
+    groups: dict[float, tuple[list, list]] = {}
     for r in rows:
         value = getattr(r, key)
         if value is not None and math.isfinite(value):
-            groups.setdefault(round(_share(r), 6), []).append(value)
-    return [(x, statistics.fmean(v), (max(v) - min(v)) / 2, v) for x, v in sorted(groups.items())]
+            values, sizes = groups.setdefault(round(_share(r), 6), ([], []))
+            values.append(value)
+            sizes.append(getattr(r, "n_val", None))
+    return sorted(groups.items())
+
+
+def _error_bars(points, key: str, rows) -> tuple[list, list, set]:
+    """Per schedule, (below, above) the mean: half the range over seeds where there are several, else the Wilson
+    interval of the single run's accuracy over its validation images (none where that size is unknown).
+    Returns the two lists and which kinds were drawn ({"seeds", "wilson"})."""
+    below, above, kinds = [], [], set()
+    for (x, mean, spread, values), (_, (_, sizes)) in zip(points, _groups(rows, key)):
+        if len(values) > 1:
+            below.append(spread), above.append(spread), kinds.add("seeds")
+        elif sizes[0]:
+            low, high = wilson_interval(mean, sizes[0])
+            below.append(mean - low), above.append(high - mean), kinds.add("wilson")
+        else:
+            below.append(0.0), above.append(0.0)
+    return below, above, kinds
 
 
 def _knn_label(rows) -> str:
@@ -67,19 +91,20 @@ def _knn_label(rows) -> str:
     return f"k-NN (k={ks.pop() if len(ks) == 1 else KNN_SHOWN_K})" if len(ks) <= 1 else "k-NN (k nearest to 20)"
 
 
-def _ours(ax, rows) -> tuple[list[float], bool]:
-    """Mean over seeds with the half range as error bars, each seed as a small hollow marker; the dense mean as a
-    dotted line. Returns every value drawn (for the baselines' scale check) and whether any schedule has seeds."""
-    drawn, seeded = [], False
+def _ours(ax, rows) -> tuple[list[float], set]:
+    """Mean over seeds, each seed as a small hollow marker, error bars as `_error_bars` says; the dense mean as a
+    dotted line. Returns every value drawn (for the baselines' scale check) and the kinds of error bar drawn."""
+    drawn, kinds = [], set()
     for key, label, color, marker in SERIES:
         points = _by_share(rows, key)
         if not points:
             continue
-        xs, means, spreads, values = zip(*points)
-        seeded |= any(len(v) > 1 for v in values)
+        xs, means, _, values = zip(*points)
+        below, above, drawn_kinds = _error_bars(points, key, rows)
+        kinds |= drawn_kinds
         label = _knn_label(rows) if key == "knn_top1" else label
-        ax.errorbar(xs, means, yerr=spreads if any(spreads) else None, fmt=marker + "-", color=color, capsize=3,
-                    lw=1.6, ms=6, label=label, zorder=3)
+        ax.errorbar(xs, means, yerr=[below, above] if any(below + above) else None, fmt=marker + "-", color=color,
+                    capsize=3, lw=1.6, ms=6, label=label, zorder=3)
         for x, v in zip(xs, values):
             if len(v) > 1:
                 ax.plot([x] * len(v), v, marker, ms=4, mfc="none", mec=color, alpha=0.7, zorder=2)
@@ -91,7 +116,7 @@ def _ours(ax, rows) -> tuple[list[float], bool]:
             ax.annotate(r.status, (_share(r), r.top1), fontsize=7, xytext=(4, -12), textcoords="offset points")
     if not drawn:
         ax.text(0.5, 0.5, "no evaluated runs yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
-    return drawn, seeded
+    return drawn, kinds
 
 
 def _baselines(ax, baselines, drawn: list[float]) -> list[str]:
@@ -149,7 +174,7 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
         fig, axes = plt.subplots(1, 1 if same_setting else 2, figsize=(7.5 if same_setting else 13, 5.2),
                                  squeeze=False, gridspec_kw=None if same_setting else {"width_ratios": (1.25, 1)})
         ax = axes[0][0]
-        drawn, seeded = _ours(ax, ours)
+        drawn, error_kinds = _ours(ax, ours)
         off_scale = _baselines(ax, baselines, drawn)
         handles = ax.get_legend_handles_labels()[0]
         if any(x == 0.0 for x, *_ in _by_share(ours, "top1") + _by_share(ours, "knn_top1")):
@@ -167,8 +192,14 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
             _axes(ref, f"Published: {published.SHORT_SOURCE}", "top-1 change vs the dense run (pp)")
         _legend_below(ax, handles, ncol=3)
         caption = []
-        if seeded:
+        if "seeds" in error_kinds:
             caption.append("Error bars: half the range over seeds (hollow markers: the single seeds).")
+        if "wilson" in error_kinds:
+            sizes = sorted({r.n_val for r in ours if getattr(r, "n_val", None)})
+            images = " or ".join(f"{n:,}" for n in sizes)
+            caption.append(("Error bars of single-seed schedules" if "seeds" in error_kinds else "Error bars (one "
+                            "seed per schedule)") + f": 95% Wilson interval of the accuracy over the {images} "
+                           "validation images, the evaluation's sampling error; run-to-run variation is not shown.")
         if off_scale:
             caption.append("Baselines off the scale, not drawn: " + "; ".join(off_scale) + ".")
         _save_with_caption(fig, path, "\n".join(caption), y=-0.02)

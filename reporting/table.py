@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import published
+from .intervals import wilson_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs, read_run
 from .table_format import markdown, write_csv
 
@@ -75,6 +76,7 @@ class TableRow:
     published_delta_top1: Optional[float] = None
     published_schedule: str = ""
     path: str = ""
+    n_val: Optional[int] = None  # validation images behind top-1 and k-NN top-1
 
 
 @dataclass
@@ -177,7 +179,7 @@ def build_rows(runs: list[RunSummary]) -> list[TableRow]:
             published_top1=pub.top1 if pub else None, published_delta_top1=pub.delta_top1 if pub else None,
             published_schedule=f"{pub.label}: {pub.sparse_steps:,} of {published.TOTAL_STEPS:,} steps sparse"
                                if pub else "",
-            path=run.path,
+            path=run.path, n_val=run.n_val,
         ))
     return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0, r.seed or 0, r.run))
 
@@ -246,8 +248,14 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[Schedu
     seeded = [m for m in means if len(m.runs) > 1]
     sizes = sorted({r.n_val for r in runs if r.n_val})
     if len(sizes) == 1:  # how much one image moves top-1: the scale for reading small deltas
+        dense_top1 = next((r.top1 for r in rows if r.sparse_fraction == 0.0 and r.top1 is not None), None)
+        interval = ""
+        if dense_top1 is not None:
+            low, high = wilson_interval(dense_top1, sizes[0])
+            interval = (f"; at the dense run's {dense_top1:.1f}% the 95% interval of one run's top-1 is "
+                        f"{low:.1f}-{high:.1f}% (Wilson), the evaluation's sampling error alone")
         notes.append(f"Validation split: {sizes[0]} images, so one image is {100.0 / sizes[0]:.2f} pp of top-1"
-                     + ("." if seeded else "; one seed per schedule."))
+                     + interval + ("." if seeded else "; one seed per schedule."))
     if seeded:
         parts = [f"{m.schedule.split(' (')[0]} (seeds {', '.join(map(str, m.seeds))}): linear "
                  f"{_pp(m.top1_spread)}, k-NN {_pp(m.knn_top1_spread)}" for m in seeded]
