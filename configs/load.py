@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Type, TypeVar
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -95,8 +96,6 @@ def validate(cfg: Config) -> None:
 def _load_yaml(path: Path, schema: type = Config) -> DictConfig:
     """A YAML file as a mapping of sections; syntax errors, duplicate keys and a non-mapping top level are
     ConfigErrors naming the file."""
-    import yaml
-
     try:
         node = OmegaConf.load(path)
     except (yaml.YAMLError, OmegaConfBaseException) as e:

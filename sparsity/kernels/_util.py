@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
-import triton  # noqa: F401  (kernel modules import this module first)
+import triton
+from triton.runtime.interpreter import InterpretedFunction
 
 
-# TRITON_INTERPRET is Triton's own switch (its CPU interpreter), not a setting of this package: Triton reads it when a
-# kernel is decorated, i.e. when the kernel modules are imported, and the kernels' launch wrappers must agree with
-# Triton about it (CUDA tensors required or not, block sizes). The only environment read in `sparsity`: once, here
-# (the wrappers ask on every launch, and an environment lookup costs host time).
-_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+@triton.jit
+def _decorated_like_the_kernels():
+    pass
+
+
+# Whether Triton runs kernels in its CPU interpreter (its own TRITON_INTERPRET switch, applied when a kernel is
+# decorated, i.e. when the kernel modules are imported). Asked of Triton through a function decorated the same way
+# at the same time, so the launch wrappers (CUDA tensors required or not, block sizes) agree with it by construction
+# and this package reads no environment variable; computed once, as the wrappers ask on every launch.
+_INTERPRETING = isinstance(_decorated_like_the_kernels, InterpretedFunction)
 
 
 def interpreting() -> bool:

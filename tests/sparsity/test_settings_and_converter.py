@@ -5,6 +5,7 @@ modules under ~400 lines)."""
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -89,15 +90,23 @@ def test_fused_wgrad_setting_decides_whether_the_fused_path_is_asked(default_set
 
 
 def test_no_environment_variable_is_read_by_the_library():
-    """Settings come from the config through constructors; the one exception is Triton's own switch, commented."""
+    """Settings come from the config through constructors; even Triton's interpreter switch is asked of Triton."""
     hits = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for line in path.read_text().splitlines():
-            if "os.environ" in line or "getenv" in line:
-                hits.append((str(path.relative_to(PACKAGE)), "TRITON_INTERPRET" in line))
-    assert hits == [("kernels/_util.py", True)], hits
-    util = (PACKAGE / "kernels" / "_util.py").read_text()
-    assert "TRITON_INTERPRET is Triton's own switch" in util
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"environ(?!ment)|getenv|putenv", line):  # os.environ, from os import environ, ...
+                hits.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
+    assert hits == [], hits
+
+
+def test_the_interpreter_switch_is_triton_s_own_decision():
+    from sparsity.kernels._util import interpreting
+
+    from sparsity.kernels import prune  # noqa: F401  (any kernel module: decorated under the same switch)
+    from triton.runtime.interpreter import InterpretedFunction
+
+    kernels = [v for v in vars(prune).values() if hasattr(v, "fn") and type(v).__module__.startswith("triton")]
+    assert kernels and all(isinstance(k, InterpretedFunction) == interpreting() for k in kernels)
 
 
 # ---------------------------------------------------------------------------------------------------------------
