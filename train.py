@@ -89,8 +89,14 @@ def main(argv=None) -> int:
     if problem:
         print(f"--output-dir {output_dir}: {problem}", file=sys.stderr)
         return 2
-    try:  # rank 0 holds the run directory until it exits: a second trainer there would overwrite its checkpoints
-        run_lock = run_dir.lock(output_dir) if launch.rank == 0 else None
+    # Rank 0 holds the run directory until it exits: a second trainer there would overwrite its checkpoints. A run
+    # with nothing left to do writes nothing, not even the lock file, so it is not locked (should its final checkpoint
+    # prove unreadable, the trainer goes on from an older one unlocked: a corrupt file and a second trainer at once).
+    newest = run_dir.newest_checkpoint(output_dir)
+    finished = newest is not None and run_dir.nothing_left_at(output_dir, newest[0], run_dir.last_step(cfg),
+                                                              cfg.total_steps)
+    try:
+        run_lock = run_dir.lock(output_dir) if launch.rank == 0 and not finished else None
     except run_dir.RunDirInUse as e:
         print(f"--output-dir: {e}", file=sys.stderr)
         return 1

@@ -14,7 +14,7 @@ from configs.load import RESUMABLE_CHANGES, config_difference
 
 from .checkpoint import set_rng_state
 from .distributed import DistContext
-from .run_dir import TEACHER
+from .run_dir import TEACHER, nothing_left_at
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def nothing_left(cfg: Config, output_dir: Path, step: int, last_step: int, say: 
     run, the teacher is exported. Then it is said so (`say`: the rank that logs), and nothing is rewritten."""
     total = cfg.total_steps
     final = output_dir / TEACHER
-    if step < last_step or (last_step >= total and not final.exists()):
+    if not nothing_left_at(output_dir, step, last_step, total):
         return False
     if say and last_step >= total:
         logger.info("%s is complete: checkpoint at step %d of %d, teacher exported to %s; nothing to do "

@@ -86,6 +86,12 @@ def last_step(cfg) -> int:
     return min(total, cfg.train.max_steps) if cfg.train.max_steps > 0 else total
 
 
+def nothing_left_at(run_dir: Path, step: int, last: int, total: int) -> bool:
+    """Whether a run whose checkpoint is at `step` has nothing left to do: it is at its last step (`last_step`) and,
+    for a full run (`last` = `total`), its final teacher is exported. Such a run is not restarted or rewritten."""
+    return step >= last and (last < total or (Path(run_dir) / TEACHER).exists())
+
+
 def checkpoint_dir(run_dir: Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
 
