@@ -1,9 +1,10 @@
 """PNG figures of a sparse-then-dense study (matplotlib, Agg backend: no display needed).
 
 - `plot_accuracy`: linear-probe and k-NN top-1 against the share of sparse steps, mean over seeds with the seed
-  spread as error bars (one seed: the 95% Wilson interval over the validation images), the dense run and the baselines (untrained network, raw pixels) as horizontal lines. The
-  published ViT-L/16 ImageNet-1k numbers: on the same axes when the runs are that setting, else their Δ to dense in
-  a panel of their own (a small model on another dataset has another scale; the shape is what compares).
+  spread as error bars (one seed: the 95% Wilson interval over the validation images), the dense run and the
+  baselines (untrained network, raw pixels) as horizontal lines. The published ViT-L/16 ImageNet-1k numbers: on
+  the same axes when the runs are that setting, else their Δ to dense in a panel of their own (a small model on
+  another dataset has another scale; the shape is what compares).
 - `plot_losses`: one panel per loss term, every schedule overlaid, coloured by its share of sparse steps, the
   sparse->dense switch marked on each curve.
 
@@ -55,11 +56,11 @@ def _share(row) -> float:
 
 def _by_share(rows, key: str) -> list[tuple[float, float, float, list]]:
     """[(share %, mean, half range or 0, values)] over the rows (seeds) of each schedule that have `key`."""
-    return [(x, statistics.fmean(v), (max(v) - min(v)) / 2, v) for x, (v, _) in _groups(rows, key)]
+    return _points(_groups(rows, key))
 
 
-def _groups(rows, key: str) -> list[tuple[float, tuple[list, list]]]:
-    """[(share %, (values, validation sizes))] per schedule, in share order, of the rows that have `key`."""
+def _groups(rows, key: str) -> list[tuple[float, list, list]]:
+    """[(share %, values, validation sizes)] per schedule, in share order, of the rows (seeds) that have `key`."""
     groups: dict[float, tuple[list, list]] = {}
     for r in rows:
         value = getattr(r, key)
@@ -67,22 +68,30 @@ def _groups(rows, key: str) -> list[tuple[float, tuple[list, list]]]:
             values, sizes = groups.setdefault(round(_share(r), 6), ([], []))
             values.append(value)
             sizes.append(getattr(r, "n_val", None))
-    return sorted(groups.items())
+    return [(x, values, sizes) for x, (values, sizes) in sorted(groups.items())]
 
 
-def _error_bars(points, key: str, rows) -> tuple[list, list, set]:
-    """Per schedule, (below, above) the mean: half the range over seeds where there are several, else the Wilson
+def _points(groups) -> list[tuple[float, float, float, list]]:
+    return [(x, statistics.fmean(v), (max(v) - min(v)) / 2, v) for x, v, _ in groups]
+
+
+def _error_bars(groups) -> tuple[list, list, set]:
+    """Per schedule, (below, above) its mean: half the range over seeds where there are several, else the Wilson
     interval of the single run's accuracy over its validation images (none where that size is unknown).
     Returns the two lists and which kinds were drawn ({"seeds", "wilson"})."""
     below, above, kinds = [], [], set()
-    for (x, mean, spread, values), (_, (_, sizes)) in zip(points, _groups(rows, key)):
+    for _, values, sizes in groups:
         if len(values) > 1:
-            below.append(spread), above.append(spread), kinds.add("seeds")
+            low = high = (max(values) - min(values)) / 2
+            kinds.add("seeds")
         elif sizes[0]:
-            low, high = wilson_interval(mean, sizes[0])
-            below.append(mean - low), above.append(high - mean), kinds.add("wilson")
+            interval = wilson_interval(values[0], sizes[0])
+            low, high = values[0] - interval[0], interval[1] - values[0]
+            kinds.add("wilson")
         else:
-            below.append(0.0), above.append(0.0)
+            low = high = 0.0
+        below.append(low)
+        above.append(high)
     return below, above, kinds
 
 
@@ -96,11 +105,11 @@ def _ours(ax, rows) -> tuple[list[float], set]:
     dotted line. Returns every value drawn (for the baselines' scale check) and the kinds of error bar drawn."""
     drawn, kinds = [], set()
     for key, label, color, marker in SERIES:
-        points = _by_share(rows, key)
-        if not points:
+        groups = _groups(rows, key)
+        if not groups:
             continue
-        xs, means, _, values = zip(*points)
-        below, above, drawn_kinds = _error_bars(points, key, rows)
+        xs, means, _, values = zip(*_points(groups))
+        below, above, drawn_kinds = _error_bars(groups)
         kinds |= drawn_kinds
         label = _knn_label(rows) if key == "knn_top1" else label
         ax.errorbar(xs, means, yerr=[below, above] if any(below + above) else None, fmt=marker + "-", color=color,

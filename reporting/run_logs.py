@@ -17,7 +17,8 @@ from typing import Optional
 import torch
 
 from configs import ConfigError, load_config
-from training.run_dir import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, FAILED, METRICS, PREEMPTED, TEACHER,
+from training.run_dir import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, PREEMPTED, TEACHER,
+                              FAILED as RUN_FAILED,  # the state in status.json (FAILED below: a table row's)
                               checkpoint_dir, is_run_dir, list_checkpoints, metrics_by_steps_done, read_status)
 
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
@@ -239,7 +240,7 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
         run.train_status = COMPLETE
         return
     status = read_status(run_dir)
-    if status.state == FAILED:
+    if status.state == RUN_FAILED:
         run.train_status, run.reason = FAILED, _short(status.reason)
     elif run.steps_done == 0 and not (run_dir / METRICS).is_file():
         run.train_status, run.reason = PARTIAL, "no steps logged"

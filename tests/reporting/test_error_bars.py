@@ -8,7 +8,7 @@ import pytest
 
 from reporting import plots
 from reporting.intervals import wilson_interval
-from reporting.plots import _by_share, _error_bars, plot_accuracy
+from reporting.plots import _error_bars, _groups, plot_accuracy
 
 
 @pytest.mark.parametrize("percent, n, expected", [
@@ -31,7 +31,7 @@ def _row(fraction, top1, knn, seed=0, n_val=360):
 def test_seeds_give_half_ranges_single_runs_wilson_and_unknown_sizes_none():
     rows = [_row(0.0, 80.0, 50.0, seed=0), _row(0.0, 84.0, 52.0, seed=1), _row(0.5, 50.0, 40.0),
             _row(1.0, 70.0, 45.0, n_val=None)]
-    below, above, kinds = _error_bars(_by_share(rows, "top1"), "top1", rows)
+    below, above, kinds = _error_bars(_groups(rows, "top1"))
     assert below[0] == above[0] == 2.0  # seeds 80 and 84: half the range
     low, high = wilson_interval(50.0, 360)
     assert (below[1], above[1]) == pytest.approx((50.0 - low, high - 50.0))

@@ -37,7 +37,8 @@ def test_odd_totals_and_a_share_per_item():
     lines = []
     for _ in track(range(7), "runs", "runs done", every=1 / 7, say=lines.append):
         pass
-    assert [line.split(",")[0] for line in lines] == [f"runs: {i}/7 runs done ({100 * i / 7:.0f}%)" for i in range(1, 8)]
+    expected = [f"runs: {i}/7 runs done ({100 * i / 7:.0f}%)" for i in range(1, 8)]
+    assert [line.split(",")[0] for line in lines] == expected
     lines.clear()
     for _ in track(range(3), "three", say=lines.append):  # fewer items than tenths: a line per item
         pass
