@@ -2,17 +2,19 @@
 
 - `plot_accuracy`: linear-probe and k-NN top-1 against the share of sparse steps, mean over seeds with the seed
   spread as error bars (one seed: the 95% Wilson interval over the validation images), the dense run and the
-  baselines (untrained network, raw pixels) as horizontal lines. The published ViT-L/16 ImageNet-1k numbers: on
-  the same axes when the runs are that setting, else their Δ to dense in a panel of their own (a small model on
-  another dataset has another scale; the shape is what compares).
-- `plot_losses`: one panel per loss term, every schedule overlaid, coloured by its share of sparse steps, the
-  sparse->dense switch marked on each curve.
+  baselines (untrained network, raw pixels) as horizontal lines. Where the runs differ in config keys other than the
+  schedule (a row's `config_label`), one series per combination of those keys, coloured and named in the legend.
+  The published ViT-L/16 ImageNet-1k numbers: on the same axes when the runs are that setting, else their Δ to dense
+  in a panel of their own (a small model on another dataset has another scale; the shape is what compares).
+- `plot_losses`: one panel per loss term, every schedule overlaid, coloured by its share of sparse steps (by its
+  row's label where the runs differ in other config keys too), the sparse->dense switch marked on each curve.
 
 Rows and runs are duck-typed (table.TableRow, run_logs.RunSummary): this module imports nothing from table.py.
 """
 
 import math
 import statistics
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -33,6 +35,9 @@ X_LABEL = "steps trained 2:4-sparse before switching to dense (%)"
 PUBLISHED_COLOR = "0.35"
 SERIES = (("top1", "linear probe", "C0", "o"), ("knn_top1", "k-NN", "C1", "s"))
 BASELINE_STYLES = {"random_init": (0, (6, 2, 1, 2)), "pixels": (0, (2, 2))}
+MULTI_STYLES = {"top1": "-", "knn_top1": "--"}  # several configurations: colour = configuration, line = metric
+MULTI_BASELINE_COLORS = {"top1": "0.2", "knn_top1": "0.55"}
+LEGEND_WIDTH = 90  # characters of a legend entry before it wraps
 TERM_TITLES = {"loss": "Total loss", "dino_local_crops_loss": "DINO loss, local crops",
                "dino_global_crops_loss": "DINO loss, global crops", "koleo_loss": "KoLeo regulariser",
                "ibot_loss": "iBOT masked-patch loss"}
@@ -100,7 +105,76 @@ def _knn_label(rows) -> str:
     return f"k-NN (k={ks.pop() if len(ks) == 1 else KNN_SHOWN_K})" if len(ks) <= 1 else "k-NN (k nearest to 20)"
 
 
-def _ours(ax, rows) -> tuple[list[float], set]:
+def _configurations(rows) -> list[tuple[str, list]]:
+    """[(config label, rows)]: the rows per combination of the non-schedule config keys that differ, in the rows'
+    order (one entry, label "", where only the schedule differs)."""
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(getattr(r, "config_label", ""), []).append(r)
+    return list(groups.items())
+
+
+def _palette(n: int) -> list:
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _ours(ax, rows) -> tuple[list[float], set, list]:
+    """One series per configuration (`_configurations`): `_one_configuration` or `_configurations_apart`. Returns
+    every value drawn, the kinds of error bar drawn and the legend handles of what was drawn."""
+    configurations = _configurations(rows)
+    if len(configurations) > 1:
+        return _configurations_apart(ax, configurations)
+    drawn, kinds = _one_configuration(ax, rows)
+    handles = ax.get_legend_handles_labels()[0]
+    if any(x == 0.0 for x, *_ in _by_share(rows, "top1") + _by_share(rows, "knn_top1")):
+        handles.append(Line2D([], [], color="0.3", ls=":", label="dense run (0% sparse)"))
+    return drawn, kinds, handles
+
+
+def _configurations_apart(ax, configurations) -> tuple[list[float], set, list]:
+    """Per configuration one colour, per metric one line style (linear probe solid, k-NN dashed); the points of the
+    configurations spread sideways by up to 3 pp of share so that equal schedules do not hide each other. A dotted
+    line at the dense mean where the configuration has sparse schedules too."""
+    n = len(configurations)
+    step = min(1.0, 6.0 / (n - 1))
+    drawn, kinds, handles, dense_lines = [], set(), [], False
+    for i, ((label, rows), color) in enumerate(zip(configurations, _palette(n))):
+        offset = (i - (n - 1) / 2) * step
+        for key, _, _, marker in SERIES:
+            groups = _groups(rows, key)
+            if not groups:
+                continue
+            xs, means, _, values = zip(*_points(groups))
+            below, above, drawn_kinds = _error_bars(groups)
+            kinds |= drawn_kinds
+            shifted = [x + offset for x in xs]
+            ax.errorbar(shifted, means, yerr=[below, above] if any(below + above) else None,
+                        fmt=marker + MULTI_STYLES[key], color=color, capsize=3, lw=1.4, ms=5, zorder=3)
+            for x, v in zip(shifted, values):
+                if len(v) > 1:
+                    ax.plot([x] * len(v), v, marker, ms=4, mfc="none", mec=color, alpha=0.7, zorder=2)
+            if xs[0] == 0.0 and len(xs) > 1:
+                ax.axhline(means[0], color=color, ls=":", lw=0.9, zorder=1)
+                dense_lines = True
+            drawn += list(means) + [y for v in values for y in v]
+        for r in rows:
+            if r.status != "complete" and r.top1 is not None:
+                ax.annotate(r.status.split(" (")[0], (_share(r) + offset, r.top1), fontsize=7, xytext=(4, -10),
+                            textcoords="offset points", color=color)
+        handles.append(Line2D([], [], color=color, lw=2.5, label=textwrap.fill(label or "(config unknown)",
+                                                                               LEGEND_WIDTH)))
+    handles += [Line2D([], [], color="0.3", marker=marker, ls=MULTI_STYLES[key],
+                       label=_knn_label([r for _, rows in configurations for r in rows]) if key == "knn_top1"
+                       else label) for key, label, _, marker in SERIES]
+    if dense_lines:
+        handles.append(Line2D([], [], color="0.3", ls=":", label="dense run (0% sparse)"))
+    if not drawn:
+        ax.text(0.5, 0.5, "no evaluated runs yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
+    return drawn, kinds, handles
+
+
+def _one_configuration(ax, rows) -> tuple[list[float], set]:
     """Mean over seeds, each seed as a small hollow marker, error bars as `_error_bars` says; the dense mean as a
     dotted line. Returns every value drawn (for the baselines' scale check) and the kinds of error bar drawn."""
     drawn, kinds = [], set()
@@ -128,14 +202,15 @@ def _ours(ax, rows) -> tuple[list[float], set]:
     return drawn, kinds
 
 
-def _baselines(ax, baselines, drawn: list[float]) -> list[str]:
-    """Each baseline's linear and k-NN top-1 as horizontal lines, if they fit without squashing the runs' scale;
-    returns caption lines for those left out."""
+def _baselines(ax, baselines, drawn: list[float], several: bool = False) -> list[str]:
+    """Each baseline's linear and k-NN top-1 as horizontal lines (grey where `several` configurations take the
+    colours), if they fit without squashing the runs' scale; returns caption lines for those left out."""
     low, high = (min(drawn), max(drawn)) if drawn else (0.0, 100.0)
     span = max(high - low, 5.0)
     off_scale = []
     for b in baselines:
-        pairs = [(v, c) for (key, _, c, _), v in zip(SERIES, (b.top1, b.knn_top1)) if v is not None]
+        pairs = [(v, MULTI_BASELINE_COLORS[key] if several else c)
+                 for (key, _, c, _), v in zip(SERIES, (b.top1, b.knn_top1)) if v is not None]
         fits = all(max(high, v) - min(low, v) <= 3.0 * span for v, _ in pairs)
         if not fits:
             off_scale.append(f"{b.label}: " + ", ".join(
@@ -183,11 +258,9 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
         fig, axes = plt.subplots(1, 1 if same_setting else 2, figsize=(7.5 if same_setting else 13, 5.2),
                                  squeeze=False, gridspec_kw=None if same_setting else {"width_ratios": (1.25, 1)})
         ax = axes[0][0]
-        drawn, error_kinds = _ours(ax, ours)
-        off_scale = _baselines(ax, baselines, drawn)
-        handles = ax.get_legend_handles_labels()[0]
-        if any(x == 0.0 for x, *_ in _by_share(ours, "top1") + _by_share(ours, "knn_top1")):
-            handles.append(Line2D([], [], color="0.3", ls=":", label="dense run (0% sparse)"))
+        several = len(_configurations(ours)) > 1
+        drawn, error_kinds, handles = _ours(ax, ours)
+        off_scale = _baselines(ax, baselines, drawn, several)
         handles += [Line2D([], [], color="0.3", ls=BASELINE_STYLES.get(b.key, "--"), label=b.label)
                     for b in baselines if not any(line.startswith(b.label) for line in off_scale)]
         if same_setting:
@@ -199,8 +272,13 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
             ref.axhline(0.0, color="0.6", lw=0.8)
             _published(ref, delta=True)
             _axes(ref, f"Published: {published.SHORT_SOURCE}", "top-1 change vs the dense run (pp)")
-        _legend_below(ax, handles, ncol=3)
+        long_labels = any(len(h.get_label()) > 40 for h in handles)  # configurations' names: one a line
+        _legend_below(ax, handles, ncol=(1 if long_labels else 2) if several else 3)
         caption = []
+        if several:
+            caption.append("One colour per configuration (the config keys in which the runs differ); solid: linear "
+                           "probe, dashed: k-NN. Configurations at the same share are drawn side by side, up to 3 pp "
+                           "apart.")
         if "seeds" in error_kinds:
             caption.append("Error bars: half the range over seeds (hollow markers: the single seeds).")
         if "wilson" in error_kinds:
@@ -243,16 +321,24 @@ def _colors(runs) -> dict:
     return {f: cmap(0.9 * i / max(len(fractions) - 1, 1)) for i, f in enumerate(fractions)}
 
 
-def plot_losses(runs, path: Path) -> Path:
-    """One panel per loss term, every schedule overlaid (colour: share of sparse steps; dashed: other seeds)."""
+def plot_losses(runs, path: Path, labels=None) -> Path:
+    """One panel per loss term, every schedule overlaid (colour: share of sparse steps; dashed: other seeds).
+    `labels`: each run's row label where the runs differ in more than the schedule; the colour is then the label's
+    (one per configuration and schedule) and the legend, at the right, names them."""
     terms = _terms(runs) or ["loss"]
     columns = min(3, len(terms))
-    spare = len(terms) % columns != 0 and len(terms) > columns  # an empty grid cell takes the legend
+    spare = len(terms) % columns != 0 and len(terms) > columns and labels is None  # an empty cell takes the legend
     lines = math.ceil(len(terms) / columns)
     longest = max((len(r.loss_terms.get("loss", [])) for r in runs), default=0)
     window = (longest // 40) | 1 if longest > 80 else 1  # noisy per-step losses: ~40 averages per run
     base_seed = min((r.seed for r in runs if r.seed is not None), default=None)
-    colors = _colors(runs)
+    if labels is None:
+        colors = _colors(runs)
+        keys = [run.sparse_fraction for run in runs]
+    else:
+        keys = list(labels)
+        distinct = list(dict.fromkeys(keys))
+        colors = dict(zip(distinct, _palette(len(distinct))))
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns + (0 if spare else 2.2), 3.4 * lines),
                                  squeeze=False, sharex=True)
@@ -260,16 +346,16 @@ def plot_losses(runs, path: Path) -> Path:
         clipped = False
         for ax, term in zip(flat, terms):
             late = []
-            for run in runs:
+            for run, key in zip(runs, keys):
                 curve = run.loss_terms.get(term)
                 if not curve:
                     continue
                 xs, ys = _smooth(*zip(*curve), window)
                 dashed = run.seed is not None and base_seed is not None and run.seed != base_seed
-                ax.plot(xs, ys, color=colors[run.sparse_fraction], lw=1.3, ls="--" if dashed else "-")
+                ax.plot(xs, ys, color=colors[key], lw=1.3, ls="--" if dashed else "-")
                 switch = run.sparse_steps
                 if switch and run.total_steps and switch < run.total_steps and xs[0] <= switch <= xs[-1]:
-                    ax.plot(switch, np.interp(switch, xs, ys), "o", ms=6, mfc=colors[run.sparse_fraction],
+                    ax.plot(switch, np.interp(switch, xs, ys), "o", ms=6, mfc=colors[key],
                             mec="black", mew=0.8, zorder=4)
                 cut = 0.1 * (run.total_steps or xs[-1])  # the first 10% of steps: the initial transient
                 late += [y for x, y in zip(xs, ys) if x >= cut and math.isfinite(y)]
@@ -290,12 +376,12 @@ def plot_losses(runs, path: Path) -> Path:
         if not runs:
             flat[0].text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", color="0.4",
                          transform=flat[0].transAxes)
-        handles = _loss_legend(runs, base_seed, colors)
+        handles = _loss_legend(runs, base_seed, colors, keys)
+        title = "schedule (% steps sparse)" if labels is None else "schedule · configuration"
         if spare:
-            flat[-1].legend(handles=handles, loc="center", frameon=False, title="schedule (% steps sparse)")
+            flat[-1].legend(handles=handles, loc="center", frameon=False, title=title)
         else:
-            fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
-                       title="schedule (% steps sparse)")
+            fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, title=title)
         notes = []
         if window > 1:
             notes.append(f"Curves: moving average over {window} logged values.")
@@ -305,16 +391,20 @@ def plot_losses(runs, path: Path) -> Path:
     return Path(path)
 
 
-def _loss_legend(runs, base_seed, colors: dict) -> list:
+def _loss_legend(runs, base_seed, colors: dict, keys: list) -> list:
+    """One entry per colour key (sparse fraction, or row label), its first run's state where not complete."""
     handles, seen = [], set()
-    for run in runs:
-        if run.sparse_fraction in seen:
+    for run, key in zip(runs, keys):
+        if key in seen:
             continue
-        seen.add(run.sparse_fraction)
-        label = "?" if run.sparse_fraction is None else f"{run.sparse_fraction * 100:g}% sparse"
+        seen.add(key)
+        if isinstance(key, str):
+            label = key
+        else:
+            label = "?" if run.sparse_fraction is None else f"{run.sparse_fraction * 100:g}% sparse"
         if run.status != "complete":
             label += f" ({run.status.split(' (')[0]})"  # the state, without its details
-        handles.append(Line2D([], [], color=colors[run.sparse_fraction], lw=2, label=label))
+        handles.append(Line2D([], [], color=colors[key], lw=2, label=textwrap.fill(label, LEGEND_WIDTH // 2 + 15)))
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     if len(seeds) > 1:
         handles.append(Line2D([], [], color="0.2", lw=1.3, label=f"seed {base_seed}"))

@@ -7,6 +7,7 @@ may be missing or cut short: the summary then says so in `status` instead of rai
 shows every run.
 """
 
+import dataclasses
 import json
 import math
 import statistics
@@ -84,6 +85,8 @@ class RunSummary(EvalResults):
     sparse_steps: Optional[int] = None
     global_batch: Optional[int] = None
     seed: Optional[int] = None
+    # every key of the resolved config, flattened ({"student.arch": "vit_small", ...}); None if unreadable
+    config: Optional[dict] = field(default=None, repr=False)
     # progress and timing (from metrics.jsonl and the checkpoints)
     steps_done: int = 0
     time_s: Optional[float] = None  # summed step time of the logged windows (excludes start-up and evaluation)
@@ -141,8 +144,9 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
         return False
     try:
         cfg = load_config(path)
-    except (ConfigError, OSError, ValueError) as e:
-        run.train_status, run.reason = UNREADABLE, _short(f"config.yaml: {e}")
+    except (ConfigError, OSError, ValueError) as e:  # the message without the machine's path to the file
+        message = str(e).replace(f"{path}: ", "").replace(str(path), CONFIG)
+        run.train_status, run.reason = UNREADABLE, _short(f"{CONFIG}: {message}")
         return False
     run.arch, run.patch_size, run.dataset = cfg.student.arch, cfg.student.patch_size, cfg.data.dataset
     run.data_root = cfg.data.root
@@ -150,7 +154,17 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
     run.total_steps, run.sparse_steps = cfg.total_steps, cfg.sparse_steps
     run.global_batch = _global_batch(run_dir, cfg.train.batch_size_per_gpu)
     run.seed = cfg.train.seed
+    run.config = flatten_config(dataclasses.asdict(cfg))
     return True
+
+
+def flatten_config(node: dict, prefix: str = "") -> dict:
+    """{"section.key": value} of a nested config; lists stay values."""
+    out = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        out.update(flatten_config(value, name + ".") if isinstance(value, dict) else {name: value})
+    return out
 
 
 def _global_batch(run_dir: Path, batch_size_per_gpu: int) -> int:

@@ -1,27 +1,39 @@
 """The result table of a sparse-then-dense study: one row per run, shaped like the published 2:4 DINOv2 table.
 
 `make_table(run_dirs, out)` writes `table.md`, `table.csv`, `summary.json` and the plots. Every run given appears,
-whatever its state (complete, no eval, partial, failed, missing). Deltas and speed-ups are taken against the dense
-(sparse fraction 0) run of the same setting (architecture, patch, dataset, total steps) and the same seed where
-there is one. Where a schedule ran with several seeds, a second table gives its mean and spread over seeds; the
-baselines (untrained network, raw pixels) follow the runs. For the ViT-L/16 ImageNet setting the published numbers
-sit next to ours, otherwise in a section of their own.
+whatever its state (complete, no eval, partial, failed, missing). Runs are grouped by their config.yaml: two runs are
+seeds of one configuration iff their configs are equal apart from `train.seed` and the keys that only say how a run
+executes (`configs.load.RESUMABLE_CHANGES`: workers, logging, checkpoints, compilation, data path, ...; the per-GPU
+batch counts through the global batch). Each run is labelled by its schedule plus its values of the config keys that
+differ between the table's runs ("70% sparse · sparsity.teacher=sparse"). Deltas and speed-ups are taken against
+the dense (sparse fraction 0) run of the same configuration apart from its `sparsity.*` keys (which do nothing
+without a sparse phase) and the same seed where there is one. Where a configuration ran with several seeds, a second
+table gives its mean and spread over seeds; the baselines (untrained network, raw pixels) follow the runs. For the
+ViT-L/16 ImageNet setting the published numbers sit next to ours, otherwise in a section of their own. Paths in the
+CSV and JSON are relative to the folder holding the runs.
 """
 
 import json
 import math
+import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from configs.load import RESUMABLE_CHANGES
+
 from . import published
 from .intervals import wilson_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs, read_run
-from .table_format import markdown, write_csv
+from .table_format import config_value, markdown, write_csv
 
 BASELINE_LABELS = {"random_init": "random-init network", "pixels": "raw pixels (logistic regression)"}
 ARCH_NAMES = {"vit_tiny": "ViT-Ti", "vit_small": "ViT-S", "vit_base": "ViT-B", "vit_large": "ViT-L"}
+SCHEDULE_KEY, SEED_KEY = "sparsity.sparse_fraction", "train.seed"
+GLOBAL_BATCH_KEY = "train.global_batch"  # processes x per-GPU batch: compared instead of train.batch_size_per_gpu
+NOT_COMPARED = (SEED_KEY, *RESUMABLE_CHANGES)  # seeds of one configuration may differ in these
+SPARSITY_PREFIX = "sparsity."  # keys without effect on a dense run: ignored when looking for a run's dense reference
 
 
 def is_published_setting(run: RunSummary) -> bool:
@@ -75,13 +87,20 @@ class TableRow:
     published_top1: Optional[float] = None
     published_delta_top1: Optional[float] = None
     published_schedule: str = ""
-    path: str = ""
+    path: str = ""  # relative to the folder holding the runs
     n_val: Optional[int] = None  # validation images behind top-1 and k-NN top-1
+    # this run's values of the config keys that differ between the table's runs (schedule and seed aside)
+    differing_config: dict = field(default_factory=dict)
+
+    @property
+    def config_label(self) -> str:
+        return config_label(self.differing_config)
 
 
 @dataclass
 class ScheduleMean:
-    """One schedule over its complete runs (seeds): mean and spread = half the range, (max - min) / 2."""
+    """One configuration (schedule and differing config keys) over its complete runs (seeds): mean and spread =
+    half the range, (max - min) / 2."""
 
     schedule: str
     sparse_fraction: float
@@ -97,6 +116,12 @@ class ScheduleMean:
     dense_images_per_s: Optional[float]
     final_loss: Optional[float]
     knn_k: Optional[int] = None
+    n_seeds: int = 0  # complete runs averaged (one per seed)
+    differing_config: dict = field(default_factory=dict)  # as TableRow's
+
+    @property
+    def config_label(self) -> str:
+        return config_label(self.differing_config)
 
 
 @dataclass
@@ -112,7 +137,7 @@ class BaselineRow:
     knn_k: Optional[int]
     best_C: Optional[float]
     knn: dict = field(default_factory=dict)
-    path: str = ""
+    path: str = ""  # relative to the folder holding the runs
 
 
 def schedule_label(fraction: Optional[float]) -> str:
@@ -124,19 +149,81 @@ def schedule_label(fraction: Optional[float]) -> str:
     return label + " (2:4-sparse model)" if fraction == 1.0 else label
 
 
-def _setting(run: RunSummary) -> tuple:
-    return run.arch, run.patch_size, run.dataset, run.total_steps
+def config_value(value) -> str:
+    """A config value as labels and the CSV show it: floats in their shortest exact form (1e-05, 0.004), so that
+    two different values never print alike."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(config_value(v) for v in value) + "]"
+    return repr(value) if isinstance(value, float) else str(value)
 
 
-def dense_references(runs: list[RunSummary]) -> dict[tuple, RunSummary]:
-    """Per (setting, seed) and per (setting, None) = lowest seed: the dense run the others are compared with, fully
-    trained, evaluated if any is."""
+def config_label(differing: dict) -> str:
+    """"student.arch=vit_tiny, optim.base_lr=0.001": the values of the keys that differ between the rows."""
+    return ", ".join(f"{key}={config_value(value)}" for key, value in differing.items())
+
+
+def row_label(fraction: Optional[float], differing: dict) -> str:
+    """The schedule alone where only schedules differ ("70% sparse", "0% sparse (dense baseline)"), else the short
+    schedule and the differing keys ("dense · student.arch=vit_small", "70% sparse · sparsity.teacher=sparse")."""
+    if not differing:
+        return schedule_label(fraction)
+    schedule = "unknown schedule" if fraction is None else "dense" if fraction == 0.0 else f"{fraction * 100:g}% sparse"
+    return f"{schedule} · {config_label(differing)}"
+
+
+def compared_config(run: RunSummary) -> Optional[dict]:
+    """The run's config as compared between runs: without the seed and the keys of how it executes, with its
+    global batch; None where config.yaml was not read."""
+    if run.config is None:
+        return None
+    compared = {key: value for key, value in run.config.items() if key not in NOT_COMPARED}
+    compared[GLOBAL_BATCH_KEY] = run.global_batch
+    return compared
+
+
+def _hashable(value):
+    return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def differing_keys(runs: list[RunSummary]) -> list[str]:
+    """The compared config keys (schedule aside) whose values are not the same in every run read, in config order."""
+    configs = [c for run in runs if (c := compared_config(run)) is not None]
+    keys = dict.fromkeys(key for c in configs for key in c)
+    return [key for key in keys if key != SCHEDULE_KEY and len({_hashable(c.get(key)) for c in configs}) > 1]
+
+
+def differing_config(run: RunSummary, keys: Sequence[str]) -> dict:
+    compared = compared_config(run)
+    return {} if compared is None else {key: compared.get(key) for key in keys}
+
+
+def _config_order(differing: dict) -> tuple:
+    """Sort key of a configuration: numbers by value, other values by their text."""
+    return tuple((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, config_value(v))
+                 for v in differing.values())
+
+
+def _reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]:
+    """What a run and its dense reference share: the differing keys except sparsity.* (all other keys are equal in
+    every run); None where the config is unknown."""
+    if run.config is None:
+        return None
+    return tuple((key, _hashable(value)) for key, value in differing_config(run, keys).items()
+                 if not key.startswith(SPARSITY_PREFIX))
+
+
+def dense_references(runs: list[RunSummary], keys: Sequence[str] = ()) -> dict[tuple, RunSummary]:
+    """Per (configuration, seed) and per (configuration, None) = lowest seed: the dense run the others are compared
+    with, fully trained, evaluated if any is. The configuration: `_reference_key` of the `keys` that differ."""
     references: dict[tuple, RunSummary] = {}
     ordered = sorted(runs, key=lambda r: (r.seed is None, r.seed or 0, r.name))
     for run in ordered:
-        if run.sparse_fraction != 0.0 or run.train_status != COMPLETE:
+        reference_key = _reference_key(run, keys)
+        if run.sparse_fraction != 0.0 or run.train_status != COMPLETE or reference_key is None:
             continue
-        for key in ((_setting(run), run.seed), (_setting(run), None)):
+        for key in ((reference_key, run.seed), (reference_key, None)):
             current = references.get(key)
             if current is None or (current.top1 is None and run.top1 is not None):
                 references[key] = run
@@ -157,16 +244,33 @@ def _difference(value: Optional[float], reference: Optional[float]) -> Optional[
     return None if value is None or reference is None else value - reference
 
 
-def build_rows(runs: list[RunSummary]) -> list[TableRow]:
-    references = dense_references(runs)
+def runs_folder(runs: list[RunSummary]) -> Path:
+    """The deepest folder holding every run: what the table's paths are relative to."""
+    parents = [os.path.dirname(os.path.abspath(run.path)) for run in runs]
+    return Path(os.path.commonpath(parents)) if parents else Path.cwd()
+
+
+def relative_path(path: str, folder: Path) -> str:
+    return os.path.relpath(os.path.abspath(path), folder) if path else path
+
+
+def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[TableRow]:
+    """One row per run, sorted by schedule, then configuration, then seed; paths relative to `folder` (default:
+    `runs_folder`)."""
+    folder = runs_folder(runs) if folder is None else folder
+    keys = differing_keys(runs)
+    references = dense_references(runs, keys)
     rows = []
     for run in runs:
-        dense = references.get((_setting(run), run.seed)) or references.get((_setting(run), None))
+        reference_key = _reference_key(run, keys)
+        dense = None if reference_key is None else (references.get((reference_key, run.seed))
+                                                   or references.get((reference_key, None)))
+        differing = differing_config(run, keys)
         dense_rate = dense.seconds_per_step if dense else None
         speedup = dense_rate / run.seconds_per_step if dense_rate and run.seconds_per_step else None
         pub = published_row_for(run)
         rows.append(TableRow(
-            run=run.name, schedule=schedule_label(run.sparse_fraction), status=run.status,
+            run=run.name, schedule=row_label(run.sparse_fraction, differing), status=run.status,
             sparse_fraction=run.sparse_fraction, seed=run.seed, sparse_steps=run.sparse_steps,
             dense_steps=run.dense_steps, total_steps=run.total_steps, steps_done=run.steps_done, top1=run.top1,
             top5=run.top5, knn_top1=run.knn_top1, knn_k=run.knn_k,
@@ -179,9 +283,10 @@ def build_rows(runs: list[RunSummary]) -> list[TableRow]:
             published_top1=pub.top1 if pub else None, published_delta_top1=pub.delta_top1 if pub else None,
             published_schedule=f"{pub.label}: {pub.sparse_steps:,} of {published.TOTAL_STEPS:,} steps sparse"
                                if pub else "",
-            path=run.path, n_val=run.n_val,
+            path=relative_path(run.path, folder), n_val=run.n_val, differing_config=differing,
         ))
-    return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0, r.seed or 0, r.run))
+    return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
+                                       _config_order(r.differing_config), r.seed or 0, r.run))
 
 
 def mean_and_half_range(values: list) -> tuple[Optional[float], Optional[float]]:
@@ -192,34 +297,49 @@ def mean_and_half_range(values: list) -> tuple[Optional[float], Optional[float]]
     return statistics.fmean(values), (max(values) - min(values)) / 2 if len(values) > 1 else None
 
 
+def _group_key(row) -> tuple:
+    """Rows with the same schedule and the same values of the differing keys have the same compared config."""
+    return row.sparse_fraction, tuple((k, _hashable(v)) for k, v in row.differing_config.items())
+
+
+def _mean_reference_key(mean: ScheduleMean) -> tuple:
+    return tuple((k, _hashable(v)) for k, v in mean.differing_config.items() if not k.startswith(SPARSITY_PREFIX))
+
+
 def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
-    """Per sparse fraction, over its complete runs (one per seed)."""
-    groups: dict[float, list[TableRow]] = {}
+    """Per configuration (schedule and differing config keys), over its complete runs (one per seed); Δ against
+    the mean of the dense configuration that differs from it in sparsity.* keys only."""
+    groups: dict[tuple, list[TableRow]] = {}
     for row in rows:
         if row.status == COMPLETE and row.sparse_fraction is not None:
-            groups.setdefault(row.sparse_fraction, []).append(row)
+            groups.setdefault(_group_key(row), []).append(row)
     means = []
-    for fraction, group in sorted(groups.items()):
+    for group in sorted(groups.values(), key=lambda g: (g[0].sparse_fraction, _config_order(g[0].differing_config))):
+        fraction = group[0].sparse_fraction
         top1, top1_spread = mean_and_half_range([r.top1 for r in group])
         knn, knn_spread = mean_and_half_range([r.knn_top1 for r in group])
         ks = {r.knn_k for r in group if r.knn_k is not None}
         means.append(ScheduleMean(
-            schedule=schedule_label(fraction), sparse_fraction=fraction, seeds=[r.seed for r in group],
+            schedule=group[0].schedule, sparse_fraction=fraction, seeds=[r.seed for r in group],
             runs=[r.run for r in group], top1=top1, top1_spread=top1_spread, knn_top1=knn, knn_top1_spread=knn_spread,
             delta_top1=None, delta_knn_top1=None,
             sparse_images_per_s=mean_and_half_range([r.sparse_images_per_s for r in group])[0],
             dense_images_per_s=mean_and_half_range([r.dense_images_per_s for r in group])[0],
             final_loss=mean_and_half_range([r.final_loss for r in group])[0],
-            knn_k=ks.pop() if len(ks) == 1 else None))
-    dense = next((m for m in means if m.sparse_fraction == 0.0), None)
+            knn_k=ks.pop() if len(ks) == 1 else None, n_seeds=len(group),
+            differing_config=dict(group[0].differing_config)))
     for m in means:
+        dense = next((d for d in means if d.sparse_fraction == 0.0
+                      and _mean_reference_key(d) == _mean_reference_key(m)), None)
         m.delta_top1 = _difference(m.top1, dense.top1 if dense else None)
         m.delta_knn_top1 = _difference(m.knn_top1, dense.knn_top1 if dense else None)
     return means
 
 
-def baseline_rows(runs: list[RunSummary]) -> list[BaselineRow]:
-    """Each baseline once, from the dense lowest-seed run if it has it, else from the first run that does."""
+def baseline_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[BaselineRow]:
+    """Each baseline once, from the dense lowest-seed run if it has it, else from the first run that does; paths
+    relative to `folder` (default: `runs_folder`)."""
+    folder = runs_folder(runs) if folder is None else folder
     preferred = sorted(runs, key=lambda r: (r.sparse_fraction != 0.0, r.seed is None, r.seed or 0, r.name))
     rows = []
     for key, label in BASELINE_LABELS.items():
@@ -228,7 +348,8 @@ def baseline_rows(runs: list[RunSummary]) -> list[BaselineRow]:
             run, record = found
             rows.append(BaselineRow(key=key, label=label, run=run.name, top1=record.top1, top5=record.top5,
                                     knn_top1=record.knn_top1, knn_k=record.knn_k, best_C=record.best_C,
-                                    knn=dict(sorted(record.knn.items())), path=record.path))
+                                    knn=dict(sorted(record.knn.items())),
+                                    path=relative_path(record.path, folder)))
     return rows
 
 
@@ -240,8 +361,23 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[Schedu
              "first after a resume), which hold compilation and warm-up. Training time: summed step time from "
              "metrics.jsonl, all windows, without start-up and evaluation; speed-up = dense seconds per step / this "
              "run's seconds per step."]
+    keys = differing_keys(runs)
+    if keys:
+        notes.append("Rows are configurations: runs whose config.yaml differ only in train.seed are seeds of one "
+                     "configuration, and so are runs differing in how they execute (configs/load.py "
+                     "RESUMABLE_CHANGES: workers, logging, checkpoints, compilation, the per-GPU batch at the same "
+                     f"global batch, the data path, the sparsity backend). These runs differ in {', '.join(keys)}; "
+                     "each run's dense reference has the same values of these keys apart from sparsity.*.")
     if not any(r.sparse_fraction == 0.0 and r.train_status == COMPLETE for r in runs):
         notes.append("No complete dense (0% sparse) run among these runs: Δ and speed-up are left blank.")
+    elif keys:
+        references = dense_references(runs, keys)
+        unmatched = dict.fromkeys(row_label(run.sparse_fraction, differing_config(run, keys)) for run in runs
+                                  if run.sparse_fraction is not None and run.sparse_fraction > 0.0
+                                  and (_reference_key(run, keys), None) not in references)
+        if unmatched:
+            notes.append("No complete dense run of the same configuration for " + "; ".join(unmatched)
+                         + ": Δ and speed-up are left blank there.")
     if any(r.published_top1 is not None for r in rows):
         notes.append(f"Published: {published.SOURCE}. Its \"40% sparse\" row ran 40k of 125k steps sparse (32%); "
                      "runs with sparse_fraction 0.4 (50k steps) or 0.32 are both compared with it.")
@@ -278,10 +414,11 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     """Read the runs under `run_paths` and write the table, CSV, JSON summary and (unless `plots` is False) the
     plots into `out`; returns the paths written. `extra_notes` are added to the table's notes."""
     runs = [read_run(path) for path in find_run_dirs(run_paths)]
-    rows = build_rows(runs)
+    folder = runs_folder(runs)  # the CSV's and JSON's paths are relative to it: no path of this machine in them
+    rows = build_rows(runs, folder)
     means = schedule_means(rows)
     shown_means = means if any(len(m.runs) > 1 for m in means) else []  # one seed each: the rows say it all
-    baselines = baseline_rows(runs)
+    baselines = baseline_rows(runs, folder)
     notes = table_notes(runs, rows, means) + list(extra_notes)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -299,7 +436,11 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     from .plots import plot_accuracy, plot_losses  # matplotlib only when plotting
 
     plot_accuracy(rows, paths[3], baselines=baselines, setting=setting_label(runs))
-    by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0, r.seed or 0,
-                                              r.name))
-    plot_losses([r for r in by_fraction if r.loss_curve], paths[4])
+    keys = differing_keys(runs)
+    differing = {id(run): differing_config(run, keys) for run in runs}
+    by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
+                                              _config_order(differing[id(r)]), r.seed or 0, r.name))
+    drawn = [r for r in by_fraction if r.loss_curve]
+    plot_losses(drawn, paths[4], labels=[row_label(r.sparse_fraction, differing[id(r)]) for r in drawn]
+                if keys else None)
     return paths

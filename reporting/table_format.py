@@ -90,10 +90,10 @@ def markdown(rows, means, baselines, notes: list[str]) -> str:
 
 def means_markdown(means, knn_header: str, name_k: bool) -> str:
     lines = ["## Per schedule, over seeds (mean ± half the range)", "",
-             f"| Schedule | Seeds | Linear top-1 (%) | Δ top-1 (pp) | {knn_header} | Δ k-NN (pp) | "
-             "Images/s, sparse phase | Images/s, dense phase | Final loss |", "|---|---|---|---|---|---|---|---|---|"]
+             f"| Schedule | Seeds | n | Linear top-1 (%) | Δ top-1 (pp) | {knn_header} | Δ k-NN (pp) | "
+             "Images/s, sparse phase | Images/s, dense phase | Final loss |", "|---|---|---|---|---|---|---|---|---|---|"]
     for m in means:
-        lines.append(f"| {m.schedule} | {', '.join('–' if s is None else str(s) for s in m.seeds)} | "
+        lines.append(f"| {m.schedule} | {', '.join('–' if s is None else str(s) for s in m.seeds)} | {m.n_seeds} | "
                      f"{_with_spread(m.top1, m.top1_spread, '.2f')} | {_number(m.delta_top1, '+.2f')} | "
                      f"{_knn_cell(m, _with_spread(m.knn_top1, m.knn_top1_spread, '.2f'), name_k)} | "
                      f"{_number(m.delta_knn_top1, '+.2f')} | {_rate(m.sparse_images_per_s)} | "
@@ -121,8 +121,10 @@ def published_markdown() -> str:
     return "\n".join(lines)
 
 
-# kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels)
-CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "sparse_steps", "dense_steps",
+# kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels). After
+# "schedule" (the row's label) come the config keys that differ between the rows, one column each; at the end the
+# k-NN top-1 per k.
+CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "n_seeds", "sparse_steps", "dense_steps",
               "total_steps", "steps_done", "top1", "top1_spread", "top5", "delta_top1", "knn_top1", "knn_k",
               "knn_top1_spread", "delta_knn_top1", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
               "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss", "best_C", "eval_seconds",
@@ -132,6 +134,7 @@ CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "s
 def write_csv(rows, means, baselines, path: Path) -> None:
     """One line per run, then per schedule mean (spread: half the range over seeds), then per baseline."""
     knn_ks = sorted({k for item in [*rows, *baselines] for k in item.knn})
+    config_keys = list(dict.fromkeys(key for item in [*rows, *means] for key in item.differing_config))
     lines = []
     for r in rows:
         lines.append({**vars(r), "kind": "run", **{f"knn_top1_k{k}": r.knn.get(k) for k in knn_ks}})
@@ -141,12 +144,29 @@ def write_csv(rows, means, baselines, path: Path) -> None:
     for b in baselines:
         lines.append({**vars(b), "kind": "baseline", "schedule": b.label, "status": f"baseline from {b.run}",
                       "run": f"{b.key} ({b.run})", **{f"knn_top1_k{k}": b.knn.get(k) for k in knn_ks}})
-    fields = CSV_FIELDS + [f"knn_top1_k{k}" for k in knn_ks]
+    at = CSV_FIELDS.index("schedule") + 1
+    fields = CSV_FIELDS[:at] + config_keys + CSV_FIELDS[at:] + [f"knn_top1_k{k}" for k in knn_ks]
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for line in lines:
-            writer.writerow({name: _csv_value(line.get(name)) for name in fields})
+            config = line.get("differing_config") or {}
+            writer.writerow({name: _config_cell(config[name]) if name in config else _csv_value(line.get(name))
+                             for name in fields})
+
+
+def _config_cell(value) -> str:
+    return "" if value is None else config_value(value)
+
+
+def config_value(value) -> str:
+    """A config value as the row labels and the CSV show it: floats in their shortest exact form (1e-05, 0.004, not
+    rounded: two different values never print alike), booleans as YAML writes them."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(config_value(v) for v in value) + "]"
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _csv_value(value):

@@ -66,13 +66,16 @@ def test_two_seeds_give_mean_spread_and_paired_deltas(seeded, tmp_path):
 
     table = (out / "table.md").read_text()
     assert "## Per schedule, over seeds (mean ± half the range)" in table
-    assert "| 0% sparse (dense baseline) | 0, 1 | 80.50 ± 0.50 | +0.00 | 70.30 ± 0.30 |" in table
-    assert "| 70% sparse | 0, 1 | 79.20 ± 0.20 | -1.30 | 69.50 ± 0.50 | -0.80 |" in table
+    assert "| 0% sparse (dense baseline) | 0, 1 | 2 | 80.50 ± 0.50 | +0.00 | 70.30 ± 0.30 |" in table
+    assert "| 70% sparse | 0, 1 | 2 | 79.20 ± 0.20 | -1.30 | 69.50 ± 0.50 | -0.80 |" in table
+    assert "| 100% sparse (2:4-sparse model) | 0 | 1 | 78.00 |" in table
     # the noise level: the largest max - min between seeds is 2 * 0.5 = 1.00 pp
     assert "Seed noise, ± = half the range over seeds" in table and "seeds differ by up to 1.00 pp" in table
     assert "one seed per schedule" not in table
     summary = json.loads((out / "summary.json").read_text())
     assert [m["seeds"] for m in summary["schedule_means"]] == [[0, 1], [0, 1], [0]]
+    assert [m["n_seeds"] for m in summary["schedule_means"]] == [2, 2, 1]
+    assert [m["n_seeds"] for m in lines if m["kind"] == "schedule mean"] == ["2", "2", "1"]
 
 
 def test_baseline_rows_come_from_the_dense_seed0_run_first(seeded, tmp_path):
