@@ -37,7 +37,7 @@ SERIES = (("top1", "linear probe", "C0", "o"), ("knn_top1", "k-NN", "C1", "s"))
 BASELINE_STYLES = {"random_init": (0, (6, 2, 1, 2)), "pixels": (0, (2, 2))}
 MULTI_STYLES = {"top1": "-", "knn_top1": "--"}  # several configurations: colour = configuration, line = metric
 MULTI_BASELINE_COLORS = {"top1": "0.2", "knn_top1": "0.55"}
-LEGEND_WIDTH = 90  # characters of a legend entry before it wraps
+LEGEND_WIDTH = 80  # characters of a legend entry before it wraps
 TERM_TITLES = {"loss": "Total loss", "dino_local_crops_loss": "DINO loss, local crops",
                "dino_global_crops_loss": "DINO loss, global crops", "koleo_loss": "KoLeo regulariser",
                "ibot_loss": "iBOT masked-patch loss"}
@@ -48,6 +48,19 @@ def _save_with_caption(fig, path, caption: str, y: float) -> None:
     fig.tight_layout()
     if caption:
         fig.text(0.01, y, caption, fontsize=9, ha="left", va="top", color="0.25")
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _save_with_legend_below(fig, path, handles, ncol: int, caption: str) -> None:
+    """Lay out, put the legend under the whole figure and `caption` under the legend, write the PNG, free the
+    figure (for long legends, which would squash the axes they belonged to)."""
+    fig.tight_layout()
+    legend = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False)
+    fig.canvas.draw()
+    bottom = legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
+    if caption:
+        fig.text(0.01, bottom - 0.01, caption, fontsize=9, ha="left", va="top", color="0.25")
     fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
 
@@ -119,9 +132,10 @@ def _palette(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def _ours(ax, rows) -> tuple[list[float], set, list]:
+def _ours(ax, rows) -> tuple[list[float], set, list, int]:
     """One series per configuration (`_configurations`): `_one_configuration` or `_configurations_apart`. Returns
-    every value drawn, the kinds of error bar drawn and the legend handles of what was drawn."""
+    every value drawn, the kinds of error bar drawn, the legend handles of what was drawn and the number of
+    configurations left out (nothing evaluated)."""
     configurations = _configurations(rows)
     if len(configurations) > 1:
         return _configurations_apart(ax, configurations)
@@ -129,17 +143,18 @@ def _ours(ax, rows) -> tuple[list[float], set, list]:
     handles = ax.get_legend_handles_labels()[0]
     if any(x == 0.0 for x, *_ in _by_share(rows, "top1") + _by_share(rows, "knn_top1")):
         handles.append(Line2D([], [], color="0.3", ls=":", label="dense run (0% sparse)"))
-    return drawn, kinds, handles
+    return drawn, kinds, handles, 0
 
 
-def _configurations_apart(ax, configurations) -> tuple[list[float], set, list]:
-    """Per configuration one colour, per metric one line style (linear probe solid, k-NN dashed); the points of the
-    configurations spread sideways by up to 3 pp of share so that equal schedules do not hide each other. A dotted
-    line at the dense mean where the configuration has sparse schedules too."""
-    n = len(configurations)
-    step = min(1.0, 6.0 / (n - 1))
+def _configurations_apart(ax, configurations) -> tuple[list[float], set, list, int]:
+    """Per configuration with an evaluated run one colour, per metric one line style (linear probe solid, k-NN
+    dashed); the configurations' points spread sideways by up to 3 pp of share so that equal schedules do not hide
+    each other. A dotted line at the dense mean where the configuration has sparse schedules too."""
+    shown = [(label, rows) for label, rows in configurations if any(_groups(rows, key) for key, *_ in SERIES)]
+    n = len(shown)
+    step = min(1.0, 6.0 / max(n - 1, 1))
     drawn, kinds, handles, dense_lines = [], set(), [], False
-    for i, ((label, rows), color) in enumerate(zip(configurations, _palette(n))):
+    for i, ((label, rows), color) in enumerate(zip(shown, _palette(n))):
         offset = (i - (n - 1) / 2) * step
         for key, _, _, marker in SERIES:
             groups = _groups(rows, key)
@@ -162,8 +177,7 @@ def _configurations_apart(ax, configurations) -> tuple[list[float], set, list]:
             if r.status != "complete" and r.top1 is not None:
                 ax.annotate(r.status.split(" (")[0], (_share(r) + offset, r.top1), fontsize=7, xytext=(4, -10),
                             textcoords="offset points", color=color)
-        handles.append(Line2D([], [], color=color, lw=2.5, label=textwrap.fill(label or "(config unknown)",
-                                                                               LEGEND_WIDTH)))
+        handles.append(Line2D([], [], color=color, lw=2.5, label=textwrap.fill(label, LEGEND_WIDTH)))
     handles += [Line2D([], [], color="0.3", marker=marker, ls=MULTI_STYLES[key],
                        label=_knn_label([r for _, rows in configurations for r in rows]) if key == "knn_top1"
                        else label) for key, label, _, marker in SERIES]
@@ -171,7 +185,7 @@ def _configurations_apart(ax, configurations) -> tuple[list[float], set, list]:
         handles.append(Line2D([], [], color="0.3", ls=":", label="dense run (0% sparse)"))
     if not drawn:
         ax.text(0.5, 0.5, "no evaluated runs yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
-    return drawn, kinds, handles
+    return drawn, kinds, handles, len(configurations) - n
 
 
 def _one_configuration(ax, rows) -> tuple[list[float], set]:
@@ -259,7 +273,7 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
                                  squeeze=False, gridspec_kw=None if same_setting else {"width_ratios": (1.25, 1)})
         ax = axes[0][0]
         several = len(_configurations(ours)) > 1
-        drawn, error_kinds, handles = _ours(ax, ours)
+        drawn, error_kinds, handles, undrawn = _ours(ax, ours)
         off_scale = _baselines(ax, baselines, drawn, several)
         handles += [Line2D([], [], color="0.3", ls=BASELINE_STYLES.get(b.key, "--"), label=b.label)
                     for b in baselines if not any(line.startswith(b.label) for line in off_scale)]
@@ -272,13 +286,14 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
             ref.axhline(0.0, color="0.6", lw=0.8)
             _published(ref, delta=True)
             _axes(ref, f"Published: {published.SHORT_SOURCE}", "top-1 change vs the dense run (pp)")
-        long_labels = any(len(h.get_label()) > 40 for h in handles)  # configurations' names: one a line
-        _legend_below(ax, handles, ncol=(1 if long_labels else 2) if several else 3)
+        if not several:
+            _legend_below(ax, handles, ncol=3)
         caption = []
         if several:
-            caption.append("One colour per configuration (the config keys in which the runs differ); solid: linear "
-                           "probe, dashed: k-NN. Configurations at the same share are drawn side by side, up to 3 pp "
-                           "apart.")
+            caption.append("One colour per configuration (the values of the config keys in which the runs differ); "
+                           "solid: linear probe, dashed: k-NN. Configurations at the same share are drawn side by "
+                           "side, up to 3 pp apart." + (f" Not drawn: {undrawn} configuration(s) without an "
+                                                        "evaluated run." if undrawn else ""))
         if "seeds" in error_kinds:
             caption.append("Error bars: half the range over seeds (hollow markers: the single seeds).")
         if "wilson" in error_kinds:
@@ -289,7 +304,11 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
                            "validation images, the evaluation's sampling error; run-to-run variation is not shown.")
         if off_scale:
             caption.append("Baselines off the scale, not drawn: " + "; ".join(off_scale) + ".")
-        _save_with_caption(fig, path, "\n".join(caption), y=-0.02)
+        if several:
+            two_columns = not same_setting and sum(len(h.get_label()) > 30 for h in handles) > 2
+            _save_with_legend_below(fig, path, handles, ncol=2 if two_columns else 1, caption="\n".join(caption))
+        else:
+            _save_with_caption(fig, path, "\n".join(caption), y=-0.02)
     return Path(path)
 
 
@@ -324,7 +343,7 @@ def _colors(runs) -> dict:
 def plot_losses(runs, path: Path, labels=None) -> Path:
     """One panel per loss term, every schedule overlaid (colour: share of sparse steps; dashed: other seeds).
     `labels`: each run's row label where the runs differ in more than the schedule; the colour is then the label's
-    (one per configuration and schedule) and the legend, at the right, names them."""
+    (one per configuration and schedule) and the legend, under the panels, names them."""
     terms = _terms(runs) or ["loss"]
     columns = min(3, len(terms))
     spare = len(terms) % columns != 0 and len(terms) > columns and labels is None  # an empty cell takes the legend
@@ -340,7 +359,8 @@ def plot_losses(runs, path: Path, labels=None) -> Path:
         distinct = list(dict.fromkeys(keys))
         colors = dict(zip(distinct, _palette(len(distinct))))
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns + (0 if spare else 2.2), 3.4 * lines),
+        fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns + (0 if spare or labels else 2.2),
+                                                          3.4 * lines),
                                  squeeze=False, sharex=True)
         flat = [ax for line in axes for ax in line]
         clipped = False
@@ -377,17 +397,20 @@ def plot_losses(runs, path: Path, labels=None) -> Path:
             flat[0].text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", color="0.4",
                          transform=flat[0].transAxes)
         handles = _loss_legend(runs, base_seed, colors, keys)
-        title = "schedule (% steps sparse)" if labels is None else "schedule · configuration"
         if spare:
-            flat[-1].legend(handles=handles, loc="center", frameon=False, title=title)
-        else:
-            fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, title=title)
+            flat[-1].legend(handles=handles, loc="center", frameon=False, title="schedule (% steps sparse)")
+        elif labels is None:
+            fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                       title="schedule (% steps sparse)")
         notes = []
         if window > 1:
             notes.append(f"Curves: moving average over {window} logged values.")
         if clipped:
             notes.append("Y axes cut to the values after the first 10% of steps (the start is off the top).")
-        _save_with_caption(fig, path, "  ".join(notes), y=-0.01)
+        if labels is None:
+            _save_with_caption(fig, path, "  ".join(notes), y=-0.01)
+        else:
+            _save_with_legend_below(fig, path, handles, ncol=min(columns, 2), caption="  ".join(notes))
     return Path(path)
 
 
@@ -404,7 +427,7 @@ def _loss_legend(runs, base_seed, colors: dict, keys: list) -> list:
             label = "?" if run.sparse_fraction is None else f"{run.sparse_fraction * 100:g}% sparse"
         if run.status != "complete":
             label += f" ({run.status.split(' (')[0]})"  # the state, without its details
-        handles.append(Line2D([], [], color=colors[key], lw=2, label=textwrap.fill(label, LEGEND_WIDTH // 2 + 15)))
+        handles.append(Line2D([], [], color=colors[key], lw=2, label=textwrap.fill(label, LEGEND_WIDTH)))
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     if len(seeds) > 1:
         handles.append(Line2D([], [], color="0.2", lw=1.3, label=f"seed {base_seed}"))

@@ -3,7 +3,7 @@ teacher_backbone.pth, eval_linear.json), built in milliseconds for the table and
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -27,16 +27,17 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
              result="default", log_tail: Optional[str] = None, vitl: bool = False, log_period: int = 5,
              sparse_images_per_s: float = 64.0, dense_images_per_s: float = 32.0, world_size: Optional[int] = None,
              top1: float = 90.0, knn20: Optional[float] = None, seed: int = 0,
-             baselines: Optional[dict] = None) -> Path:
+             baselines: Optional[dict] = None, overrides: Sequence[str] = ()) -> Path:
     """A run of the embedded default (300 steps, batch 32) or of the ViT-L recipe (125k steps, batch 64).
 
     Throughput is constant per phase, so a phase's time is exact: steps * batch / images_per_s.
     `result`: "default" -> an eval_linear.json with `top1` (and `knn20`); None -> no eval; a str other than
     "default" -> written as the file's raw text; a dict -> written as JSON. `log_tail`: a last log line (e.g. an
-    ERROR). `baselines`: {file name: result dict}, e.g. {"eval_linear_pixels.json": eval_result(40.0)}."""
+    ERROR). `baselines`: {file name: result dict}, e.g. {"eval_linear_pixels.json": eval_result(40.0)}.
+    `overrides`: more config key=value, e.g. ["student.arch=vit_small"]."""
     run = Path(root) / name
     run.mkdir(parents=True)
-    overrides = [f"sparsity.sparse_fraction={fraction}", f"train.seed={seed}"]
+    overrides = [f"sparsity.sparse_fraction={fraction}", f"train.seed={seed}", *overrides]
     if vitl:
         cfg = load_config(VITL_CONFIG, ["data.root=/datasets/imagenet", *overrides])
     else:

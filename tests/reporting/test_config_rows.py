@@ -1,0 +1,243 @@
+"""Rows of the table are configurations, not schedules: runs are seeds of one row iff their config.yaml are equal
+apart from train.seed and the keys of how a run executes (configs/load.py RESUMABLE_CHANGES); every other key that
+differs, known to the reporting code or not, makes rows of its own, named in the row's label and a CSV column. Paths
+in the CSV and JSON are relative to the folder holding the runs. Expected numbers are worked out in the comments."""
+
+import csv
+import dataclasses
+import json
+import os
+
+import matplotlib.image
+import pytest
+
+from configs.schema import SparsityConfig
+from reporting.run_logs import read_run
+from reporting.table import build_rows, make_table, schedule_means
+from reporting_runs import eval_result, make_run
+
+TEACHER = "sparsity.teacher"  # dense | sparse: the EMA teacher in the sparse phase
+HAS_TEACHER = "teacher" in {f.name for f in dataclasses.fields(SparsityConfig)}
+
+
+def _csv(out):
+    with open(out / "table.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _teacher(value: str) -> list[str]:
+    return [f"{TEACHER}={value}"]
+
+
+@pytest.fixture
+def study(tmp_path):
+    """Default arch (vit_tiny): dense seeds 0, 1; 70% with the dense teacher seeds 0, 1 and the sparse teacher seeds
+    0, 1, 2. ViT-S: dense and 70%, seed 0."""
+    if not HAS_TEACHER:
+        pytest.skip("this checkout's config schema has no sparsity.teacher")
+    runs = tmp_path / "runs"
+    make_run(runs, "tiny_dense_s0", 0.0, top1=80.0, knn20=70.0)
+    make_run(runs, "tiny_dense_s1", 0.0, seed=1, top1=81.0, knn20=71.0)
+    make_run(runs, "tiny_70_s0", 0.7, top1=79.0, knn20=69.0)
+    make_run(runs, "tiny_70_s1", 0.7, seed=1, top1=79.4, knn20=69.4)
+    make_run(runs, "tiny_70_sparse_s0", 0.7, top1=79.5, knn20=69.0, overrides=_teacher("sparse"))
+    make_run(runs, "tiny_70_sparse_s1", 0.7, seed=1, top1=80.5, knn20=70.0, overrides=_teacher("sparse"))
+    make_run(runs, "tiny_70_sparse_s2", 0.7, seed=2, top1=80.0, knn20=68.0, overrides=_teacher("sparse"))
+    make_run(runs, "small_dense_s0", 0.0, top1=85.0, knn20=75.0, overrides=["student.arch=vit_small"])
+    make_run(runs, "small_70_s0", 0.7, top1=84.0, knn20=73.0, overrides=["student.arch=vit_small"])
+    return runs
+
+
+TINY_DENSE = f"dense · student.arch=vit_tiny, {TEACHER}=dense"
+SMALL_DENSE = f"dense · student.arch=vit_small, {TEACHER}=dense"
+TINY_70 = f"70% sparse · student.arch=vit_tiny, {TEACHER}=dense"
+TINY_70_SPARSE = f"70% sparse · student.arch=vit_tiny, {TEACHER}=sparse"
+SMALL_70 = f"70% sparse · student.arch=vit_small, {TEACHER}=dense"
+
+
+def test_rows_are_configurations_and_seeds_the_runs_differing_in_seed(study, tmp_path):
+    out = tmp_path / "out"
+    make_table([study], out)
+    lines = _csv(out)
+    runs = {r["run"]: r for r in lines if r["kind"] == "run"}
+    assert runs["tiny_70_sparse_s1"]["schedule"] == TINY_70_SPARSE
+    assert runs["small_dense_s0"]["schedule"] == SMALL_DENSE
+    # one column per differing key, right after the label, in config order (student before sparsity)
+    header = list(lines[0])
+    assert header[2:5] == ["schedule", "student.arch", TEACHER]
+    assert (runs["small_70_s0"]["student.arch"], runs["small_70_s0"][TEACHER]) == ("vit_small", "dense")
+    assert (runs["tiny_70_sparse_s2"]["student.arch"], runs["tiny_70_sparse_s2"][TEACHER]) == ("vit_tiny", "sparse")
+
+    means = {r["schedule"]: r for r in lines if r["kind"] == "schedule mean"}
+    # sorted by schedule, then configuration (vit_small before vit_tiny, dense teacher before sparse)
+    assert list(means) == [SMALL_DENSE, TINY_DENSE, SMALL_70, TINY_70, TINY_70_SPARSE]
+    assert [means[k]["n_seeds"] for k in means] == ["1", "2", "1", "2", "3"]
+    assert means[TINY_70_SPARSE]["seed"] == "0 1 2"
+    assert means[TINY_70_SPARSE]["run"] == "tiny_70_sparse_s0, tiny_70_sparse_s1, tiny_70_sparse_s2"
+    # tiny dense: (80 + 81) / 2 = 80.5 +- 0.5; tiny 70% dense teacher: (79 + 79.4) / 2 = 79.2 +- 0.2, Δ -1.3
+    assert float(means[TINY_DENSE]["top1"]) == pytest.approx(80.5) and float(means[TINY_DENSE]["top1_spread"]) == 0.5
+    assert float(means[TINY_70]["top1"]) == pytest.approx(79.2)
+    assert float(means[TINY_70]["top1_spread"]) == pytest.approx(0.2)
+    assert float(means[TINY_70]["delta_top1"]) == pytest.approx(-1.3)
+    # sparse teacher: (79.5 + 80.5 + 80) / 3 = 80.0 +- (80.5 - 79.5) / 2 = 0.5; Δ against the tiny dense mean (the
+    # teacher key is a sparsity.* key, meaningless without a sparse phase): 80.0 - 80.5 = -0.5; k-NN (69 + 70 + 68) / 3
+    # = 69.0 +- 1.0, Δ 69.0 - 70.5 = -1.5
+    assert float(means[TINY_70_SPARSE]["top1"]) == pytest.approx(80.0)
+    assert float(means[TINY_70_SPARSE]["top1_spread"]) == pytest.approx(0.5)
+    assert float(means[TINY_70_SPARSE]["delta_top1"]) == pytest.approx(-0.5)
+    assert float(means[TINY_70_SPARSE]["knn_top1"]) == pytest.approx(69.0)
+    assert float(means[TINY_70_SPARSE]["knn_top1_spread"]) == pytest.approx(1.0)
+    assert float(means[TINY_70_SPARSE]["delta_knn_top1"]) == pytest.approx(-1.5)
+    # ViT-S: against the ViT-S dense run (85), not the ViT-Ti mean; one seed: no spread
+    assert float(means[SMALL_70]["delta_top1"]) == pytest.approx(-1.0) and means[SMALL_70]["top1_spread"] == ""
+    assert float(means[SMALL_DENSE]["top1"]) == 85.0
+    # runs: against the dense run of the same configuration and seed; seed 2 has none: seed 0's (80)
+    assert float(runs["tiny_70_sparse_s1"]["delta_top1"]) == pytest.approx(80.5 - 81.0)
+    assert float(runs["tiny_70_sparse_s2"]["delta_top1"]) == pytest.approx(0.0)
+    assert float(runs["small_70_s0"]["delta_top1"]) == pytest.approx(-1.0)
+
+    table = (out / "table.md").read_text()
+    assert f"| {TINY_70_SPARSE} | 0, 1, 2 | 3 | 80.00 ± 0.50 | -0.50 |" in table
+    assert f"| {SMALL_DENSE} | 0 | 1 | 85.00 | +0.00 |" in table
+    assert f"These runs differ in student.arch, {TEACHER};" in table
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schedule_means"][-1]["differing_config"] == {"student.arch": "vit_tiny", TEACHER: "sparse"}
+    assert summary["schedule_means"][-1]["n_seeds"] == 3
+    assert {tuple(r["differing_config"].values()) for r in summary["rows"]} == {
+        ("vit_tiny", "dense"), ("vit_tiny", "sparse"), ("vit_small", "dense")}
+
+
+def test_a_series_per_configuration_in_the_plots(study, tmp_path):
+    out = tmp_path / "out"
+    make_table([study], out)
+    for name in ("top1_vs_sparsity.png", "loss_curves.png"):
+        image = matplotlib.image.imread(out / name)
+        assert image.shape[1] >= 1200 and image[..., :3].std() > 0.05
+    rows = build_rows([read_run(p) for p in sorted(study.iterdir())])
+    from reporting.plots import _configurations
+
+    # the plot's series: the combinations of the non-schedule keys that differ (the teacher split at 70% only)
+    assert [label for label, _ in _configurations(rows)] == [
+        f"student.arch=vit_small, {TEACHER}=dense", f"student.arch=vit_tiny, {TEACHER}=dense",
+        f"student.arch=vit_tiny, {TEACHER}=sparse"]
+
+
+def test_runs_differing_only_in_how_they_execute_are_seeds_of_one_row(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "a", 0.7, top1=79.0, world_size=1)
+    make_run(runs, "b", 0.7, seed=1, top1=80.0, world_size=1,
+             overrides=["train.teacher_export_period=50", "train.num_workers=0", "train.log_period=7",
+                        "train.checkpoint_period=11", "train.max_to_keep=1", "train.compile=false",
+                        "data.on_corrupt=raise", "sparsity.backend=dense", "data.root=/elsewhere"])
+    # resumed on 2 processes with half the per-GPU batch: the same global batch of 32
+    make_run(runs, "c", 0.7, seed=2, top1=81.0, world_size=2, overrides=["train.batch_size_per_gpu=16"])
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    lines = _csv(out)
+    assert [r["schedule"] for r in lines] == ["70% sparse"] * 4  # three runs, one mean; labels as before
+    mean = lines[-1]
+    assert mean["kind"] == "schedule mean" and mean["n_seeds"] == "3" and mean["run"] == "a, b, c"
+    assert float(mean["top1"]) == pytest.approx(80.0) and float(mean["top1_spread"]) == pytest.approx(1.0)
+    assert "student.arch" not in lines[0] and "Rows are configurations" not in (out / "table.md").read_text()
+
+
+def test_another_global_batch_is_another_row(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "a", 0.7, world_size=1)
+    make_run(runs, "b", 0.7, seed=1, world_size=1, overrides=["train.batch_size_per_gpu=16"])  # 16 images a step
+    rows = build_rows([read_run(runs / "a"), read_run(runs / "b")])
+    assert [r.schedule for r in rows] == ["70% sparse · train.global_batch=16", "70% sparse · train.global_batch=32"]
+
+
+def test_a_key_the_reporting_code_does_not_know_makes_its_own_row(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "dense", 0.0, top1=80.0)
+    make_run(runs, "s70", 0.7, top1=79.0)
+    make_run(runs, "s70_seed1", 0.7, seed=1, top1=79.5)
+    make_run(runs, "s70_koleo0", 0.7, top1=75.0, overrides=["dino.koleo_loss_weight=0.0", "optim.min_lr=1e-05"])
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    lines = _csv(out)
+    means = {r["schedule"]: r for r in lines if r["kind"] == "schedule mean"}
+    default = "70% sparse · dino.koleo_loss_weight=0.1, optim.min_lr=1e-06"
+    other = "70% sparse · dino.koleo_loss_weight=0.0, optim.min_lr=1e-05"  # 1e-05 as written, not rounded to 0.0
+    assert list(means) == ["dense · dino.koleo_loss_weight=0.1, optim.min_lr=1e-06", other, default]  # by value
+    assert means[default]["n_seeds"] == "2" and float(means[default]["top1"]) == pytest.approx(79.25)
+    assert means[other]["n_seeds"] == "1" and float(means[other]["top1"]) == 75.0
+    assert means[other]["optim.min_lr"] == "1e-05"
+    # no dense run with koleo 0: no Δ, and the notes say so
+    assert means[other]["delta_top1"] == ""
+    assert f"No complete dense run of the same configuration for {other}" in (out / "table.md").read_text()
+
+    # a key that no schema of today has (a config.yaml of a later version, read by that version's reporting)
+    read = [read_run(runs / name) for name in ("dense", "s70", "s70_seed1")]
+    read[2].config = {**read[2].config, "newsection.new_key": 3}
+    rows = build_rows(read)
+    assert sorted(r.schedule for r in rows) == ["70% sparse · newsection.new_key=3",
+                                                "70% sparse · newsection.new_key=None",
+                                                "dense · newsection.new_key=None"]
+    assert [m.n_seeds for m in schedule_means(rows)] == [1, 1, 1]
+
+
+def test_a_tuning_folder_gives_one_row_per_configuration_not_a_mean(tmp_path):
+    """results/cifar10/tuning's shape: dense runs of different architectures and learning rates, seed 0 each. They
+    used to be averaged as "seeds" of one dense row; now each is its own row and no mean is taken."""
+    runs = tmp_path / "tuning"
+    make_run(runs, "01_vits_lr4e-3", 0.0, top1=40.9, overrides=["student.arch=vit_small"])
+    make_run(runs, "02_vits_lr1e-3", 0.0, top1=34.2, overrides=["student.arch=vit_small", "optim.base_lr=0.001"])
+    make_run(runs, "03_vitt_lr1e-3", 0.0, top1=45.0, overrides=["optim.base_lr=0.001"])
+    make_run(runs, "04_vitt_lr1e-3_e20", 0.0, top1=45.6, overrides=["optim.base_lr=0.001", "optim.epochs=20"])
+    out = tmp_path / "out"
+    make_table([runs], out)
+    lines = _csv(out)
+    assert [r["kind"] for r in lines] == ["run"] * 4  # one seed per configuration: no means section
+    assert [r["schedule"] for r in lines] == [
+        "dense · student.arch=vit_small, optim.epochs=10, optim.base_lr=0.001",
+        "dense · student.arch=vit_small, optim.epochs=10, optim.base_lr=0.004",
+        "dense · student.arch=vit_tiny, optim.epochs=10, optim.base_lr=0.001",
+        "dense · student.arch=vit_tiny, optim.epochs=20, optim.base_lr=0.001"]
+    assert [r["delta_top1"] for r in lines] == ["0.0"] * 4  # each its own dense reference
+    means = schedule_means(build_rows([read_run(p) for p in sorted(runs.iterdir())]))
+    assert [(m.n_seeds, m.top1) for m in means] == [(1, 34.2), (1, 40.9), (1, 45.0), (1, 45.6)]
+    table = (out / "table.md").read_text()
+    assert "Per schedule, over seeds" not in table and "0% sparse (dense baseline)" not in table.split("## Runs")[0]
+    image = matplotlib.image.imread(out / "top1_vs_sparsity.png")
+    assert image[..., :3].std() > 0.05
+
+
+def _no_machine_path(text: str, tmp_path) -> None:
+    assert str(tmp_path) not in text and os.path.realpath(tmp_path) not in text
+
+
+def test_csv_and_json_paths_are_relative_to_the_folder_of_the_runs(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "sparse_0.00", 0.0, baselines={"eval_linear_random_init.json": eval_result(20.0)})
+    make_run(runs, "sparse_0.70", 0.7, seed=1)
+    make_run(runs, "sparse_0.80", 0.8, seed=1)
+    make_run(runs, "sparse_0.80_seed2", 0.8, seed=2)  # seeds: a means section, with runs but no paths
+    broken = runs / "broken"
+    broken.mkdir()
+    (broken / "config.yaml").write_text("nosuchsection:\n  key: 1\n")
+    (broken / "metrics.jsonl").write_text("")
+    out = tmp_path / "out"
+    make_table([runs, runs / "sparse_0.90_never_ran"], out, plots=False)
+    for name in ("table.csv", "summary.json", "table.md"):
+        _no_machine_path((out / name).read_text(), tmp_path)
+    paths = {r["run"]: r["path"] for r in _csv(out) if r["kind"] != "schedule mean"}
+    assert paths["sparse_0.00"] == "sparse_0.00" and paths["sparse_0.90_never_ran"] == "sparse_0.90_never_ran"
+    assert paths["random_init (sparse_0.00)"] == os.path.join("sparse_0.00", "eval_linear_random_init.json")
+    summary = json.loads((out / "summary.json").read_text())
+    assert {r["path"] for r in summary["rows"]} == {"sparse_0.00", "sparse_0.70", "sparse_0.80", "sparse_0.80_seed2",
+                                                    "broken", "sparse_0.90_never_ran"}
+    assert [r for r in summary["rows"] if r["run"] == "broken"][0]["status"].startswith(
+        "unreadable (config.yaml: unknown config key 'nosuchsection'")
+
+    # run directories named one by one (as reproduce.py does), and runs in sub-folders
+    make_table(sorted(p for p in runs.iterdir() if p.name.startswith("sparse")), tmp_path / "one_by_one", plots=False)
+    assert {r["path"] for r in _csv(tmp_path / "one_by_one")} >= {"sparse_0.00", "sparse_0.70"}
+    nested = tmp_path / "nested"
+    make_run(nested / "a", "dense", 0.0)
+    make_run(nested / "b", "dense", 0.0, seed=1)
+    make_table([nested], tmp_path / "out_nested", plots=False)
+    assert [r["path"] for r in _csv(tmp_path / "out_nested")] == [os.path.join("a", "dense"),
+                                                                   os.path.join("b", "dense"), ""]
