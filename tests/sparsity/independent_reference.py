@@ -124,16 +124,17 @@ def _tile_keys(w: torch.Tensor, algorithm: str) -> torch.Tensor:
 
 def _visit_order(keys: torch.Tensor, tie_order: str) -> torch.Tensor:
     """(T, 16) positions 0..15 in the order the greedy walk visits them (largest key first)."""
-    n = keys.shape[0]
+    n, dev = keys.shape[0], keys.device
+    sixteen = torch.arange(16, device=dev)
     if tie_order == "row_major":
         kp, kq = keys[:, :, None], keys[:, None, :]  # [t, p, q]
-        earlier = torch.arange(16)[None, :] < torch.arange(16)[:, None]  # [p, q]: q < p
+        earlier = sixteen[None, :] < sixteen[:, None]  # [p, q]: q < p
         rank = ((kq > kp) | ((kq == kp) & earlier)).sum(dim=2)  # a permutation of 0..15 per tile
         order = torch.empty_like(rank)
-        order[torch.arange(n)[:, None], rank] = torch.arange(16).expand(n, 16)
+        order[torch.arange(n, device=dev)[:, None], rank] = sixteen.expand(n, 16)
         return order
     if tie_order == "kernel":
-        vals, pos = keys.clone(), torch.arange(16).expand(n, 16).clone()
+        vals, pos = keys.clone(), sixteen.expand(n, 16).clone()
         for i, j in KERNEL_NETWORK:
             exchange = ~(vals[:, i] < vals[:, j])  # equal elements are exchanged too, as in StaticSort's Swap
             vi, vj, pi, pj = vals[:, i].clone(), vals[:, j].clone(), pos[:, i].clone(), pos[:, j].clone()
@@ -148,11 +149,11 @@ def tile_mask(w: torch.Tensor, algorithm: str = DEFAULT_ALGORITHM, tie_order: st
     """Boolean (R, C) mask of `LargestValuesGreedy` on every aligned 4x4 tile of `w` (see the module docstring)."""
     keys = _tile_keys(w, algorithm)
     order = _visit_order(keys, tie_order)
-    n = keys.shape[0]
-    tiles = torch.arange(n)
-    kept = torch.zeros(n, 16, dtype=torch.bool)
-    in_row = torch.zeros(n, 4, dtype=torch.int64)
-    in_col = torch.zeros(n, 4, dtype=torch.int64)
+    n, dev = keys.shape[0], keys.device
+    tiles = torch.arange(n, device=dev)
+    kept = torch.zeros(n, 16, dtype=torch.bool, device=dev)
+    in_row = torch.zeros(n, 4, dtype=torch.int64, device=dev)
+    in_col = torch.zeros(n, 4, dtype=torch.int64, device=dev)
     for k in range(16):
         p = order[:, k]
         row, col = p // 4, p % 4
@@ -161,7 +162,7 @@ def tile_mask(w: torch.Tensor, algorithm: str = DEFAULT_ALGORITHM, tie_order: st
         in_row[tiles, row] += take.long()
         in_col[tiles, col] += take.long()
     r, c = w.shape
-    return kept.reshape(r // 4, c // 4, 4, 4).transpose(1, 2).reshape(r, c).to(w.device)
+    return kept.reshape(r // 4, c // 4, 4, 4).transpose(1, 2).reshape(r, c)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -264,15 +265,17 @@ def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
-def swap_to_reference(model: nn.Module, pattern: str = MLP_PATTERN, **options) -> List[str]:
-    """Every plain nn.Linear of `model` whose name fully matches `pattern` becomes a ReferenceSemiSparseLinear
-    (same Parameters), in place in `model`; returns the names. A pattern matching nothing is an error."""
+def swap_to_reference(model: nn.Module, pattern: str = MLP_PATTERN, module_cls: type = None, **options) -> List[str]:
+    """Every plain nn.Linear of `model` whose name fully matches `pattern` becomes a ReferenceSemiSparseLinear (or
+    `module_cls`, a subclass) holding the same Parameters, in place in `model`; returns the names. A pattern
+    matching nothing is an error."""
+    module_cls = module_cls or ReferenceSemiSparseLinear
     regex = re.compile(pattern)
     names = [n for n, m in model.named_modules() if type(m) is nn.Linear and regex.fullmatch(n)]
     if not names:
         raise ValueError(f"pattern {pattern!r} matches no nn.Linear of the model")
     for name in names:
-        _set_child(model, name, ReferenceSemiSparseLinear.from_dense(model.get_submodule(name), **options))
+        _set_child(model, name, module_cls.from_dense(model.get_submodule(name), **options))
     return names
 
 
