@@ -7,6 +7,13 @@ Reads each run's config.yaml, metrics.jsonl, log.txt, eval_linear.json and the b
 top1_vs_sparsity.png and loss_curves.png into --out. Partial, failed or unevaluated runs are listed with their
 state, never dropped. A path that does not exist is an error (exit 2; a typo must not yield a table of nothing),
 unless --allow-missing lists it as a missing run.
+
+Runs are seeds of one configuration iff their config.yaml are equal apart from train.seed and the keys that only say
+how a run executes (configs/load.py RESUMABLE_CHANGES; the per-GPU batch counts through the global batch). Where
+runs differ in other keys too (architecture, learning rate, sparsity.teacher, ...), each run is labelled by its
+schedule and its values of those keys ("70% sparse · sparsity.teacher=sparse"), the CSV has a column per key, means
+and spreads are taken per configuration, and the accuracy plot draws one series per configuration. Paths in the CSV
+and JSON are relative to the folder holding the runs.
 """
 
 import argparse
