@@ -149,16 +149,6 @@ def schedule_label(fraction: Optional[float]) -> str:
     return label + " (2:4-sparse model)" if fraction == 1.0 else label
 
 
-def config_value(value) -> str:
-    """A config value as labels and the CSV show it: floats in their shortest exact form (1e-05, 0.004), so that
-    two different values never print alike."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(config_value(v) for v in value) + "]"
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 def config_label(differing: dict) -> str:
     """"student.arch=vit_tiny, optim.base_lr=0.001": the values of the keys that differ between the rows."""
     return ", ".join(f"{key}={config_value(value)}" for key, value in differing.items())

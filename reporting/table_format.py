@@ -91,7 +91,7 @@ def markdown(rows, means, baselines, notes: list[str]) -> str:
 def means_markdown(means, knn_header: str, name_k: bool) -> str:
     lines = ["## Per schedule, over seeds (mean ± half the range)", "",
              f"| Schedule | Seeds | n | Linear top-1 (%) | Δ top-1 (pp) | {knn_header} | Δ k-NN (pp) | "
-             "Images/s, sparse phase | Images/s, dense phase | Final loss |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "Images/s, sparse phase | Images/s, dense phase | Final loss |", "|" + "---|" * 10]
     for m in means:
         lines.append(f"| {m.schedule} | {', '.join('–' if s is None else str(s) for s in m.seeds)} | {m.n_seeds} | "
                      f"{_with_spread(m.top1, m.top1_spread, '.2f')} | {_number(m.delta_top1, '+.2f')} | "
