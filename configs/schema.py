@@ -122,6 +122,10 @@ class DataConfig:
 class SparsityConfig:
     # first `sparse_fraction * total_steps` steps 2:4-sparse, then dense
     sparse_fraction: float = value(0.0, ge=0, le=1)
+    # the EMA teacher's backbone in the sparse phase: dense (its MLPs use the whole EMA weights, which the student never
+    # uses whole) | sparse (its MLP linears are pruned 2:4 like the student's: a swap by name over the whole
+    # meta-architecture). The exported teacher is always the dense EMA weights.
+    teacher: str = value("dense", choices=("dense", "sparse"))
     modules: str = r"blocks\.\d+\.mlp\.fc[12]"  # regex over module names (full match); glob if it starts with glob:
     # weight (SemiSparseLinear: 2:4 weight) | activation (SemiSparseActivationLinear: 2:4 input) | block
     # (BlockSparseLinear: block_density of the weight's block_size x block_size blocks; backend, pruning unused)

@@ -16,7 +16,7 @@ caller turns into `sparse_steps`); the valid values of each are the tuples this 
 from __future__ import annotations
 
 import logging
-from typing import List
+from typing import List, Sequence, Union
 
 from torch import nn
 
@@ -38,6 +38,13 @@ PHASES = (SPARSE, DENSE)
 KINDS = ("weight", "activation", "block")
 MODULE_CLASSES = {"weight": SemiSparseLinear, "activation": SemiSparseActivationLinear, "block": BlockSparseLinear}
 DEFAULT_MODULES = r"blocks\.\d+\.mlp\.fc[12]"  # a ViT's MLP linears
+
+
+Models = Union[nn.Module, Sequence[nn.Module]]  # one model, or several converted together (a student and its teacher)
+
+
+def _each(models: Models) -> List[nn.Module]:
+    return [models] if isinstance(models, nn.Module) else list(models)
 
 
 class ConversionError(ValueError):
@@ -86,13 +93,13 @@ class SparseThenDense:
         options = {"backend": self.backend, "pruning": self.pruning}
         return {**options, "weight_grad": self.weight_grad} if self.kind == "weight" else options
 
-    def check(self, model: nn.Module) -> None:
-        """Raise ConversionError (naming the config key) if `convert(model)` could not convert a selected linear;
+    def check(self, models: Models) -> None:
+        """Raise ConversionError (naming the config key) if `convert(models)` could not convert a selected linear;
         checks without converting, so a run can refuse its config before it starts."""
         if self.kind != "block":
             return
         match = name_matcher(self.modules)
-        for name, m in model.named_modules():
+        for name, m in (item for model in _each(models) for item in model.named_modules()):
             if isinstance(m, nn.Linear) and match(name) and (m.in_features % self.block_size
                                                              or m.out_features % self.block_size):
                 raise ConversionError(f"sparsity.block_size={self.block_size} must divide both dims of every "
@@ -100,19 +107,27 @@ class SparseThenDense:
                                       f"{m.in_features})")
 
     # --------------------------------------------------------------------------------------------- the converter
-    def convert(self, model: nn.Module) -> List[str]:
-        """Turn the selected nn.Linear modules of `model` into 2:4-sparse ones (in place, same Parameters); returns
-        their names. The GEMM backends are (re)built with this converter's settings."""
+    def convert(self, models: Models) -> List[str]:
+        """Turn the selected nn.Linear modules of `models` (one model or several, each matched by its own module
+        names) into 2:4-sparse ones (in place, same Parameters); returns their names. The GEMM backends are (re)built
+        with this converter's settings."""
         configure_backends(self.settings)
-        self.check(model)
-        self.converted = swap_linear_modules(model, pattern=self.modules, module_cls=MODULE_CLASSES[self.kind],
-                                             **self._module_options())
+        self.check(models)
+        converted = []
+        try:
+            for model in _each(models):
+                converted += swap_linear_modules(model, pattern=self.modules, module_cls=MODULE_CLASSES[self.kind],
+                                                 **self._module_options())
+        except BaseException:  # all or nothing: the models converted before the failing one are reverted
+            self.revert(models)
+            raise
+        self.converted = converted
         self.phase = SPARSE
         return self.converted
 
-    def revert(self, model: nn.Module) -> List[str]:
-        """Every sparse linear of `model` back to nn.Linear (same module objects and Parameters); returns names."""
-        names = swap_to_dense(model)
+    def revert(self, models: Models) -> List[str]:
+        """Every sparse linear of `models` back to nn.Linear (same module objects and Parameters); returns names."""
+        names = [name for model in _each(models) for name in swap_to_dense(model)]
         self.phase = DENSE
         return names
 
@@ -121,21 +136,21 @@ class SparseThenDense:
         """The phase of step `step` (0-based): sparse for the first `sparse_steps`."""
         return SPARSE if step < self.sparse_steps else DENSE
 
-    def apply(self, model: nn.Module, step: int) -> bool:
-        """Put `model` in the phase of `step`; True if it changed."""
-        return self.set_phase(model, self.phase_at(step), step)
+    def apply(self, models: Models, step: int) -> bool:
+        """Put `models` in the phase of `step`; True if it changed."""
+        return self.set_phase(models, self.phase_at(step), step)
 
-    def set_phase(self, model: nn.Module, wanted: str, step: int) -> bool:
-        """Convert or revert `model` so that it is in phase `wanted` (logged with `step`); True if it changed."""
+    def set_phase(self, models: Models, wanted: str, step: int) -> bool:
+        """Convert or revert `models` so that they are in phase `wanted` (logged with `step`); True if it changed."""
         if wanted not in PHASES:
             raise ValueError(f"unknown sparsity phase {wanted!r}")
         if wanted == self.phase:
             return False
         if wanted == SPARSE:
-            self.convert(model)
+            self.convert(models)
             log.info("step %d: %d linears now %s", step, len(self.converted), self.describe())
         else:
-            self.revert(model)
+            self.revert(models)
             log.info("step %d: sparse -> dense switch, %d linears dense again", step, len(self.converted))
         return True
 

@@ -86,10 +86,12 @@ class Trainer:
                            "computes in float32 (config.yaml keeps the configured value; run_info.json and the "
                            "start-up summary record the dtype used)", cfg.train.amp_dtype, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == torch.float16)
-        # the sparse-then-dense switch of the student backbone (the teacher, an EMA of the dense master weights,
-        # always runs dense), applied in one place: `enter_phase`
+        # the sparse-then-dense switch of the student backbone, and of the teacher's with sparsity.teacher=sparse (else
+        # the teacher, an EMA of the dense master weights, runs dense), applied in one place: `enter_phase`
         self.sparsity = sparsity_converter(cfg)
-        self.sparsity.check(self.model.student.backbone)  # options the model cannot take fail now, naming the key
+        self.sparse_targets = [self.model.student.backbone] + (
+            [self.model.teacher.backbone] if cfg.sparsity.teacher == "sparse" else [])
+        self.sparsity.check(self.sparse_targets)  # options the model cannot take fail now, naming the key
         self._decisions_written = ""  # the text of sparsity_decisions.json as last written
         self.checkpoints = CheckpointManager(run_dir.checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
                                              writer=ctx.is_main)
@@ -209,10 +211,10 @@ class Trainer:
         self._apply_checks(self.checks.resolve())
 
     def enter_phase(self, phase: str) -> bool:
-        """Put the student backbone in sparsity phase `phase` ("sparse" or "dense"): the one place the trainer
-        applies its model converter (`self.sparsity`: convert at the first sparse step, revert at the switch, or the
-        checkpoint's phase on resume). True if the phase changed."""
-        changed = self.sparsity.set_phase(self.model.student.backbone, phase, self.step)
+        """Put the student backbone (and the teacher's, with sparsity.teacher=sparse) in sparsity phase `phase`
+        ("sparse" or "dense"): the one place the trainer applies its model converter (`self.sparsity`: convert at the
+        first sparse step, revert at the switch, or the checkpoint's phase on resume). True if the phase changed."""
+        changed = self.sparsity.set_phase(self.sparse_targets, phase, self.step)
         if changed and phase == DENSE:
             self.write_sparsity_decisions()  # what the last sparse steps decided
         return changed
@@ -280,6 +282,7 @@ class Trainer:
         return {"step": self.step, FORMAT_KEY: METRICS_FORMAT, "phase": self.sparsity.phase, "loss": loss,
                 **terms, **values, **norms, **self.sparsity.auto_summary(),
                 "corrupt_skipped": self.corrupt_skipped, "images_per_s": images_per_s,
+                "time": round(time.time(), 3),  # wall clock at the line: runs sharing a GPU can be lined up
                 **({"max_mem_mb": round(memory, 1)} if memory is not None else {})}
 
     def _record_status(self, state: str, reason: str = "") -> None:
@@ -385,7 +388,7 @@ class Trainer:
 
 def sparsity_converter(cfg: Config) -> SparseThenDense:
     """The config's `sparsity` section as the library's model converter (every key but `sparse_fraction`, which
-    becomes the number of sparse steps)."""
+    becomes the number of sparse steps, and `teacher`, which says what the trainer converts)."""
     values = dataclasses.asdict(cfg.sparsity)
-    del values["sparse_fraction"]
+    del values["sparse_fraction"], values["teacher"]
     return build_converter(SparseThenDense.name, cfg.sparse_steps, **values)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Several training runs on one GPU at once, each probed as soon as it finishes: the driver of the CIFAR-10 ablations
+# (results/cifar10/NOTES.md). Small runs are host-bound, so runs sharing a GPU add up to more images/s than one run.
+#
+#   scripts/study_runs.sh PLAN RUNS_DIR DATA_ROOT [CONFIG]
+#
+# PLAN: one run per line, "NAME START_DELAY_S [key=value ...]" (# comments allowed); each run starts START_DELAY_S
+# seconds after the driver (staggered starts line up one run alone, two, three, ... for the throughput table) and is
+# trained with `train.py --config CONFIG` (default configs/cifar10.yaml) and the line's overrides, then probed with
+# `eval_linear.py` (linear + k-NN on the final teacher) and k-NN on every intermediate teacher export. Everything a
+# run prints goes to RUNS_DIR/NAME.train.log / NAME.eval*.log; RUNS_DIR/driver.log says when each step started and
+# ended. A finished run is skipped by train.py itself, so rerunning the driver only does what is left.
+set -u
+plan=$1 runs=$2 data=$3 config=${4:-configs/cifar10.yaml}
+mkdir -p "$runs"
+say() { echo "$(date -u +%FT%TZ) $*" >>"$runs/driver.log"; }
+
+one_run() {
+  local name=$1 delay=$2
+  shift 2
+  sleep "$delay"
+  say "start $name ($*)"
+  if ! python train.py --config "$config" --output-dir "$runs/$name" "data.root=$data" "$@" \
+      >"$runs/$name.train.log" 2>&1; then
+    say "FAILED training $name"
+    return
+  fi
+  say "trained $name"
+  python eval_linear.py --run "$runs/$name" >"$runs/$name.eval.log" 2>&1 || say "FAILED eval $name"
+  local export
+  for export in "$runs/$name"/eval/step_*/teacher_backbone.pth; do
+    [ -e "$export" ] || continue
+    local step
+    step=$(basename "$(dirname "$export")")
+    python eval_linear.py --run "$runs/$name" "checkpoint=$export" mode=knn \
+      >"$runs/$name.eval_$step.log" 2>&1 || say "FAILED eval $name $step"
+  done
+  say "done $name"
+}
+
+while read -r name delay overrides; do
+  case "$name" in '' | '#'*) continue ;; esac
+  # shellcheck disable=SC2086  # the overrides are words
+  one_run "$name" "$delay" $overrides &
+done <"$plan"
+wait
+say "all done"
