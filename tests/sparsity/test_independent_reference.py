@@ -19,6 +19,7 @@ c. (gpu) the same comparison on the CIFAR recipe's shape in bf16 autocast on syn
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import re
 import time
@@ -288,13 +289,41 @@ def test_swap_by_regex_keeps_parameters_draws_no_random_numbers_and_goes_back():
 STEPS, SPARSE_STEPS = 50, 30
 TRACKED = ("blocks.0.mlp.fc1.weight", "blocks.11.mlp.fc2.weight")  # student backbone MLP weights observed closely
 LAYERSCALE = "blocks.0.ls2.gamma"
-# Per-step losses: the repository's dense-backend layer and the reference compute the same GEMMs on the same pruned
-# weight (test_repository_layer_equals_reference: identical bits), so the two runs are expected to agree exactly.
-# The tolerance leaves room for a legitimately different summation order only: a 1-ulp change of every MLP output
-# (the reference's forward written as x @ W_s^T followed by + b instead of F.linear's single GEMM) moved this run's
-# losses by at most ~2e-6 relative over the 50 steps (measured when this test was written), so 1e-5 is tight yet
-# safe; a masked weight gradient moves them by ~1e-3 within 12 steps (test_loss_comparison_can_fail).
-LOSS_RTOL = 1e-5
+# Two comparisons, because this training is chaotic at the level of float rounding in its sparse phase: a weight
+# difference of a few ulp flips the 2:4 choice in the tiles whose competing magnitudes are that close (a finite
+# change of the network), and Adam's early steps (~lr * sign(g)) turn gradient elements that are sums of cancelling
+# terms into full-size update differences. Measured when this test was written, with the reference's forward written
+# as `x @ W_s^T + b` instead of F.linear's single GEMM (an ulp-level change of some MLP outputs, the rest the same):
+# free-running, losses identical at steps 0-2, then 1.5e-4 relative at step 3 (740 mask entries of the 24 MLP
+# weights differ after it), up to 9.2e-4 over the 50 steps; gradient norms up to 2.3e-2; after 30 / 50 steps the
+# relative Frobenius difference of the student weights 1.0e-2 / 1.1e-2, teacher 6.6e-4 / 8.4e-4, loss centers
+# 2.8e-4 / 8.0e-4, AdamW moments 0.11 / 0.14. In lockstep (below) the same change stays within 1.5e-7 for the loss,
+# 1.2e-7 for the norms and 8.7e-5 for any student / teacher tensor or moment (relative to the tensor's largest entry).
+# - free-running: the two runs of the brief, each on its own from the same seed. The repository's dense-backend
+#   layer and the reference issue the same GEMMs on the same pruned weight, so today they agree bit for bit
+#   (measured: 0 in every loss, norm and tensor). Asserted: steps 0-2 to TIGHT_RTOL (lr is 0 at step 0, so nothing
+#   can flip a mask before step 3), every step and the states to 5x the chaos above (FREE_*: loose, but still 100x
+#   below the 0.55% a wrong mask algorithm makes at step 0, and they catch a switch at the wrong step);
+# - lockstep: at LOCKSTEP_STEPS the reference takes one step from exactly the repository's state (weights, teacher,
+#   loss centers, AdamW state, RNG) on the same batch and schedule values, and the results are compared with the
+#   repository's step: loss and norms to TIGHT_RTOL, every student / teacher tensor and AdamW moment to
+#   LOCKSTEP_RTOL (5.7x the ulp-level change's 8.7e-5). One step cannot amplify rounding much, so this is tight at
+#   every step of both phases; a masked weight gradient or the signed algorithm fail it by 7x to 60000x
+#   (test_lockstep_comparison_can_fail).
+TIGHT_RTOL = 1e-6
+FREE_RTOL = 5e-3
+FREE_NORMS_RTOL = 0.1
+FREE_STATE_RTOL = {"student": 0.05, "teacher": 5e-3, "buffers": 5e-3, "adam": 0.75}  # relative Frobenius
+LOCKSTEP_RTOL = 5e-4
+LOCKSTEP_STEPS = (0, 1, 2, 5, 10, 15, 20, 25, 29, 30, 31, 40, 49)
+MUTATION_STEPS = (0, 15)
+
+
+class MaskedGradient(ReferenceSemiSparseLinear):
+    """A wrong reference: pruning inside autograd (F.linear on W * mask) masks the weight gradient."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight * tile_mask(self.weight), self.bias)
 
 
 def tiny_config(sparse_fraction: float):
@@ -310,38 +339,96 @@ def swap_reference_at(sparse_steps: int, **options):
     """`before_step` for `drive`: the student's MLP linears are the reference for steps [0, sparse_steps)."""
     def before(trainer):
         backbone = trainer.model.student.backbone
-        if trainer.step < sparse_steps and not any(isinstance(m, ReferenceSemiSparseLinear) for m in
-                                                   backbone.modules()):
-            swap_to_reference(backbone, **options)
-        elif trainer.step >= sparse_steps:
+        if trainer.step < sparse_steps:
+            if not any(isinstance(m, ReferenceSemiSparseLinear) for m in backbone.modules()):
+                swap_to_reference(backbone, **options)
+        else:
             swap_to_linear(backbone)
     return before
 
 
+def snapshot(trainer, clone: bool = True) -> dict:
+    """Every tensor a step changes: model state (student, teacher, loss centers) and AdamW moments, by name."""
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    out = {f"model.{k}": v.detach() for k, v in trainer.model.state_dict().items()}
+    for p, state in trainer.optimizer.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            out[f"adam.{names[id(p)]}.{key}"] = state[key]
+    return {k: v.clone() for k, v in out.items()} if clone else out
+
+
+def relative_differences(a: dict, b: dict) -> dict:
+    """Per group (student, teacher, buffers = loss centers, adam): the largest max|a - b| / max|b| of its tensors."""
+    assert a.keys() == b.keys()
+    out = {}
+    for k, tb in b.items():
+        ta = a[k]
+        if not ta.is_floating_point() or not ta.numel():
+            continue
+        group = ("adam" if k.startswith("adam.") else "student" if k.startswith("model.student.")
+                 else "teacher" if k.startswith("model.teacher.") else "buffers")
+        d = ((ta - tb).abs().max() / tb.abs().max().clamp_min(1e-30)).item()
+        if d >= out.get(group, (-1.0, ""))[0]:
+            out[group] = (d, k)
+    return out
+
+
+def relative_frobenius(a: dict, b: dict) -> dict:
+    """Per group (as `relative_differences`): ||a - b|| / ||b|| over all its tensors together."""
+    assert a.keys() == b.keys()
+    num, den = {}, {}
+    for k, tb in b.items():
+        if not tb.is_floating_point() or not tb.numel():
+            continue
+        group = ("adam" if k.startswith("adam.") else "student" if k.startswith("model.student.")
+                 else "teacher" if k.startswith("model.teacher.") else "buffers")
+        num[group] = num.get(group, 0.0) + (a[k].double() - tb.double()).square().sum().item()
+        den[group] = den.get(group, 0.0) + tb.double().square().sum().item()
+    return {g: math.sqrt(num[g] / max(den[g], 1e-300)) for g in num}
+
+
+def norms_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(abs(a[k] - b[k]) / abs(b[k]) for k in a)
+
+
+def one_reference_step(repo, shadow, batch, values, **swap_options):
+    """One step of the reference (on `shadow`, a trainer of the same config whose converter never converts) from
+    exactly `repo`'s current state, on the same batch and values, the RNG restored afterwards so that `repo`'s own
+    step draws the same drop-path subsets. Returns (loss, norms, state after the step)."""
+    shadow.model.load_state_dict(repo.model.state_dict())
+    # a deep copy: load_state_dict keeps the given state tensors (`.to` of the same dtype and device is a no-op), so
+    # the shadow's AdamW would otherwise update the repository's moments in place
+    shadow.optimizer.load_state_dict(copy.deepcopy(repo.optimizer.state_dict()))
+    shadow.step = repo.step
+    backbone = shadow.model.student.backbone
+    if repo.step < SPARSE_STEPS:
+        swap_to_reference(backbone, **swap_options)
+    rng = torch.get_rng_state()
+    try:
+        loss, _, norms = shadow.train_step(batch, values)
+        shadow.settle_checks()
+        return loss.item(), {k: v.item() for k, v in norms.items()}, snapshot(shadow)
+    finally:
+        torch.set_rng_state(rng)
+        swap_to_linear(backbone)
+
+
 class Record:
-    """Per step: loss, gradient norms; subclasses observe more around `train_step`."""
+    """Per step: loss and gradient norms; the state after the sparse phase and at the end. Subclasses observe more
+    around `train_step`."""
 
     def __init__(self):
         self.loss, self.norms, self.snapshots = [], [], {}
 
-    def before(self, trainer, values):
+    def before(self, trainer, values, batch):
         pass
 
     def after(self, trainer, values, loss, norms):
         self.loss.append(loss.item())
         self.norms.append({k: v.item() for k, v in norms.items()})
-        if trainer.step + 1 in (SPARSE_STEPS, STEPS):  # the state after the last sparse step and at the end
+        if trainer.step + 1 in (SPARSE_STEPS, STEPS):
             self.snapshots[trainer.step + 1] = snapshot(trainer)
-
-
-def snapshot(trainer) -> dict:
-    opt = trainer.optimizer
-    names = {id(p): n for n, p in trainer.model.named_parameters()}
-    out = {f"model.{k}": v.detach().clone() for k, v in trainer.model.state_dict().items()}
-    for p, state in opt.state.items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            out[f"adam.{names[id(p)]}.{key}"] = state[key].clone()
-    return out
 
 
 def drive(trainer, record: Record, steps: int = STEPS, before_step=None) -> Record:
@@ -355,7 +442,7 @@ def drive(trainer, record: Record, steps: int = STEPS, before_step=None) -> Reco
                 before_step(trainer)
             values = trainer.schedules.at(trainer.step)
             batch = next(batches)
-            record.before(trainer, values)
+            record.before(trainer, values, batch)
             loss, _, norms = trainer.train_step(batch, values)
             record.after(trainer, values, loss, norms)
             trainer.step += 1
@@ -364,16 +451,23 @@ def drive(trainer, record: Record, steps: int = STEPS, before_step=None) -> Reco
 
 
 class AroundTheLayer(Record):
-    """What happens around the sparse layers in each step, for the TRACKED student MLP weights (observed on the
-    repository's run): the mask the step's forward used, the gradient that reached the weight, the AdamW moments
-    and update, the EMA teacher, the optimizer state objects, the schedule values, the clipping norm, the modules."""
+    """The repository's run, observed: at LOCKSTEP_STEPS the reference's step from the same state (`shadow`); and at
+    every step, for the TRACKED student MLP weights, the mask the step's forward used, the gradient that reached the
+    weight, the AdamW moments and update, the EMA teacher, the optimizer state objects, the schedule values; the
+    clipping norm; the modules of each phase."""
 
-    def __init__(self):
+    def __init__(self, shadow, reference_options: dict):
         super().__init__()
-        self.per_step = []
-        self.modules = {}
+        self.shadow, self.reference_options = shadow, reference_options
+        self.per_step, self.modules, self.lockstep = [], {}, {}
 
-    def before(self, trainer, values):
+    def before(self, trainer, values, batch):
+        self._lock = {}
+        if trainer.step in LOCKSTEP_STEPS:
+            self._lock["reference"] = one_reference_step(trainer, self.shadow, batch, values, **self.reference_options)
+        if trainer.step in MUTATION_STEPS:
+            self._lock["signed greedy"] = one_reference_step(trainer, self.shadow, batch, values, algorithm="")
+            self._lock["masked dW"] = one_reference_step(trainer, self.shadow, batch, values, module_cls=MaskedGradient)
         student = dict(trainer.model.student.backbone.named_parameters())
         teacher = dict(trainer.model.teacher.backbone.named_parameters())
         self._before = {}
@@ -392,6 +486,13 @@ class AroundTheLayer(Record):
 
     def after(self, trainer, values, loss, norms):
         super().after(trainer, values, loss, norms)
+        if self._lock:
+            live = snapshot(trainer, clone=False)
+            self.lockstep[trainer.step] = {
+                variant: {"loss": abs(ref_loss - loss.item()) / abs(loss.item()),
+                          "norms": norms_difference(self.norms[-1], ref_norms),
+                          **relative_differences(live, ref_state)}
+                for variant, (ref_loss, ref_norms, ref_state) in self._lock.items()}
         opt = trainer.optimizer
         student = dict(trainer.model.student.backbone.named_parameters())
         teacher = dict(trainer.model.teacher.backbone.named_parameters())
@@ -406,7 +507,7 @@ class AroundTheLayer(Record):
             m, v = state["exp_avg"], state["exp_avg_sq"]
             denom = v.sqrt() / math.sqrt(1 - beta2 ** k) + eps
             adam = lr / (1 - beta1 ** k) * m / denom  # AdamW's update without the decay
-            decay = p.detach() - (b["p"] - adam)  # = -lr * wd * p_old if the decay acts on this entry
+            decay = p.detach() - (b["p"] - adam)  # = -lr * wd * p_old where the decay acts
             p_old = b["p"][pruned]
             momentum = values["momentum"]
             row["tracked"][name] = dict(
@@ -422,12 +523,12 @@ class AroundTheLayer(Record):
                 decay_slope=((-(decay[pruned] * p_old).sum() / (p_old * p_old).sum()) / (lr * wd)).item()
                 if lr * wd > 0 else float("nan"),
                 pruned_nonzero=(p.detach()[pruned] != 0).float().mean().item(),
-                ema_residual=(teacher[name].detach() - torch.lerp(b["t"], p.detach(), 1 - momentum)).abs().max().item(),
+                ema_residual=(teacher[name].detach() - torch.lerp(b["t"], p.detach(), 1 - momentum)
+                              ).abs().max().item(),
                 ema_vs_pruned_student=(teacher[name].detach() - torch.lerp(b["t"], p.detach() * b["mask"],
                                                                            1 - momentum)).abs().max().item(),
                 state_ids=(id(state), id(m), id(v)), step=k, lr=lr, wd=wd,
-                lr_multiplier=group["lr_multiplier"], wd_multiplier=group["wd_multiplier"],
-                is_last_layer=group["is_last_layer"])
+                lr_multiplier=group["lr_multiplier"], wd_multiplier=group["wd_multiplier"])
         # clipping: the reported (pre-clip) norm against the norm of the gradients the optimizer used, un-clipped
         reported = norms["grad_norm_backbone"].item()
         coef = min(1.0, trainer.cfg.optim.clip_grad / (reported + 1e-6))
@@ -441,76 +542,90 @@ class AroundTheLayer(Record):
         self.per_step.append(row)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The two 50-step runs (repository converter; reference swap), same seed, config and data stream."""
-    out = tmp_path_factory.mktemp("independent_reference")
+def run_pair(out, reference_options: dict = None) -> dict:
+    """The repository's run (converter on, 30 sparse steps) observed with lockstep reference steps, then the
+    free-running reference run (converter off, the MLP linears swapped to the reference for the same steps)."""
+    reference_options = reference_options or {}
     cpu = DistContext(0, 1, 0, torch.device("cpu"))
     t0 = time.perf_counter()
+    shadow = Trainer(tiny_config(0.0), out / "shadow", cpu)  # built first: the repository's trainer then seeds
     repo_cfg = tiny_config(0.6)
     assert repo_cfg.total_steps == STEPS and repo_cfg.sparse_steps == SPARSE_STEPS
-    repo = Trainer(repo_cfg, out / "repo", cpu)
-    initial = {k: v.clone() for k, v in repo.model.state_dict().items()}
-    repo_record = drive(repo, AroundTheLayer())
+    repo = Trainer(repo_cfg, out / "repo", cpu, dataset=shadow.dataset)
+    initial = snapshot(repo)
+    repo_record = drive(repo, AroundTheLayer(shadow, reference_options))
     t1 = time.perf_counter()
     ref_cfg = tiny_config(0.0)
     assert ref_cfg.sparse_steps == 0  # the repository's converter never converts
-    ref = Trainer(ref_cfg, out / "reference", cpu, dataset=repo.dataset)
-    assert all(torch.equal(v, initial[k]) for k, v in ref.model.state_dict().items())  # the same start
-    ref_record = drive(ref, Record(), before_step=swap_reference_at(SPARSE_STEPS))
+    ref = Trainer(ref_cfg, out / "reference", cpu, dataset=shadow.dataset)
+    assert all(torch.equal(v, initial[k]) for k, v in snapshot(ref).items())  # the same start
+    ref_record = drive(ref, Record(), before_step=swap_reference_at(SPARSE_STEPS, **reference_options))
     t2 = time.perf_counter()
-    print(f"\nrepository run {t1 - t0:.1f} s, reference run {t2 - t1:.1f} s")
+    print(f"\nrepository run with {len(LOCKSTEP_STEPS) + 2 * len(MUTATION_STEPS)} lockstep steps {t1 - t0:.1f} s, "
+          f"reference run {t2 - t1:.1f} s")
     return {"repo": repo, "ref": ref, "repo_record": repo_record, "ref_record": ref_record}
 
 
-def test_per_step_losses_agree(runs):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return run_pair(tmp_path_factory.mktemp("independent_reference"))
+
+
+def test_free_running_losses_agree(runs):
     a, b = runs["repo_record"].loss, runs["ref_record"].loss
     assert len(a) == len(b) == STEPS
     rel = [abs(x - y) / abs(y) for x, y in zip(a, b)]
-    print(f"\nper-step loss, repository vs reference: max relative difference {max(rel):.3g} (step {rel.index(max(rel))}),"
-          f" max absolute {max(abs(x - y) for x, y in zip(a, b)):.3g}; losses {a[0]:.4f} ... {a[-1]:.4f}")
-    assert max(rel) <= LOSS_RTOL, [f"{i}: {x} vs {y}" for i, (x, y, r) in enumerate(zip(a, b, rel)) if r > LOSS_RTOL]
+    print(f"\nfree-running per-step loss, repository vs reference: max relative difference {max(rel):.3g} (step "
+          f"{rel.index(max(rel))}), max absolute {max(abs(x - y) for x, y in zip(a, b)):.3g}; "
+          f"losses {a[0]:.4f} ... {a[-1]:.4f}")
+    assert max(rel[:3]) <= TIGHT_RTOL, rel[:3]
+    assert max(rel) <= FREE_RTOL, [f"{i}: {x} vs {y}" for i, (x, y, r) in enumerate(zip(a, b, rel)) if r > FREE_RTOL]
 
 
-def test_gradient_norms_agree(runs):
-    """The clipping norms (pre-clip, per student module) of the repository's run equal those of the reference's
-    straight-through gradients: a masked or otherwise different weight gradient changes the backbone norm."""
-    for step, (na, nb) in enumerate(zip(runs["repo_record"].norms, runs["ref_record"].norms)):
-        assert na.keys() == nb.keys()
-        for k in na:
-            assert na[k] == pytest.approx(nb[k], rel=LOSS_RTOL), (step, k)
+def test_free_running_gradient_norms_agree(runs):
+    """The clipping norms (pre-clip, per student module) equal the reference run's: its straight-through gradients."""
+    rel = [norms_difference(na, nb) for na, nb in zip(runs["repo_record"].norms, runs["ref_record"].norms)]
+    print(f"\nfree-running gradient norms: max relative difference {max(rel):.3g}")
+    assert max(rel[:3]) <= TIGHT_RTOL and max(rel) <= FREE_NORMS_RTOL, rel
 
 
 @pytest.mark.parametrize("at", [SPARSE_STEPS, STEPS], ids=["after-sparse-phase", "end"])
-def test_weights_teacher_and_adam_state_agree(runs, at):
-    sa, sb = runs["repo_record"].snapshots[at], runs["ref_record"].snapshots[at]
-    assert sa.keys() == sb.keys()
-    worst = max(((a - sb[k]).abs().max().item() / max(sb[k].abs().max().item(), 1e-30), k) for k, a in sa.items()
-                if a.is_floating_point() and a.numel())
-    print(f"\nafter {at} steps: largest relative difference of a student/teacher tensor or AdamW moment: {worst}")
-    for k, a in sa.items():
-        torch.testing.assert_close(a, sb[k], rtol=1e-5, atol=1e-7, msg=lambda m: f"{k}: {m}")
+def test_free_running_weights_teacher_and_adam_state_agree(runs, at):
+    a, b = runs["repo_record"].snapshots[at], runs["ref_record"].snapshots[at]
+    frob = relative_frobenius(a, b)
+    print(f"\nfree-running, after {at} steps: relative Frobenius difference per group {frob}; largest relative "
+          f"difference of one tensor {max(relative_differences(a, b).values())}")
+    assert frob.keys() == FREE_STATE_RTOL.keys()
+    assert all(frob[g] <= FREE_STATE_RTOL[g] for g in frob), frob
 
 
-def test_loss_comparison_can_fail(runs):
-    """The same comparison against two wrong references, for as few steps as shows it: torch's default (signed)
-    algorithm changes the first loss; a masked weight gradient (pruning inside autograd) changes the losses once
-    the warm-up lr moves the weights. Both beyond LOSS_RTOL by far."""
-    base = runs["repo_record"].loss
-    cpu = DistContext(0, 1, 0, torch.device("cpu"))
+def test_lockstep_one_step_from_the_same_state_agrees(runs):
+    lock = runs["repo_record"].lockstep
+    assert sorted(lock) == list(LOCKSTEP_STEPS)
+    worst = {}
+    for step, variants in lock.items():
+        d = variants["reference"]
+        assert d["loss"] <= TIGHT_RTOL and d["norms"] <= TIGHT_RTOL, (step, d)
+        for group in ("student", "teacher", "buffers", "adam"):
+            assert d[group][0] <= LOCKSTEP_RTOL, (step, group, d[group])
+            worst[group] = max(worst.get(group, 0.0), d[group][0])
+        worst["loss"], worst["norms"] = max(worst.get("loss", 0.0), d["loss"]), max(worst.get("norms", 0.0), d["norms"])
+    print(f"\nlockstep at steps {LOCKSTEP_STEPS}: largest relative differences {worst}")
 
-    class MaskedGradient(ReferenceSemiSparseLinear):  # dW = (dy^T x) * mask: autograd through W * mask
-        def forward(self, x):
-            return F.linear(x, self.weight * tile_mask(self.weight), self.bias)
 
-    signed = drive(Trainer(tiny_config(0.0), runs["ref"].output_dir, cpu, dataset=runs["ref"].dataset), Record(),
-                   steps=1, before_step=swap_reference_at(SPARSE_STEPS, algorithm=""))
-    masked = drive(Trainer(tiny_config(0.0), runs["ref"].output_dir, cpu, dataset=runs["ref"].dataset), Record(),
-                   steps=12, before_step=swap_reference_at(SPARSE_STEPS, module_cls=MaskedGradient))
-    rel_signed = abs(signed.loss[0] - base[0]) / base[0]
-    rel_masked = max(abs(x - y) / y for x, y in zip(masked.loss, base))
-    print(f"\nwrong references: signed greedy, step 0 loss off by {rel_signed:.3g}; masked dW, 12 steps: {rel_masked:.3g}")
-    assert rel_signed > 100 * LOSS_RTOL and rel_masked > 10 * LOSS_RTOL
+def test_lockstep_comparison_can_fail(runs):
+    """Two wrong references in lockstep: torch's default (signed) algorithm changes the loss; a masked weight
+    gradient changes the AdamW moments already at step 0 (lr 0: the weights do not move yet) and the weights from
+    the first step with lr > 0. Both far beyond the tolerances."""
+    lock = runs["repo_record"].lockstep
+    for step in MUTATION_STEPS:
+        signed, masked = lock[step]["signed greedy"], lock[step]["masked dW"]
+        print(f"\nstep {step}: signed greedy loss off by {signed['loss']:.3g}; masked dW: Adam moments off by "
+              f"{masked['adam'][0]:.3g}, student weights by {masked['student'][0]:.3g}")
+        assert signed["loss"] > 1000 * TIGHT_RTOL  # measured 5.5e-3 (step 0), 8.5e-3 (step 15)
+        assert masked["adam"][0] > 100 * LOCKSTEP_RTOL  # measured 1.6 (step 0), 0.45 (step 15)
+        if step > 0:  # the weights have moved (lr > 0): measured 3.8e-3 at step 15
+            assert masked["student"][0] > 2 * LOCKSTEP_RTOL and masked["norms"] > 10 * TIGHT_RTOL
 
 
 def _sparse_rows(runs):
