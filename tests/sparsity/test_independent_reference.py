@@ -9,11 +9,14 @@ a. the 4x4 tile masks on hand-computed tiles (ties, an all-equal tile, a tile wh
 b. 50 steps of the real trainer (`training.trainer.Trainer`: the embedded digits config made tiny, fp32 on CPU),
    30 sparse then 20 dense, once with the repository's converter and once with the converter off
    (sparse_fraction=0) and the student's MLP linears swapped to the reference for the same 30 steps: the per-step
-   losses, gradient norms and the final weights, teacher and AdamW state agree; and around the layer: AdamW state
-   and weight decay reach the pruned entries, the EMA teacher is the lerp of the dense master weights, nothing is
-   reset at the switch, clipping sees the straight-through gradients, drop-path / LayerScale / attention untouched;
+   losses, gradient norms and the weights, teacher and AdamW state agree (free-running, and in lockstep: one
+   reference step from the repository's exact state at 13 of the steps; see the tolerance notes of part b); and
+   around the layer: AdamW state and weight decay reach the pruned entries, the EMA teacher is the lerp of the dense
+   master weights, nothing is reset at the switch, clipping sees the straight-through gradients, drop-path /
+   LayerScale / attention untouched;
 c. (gpu) the same comparison on the CIFAR recipe's shape in bf16 autocast on synthetic images, and the reference's
-   masks against torch's own kernel (`torch._sparse_semi_structured_tile`).
+   masks against torch's own kernel (`torch._sparse_semi_structured_tile`). They print per-step tables: run them
+   with `python -m pytest -m gpu -s tests/sparsity/test_independent_reference.py`.
 """
 
 from __future__ import annotations
