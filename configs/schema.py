@@ -133,6 +133,8 @@ class SparsityConfig:
     # the GEMMs of a 2:4 layer: auto (per GEMM shape the faster of cusparselt and dense, timed once; its choices are
     # written to the run's sparsity_decisions.json) | cusparselt | cutlass (A100) | dense (the pruned weight dense)
     backend: str = value("auto", choices=BACKENDS)
+    # tile_greedy (4x4 tiles, largest |w| first) | tile_greedy_signed (largest w first: torch's default, which torchao's
+    # SemiSparseLinear used) | tile_optimal | rowwise | soft_threshold (sparsity/pruning/reference.py)
     pruning: str = value("tile_greedy", choices=PRUNING_METHODS)
     # kind=weight: the weight gradient dy^T @ x as is (dense) or from the MVUE 2:4-sparse dy^T (mvue24: unbiased,
     # sparsity/mvue_grad.py; eager only, needs train.compile=false)

@@ -128,8 +128,9 @@ class _SparseLinearBase(SparseLinearMixin, nn.Linear):
 class SemiSparseLinear(_SparseLinearBase):
     """nn.Linear with its weight pruned 2:4 every forward (`sparsity.autograd.semi_sparse_linear`).
 
-    backend: "dense" | "cusparselt" | "cutlass" | "auto"; pruning: "tile_greedy" | "tile_optimal" (transposable:
-    both GEMMs sparse) | "rowwise" | "soft_threshold" (input-gradient GEMM dense); masked_grad: multiply the
+    backend: "dense" | "cusparselt" | "cutlass" | "auto"; pruning: "tile_greedy" | "tile_greedy_signed" (torchao's
+    order, by signed value) | "tile_optimal" (transposable: both GEMMs sparse) | "rowwise" | "soft_threshold"
+    (input-gradient GEMM dense); masked_grad: multiply the
     straight-through weight gradient by the mask; weight_grad: "dense" | "mvue24" (the weight gradient from the
     MVUE 2:4-sparse output gradient, `sparsity.mvue_grad`).
     """

@@ -6,7 +6,7 @@ Every kernel reads its input once (any strides), computes in fp32, is branch-fre
 (|w_j| > |w_i|, or equal and j < i) gives each element its rank in the documented order.
 
 - groups of 4 (rowwise, soft_threshold): one program handles BLOCK_G groups laid out as (BLOCK_G, 4).
-- 4x4 tiles (tile_greedy, tile_optimal): one program handles BLOCK_T tiles laid out as (BLOCK_T, 16), entries in
+- 4x4 tiles (tile_greedy, tile_greedy_signed, tile_optimal): one program handles BLOCK_T tiles laid out as (BLOCK_T, 16), entries in
   row-major order inside the tile. Greedy: ranks from 16x16 pairwise comparisons, then the greedy walk as 16 unrolled
   steps on a 16-bit kept mask per tile (row/column "has < 2 kept" = popcount < 2 = x & (x - 1) == 0). Optimal: the
   24 pair sums, the 90 pattern scores summed in the reference's order (patterns from a small table), argmax with the
@@ -60,7 +60,7 @@ def _groups4_kernel(
 
 @triton.jit
 def _greedy_bits(mag, p):
-    """(T, 16) |w| -> (T,) int32 kept mask (bit p = row-major position p) of the greedy walk."""
+    """(T, 16) ordering keys (|w|, or w for the signed walk) -> (T,) int32 kept mask (bit p = row-major position p) of the greedy walk."""
     mi = mag[:, :, None]
     mj = mag[:, None, :]
     beats = (mj > mi) | ((mj == mi) & (p[None, None, :] < p[None, :, None]))
@@ -109,7 +109,7 @@ def _optimal_bits(mag, p, pat_ptr, bits_ptr, N_PAT: tl.constexpr, SLOTS: tl.cons
 @triton.jit
 def _tiles_kernel(
     w_ptr, out_ptr, mask_ptr, pat_ptr, bits_ptr, n_tiles, tiles_per_row, stride_r, stride_c, n_cols,
-    OPTIMAL: tl.constexpr, N_PAT: tl.constexpr, SLOTS: tl.constexpr, BLOCK_T: tl.constexpr,
+    OPTIMAL: tl.constexpr, SIGNED: tl.constexpr, N_PAT: tl.constexpr, SLOTS: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = t < n_tiles
@@ -118,7 +118,10 @@ def _tiles_kernel(
     col = (t % tiles_per_row)[:, None] * 4 + (p % 4)[None, :]
     m2 = valid[:, None]
     w = tl.load(w_ptr + row * stride_r + col * stride_c, mask=m2, other=0.0)
-    mag = tl.abs(w.to(tl.float32))
+    if SIGNED:  # tile_greedy_signed: the walk ordered by w itself (torch's default largest_values_greedy)
+        mag = w.to(tl.float32)
+    else:
+        mag = tl.abs(w.to(tl.float32))
     if OPTIMAL:
         bits = _optimal_bits(mag, p, pat_ptr, bits_ptr, N_PAT, SLOTS)
     else:
@@ -170,6 +173,7 @@ def prune(w: torch.Tensor, method: str) -> Tuple[torch.Tensor, torch.Tensor]:
         pat, bits = _pattern_tables(w.device)
         _tiles_kernel[(triton.cdiv(n_tiles, block),)](
             w, out, mask.view(torch.uint8), pat, bits, n_tiles, cols // 4, w.stride(0), w.stride(1), cols,
-            OPTIMAL=method == "tile_optimal", N_PAT=N_PATTERNS, SLOTS=PATTERN_SLOTS, BLOCK_T=block, num_warps=4,
+            OPTIMAL=method == "tile_optimal", SIGNED=method == "tile_greedy_signed", N_PAT=N_PATTERNS,
+            SLOTS=PATTERN_SLOTS, BLOCK_T=block, num_warps=4,
         )
     return out, mask

@@ -28,6 +28,7 @@ from .reference import (
     soft_threshold,
     soft_threshold_scale,
     tile_greedy_mask,
+    tile_greedy_signed_mask,
     tile_optimal_mask,
     tile_pattern_scores,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "soft_threshold",
     "soft_threshold_scale",
     "tile_greedy_mask",
+    "tile_greedy_signed_mask",
     "tile_optimal_mask",
     "tile_pattern_scores",
 ]

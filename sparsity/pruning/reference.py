@@ -12,6 +12,10 @@ Methods (`METHODS`):
 - ``tile_greedy``   torch core's ``LargestValuesGreedy<AbsOp>`` ("largest_abs_values_greedy"): walk the 16 entries of
                     a tile in the order above, keep one iff its row and its column both hold < 2 kept. W and W^T are
                     both 2:4 (transposable); may keep fewer than 8 per tile.
+- ``tile_greedy_signed`` the same walk ordered by the *signed* value w (descending) instead of |w|: torch core's
+                    default ``LargestValuesGreedy<IdentityOp>`` (algorithm "" or "largest_values_greedy"), which is what
+                    torchao's ``SemiSparseLinear`` calls (it passes no algorithm), so the published DINOv2 runs most
+                    likely pruned this way: large negative weights are pruned first. Transposable. Ties as above.
 - ``tile_optimal``  per tile, the pattern with exactly 2 kept per row and per column (90 of them, `TILE_PATTERNS`)
                     maximising the kept |w| sum; transposable. Scores are summed in a fixed fp32 order (see
                     `tile_pattern_scores`) and ties go to the first pattern of `TILE_PATTERNS`.
@@ -30,8 +34,8 @@ from typing import Tuple
 
 import torch
 
-METHODS = ("tile_greedy", "tile_optimal", "rowwise", "soft_threshold")
-TRANSPOSABLE_METHODS = frozenset({"tile_greedy", "tile_optimal"})
+METHODS = ("tile_greedy", "tile_greedy_signed", "tile_optimal", "rowwise", "soft_threshold")
+TRANSPOSABLE_METHODS = frozenset({"tile_greedy", "tile_greedy_signed", "tile_optimal"})
 
 # Pairs of kept columns inside one row of a tile, in this fixed order (index k = 0..5).
 ROW_PAIRS: Tuple[Tuple[int, int], ...] = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
@@ -131,12 +135,22 @@ def rowwise_mask(w: torch.Tensor) -> torch.Tensor:
 def tile_greedy_mask(w: torch.Tensor) -> torch.Tensor:
     """torch core's largest_abs_values_greedy on aligned 4x4 tiles (see the module docstring); transposable."""
     check_shape(w.shape, "tile_greedy")
-    v = _to_tiles(_abs32(w))
+    return _from_tiles(_greedy_walk(_to_tiles(_abs32(w))), w.shape)
+
+
+def tile_greedy_signed_mask(w: torch.Tensor) -> torch.Tensor:
+    """torch core's default largest_values_greedy (signed order) on aligned 4x4 tiles; transposable."""
+    check_shape(w.shape, "tile_greedy_signed")
+    return _from_tiles(_greedy_walk(_to_tiles(w.detach().to(torch.float32))), w.shape)
+
+
+def _greedy_walk(v: torch.Tensor) -> torch.Tensor:
+    """(T, 16) ordering keys of tiles -> (T, 16) kept: the greedy walk, largest key first, ties to the lower index."""
     n = v.shape[0]
     order = torch.sort(v, dim=1, descending=True, stable=True).indices  # (T, 16) positions, largest first
-    kept = torch.zeros(n, 16, dtype=torch.bool, device=w.device)
-    row_count = torch.zeros(n, 4, dtype=torch.int32, device=w.device)
-    col_count = torch.zeros(n, 4, dtype=torch.int32, device=w.device)
+    kept = torch.zeros(n, 16, dtype=torch.bool, device=v.device)
+    row_count = torch.zeros(n, 4, dtype=torch.int32, device=v.device)
+    col_count = torch.zeros(n, 4, dtype=torch.int32, device=v.device)
     for step in range(16):
         p = order[:, step : step + 1]
         r, c = p // 4, p % 4
@@ -144,7 +158,7 @@ def tile_greedy_mask(w: torch.Tensor) -> torch.Tensor:
         kept.scatter_(1, p, ok)
         row_count.scatter_add_(1, r, ok.to(torch.int32))
         col_count.scatter_add_(1, c, ok.to(torch.int32))
-    return _from_tiles(kept, w.shape)
+    return kept
 
 
 def tile_pattern_scores(w: torch.Tensor) -> torch.Tensor:
@@ -303,7 +317,8 @@ def mvue24(x: torch.Tensor, seed: int) -> torch.Tensor:
 # one entry point
 
 
-_MASKS = {"tile_greedy": tile_greedy_mask, "tile_optimal": tile_optimal_mask, "rowwise": rowwise_mask}
+_MASKS = {"tile_greedy": tile_greedy_mask, "tile_greedy_signed": tile_greedy_signed_mask,
+          "tile_optimal": tile_optimal_mask, "rowwise": rowwise_mask}
 
 
 def prune_reference(w: torch.Tensor, method: str) -> Tuple[torch.Tensor, torch.Tensor]:

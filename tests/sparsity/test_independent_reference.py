@@ -192,6 +192,25 @@ def test_torch_default_algorithm_ranks_signed_values_unlike_tile_greedy():
     assert differing.float().mean() > 0.5
 
 
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "integers"])
+def test_repository_tile_greedy_signed_is_the_torch_default_algorithm(kind):
+    """The repository's `tile_greedy_signed` is torchao's ranking: the reference's "" algorithm (signed values,
+    row-major ties), masks equal bit for bit, and so is the layer's forward and backward built on it."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(32, 48, generator=g)
+    if kind == "bf16":  # many exact ties
+        w = (w * 0.02).to(torch.bfloat16)
+    elif kind == "integers":
+        w = torch.randint(-2, 3, (32, 48), generator=g).float()
+    assert torch.equal(prune(w, "tile_greedy_signed")[1], tile_mask(w, ""))
+    lin = nn.Linear(48, 32)
+    x, dy = torch.randn(3, 5, 48, generator=g), torch.randn(3, 5, 32, generator=g)
+    repo = _grads(SemiSparseLinear.from_dense(lin, backend="dense", pruning="tile_greedy_signed"), x, dy, False)
+    ref = _grads(ReferenceSemiSparseLinear.from_dense(lin, algorithm=""), x, dy, False)
+    for a, b in zip(repo, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("out_f,in_f", [(6, 8), (8, 6), (8, 10), (2, 4), (4, 2), (12, 18)])
 def test_shapes_refused_by_both(out_f, in_f):
     lin = nn.Linear(in_f, out_f)

@@ -20,15 +20,17 @@ from sparsity.pruning import (
     soft_threshold,
     soft_threshold_scale,
     tile_greedy_mask,
+    tile_greedy_signed_mask,
     tile_optimal_mask,
 )
 
 # ------------------------------------------------------------------------------------------------ literal oracles
 
 
-def greedy_tile_literal(tile):
-    """Plain-Python greedy walk on one 4x4 list-of-lists (the documented semantics, written as a loop)."""
-    flat = [abs(float(tile[p // 4][p % 4])) for p in range(16)]
+def greedy_tile_literal(tile, signed=False):
+    """Plain-Python greedy walk on one 4x4 list-of-lists (the documented semantics, written as a loop); signed: ordered
+    by the value itself (tile_greedy_signed) instead of its magnitude."""
+    flat = [(float if signed else abs)(float(tile[p // 4][p % 4])) for p in range(16)]
     order = sorted(range(16), key=lambda p: (-flat[p], p))
     rows, cols, kept = [0] * 4, [0] * 4, [[False] * 4 for _ in range(4)]
     for p in order:
@@ -78,6 +80,32 @@ def test_tile_greedy_hand_computed_with_ties():
     # ties decided by index: |-3| == |3| at positions 0 and 1, and 2 and 3, of row 0
     tile = [[-3, 3, 3, -3], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
     assert tile_greedy_mask(torch.tensor(tile, dtype=torch.float32))[0].int().tolist() == [1, 1, 0, 0]
+
+
+def test_tile_greedy_signed_hand_computed():
+    # torch core's own test tile for largest_values_greedy (the signed order), worked by hand: 10 (r3c0), 5 (r3c3),
+    # 4 (r0c0), 4 (r2c3), 3 (r0c1), 3 (r2c2) fill rows 0, 2, 3; 0.6 (r1c2) is kept, 0.5 (r1c3: column 3 full) and
+    # -1 (r1c0: column 0 full) are not, -3 (r1c1) is: row 1 keeps the two smallest values of the tile but one
+    tile = [[4, 3, 2, 1], [-1, -3, 0.6, 0.5], [1, 2, 3, 4], [10, 2, -1, 5]]
+    expected = [[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1], [1, 0, 0, 1]]
+    assert tile_greedy_signed_mask(torch.tensor(tile, dtype=torch.float32)).int().tolist() == expected
+    # where the two orders differ: large negative weights go last in the signed walk, first by magnitude
+    tile = [[-9, 1, 2, 0], [1, -8, 0, 3], [0, 0, 0, 0], [0, 0, 0, 0]]
+    signed = tile_greedy_signed_mask(torch.tensor(tile, dtype=torch.float32)).int().tolist()
+    by_magnitude = tile_greedy_mask(torch.tensor(tile, dtype=torch.float32)).int().tolist()
+    assert signed[:2] == [[0, 1, 1, 0], [1, 0, 0, 1]]  # 3 (r1c3), 2 (r0c2), 1 (r0c1), 1 (r1c0); -9 and -8 pruned
+    assert by_magnitude[:2] == [[1, 0, 1, 0], [0, 1, 0, 1]]  # 9, 8, 3, 2 by |w|
+    # ties: equal values to the lower row-major index, -0.0 equal to 0.0
+    assert tile_greedy_signed_mask(torch.ones(4, 4)).int().tolist() == tile_greedy_mask(torch.ones(4, 4)).int().tolist()
+    zeros = torch.tensor([[-0.0, 0.0, -0.0, 0.0]] * 4)
+    assert tile_greedy_signed_mask(zeros).int().tolist() == tile_greedy_mask(torch.ones(4, 4)).int().tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=16, max_size=16))
+def test_tile_greedy_signed_equals_literal_on_tied_tiles(vals):
+    tile = [vals[4 * r : 4 * r + 4] for r in range(4)]
+    assert tile_greedy_signed_mask(torch.tensor(tile, dtype=torch.float32)).tolist() == greedy_tile_literal(tile, True)
 
 
 def test_tile_greedy_can_keep_fewer_than_eight():

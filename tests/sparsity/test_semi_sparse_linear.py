@@ -230,7 +230,7 @@ def test_dense_backend_contract(method):
     b = torch.randn(16)
     torch.testing.assert_close(sw.matmul(x, b), x @ values.t() + b)
     torch.testing.assert_close(sw.matmul_t(dy), dy @ values)
-    assert is_transposable(method) == (method in ("tile_greedy", "tile_optimal"))
+    assert is_transposable(method) == (method in ("tile_greedy", "tile_greedy_signed", "tile_optimal"))
 
 
 def test_autocast_off_restores_the_callers_state_even_on_error():
