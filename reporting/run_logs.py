@@ -20,6 +20,7 @@ import torch
 from configs import ConfigError, load_config
 from training.run_dir import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, PREEMPTED, TEACHER,
                               FAILED as RUN_FAILED,  # the state in status.json (FAILED below: a table row's)
+                              FINISHED as RUN_FINISHED,
                               checkpoint_dir, is_run_dir, list_checkpoints, metrics_by_steps_done, read_status)
 
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
@@ -247,13 +248,14 @@ def _phase_rates(records: list[dict], sparse_steps: Optional[int], restarts: lis
 
 
 def _training_status(run: RunSummary, run_dir: Path) -> None:
-    """Complete when trained to the end with the teacher exported; otherwise what status.json (or, for older runs,
-    their log) recorded: failed with its reason, or partial (preempted, or still running / killed)."""
+    """Complete when trained to the end with the teacher exported (the export itself, or status.json's "finished",
+    written after it: published results carry no weights); otherwise what status.json (or, for older runs, their
+    log) recorded: failed with its reason, or partial (preempted, or still running / killed)."""
     finished = run.total_steps is not None and run.steps_done >= run.total_steps
-    if finished and (run_dir / TEACHER).is_file():
+    status = read_status(run_dir)
+    if finished and ((run_dir / TEACHER).is_file() or status.state == RUN_FINISHED):
         run.train_status = COMPLETE
         return
-    status = read_status(run_dir)
     if status.state == RUN_FAILED:
         run.train_status, run.reason = FAILED, _short(status.reason)
     elif run.steps_done == 0 and not (run_dir / METRICS).is_file():

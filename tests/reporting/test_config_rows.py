@@ -241,3 +241,18 @@ def test_csv_and_json_paths_are_relative_to_the_folder_of_the_runs(tmp_path):
     make_table([nested], tmp_path / "out_nested", plots=False)
     assert [r["path"] for r in _csv(tmp_path / "out_nested")] == [os.path.join("a", "dense"),
                                                                    os.path.join("b", "dense"), ""]
+
+
+def test_a_published_run_without_weights_is_complete_when_its_status_says_finished(tmp_path):
+    """Committed results carry no weights: a run trained to the end whose status.json says finished (written after
+    the final export) is complete without teacher_backbone.pth; one still 'running' at the last step is not."""
+    from training.run_dir import FINISHED, RUNNING, write_status
+
+    published = make_run(tmp_path, "published", 0.0)
+    (published / "teacher_backbone.pth").unlink()
+    write_status(published, FINISHED, 300)
+    killed = make_run(tmp_path, "killed_in_export", 0.0, seed=1)
+    (killed / "teacher_backbone.pth").unlink()
+    write_status(killed, RUNNING, 300)
+    assert read_run(published).train_status == "complete"
+    assert read_run(killed).train_status == "partial" and read_run(killed).reason == "no teacher_backbone.pth"
