@@ -29,3 +29,22 @@ def test_no_committed_result_holds_a_machine_path():
             if hits:
                 found[str(path.relative_to(RESULTS))] = hits[:2]
     assert not found, f"absolute paths of a machine in results/: {found}"
+
+
+# words of the tools a result was made with, or of the project's tracker, which a user cannot follow
+TOOL_WORDS = re.compile(r"nvidia-h[12]00(-x\d)?|budget_left|device (budget|call)|\bissue \d+|\bissues? #\d+", re.I)
+
+
+def test_the_pattern_finds_tool_words_and_leaves_others():
+    for bad in ("`nvidia-h100-x1`", "661 s of device budget", "budget_left_s 1800", "quoted from issue 10",
+                "Device calls this session", "see issue #12"):
+        assert TOOL_WORDS.search(bad), bad
+    for fine in ("one NVIDIA H100 80GB HBM3", "a GPU issue", "ten minutes of GPU time", "one cuBLASLt call"):
+        assert not TOOL_WORDS.search(fine), fine
+
+
+def test_readme_and_notes_speak_to_users():
+    docs = [RESULTS.parent / "README.md", *sorted(RESULTS.rglob("*.md"))]
+    found = {str(p.relative_to(RESULTS.parent)): [m.group(0) for m in TOOL_WORDS.finditer(p.read_text())]
+             for p in docs}
+    assert not {k: v for k, v in found.items() if v}, found
