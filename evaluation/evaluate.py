@@ -138,6 +138,10 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     baseline = eval_cfg.checkpoint if eval_cfg.checkpoint in BASELINES else None
     checkpoint = None if baseline else Path(eval_cfg.checkpoint or run_dir / TEACHER)
     device = resolve_device(eval_cfg.device)
+    what = {"random": "the untrained backbone (baseline)", "pixels": "raw pixels (baseline)"}.get(
+        baseline, f"checkpoint {checkpoint}")
+    logger.info("evaluating %s of run %s: %s on %s", what, run_dir,
+                {"both": "linear probe and k-NN", "linear": "linear probe", "knn": "k-NN"}[eval_cfg.mode], device.type)
     feats = extract_run_features(run_dir, run_cfg, eval_cfg, checkpoint, device, pixels=baseline == PIXELS)
     train, val = feats["train"], feats["val"]
     record: dict = {

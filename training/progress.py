@@ -77,8 +77,9 @@ def run_info(cfg: Config, model: torch.nn.Module, device: torch.device, world_si
     }
 
 
-def log_run_info(info: dict) -> None:
-    """The start-up summary, a few plain lines."""
+def log_run_info(info: dict, run_dir=None) -> None:
+    """The start-up summary, a few plain lines; the first names the run directory (as given: run_info.json, which
+    may be published, holds no path)."""
     sparse = ("dense throughout" if info["sparse_steps"] == 0 else
               f"2:4 {info['sparsity_kind']} sparse "
               f"({'student and teacher' if info.get('sparse_teacher') else 'student; teacher dense'}) "
@@ -87,7 +88,8 @@ def log_run_info(info: dict) -> None:
               f"pruning {info['pruning']}")
     stop = "" if info["last_step"] == info["total_steps"] else f", stopping at step {info['last_step']} (max_steps)"
     start = f"resuming at step {info['start_step']}" if info["start_step"] else "starting at step 0"
-    lines = [
+    lines = [f"run directory {run_dir}"] if run_dir is not None else []
+    lines += [
         f"device {info['device']} ({info['device_name']}), {info['world_size']} process(es), torch {info['torch']}",
         f"global batch {info['global_batch']} ({info['world_size']} x {info['batch_size_per_gpu']}), peak lr "
         f"{info['peak_lr']:.4g} (base_lr {info['base_lr']:g}, {info['scaling_rule']})",

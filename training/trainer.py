@@ -303,7 +303,7 @@ class Trainer:
             run_dir.write_config(self.output_dir, to_yaml(self.cfg))
             info = run_info(self.cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype,
                             bool(self.compiled), self.step, last_step)
-            log_run_info(info)
+            log_run_info(info, self.output_dir)
             run_dir.write_run_info(self.output_dir, info)
             self._record_status(RUNNING)
         # lines logged after the checkpoint are logged again; a fresh start in a used directory replaces the old log
@@ -372,6 +372,7 @@ class Trainer:
                     window_start, window_steps = time.perf_counter(), 0
                 if self.step % cfg.train.checkpoint_period == 0 and self.step < last_step:
                     self.save_checkpoint()
+                    self._record_status(RUNNING)  # status.json's step follows the checkpoints
                 if self.step % cfg.train.teacher_export_period == 0 and self.step < total:
                     self.export_teacher(run_dir.teacher_export_path(self.output_dir, self.step))
                 if self._stop_agreed:

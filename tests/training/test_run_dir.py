@@ -155,6 +155,22 @@ def test_trainer_records_finished_run(reference_run):
     assert info["start_step"] == 0 and info["last_step"] == 16
 
 
+def test_status_step_follows_the_checkpoints(tmp_path, monkeypatch):
+    """status.json is rewritten at every periodic checkpoint, so its step advances with the run (not 0 until the
+    end), and says finished at the end."""
+    written = []
+    original = run_dir.write_status
+
+    def spy(directory, state, step, *args, **kwargs):
+        written.append((state, step, run_dir.checkpoint_dir(directory).joinpath(f"step_{step:08d}.pt").exists()))
+        return original(directory, state, step, *args, **kwargs)
+
+    monkeypatch.setattr(run_dir, "write_status", spy)
+    Trainer(load_config(None, TINY + ["train.max_steps=8"]), tmp_path, CPU).train()
+    assert [(state, step) for state, step, _ in written] == [(RUNNING, 0), (RUNNING, 3), (RUNNING, 6), (FINISHED, 8)]
+    assert all(saved for state, step, saved in written if state == RUNNING and step)  # after its checkpoint exists
+
+
 def test_trainer_records_failure_with_its_reason(tmp_path, monkeypatch):
     trainer = Trainer(load_config(None, TINY + ["train.checkpoint_period=2"]), tmp_path, CPU)
     forward = type(trainer.model).forward

@@ -40,6 +40,7 @@ def test_plain_periodic_lines_and_no_progress_bar_off_a_terminal(reference_run, 
 def test_start_up_summary_and_the_dtype_actually_used_are_recorded(reference_run):
     log = (reference_run / "log.txt").read_text()
     info = json.loads((reference_run / "run_info.json").read_text())
+    assert str(reference_run) not in json.dumps(info)  # the path is said, not recorded: run_info.json may be published
     cfg = load_config(reference_run / "config.yaml")
     assert cfg.train.amp_dtype == "bf16"  # config.yaml keeps the configured value ...
     assert (info["amp_dtype"], info["amp_dtype_configured"]) == ("float32", "bf16")  # ... the run records the used one
@@ -48,7 +49,8 @@ def test_start_up_summary_and_the_dtype_actually_used_are_recorded(reference_run
     assert info["peak_lr"] == pytest.approx(scaled_lr(cfg, 1)) and info["param_dtype"] == "float32"
     assert info["student_params"] == info["trainable_params"] > info["backbone_params"] > 0
     assert (info["sparse_steps"], info["total_steps"], info["sparsity_backend"]) == (8, TOTAL, "auto")
-    for line in (f"start-up: device cpu (cpu), 1 process(es), torch {torch.__version__}",
+    for line in (f"start-up: run directory {reference_run}",
+                 f"start-up: device cpu (cpu), 1 process(es), torch {torch.__version__}",
                  f"start-up: global batch 8 (1 x 8), peak lr {info['peak_lr']:.4g} (base_lr 0.004, sqrt_wrt_1024)",
                  "start-up: dtypes: parameters float32, autocast float32 (train.amp_dtype=bf16), grad scaler off; "
                  "torch.compile off",
