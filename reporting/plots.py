@@ -146,6 +146,20 @@ def _ours(ax, rows) -> tuple[list[float], set, list, int]:
     return drawn, kinds, handles, 0
 
 
+def _series(ax, groups, color, marker: str, offset: float, **style) -> tuple:
+    """One metric of one configuration: the means with their error bars (`_error_bars`) at share + `offset`, and each
+    seed as a small hollow marker where there are several. Returns (shares, means, per-share values, bar kinds)."""
+    xs, means, _, values = zip(*_points(groups))
+    below, above, kinds = _error_bars(groups)
+    shifted = [x + offset for x in xs]
+    ax.errorbar(shifted, means, yerr=[below, above] if any(below + above) else None, color=color, capsize=3,
+                zorder=3, **style)
+    for x, v in zip(shifted, values):
+        if len(v) > 1:
+            ax.plot([x] * len(v), v, marker, ms=4, mfc="none", mec=color, alpha=0.7, zorder=2)
+    return xs, means, values, kinds
+
+
 def _configurations_apart(ax, configurations) -> tuple[list[float], set, list, int]:
     """Per configuration with an evaluated run one colour, per metric one line style (linear probe solid, k-NN
     dashed); the configurations' points spread sideways by up to 3 pp of share so that equal schedules do not hide
@@ -160,15 +174,9 @@ def _configurations_apart(ax, configurations) -> tuple[list[float], set, list, i
             groups = _groups(rows, key)
             if not groups:
                 continue
-            xs, means, _, values = zip(*_points(groups))
-            below, above, drawn_kinds = _error_bars(groups)
+            xs, means, values, drawn_kinds = _series(ax, groups, color, marker, offset, fmt=marker + MULTI_STYLES[key],
+                                                     lw=1.4, ms=5)
             kinds |= drawn_kinds
-            shifted = [x + offset for x in xs]
-            ax.errorbar(shifted, means, yerr=[below, above] if any(below + above) else None,
-                        fmt=marker + MULTI_STYLES[key], color=color, capsize=3, lw=1.4, ms=5, zorder=3)
-            for x, v in zip(shifted, values):
-                if len(v) > 1:
-                    ax.plot([x] * len(v), v, marker, ms=4, mfc="none", mec=color, alpha=0.7, zorder=2)
             if xs[0] == 0.0 and len(xs) > 1:
                 ax.axhline(means[0], color=color, ls=":", lw=0.9, zorder=1)
                 dense_lines = True
@@ -196,15 +204,10 @@ def _one_configuration(ax, rows) -> tuple[list[float], set]:
         groups = _groups(rows, key)
         if not groups:
             continue
-        xs, means, _, values = zip(*_points(groups))
-        below, above, drawn_kinds = _error_bars(groups)
-        kinds |= drawn_kinds
         label = _knn_label(rows) if key == "knn_top1" else label
-        ax.errorbar(xs, means, yerr=[below, above] if any(below + above) else None, fmt=marker + "-", color=color,
-                    capsize=3, lw=1.6, ms=6, label=label, zorder=3)
-        for x, v in zip(xs, values):
-            if len(v) > 1:
-                ax.plot([x] * len(v), v, marker, ms=4, mfc="none", mec=color, alpha=0.7, zorder=2)
+        xs, means, values, drawn_kinds = _series(ax, groups, color, marker, 0.0, fmt=marker + "-", lw=1.6, ms=6,
+                                                 label=label)
+        kinds |= drawn_kinds
         if xs[0] == 0.0:
             ax.axhline(means[0], color=color, ls=":", lw=1.0, zorder=1)
         drawn += list(means) + [y for v in values for y in v]
