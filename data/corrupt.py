@@ -6,6 +6,7 @@ from typing import Tuple
 from PIL import Image
 
 from .datasets import CorruptImageError
+from .tree import printable
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def load_image(dataset, index: int, on_corrupt: str = "skip") -> Tuple[Image.Ima
             if on_corrupt == "raise":
                 raise CorruptImageError(e.path, f"{e.reason} (data.on_corrupt=raise; set data.on_corrupt=skip "
                                                 "to log and skip unreadable images)") from e
-            logger.warning("skipping unreadable image %s (%s); using index %d instead", e.path, e.reason,
+            logger.warning("skipping unreadable image %s (%s); using index %d instead", printable(e.path), e.reason,
                            (i + 1) % n)
     raise CorruptImageError(dataset.describe(index), f"it and the next {min(n, MAX_CONSECUTIVE_CORRUPT) - 1} "
                                                      "images are all unreadable")

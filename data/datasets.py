@@ -3,6 +3,10 @@
 Both return `(PIL RGB image, int label)` from `__getitem__` (or `(transform(image), label)` when given a
 `transform`, e.g. `make_eval_transform()` for a probe), and expose `classes`, `targets` and `describe(i)` (what to
 name in a log line about item i). `build_dataset(cfg)` picks one by `data.dataset`.
+
+What the folder tree may hold (FIFOs, sockets, devices, symlinks and their loops, names that are not UTF-8 or hold
+control characters) and what becomes of each: `data/tree.py`. Names reach logs and error messages only through
+`tree.printable`.
 """
 
 import logging
@@ -12,7 +16,8 @@ from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
-from torchvision.datasets.folder import make_dataset
+
+from .tree import DataNotes, NotRegularFile, open_regular, printable, scan_image_tree
 
 logger = logging.getLogger(__name__)
 
@@ -25,14 +30,15 @@ class CorruptImageError(OSError):
     """An image file that cannot be decoded. `path` and `reason` say which and why.
 
     Raised in a DataLoader worker, only its text reaches the main process, where PyTorch rebuilds the exception from
-    that one string (a traceback): the path and the reason are read back from its last `cannot read image` line."""
+    that one string (a traceback): the path and the reason are read back from its last `cannot read image` line
+    (there as `tree.printable` wrote them: escaping is idempotent, so the message is the same on both sides)."""
 
     def __init__(self, path: str, reason: Optional[str] = None):
         if reason is None:
             found = re.findall(r"cannot read image '(.*)': (.*)", path)
             path, reason = found[-1] if found else ("(in a data worker)", path.strip().splitlines()[-1])
-        self.path, self.reason = path, reason
-        super().__init__(f"cannot read image '{path}': {reason}")
+        self.path, self.reason = path, printable(reason)  # PIL's messages may quote the name raw
+        super().__init__(f"cannot read image '{printable(path)}': {self.reason}")
 
     def __reduce__(self):
         return type(self), (self.path, self.reason)
@@ -71,18 +77,19 @@ def _listing(path: str, limit: int = 8) -> str:
     try:
         names = sorted(os.listdir(path))
     except OSError as e:
-        return f"(cannot list: {e})"
+        return f"(cannot list: {printable(e)})"
     if not names:
         return "(empty)"
     more = f", ... ({len(names)} entries)" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
+    return ", ".join(printable(n) for n in names[:limit]) + more
 
 
 class ImageFolderDataset:
     """ImageNet-style tree `root/<split>/<class>/<image>` (extensions as torchvision's ImageFolder, any case).
 
-    Classes are the sorted non-hidden sub-folders of `root/<split>`; images are listed with torchvision's
-    `make_dataset` (sorted, so indices are stable across processes and runs). Paths are kept in one bytes blob
+    Classes are the sorted non-hidden sub-folders of `root/<split>`; images are the regular files with an image
+    extension under them, in torchvision's `make_dataset` order (sorted, so indices are stable across processes and
+    runs), listed by `tree.scan_image_tree` (non-regular entries and symlink loops are skipped and logged). Paths are kept in one bytes blob
     plus offsets rather than a list of Python strings, so forked DataLoader workers do not copy them page by page
     on access (refcount writes), which matters at ImageNet scale.
     """
@@ -90,42 +97,40 @@ class ImageFolderDataset:
     def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None,
                  split_key: str = "data.split"):
         self.transform = transform
+        self.notes = DataNotes()  # warnings about the tree, kept for the run's log (`DataNotes.log_again`)
         if not root:
             raise DatasetError("data.root is empty: set data.root to the folder holding "
                                f"{split}/<class>/<image>.JPEG (e.g. data.root=/datasets/imagenet)")
         root = os.path.expanduser(str(root))
         if not os.path.isdir(root):
             raise DatasetError(f"data.root={root!r} does not exist or is not a folder (config key data.root); "
-                               f"expected {os.path.join(root, split, '<class>', '<image>.JPEG')}")
+                               f"expected {printable(os.path.join(root, split, '<class>', '<image>.JPEG'))}")
         split_dir = os.path.join(root, split)
         if not os.path.isdir(split_dir):
-            raise DatasetError(f"data.root={root!r} has no '{split}' folder ({split_key}={split!r}): expected "
-                               f"{os.path.join(split_dir, '<class>', '<image>.JPEG')}; {root} holds: {_listing(root)}")
-        classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir() and not e.name.startswith("."))
+            raise DatasetError(f"data.root={root!r} has no '{printable(split)}' folder ({split_key}={split!r}): "
+                               f"expected {printable(os.path.join(split_dir, '<class>', '<image>.JPEG'))}; "
+                               f"{printable(root)} holds: {_listing(root)}")
+        shown = printable(split_dir)
+        try:
+            classes = sorted(e.name for e in os.scandir(split_dir) if _is_dir(e) and not e.name.startswith("."))
+        except OSError as e:
+            raise DatasetError(f"cannot list {shown}: {printable(e.strerror or e)}") from None
         if not classes:
-            raise DatasetError(f"{split_dir} has no class folders: expected {split_dir}/<class>/<image>.JPEG "
+            raise DatasetError(f"{shown} has no class folders: expected {shown}/<class>/<image>.JPEG "
                                f"(one sub-folder per class); it holds: {_listing(split_dir)}")
         class_to_idx = {c: i for i, c in enumerate(classes)}
-        skipped: List[str] = []
-
-        def is_image(path: str) -> bool:
-            ok = path.lower().endswith(IMG_EXTENSIONS)
-            if not ok:
-                skipped.append(path)
-            return ok
-
-        samples = make_dataset(split_dir, class_to_idx, is_valid_file=is_image, allow_empty=True)
-        if skipped:
-            logger.warning("%d files under %s are not images PIL can read (by extension) and are not used: %s",
-                           len(skipped), split_dir, ", ".join(os.path.relpath(p, split_dir) for p in skipped[:5]))
+        samples, self.tree_report = scan_image_tree(split_dir, classes, IMG_EXTENSIONS)
+        for line in self.tree_report.warnings(split_dir):
+            self.notes.warn(line, logger)
         if not samples:
-            raise DatasetError(f"no images under {split_dir}/<class>/: expected files ending in "
+            raise DatasetError(f"no images under {shown}/<class>/: expected regular files ending in "
                                f"{', '.join(IMG_EXTENSIONS)} (any case) in its {len(classes)} class folders "
                                f"({_listing(split_dir, 4)})")
         counts = np.bincount([t for _, t in samples], minlength=len(classes))
         empty = [c for c, n in zip(classes, counts) if n == 0]
         if empty:
-            logger.warning("%d class folders of %s hold no images: %s", len(empty), split_dir, ", ".join(empty[:10]))
+            self.notes.warn(f"{len(empty)} class folders of {shown} hold no images: "
+                            f"{', '.join(printable(c) for c in empty[:10])}", logger)
 
         self.root, self.split, self.split_dir = root, split, split_dir
         self.classes: List[str] = classes
@@ -135,7 +140,7 @@ class ImageFolderDataset:
         np.cumsum([len(b) for b in encoded], out=self._offsets[1:])
         self._blob = b"".join(encoded)
         self.targets = np.asarray([t for _, t in samples], dtype=np.int64)
-        logger.info("ImageFolderDataset %s: %d images, %d classes", split_dir, len(self), len(classes))
+        logger.info("ImageFolderDataset %s: %d images, %d classes", shown, len(self), len(classes))
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -149,14 +154,23 @@ class ImageFolderDataset:
     def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
         path = self.path(index)
         try:
-            with open(path, "rb") as f:
+            with open_regular(path) as f:  # never blocks on a FIFO that replaced the file since the listing
                 image = Image.open(f)
                 image = to_rgb(image)  # decodes the whole file: truncated data raises here
+        except NotRegularFile as e:
+            raise CorruptImageError(path, str(e)) from None
         except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... on bad files
             raise CorruptImageError(path, f"{type(e).__name__}: {e}") from e
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[index])
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows a symlink; a dangling one or a loop is no class
+    except OSError:
+        return False
 
 
 DIGITS_SPLITS = ("train", "val", "all")

@@ -4,6 +4,10 @@ and decoding a file per sample per step costs more than the step's augmentation 
 The array is shared with forked data workers without copying (numpy pages are read, never written). Unreadable
 files follow `data.on_corrupt` at decoding time: skipped (logged, the next readable image takes the slot, as the
 per-step path does) or raised.
+
+A replaced file counts where the per-step path counts it: each time its slot is drawn, the sample reports the files
+skipped to fill it (`replaced_at`), so `corrupt_skipped` in metrics.jsonl is the same with and without
+`data.in_memory` (it is not a count of distinct files: that number is in the warning logged after decoding).
 """
 
 import logging
@@ -16,6 +20,7 @@ from PIL import Image
 
 from .corrupt import load_image
 from .datasets import DatasetError
+from .tree import SHOWN, DataNotes, printable
 
 logger = logging.getLogger(__name__)
 
@@ -31,39 +36,54 @@ class InMemoryImages:
         self.classes = list(getattr(dataset, "classes", []))
         self.targets = np.asarray(dataset.targets, dtype=np.int64).copy()
         self._describe = dataset.describe
-        self.corrupt_skipped = 0
-        first, _, _ = load_image(dataset, 0, on_corrupt)
+        self.notes = DataNotes()  # the tree's warnings and this decoding's, kept for the run's log
+        inner = getattr(dataset, "notes", None)
+        if inner is not None:
+            self.notes.extend(inner)
+        self.replaced = np.zeros(n, dtype=np.int64)  # per slot: unreadable files skipped to fill it
+        start = last_log = time.perf_counter()
+        first, self.targets[0], self.replaced[0] = load_image(dataset, 0, on_corrupt)
         shape = np.asarray(first).shape
         self.array = np.empty((n, *shape), dtype=np.uint8)
-        start = last_log = time.perf_counter()
+        self.array[0] = np.asarray(first)
 
         def decode(i: int) -> Tuple[int, int]:
             image, label, skipped = load_image(dataset, i, on_corrupt)
             pixels = np.asarray(image)
             if pixels.shape != shape:
-                raise DatasetError(f"data.in_memory=true needs images of one size: {dataset.describe(i)} is "
-                                   f"{pixels.shape[1]}x{pixels.shape[0]}, {dataset.describe(0)} is "
+                raise DatasetError(f"data.in_memory=true needs images of one size: {printable(dataset.describe(i))} is "
+                                   f"{pixels.shape[1]}x{pixels.shape[0]}, {printable(dataset.describe(0))} is "
                                    f"{shape[1]}x{shape[0]} (set data.in_memory=false for this dataset)")
             self.array[i] = pixels
             return label, skipped
 
         with ThreadPoolExecutor(max(1, threads)) as pool:  # PIL releases the GIL while decoding
-            for i, (label, skipped) in enumerate(pool.map(decode, range(n), chunksize=256)):
+            for i, (label, skipped) in enumerate(pool.map(decode, range(1, n), chunksize=256), start=1):
                 self.targets[i] = label  # a skipped file's slot holds its replacement's image and label
-                self.corrupt_skipped += skipped
+                self.replaced[i] = skipped
                 now = time.perf_counter()
                 if now - last_log > LOG_EVERY_S:
                     logger.info("decoding into memory: %d/%d images", i + 1, n)
                     last_log = now
-        logger.info("decoded %d images (%dx%d) into memory in %.1f s (%.0f MB)%s", n, shape[1], shape[0],
-                    time.perf_counter() - start, self.array.nbytes / 2**20,
-                    f"; {self.corrupt_skipped} unreadable files replaced" if self.corrupt_skipped else "")
+        bad = np.flatnonzero(self.replaced)
+        self.corrupt_skipped = len(bad)  # distinct unreadable files (each slot's own file)
+        if len(bad):
+            names = ", ".join(printable(dataset.describe(int(i))) for i in bad[:SHOWN])
+            self.notes.warn(f"{len(bad)} of {n} images are unreadable and were replaced by the next readable one "
+                            f"while decoding into memory (data.on_corrupt=skip); each draw of one counts in "
+                            f"corrupt_skipped: {names}{', ...' if len(bad) > SHOWN else ''}", logger)
+        logger.info("decoded %d images (%dx%d) into memory in %.1f s (%.0f MB)", n, shape[1], shape[0],
+                    time.perf_counter() - start, self.array.nbytes / 2**20)
 
     def __len__(self) -> int:
         return len(self.targets)
 
     def describe(self, index: int) -> str:
         return self._describe(index)
+
+    def replaced_at(self, index: int) -> int:
+        """Unreadable files skipped to fill slot `index` (what reading it from disk would report each time)."""
+        return int(self.replaced[index])
 
     def pixels(self, index: int) -> np.ndarray:
         return self.array[index]

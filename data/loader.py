@@ -48,6 +48,7 @@ class SSLDataset(torch.utils.data.Dataset):
         if self.augmentation is None:
             return self._raw_sample(index, position)
         image, label, skipped = load_image(self.dataset, index, self.on_corrupt)
+        skipped += self._replaced_at(index)
         # fork_rng restores torch's CPU RNG afterwards. Seed only the CPU generator: torch.manual_seed would also
         # reseed the CUDA generators of the main process (num_workers=0), which fork_rng(devices=[]) does not restore.
         with torch.random.fork_rng(devices=[]):
@@ -55,9 +56,16 @@ class SSLDataset(torch.utils.data.Dataset):
             crops = self.augmentation(image)
         return SSLSample(crops["global_crops"], crops["local_crops"], label, position, skipped)
 
+    def _replaced_at(self, index: int) -> int:
+        """Decoded in memory: the unreadable files met when slot `index` was filled, counted at each draw as the
+        per-step path counts them (so metrics' corrupt_skipped does not depend on data.in_memory)."""
+        replaced_at = getattr(self.dataset, "replaced_at", None)
+        return replaced_at(index) if replaced_at is not None else 0
+
     def _raw_sample(self, index: int, position: int) -> SSLSample:
         if hasattr(self.dataset, "pixels"):  # decoded in memory
-            pixels, label, skipped = self.dataset.pixels(index), int(self.dataset.targets[index]), 0
+            pixels, label = self.dataset.pixels(index), int(self.dataset.targets[index])
+            skipped = self._replaced_at(index)
         else:
             image, label, skipped = load_image(self.dataset, index, self.on_corrupt)
             pixels = np.asarray(image)
@@ -151,6 +159,9 @@ def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int = 0, sa
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     dataset = build_training_dataset(cfg) if dataset is None else dataset
+    notes = getattr(dataset, "notes", None)
+    if notes is not None:  # train.py builds the dataset before log.txt exists: its warnings go there now
+        notes.log_again(logger)
     num_workers = cfg.train.num_workers if num_workers is None else num_workers
     batch_size = cfg.train.batch_size_per_gpu
     seed = cfg.train.seed
