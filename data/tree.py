@@ -138,23 +138,29 @@ def scan_image_tree(split_dir: str, classes: Sequence[str],
     the ones that function gave for a tree it could read; plus what was left out (`TreeReport`)."""
     report = TreeReport()
     listed = set()  # (st_dev, st_ino) of every directory listed: each is listed once
+    # the split folder and the class folders are reached only as themselves: a link inside class a to the split
+    # folder or to class b would otherwise give b's images a's label
+    reserved = ({_key(split_dir)} | {_key(os.path.join(split_dir, c)) for c in classes}) - {None}
     samples: List[Tuple[str, int]] = []
     for index, cls in enumerate(classes):
         folders = []  # (directory path, names of the regular files in it)
-        stack = [os.path.join(split_dir, cls)]
+        class_dir = os.path.join(split_dir, cls)
+        stack = [class_dir]
         while stack:
             directory = stack.pop()
             rel = os.path.relpath(directory, split_dir)
             try:
                 st = os.stat(directory)
-                entries = list(os.scandir(directory)) if (st.st_dev, st.st_ino) not in listed else None
+                key = st.st_dev, st.st_ino
+                repeated = key in listed or (key in reserved and directory != class_dir)
+                entries = None if repeated else list(os.scandir(directory))
             except OSError as e:
                 report.unreadable_dirs.append((rel, e.strerror or str(e)))
                 continue
             if entries is None:
                 report.repeated_dirs.append(rel)
                 continue
-            listed.add((st.st_dev, st.st_ino))
+            listed.add(key)
             files = []
             for entry in entries:
                 kind = _kind(entry)
@@ -202,6 +208,15 @@ class DataNotes:
         for line in lines:
             log.warning("%s (found while building the dataset, before this log was opened)", line)
         return len(lines)
+
+
+def _key(path: str):
+    """A directory's identity (following symlinks); None when it cannot be read (listing it then fails, and says)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _kind(entry: os.DirEntry) -> str:
