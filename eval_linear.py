@@ -6,11 +6,13 @@
     python eval_linear.py --run DIR mode=knn          # k-NN only; features come from the cache when unchanged
     python eval_linear.py --run DIR data.dataset=imagenet_folder data.root=/data/cifar10   # another dataset
     python eval_linear.py --run DIR checkpoint=pixels # raw-pixel baseline (checkpoint=random: untrained network)
+    python eval_linear.py --run DIR prune_mlp=true    # MLP weights 2:4-pruned as the run's student ran them
 
 Reads DIR/config.yaml and DIR/teacher_backbone.pth, caches features under DIR/eval/, writes DIR/eval_linear.json
 and appends a line to DIR/../eval_index.jsonl. Keys (see configs/eval_schema.py): mode=linear|knn|both,
-solver=sklearn|torch|auto, device, checkpoint (a path, random or pixels), output, index, data.* (dataset, root,
-splits), features.*, linear.* (C grid, L-BFGS limits, precision), knn.*.
+solver=sklearn|torch|auto, device, checkpoint (a path, random or pixels), prune_mlp=auto|true|false (auto: when
+the run's last step was sparse), output, index, data.* (dataset, root, splits), features.*, linear.* (C grid,
+L-BFGS limits, precision), knn.*.
 Exit status: 0 done, 1 bad run/checkpoint/dataset, 2 bad config.
 """
 

@@ -16,6 +16,7 @@ from .load import ConfigError, load_structured  # load.py imports only the train
 # the torch solver's arithmetic (evaluation/logreg.py PRECISIONS): auto = float64 on CPU and for small
 # problems, float32_3xtf32 (fp32 accuracy on TF32 tensor cores) for large GPU problems; float32 = IEEE fp32 GEMMs
 PRECISIONS = ("auto", "float64", "float32", "float32_3xtf32")
+PRUNE_MLP = ("auto", "true", "false")
 
 
 @dataclass
@@ -72,6 +73,11 @@ class EvalConfig:
     # "" -> <run>/teacher_backbone.pth (the final teacher); baselines: "random" (the untrained backbone), "pixels"
     # (the eval transform's normalised pixels, flattened: 3 * crop * crop features, no model)
     checkpoint: str = ""
+    # the teacher's MLP linears pruned 2:4 at every forward with the run's sparsity settings (pattern, kind, pruning
+    # method), as its student computed them: auto = when the run's last training step was sparse (e.g.
+    # sparsity.sparse_fraction=1.0) | true | false (evaluation/mlp_pruning.py). The result records it as
+    # "mlp_weights"; a probe in the mode other than the run's last step writes *_pruned_mlp.json / *_dense_mlp.json
+    prune_mlp: str = value("auto", choices=PRUNE_MLP)
     # "" -> <run>/eval_linear.json for the final teacher's probe; other evaluations get names of their own
     # (eval_knn*.json for mode=knn, *_random_init.json, *_pixels.json, *_step_XXXXXXXX.json:
     # evaluate.default_output_name)
@@ -85,6 +91,8 @@ class EvalConfig:
 
 def validate_eval(cfg: EvalConfig) -> None:
     """Every field within its declared range, and the C grid the right way round."""
+    # YAML and the command line read true/false as booleans, which a str field stores as "True"/"False"
+    cfg.prune_mlp = str(cfg.prune_mlp).lower()
     problem = check_fields(cfg)
     if problem:
         raise ConfigError(problem)

@@ -3,6 +3,7 @@
 `evaluate_run(run_dir, eval_cfg)` reads `<run>/config.yaml` (the resolved training config: model, crop size,
 dataset) and the teacher checkpoint, extracts (or reuses cached) train/val features, runs the probe and/or k-NN
 as `eval_cfg.mode` says, writes `<run>/eval_linear.json` atomically and appends one line to the results index.
+`eval_cfg.prune_mlp` 2:4-prunes the teacher's MLP linears as the run's student ran them (`mlp_pruning.py`).
 """
 
 import functools
@@ -24,6 +25,7 @@ from .features import (EvalInputError, Features, PixelFeatures, cache_key, datas
                        load_teacher, resolve_data, save_cached, transform_settings, weights_digest)
 from .knn import knn_classify
 from .logreg import build_solver, c_grid
+from .mlp_pruning import MlpPruning, prune_teacher, resolve_mlp_pruning
 from .probe import run_probe
 
 logger = logging.getLogger(__name__)
@@ -79,11 +81,19 @@ def _cached_or_extracted(path: Path, key: str, dataset, teacher, eval_cfg, devic
     return feats
 
 
+def _teacher(run_cfg, checkpoint: Optional[Path], mlp: Optional[MlpPruning]):
+    backbone, step = load_teacher(run_cfg, checkpoint)
+    if mlp is not None and mlp.prune:
+        prune_teacher(backbone, run_cfg)
+    return backbone, step
+
+
 def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[Path], device: torch.device,
-                         pixels: bool = False) -> dict:
+                         pixels: bool = False, mlp: Optional[MlpPruning] = None) -> dict:
     """Train and val features of the run's teacher (`checkpoint` None: its random initialisation; `pixels`: the
-    normalised pixels, no model) and what they were computed from, on the run's dataset or the one `eval_cfg.data`
-    names. Cached per split under `<run>/eval/`; the model is built only on a cache miss."""
+    normalised pixels, no model; `mlp`: whether its MLP linears are 2:4-pruned, None = dense) and what they were
+    computed from, on the run's dataset or the one `eval_cfg.data` names. Cached per split under `<run>/eval/`; the
+    model is built only on a cache miss."""
     digest = PIXELS if pixels else weights_digest(run_cfg, checkpoint)
     data_cfg = resolve_data(run_cfg, eval_cfg.data)
     tsettings = transform_settings(run_cfg, eval_cfg.features)
@@ -93,8 +103,9 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
     if pixels:
         teacher = functools.cache(lambda: (PixelFeatures(), None))
     else:  # (backbone, step), built at most once
-        teacher = functools.cache(lambda: load_teacher(run_cfg, checkpoint))
+        teacher = functools.cache(lambda: _teacher(run_cfg, checkpoint, mlp))
     suffix = BASELINES[PIXELS] if pixels else BASELINES[RANDOM_INIT] if checkpoint is None else ""
+    suffix += mlp.cache_suffix if mlp is not None else ""
     root = dataset_settings(data_cfg, "").get("root", "")  # resolved path; "" for digits
     dataset = {"name": data_cfg.dataset, "root": root,
                "from": "eval" if eval_cfg.data.dataset or eval_cfg.data.root else "run"}
@@ -108,7 +119,8 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
                              f"({len(classes['train'])} vs {len(classes['val'])}): labels would differ")
     for role, split in splits.items():
         dsettings = {**dataset_settings(data_cfg, split), "n_images": len(datasets[role]), "classes": classes[role]}
-        key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision)
+        key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision,
+                        mlp.cache_tag if mlp is not None else "dense")
         path = run_dir / EVAL_DIR / f"features_{split}{suffix}.pt"
         out[role] = _cached_or_extracted(path, key, datasets[role], teacher, eval_cfg, device, amp, split)
         out[f"{role}_dataset"] = {"root": root, **{k: v for k, v in dsettings.items() if k != "classes"}}
@@ -138,17 +150,20 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     baseline = eval_cfg.checkpoint if eval_cfg.checkpoint in BASELINES else None
     checkpoint = None if baseline else Path(eval_cfg.checkpoint or run_dir / TEACHER)
     device = resolve_device(eval_cfg.device)
+    mlp = resolve_mlp_pruning(eval_cfg.prune_mlp, run_cfg, has_model=baseline != PIXELS)
     what = {"random": "the untrained backbone (baseline)", "pixels": "raw pixels (baseline)"}.get(
         baseline, f"checkpoint {checkpoint}")
-    logger.info("evaluating %s of run %s: %s on %s", what, run_dir,
-                {"both": "linear probe and k-NN", "linear": "linear probe", "knn": "k-NN"}[eval_cfg.mode], device.type)
-    feats = extract_run_features(run_dir, run_cfg, eval_cfg, checkpoint, device, pixels=baseline == PIXELS)
+    logger.info("evaluating %s of run %s: %s on %s, MLP weights %s (%s)", what, run_dir,
+                {"both": "linear probe and k-NN", "linear": "linear probe", "knn": "k-NN"}[eval_cfg.mode], device.type,
+                mlp.weights, mlp.reason)
+    feats = extract_run_features(run_dir, run_cfg, eval_cfg, checkpoint, device, pixels=baseline == PIXELS, mlp=mlp)
     train, val = feats["train"], feats["val"]
     record: dict = {
         "format": RESULT_FORMAT, "run": str(run_dir), "checkpoint": baseline or str(checkpoint),
         "checkpoint_step": feats["checkpoint_step"], "checkpoint_sha256": feats["checkpoint_sha256"],
-        "mode": eval_cfg.mode, "device": device.type, "precision": feats["precision"], "transform": feats["transform"],
-        "dataset": feats["dataset"], "train_dataset": feats["train_dataset"], "val_dataset": feats["val_dataset"],
+        "mlp_weights": mlp.weights, "mode": eval_cfg.mode, "device": device.type, "precision": feats["precision"],
+        "transform": feats["transform"], "dataset": feats["dataset"], "train_dataset": feats["train_dataset"],
+        "val_dataset": feats["val_dataset"],
         "n_train": len(train.y), "n_val": len(val.y), "n_classes": feats["n_classes"],
         "feature_dim": int(train.x.shape[1]), "features_cached": {"train": train.from_cache, "val": val.from_cache},
         "extraction_seconds": round(time.perf_counter() - start, 3),
@@ -165,7 +180,7 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     record["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record["eval_config"] = to_yaml(eval_cfg)
     output = Path(eval_cfg.output) if eval_cfg.output else run_dir / default_output_name(
-        eval_cfg.mode, baseline, checkpoint, run_dir, record["checkpoint_step"])
+        eval_cfg.mode, baseline, checkpoint, run_dir, record["checkpoint_step"], mlp.output_suffix)
     atomic_write_text(output, json.dumps(record, indent=1) + "\n")
     record["output"] = str(output)
     index = index_path(run_dir, eval_cfg.index)
@@ -175,17 +190,19 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
 
 
 def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional[Path], run_dir: Path,
-                        step: Optional[int]) -> str:
+                        step: Optional[int], mlp_suffix: str = "") -> str:
     """`eval_linear.json` is the record of the final teacher's linear probe (what tables read); any other
     evaluation gets a name of its own, so it never replaces that record: `eval_knn*.json` for mode=knn,
     `*_random_init.json` for the untrained baseline (`baseline` "random"), `*_pixels.json` for the raw-pixel one,
-    `*_step_XXXXXXXX.json` (or `*_<file stem>.json`) for another checkpoint."""
+    `*_step_XXXXXXXX.json` (or `*_<file stem>.json`) for another checkpoint; `mlp_suffix` last (`_pruned_mlp` /
+    `_dense_mlp` when the MLPs are probed otherwise than the run's last step ran them: `MlpPruning.output_suffix`)."""
     knn_only = mode == "knn"
     if baseline:
-        return eval_result_name(knn_only, BASELINES[baseline])
+        return eval_result_name(knn_only, BASELINES[baseline] + mlp_suffix)
     if checkpoint is not None and checkpoint.resolve() != (run_dir / TEACHER).resolve():
-        return eval_result_name(knn_only, f"_step_{step:08d}" if step is not None else f"_{checkpoint.stem}")
-    return eval_result_name(knn_only)
+        which = f"_step_{step:08d}" if step is not None else f"_{checkpoint.stem}"
+        return eval_result_name(knn_only, which + mlp_suffix)
+    return eval_result_name(knn_only, mlp_suffix)
 
 
 def index_path(run_dir: Path, setting: str) -> Optional[Path]:
@@ -196,8 +213,8 @@ def index_path(run_dir: Path, setting: str) -> Optional[Path]:
 
 def summary(record: dict) -> dict:
     """The results-index line: where the full record is and its headline numbers."""
-    keys = ("run", "output", "created", "checkpoint", "checkpoint_step", "mode", "solver", "top1", "top5", "best_C",
-            "feature_dim", "n_train", "n_val", "seconds")
+    keys = ("run", "output", "created", "checkpoint", "checkpoint_step", "mlp_weights", "mode", "solver", "top1",
+            "top5", "best_C", "feature_dim", "n_train", "n_val", "seconds")
     line = {k: record.get(k) for k in keys}
     line["knn_top1"] = {k: v["top1"] for k, v in record.get("knn", {}).items()}
     return line

@@ -123,10 +123,14 @@ def dataset_settings(data_cfg, split: str) -> dict:
     return settings
 
 
-def cache_key(checkpoint_digest: str, transform: dict, dataset: dict, student_cfg, precision: str) -> str:
-    """Everything the extracted features depend on, hashed."""
+def cache_key(checkpoint_digest: str, transform: dict, dataset: dict, student_cfg, precision: str,
+              mlp_weights: str = "dense") -> str:
+    """Everything the extracted features depend on, hashed. `mlp_weights` (evaluation.mlp_pruning) enters only when
+    not dense, so the keys of dense caches written before it existed stay valid."""
     payload = {"format": CACHE_FORMAT, "checkpoint_sha256": checkpoint_digest, "transform": transform,
                "dataset": dataset, "student": dataclasses.asdict(student_cfg), "precision": precision}
+    if mlp_weights != "dense":
+        payload["mlp_weights"] = mlp_weights
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
