@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from .tree import DataNotes, NotRegularFile, open_regular, printable, scan_image_tree
+from .tree import DataNotes, NotRegularFile, TreeReport, list_classes, open_regular, printable, scan_image_tree
 
 logger = logging.getLogger(__name__)
 
@@ -112,14 +112,15 @@ class ImageFolderDataset:
                                f"{printable(root)} holds: {_listing(root)}")
         shown = printable(split_dir)
         try:
-            classes = sorted(e.name for e in os.scandir(split_dir) if _is_dir(e) and not e.name.startswith("."))
+            report = TreeReport()
+            classes = list_classes(split_dir, report)
         except OSError as e:
             raise DatasetError(f"cannot list {shown}: {printable(e.strerror or e)}") from None
         if not classes:
             raise DatasetError(f"{shown} has no class folders: expected {shown}/<class>/<image>.JPEG "
                                f"(one sub-folder per class); it holds: {_listing(split_dir)}")
         class_to_idx = {c: i for i, c in enumerate(classes)}
-        samples, self.tree_report = scan_image_tree(split_dir, classes, IMG_EXTENSIONS)
+        samples, self.tree_report = scan_image_tree(split_dir, classes, IMG_EXTENSIONS, report)
         for line in self.tree_report.warnings(split_dir):
             self.notes.warn(line, logger)
         if not samples:
@@ -164,13 +165,6 @@ class ImageFolderDataset:
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[index])
-
-
-def _is_dir(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir()  # follows a symlink; a dangling one or a loop is no class
-    except OSError:
-        return False
 
 
 DIGITS_SPLITS = ("train", "val", "all")

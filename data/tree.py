@@ -8,8 +8,10 @@ Rules for the entries under `root/<split>/<class>/` (the README's reliability se
   else after the listing is refused when read (`open_regular`: non-blocking open, then `fstat`), as an unreadable
   image (`data.on_corrupt`).
 * Symlinks are followed: a link to an image is an image, a link to a directory is walked. Every directory is listed
-  at most once (keyed by device and inode), so a symlink loop, or a second link to a directory already listed, is
-  skipped with a warning naming the path; it can neither recurse forever nor count images twice.
+  at most once (keyed by device and inode), where it is met first (classes in sorted order, then paths), so a
+  symlink loop, or a second link to a directory already listed, is skipped with a warning naming the path: it can
+  neither recurse forever nor count images twice. The split folder and the class folders are reached only as
+  themselves: a link inside class a to the split folder, or to class b, is skipped (b's images never get a's label).
 * Sub-folders of a class folder are walked (as torchvision's ImageFolder does), whatever their names: a directory
   named like an image (`x.jpg/`) is a folder, never opened as an image.
 * Names are bytes on Linux: ones that are not UTF-8 are kept (surrogateescape) and read as they are. Wherever a
@@ -23,7 +25,7 @@ import logging
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -131,12 +133,28 @@ class TreeReport:
         return lines
 
 
-def scan_image_tree(split_dir: str, classes: Sequence[str],
-                    extensions: Tuple[str, ...]) -> Tuple[List[Tuple[str, int]], TreeReport]:
+def list_classes(split_dir: str, report: TreeReport) -> List[str]:
+    """The sorted non-hidden folders of `split_dir` (links to folders included). Entries there that are neither
+    folders nor regular files (a dangling link meant as a class, a FIFO) go into `report.not_regular`; regular files
+    there are ignored, as they always were. Raises OSError if `split_dir` cannot be listed."""
+    classes = []
+    for entry in os.scandir(split_dir):
+        if entry.name.startswith("."):
+            continue
+        kind = _kind(entry)
+        if kind == "dir":
+            classes.append(entry.name)
+        elif kind != "file":
+            report.not_regular.append((entry.name, kind))
+    return sorted(classes)
+
+
+def scan_image_tree(split_dir: str, classes: Sequence[str], extensions: Tuple[str, ...],
+                    report: Optional[TreeReport] = None) -> Tuple[List[Tuple[str, int]], TreeReport]:
     """(path, class index) of every regular file with an image extension under `split_dir/<class>/` (any depth),
     in torchvision's `make_dataset` order (per class: directories sorted by path, files by name), so indices match
-    the ones that function gave for a tree it could read; plus what was left out (`TreeReport`)."""
-    report = TreeReport()
+    the ones that function gave for a tree it could read; plus what was left out (`report`, or a new `TreeReport`)."""
+    report = TreeReport() if report is None else report
     listed = set()  # (st_dev, st_ino) of every directory listed: each is listed once
     # the split folder and the class folders are reached only as themselves: a link inside class a to the split
     # folder or to class b would otherwise give b's images a's label

@@ -220,3 +220,34 @@ def test_warnings_from_before_the_log_file_are_logged_again(caplog):
         assert notes.log_again(quiet) == 1 and notes.log_again(quiet) == 0
     assert "3 entries under /d are not regular files (found while building the dataset" in caplog.text
     assert np.array_equal(notes.lines, ["3 entries under /d are not regular files"])
+
+
+def test_a_dangling_link_or_fifo_where_a_class_would_be_is_counted(tmp_path, caplog):
+    root = base_tree(tmp_path)
+    os.symlink(tmp_path / "unmounted", root / "train" / "c")
+    os.symlink("loop", root / "train" / "loop")
+    make_fifo(root / "train" / "d")
+    ds, warnings = build(root, caplog)
+    assert ds.classes == ["a", "b"] and len(ds) == 4
+    assert sorted(ds.tree_report.not_regular) == [("c", "dangling symlink"), ("d", "FIFO"), ("loop", "symlink loop")]
+    assert len(warnings) == 1 and "3 entries under" in warnings[0]
+
+
+def test_a_plain_tree_keeps_torchvisions_order(tmp_path):
+    """Indices of a tree without hostile entries are the ones torchvision's make_dataset gave (checkpoints store
+    sample-stream positions, so a run resumed under this version must see the same images at the same indices)."""
+    from torchvision.datasets.folder import make_dataset
+
+    from data.datasets import IMG_EXTENSIONS
+
+    root = base_tree(tmp_path, per_class=3)
+    for rel in ("a/sub/z.png", "a/sub/deeper/y.png", "a/sub-2/x.JPG", "a/0.png", "b/Sub/B.png", "b/sub/a.png",
+                "a/.hidden.png"):
+        put(root / "train" / rel)
+    os.symlink(root / "train" / "b" / "sub", root / "train" / "a" / "linked")
+    ds = ImageFolderDataset(str(root), "train")
+    split = str(root / "train")
+    expected = make_dataset(split, {"a": 0, "b": 1}, extensions=IMG_EXTENSIONS)
+    # make_dataset lists b/sub twice (once through a/linked); ours once, under the first path met
+    assert [ds.path(i) for i in range(len(ds))] == [p for p, _ in expected if not p.startswith(split + "/b/sub")]
+    assert ds.tree_report.repeated_dirs == ["b/sub"]
