@@ -43,11 +43,18 @@ def output_dir_problem(output_dir: Path) -> str:
     return ""
 
 
+class _RunLogHandler(logging.FileHandler):
+    """log.txt, never opened through a symlink planted in its place (`run_dir.open_append` refuses one)."""
+
+    def _open(self):
+        return run_dir.open_append(Path(self.baseFilename))
+
+
 def setup_logging(output_dir: Path, is_main: bool) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(output_dir / LOG))
+        handlers.append(_RunLogHandler(output_dir / LOG))
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
 
@@ -62,11 +69,13 @@ def main(argv=None) -> int:
 
     # the data and model stack (torchvision, timm) is imported only now, so a config error above is reported at once
     from data import CorruptImageError, DatasetError, build_training_dataset
-    from models.safe_io import CorruptFile, UnsafeFile
+    from models.safe_io import CorruptFile, UnsafeFile  # (MissingDigest is a CorruptFile)
     from sparsity.converter import ConversionError
+    from training import run_guard
     from training.checkpoint import NoReadableCheckpoint
     from training.distributed import LaunchError, detect_launch, init_distributed, shutdown
     from training.resume import ResumeMismatch
+    from training.run_dir import RunDirInUse, RunDirProblem
     from training.trainer import Trainer, TrainingDiverged
 
     try:
@@ -85,27 +94,47 @@ def main(argv=None) -> int:
         print(f"data error: {e}", file=sys.stderr)
         return 1
     output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        output_dir = run_guard.resolve_run_dir(output_dir)  # once: a link re-pointed mid-run moves nothing
+    except RunDirProblem as e:
+        print(f"--output-dir: {e}", file=sys.stderr)
+        return 2
     problem = output_dir_problem(output_dir)
     if problem:
         print(f"--output-dir {output_dir}: {problem}", file=sys.stderr)
         return 2
-    # Rank 0 holds the run directory until it exits: a second trainer there would overwrite its checkpoints. A run
-    # with nothing left to do writes nothing, not even the lock file, so it is not locked (should its final checkpoint
-    # prove unreadable, the trainer goes on from an older one unlocked: a corrupt file and a second trainer at once).
-    newest = run_dir.newest_checkpoint(output_dir)
-    finished = newest is not None and run_dir.nothing_left_at(output_dir, newest[0], run_dir.last_step(cfg),
-                                                              cfg.total_steps)
+    # Rank 0 holds the run directory until it exits, whatever the command (a finished run with nothing to do, or
+    # train.resume=false, included): a second trainer there would remove its temporary files and overwrite its
+    # checkpoints and metrics (see training/run_guard.py for the rules).
+    run_lock = None
     try:
-        run_lock = run_dir.lock(output_dir) if launch.rank == 0 and not finished else None
-    except run_dir.RunDirInUse as e:
+        if launch.rank == 0:
+            run_lock = run_dir.lock(output_dir)
+            run_guard.usable_checkpoint_dir(run_dir.checkpoint_dir(output_dir))
+            problem = run_guard.appended_file_problem(output_dir) or (
+                run_guard.lost_checkpoints_problem(output_dir) if cfg.train.resume else "")
+            if problem:
+                raise RunDirProblem(problem)
+    except (RunDirInUse, RunDirProblem) as e:
+        if run_lock is not None:
+            run_lock.release()
         print(f"--output-dir: {e}", file=sys.stderr)
         return 1
     ctx = init_distributed()
-    setup_logging(output_dir, ctx.is_main)
+    try:
+        setup_logging(output_dir, ctx.is_main)
+    except RunDirProblem as e:
+        print(f"--output-dir: {e}", file=sys.stderr)
+        shutdown(ctx)
+        if run_lock is not None:
+            run_lock.release()
+        return 1
     log = logging.getLogger("train")
     if run_lock is not None and not run_lock.held:
-        log.warning("cannot lock the run directory (%s): make sure no other trainer writes into it",
-                    run_lock.unsupported)
+        log.warning("cannot lock the run directory (%s): make sure no other trainer writes into it (stray "
+                    "temporary files are left in place)", run_lock.unsupported)
+    elif run_lock is not None:
+        run_guard.remove_stray_temporaries(output_dir)  # the lock holder's alone: no one else writes these now
     try:
         teacher = Trainer(cfg, output_dir, ctx, dataset=dataset).train()
         log.info("done: %s (metrics in %s)", teacher, output_dir / METRICS)
@@ -113,7 +142,7 @@ def main(argv=None) -> int:
         log.error("config error: %s", e)
         return 2
     except (DatasetError, CorruptImageError, TrainingDiverged, ResumeMismatch, NoReadableCheckpoint, CorruptFile,
-            UnsafeFile) as e:
+            UnsafeFile, RunDirProblem) as e:
         log.error("%s: %s", type(e).__name__, e)
         return 1
     finally:

@@ -7,8 +7,11 @@
 - `load_verified(path)`: checks the digest when there is one (a file with a flipped block is refused, naming it:
   `CorruptFile`), then `torch.load(weights_only=True)` and nothing else: no fallback to full unpickling. Only plain
   containers, tensors and numbers load, plus `ALLOWED_GLOBALS` (what real timm/dinov2 training checkpoints hold);
-  anything else is refused naming the objects it would have built (`UnsafeFile`). Files without a digest (written by
-  older versions, or by other code) load with the same weights-only rule.
+  anything else is refused naming the objects it would have built (`UnsafeFile`).
+- A missing digest: a dict saved by `save_verified` carries `DIGEST_MARKER` inside it, so a file that says it was
+  written with a digest and has none is refused (`MissingDigest`, naming the digest file), whoever loads it. Files
+  without the marker (older versions, other code: pretrained weights) load weights-only, unless the caller says
+  they must be this run's (`expect_digest=True`: refused, with `allow_missing_digest=True` the logged opt-in).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from .atomic_io import atomic_write_text, write_atomically
 logger = logging.getLogger(__name__)
 
 DIGEST_SUFFIX = ".sha256"
+DIGEST_MARKER = "saved_with_digest"  # in every dict save_verified writes (removed again by load_verified)
 ALLOWED_GLOBALS = [argparse.Namespace]  # timm's train.py stores its args in checkpoints
 _CHUNK = 16 << 20
 
@@ -39,6 +43,10 @@ class _FileProblem(RuntimeError):
 
 class CorruptFile(_FileProblem):
     """A file whose content does not match its recorded digest, or that cannot be parsed at all."""
+
+
+class MissingDigest(CorruptFile):
+    """A file that should have a digest next to it and has none: it cannot be checked, so it is not loaded."""
 
 
 class UnsafeFile(_FileProblem):
@@ -58,9 +66,12 @@ class _HashingWriter(io.RawIOBase):
 
 
 def save_verified(obj: Any, path: Path | str) -> str:
-    """torch.save `obj` to `path` atomically with its SHA-256 in `<path>.sha256`; returns the hex digest."""
+    """torch.save `obj` to `path` atomically with its SHA-256 in `<path>.sha256`; returns the hex digest. A dict
+    gets `DIGEST_MARKER` (in a copy): the file itself then says that a missing digest is a loss, not an old file."""
     path = Path(path)
     sha = hashlib.sha256()
+    if isinstance(obj, dict):
+        obj = {**obj, DIGEST_MARKER: True}
 
     def write(f):
         torch.save(obj, _HashingWriter(f, sha))
@@ -104,12 +115,33 @@ def verify(path: Path | str) -> bool:
     return True
 
 
-def load_verified(path: Path | str, map_location: Any = "cpu") -> Any:
-    """The object in `path`, digest-checked where one is recorded, loaded weights-only (see the module docstring)."""
+def load_verified(path: Path | str, map_location: Any = "cpu", *, expect_digest: bool = False,
+                  allow_missing_digest: bool = False) -> Any:
+    """The object in `path`, digest-checked, loaded weights-only (see the module docstring). Without a digest:
+    refused if the file carries `DIGEST_MARKER`, or if `expect_digest` (a run's own file) unless
+    `allow_missing_digest` (an explicit opt-in for files of older versions; logged)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
-    verify(path)
+    checked = verify(path)
+    obj = _load(path, map_location)
+    marked = isinstance(obj, dict) and obj.pop(DIGEST_MARKER, False) is True
+    if checked:
+        return obj
+    if marked:
+        raise MissingDigest(path, f"was written with a SHA-256 digest and its digest file {digest_path(path)} is "
+                                  "missing: it cannot be checked, so it is refused (restore the digest file with "
+                                  "the checkpoint, or use a copy that has one)")
+    if expect_digest and not allow_missing_digest:
+        raise MissingDigest(path, f"has no digest file ({digest_path(path)}): this version writes one for every "
+                                  "checkpoint, so it was lost or the file comes from an older version; refused "
+                                  "unless loading unverified files is allowed explicitly")
+    if expect_digest:
+        logger.warning("loading %s without a digest (allowed explicitly): it cannot be checked for damage", path)
+    return obj
+
+
+def _load(path: Path, map_location: Any) -> Any:
     try:
         return _weights_only_load(path, map_location)
     except Exception as e:  # noqa: BLE001 - classified below; never retried with full unpickling

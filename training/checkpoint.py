@@ -1,11 +1,14 @@
 """Resumable checkpoints: atomic, checksummed writes (`models.safe_io`), a bounded history, weights-only loading.
 
-A checkpoint `step_XXXXXXXX.pt` is written as `<name>.tmp` streamed through SHA-256, its digest goes to
+A checkpoint `step_XXXXXXXX.pt` is written to a temporary file streamed through SHA-256, its digest goes to
 `<name>.sha256`, then it is renamed into place: a kill during the save leaves the previous checkpoints intact and at
-worst a stray `.tmp` (removed on resume). On resume the newest checkpoint whose digest matches is used. One that does
-not (a flipped block, a truncated copy) is reported and moved aside as `<name>.corrupt` (never deleted, and out of
-the rotation, which would otherwise count it as the newest); the previous one is tried. If checkpoints exist but none
-is readable the run stops (`NoReadableCheckpoint`) instead of silently starting over on top of its own history.
+worst a stray temporary file (removed by the next lock holder: `run_guard.remove_stray_temporaries`). On resume the
+newest checkpoint whose digest matches is used. One that does not (a flipped block, a truncated copy) is reported and
+moved aside as `<name>.corrupt` (never deleted, and out of the rotation, which would otherwise count it as the
+newest); the previous one is tried. One without its digest file is refused and the run stops (`MissingDigest`:
+nothing moved; `allow_missing_digest` is the explicit opt-in for checkpoints of versions that wrote none). If
+checkpoints exist but none is readable the run stops (`NoReadableCheckpoint`) instead of silently starting over on
+top of its own history, and so does a `checkpoints` entry that is not a usable directory (`RunDirProblem`).
 """
 
 import logging
@@ -15,9 +18,10 @@ from typing import Optional
 
 import torch
 
-from models.safe_io import CorruptFile, UnsafeFile, digest_path, load_verified, save_verified
+from models.safe_io import CorruptFile, MissingDigest, UnsafeFile, digest_path, load_verified, save_verified
 
 from .run_dir import CORRUPT_SUFFIX, checkpoint_name, list_checkpoints
+from .run_guard import usable_checkpoint_dir
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +45,15 @@ def set_rng_state(state: dict) -> None:
 
 
 class CheckpointManager:
-    """`<run>/checkpoints/step_XXXXXXXX.pt`, newest `max_to_keep` kept. `writer`: the one rank that writes, removes
-    strays and moves unreadable checkpoints aside (the others only read)."""
+    """`<run>/checkpoints/step_XXXXXXXX.pt`, newest `max_to_keep` kept. `writer`: the one rank that writes and moves
+    unreadable checkpoints aside (the others only read). `allow_missing_digest`: load checkpoints without a digest
+    file (older versions), logged; off, they are refused."""
 
-    def __init__(self, directory: Path, max_to_keep: int, writer: bool = True):
+    def __init__(self, directory: Path, max_to_keep: int, writer: bool = True, allow_missing_digest: bool = False):
         self.directory = Path(directory)
         self.max_to_keep = max_to_keep
         self.writer = writer
+        self.allow_missing_digest = allow_missing_digest
 
     def path_for(self, step: int) -> Path:
         return self.directory / checkpoint_name(step)
@@ -69,14 +75,14 @@ class CheckpointManager:
 
     def load_latest(self) -> Optional[dict]:
         """The newest readable checkpoint, or None when there is none at all (see the module docstring)."""
-        if self.writer and self.directory.is_dir():
-            for stray in self.directory.glob("*.tmp"):
-                logger.warning("removing %s: a write that never finished", stray)
-                stray.unlink(missing_ok=True)
+        if not usable_checkpoint_dir(self.directory):  # absent: none at all; not a usable directory: refused
+            return None
         failures = []
         for path in reversed(self.checkpoints()):
             try:
-                state = load_verified(path)
+                state = load_verified(path, expect_digest=True, allow_missing_digest=self.allow_missing_digest)
+            except MissingDigest:
+                raise  # not damaged as far as anyone knows, only unverifiable: stop, set nothing aside
             except (CorruptFile, UnsafeFile, FileNotFoundError) as e:  # (gone: the writer rank set it aside)
                 failures.append(f"{path.name}: {e}")
                 logger.error("cannot use checkpoint %s (%s): trying the previous one", path, e)

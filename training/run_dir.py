@@ -15,7 +15,8 @@ A run directory (`train.py --output-dir`) holds:
     teacher_backbone.pth            the final teacher, once trained to the end
     eval_linear.json                its linear probe (`eval_linear.py`); the baselines in eval_linear_<name>.json
     jobs.json                       the Slurm launcher's job record (`slurm/sweep.py`), for launched runs
-    .lock                           held (flock) by the training process of rank 0 while it runs (`lock`)
+    .lock                           held (flock) by the training process of rank 0 while it runs (`lock`), whatever
+                                    the command (a finished run, `train.resume=false`): see `run_guard`
 
 Steps are counted as steps done everywhere: a checkpoint's number, the teacher export's and status's `step`, and
 (since metrics format 2) a metrics line's `step`; a run's last line says `"step": total_steps`. Lines written
@@ -33,6 +34,7 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -191,8 +193,10 @@ class MetricsLog:
     def truncate_after(self, step: int) -> None:
         """Keep only lines logged with at most `step` steps done (those a run resumed at `step` will not log
         again); 0 empties the file. Everything after a cut line goes too."""
-        if not self.enabled or not self.path.exists():
+        if not self.enabled or not (self.path.exists() or self.path.is_symlink()):
             return
+        if self.path.is_symlink():  # never read or write another file through a link planted in the run
+            raise RunDirProblem(f"{self.path} is a symlink: a run's metrics are a file of its own; remove the link")
         kept = []
         for line in self.path.read_text().splitlines():
             record = _parsed(line)
@@ -205,9 +209,22 @@ class MetricsLog:
         if not self.enabled:
             return
         line = json.dumps({k: _plain(v) for k, v in record.items()})
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:
             f.write(line + "\n")
             f.flush()
+
+
+def open_append(path: Path):
+    """`path` opened to append text, created if absent; never through a symlink (`RunDirProblem`, naming it), so
+    the run's appended files (metrics.jsonl, log.txt) cannot be redirected outside it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise RunDirProblem(f"{path} is a symlink: the run appends to a file of its own, never through a link; "
+                            "remove the link") from None
+    return os.fdopen(fd, "a")
 
 
 # ----------------------------------------------------------------- config, run info, decisions and status
@@ -303,6 +320,11 @@ def _status_from_old_log(path: Path) -> RunStatus:
 
 # ----------------------------------------------------------------- the lock of a running trainer
 
+class RunDirProblem(RuntimeError):
+    """An entry of the run directory is not what the run needs (`checkpoints` not a usable directory, `.lock` not a
+    regular file): refused, naming the path, instead of being read as absent."""
+
+
 class RunDirInUse(RuntimeError):
     """Another process trains in this run directory (two trainers would overwrite each other's checkpoints)."""
 
@@ -325,9 +347,20 @@ class RunDirLock:
 
 def lock(run_dir: Path) -> RunDirLock:
     """Take the run directory for this process, or raise `RunDirInUse`. Advisory and non-blocking. The lock file is
-    created once and never written (a rerun of a finished run changes no file)."""
+    created once and never written. A `.lock` that is not a regular file (a symlink, planted or not, a directory, a
+    FIFO) is never opened through: `RunDirProblem`, naming it."""
     path = Path(run_dir) / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # read-write: NFS emulates flock with write locks
+    # read-write: NFS emulates flock with write locks; NOFOLLOW: never through a link; NONBLOCK: a FIFO never hangs
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        raise RunDirProblem(f"{path}: cannot open the run directory's lock file ({e.strerror or e}); it must be a "
+                            "regular file (not a symlink or a directory): remove it, or choose another --output-dir"
+                            ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunDirProblem(f"{path} is not a regular file: remove it, or choose another --output-dir")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

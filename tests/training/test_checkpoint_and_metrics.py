@@ -10,6 +10,7 @@ import textwrap
 import torch
 
 from models.safe_io import save_verified
+from training import run_guard
 from training.checkpoint import CheckpointManager
 from training.run_dir import MetricsLog, read_metrics, without_timing
 
@@ -47,17 +48,22 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"start"
-    tmp = manager.path_for(2).with_name("step_00000002.pt.tmp")
-    for _ in range(2000):  # wait until the write is under way, then kill it
-        if tmp.exists() and tmp.stat().st_size > 0:
+    for _ in range(2000):  # wait until the write is under way (step_00000002.pt.<pid>.<random>.tmp), then kill it
+        tmp = next(iter(tmp_path.glob("step_00000002.pt.*.tmp")), None)
+        if tmp is not None and tmp.stat().st_size > 0:
             break
         subprocess.run(["sleep", "0.005"])
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not manager.path_for(2).exists()
+    assert not manager.path_for(2).exists() and tmp is not None and tmp.exists()
     state = manager.load_latest()
     assert state["step"] == 1 and torch.equal(state["w"], torch.ones(4))
-    assert not list(tmp_path.glob("*.tmp"))
+    # the stray goes when the next lock holder cleans the run directory (tmp_path moved to be a run's checkpoints)
+    run = tmp_path.parent / f"{tmp_path.name}-run"
+    run.mkdir()
+    tmp_path.rename(run / "checkpoints")
+    assert [p.name for p in run_guard.remove_stray_temporaries(run)] == [tmp.name]
+    assert not list((run / "checkpoints").glob("*.tmp"))
 
 
 def test_verified_save_loads_with_plain_torch_load_weights_only(tmp_path):

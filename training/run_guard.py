@@ -1,0 +1,148 @@
+"""Who may write a run directory, and what its writer checks before it writes (apart from run_dir.py, the format).
+
+The rules:
+
+- One writer. train.py's rank 0 takes the run-directory lock (`run_dir.lock`) before it reads or writes anything
+  there, whatever the command says: a run with nothing left to do and `train.resume=false` take it too, so a second
+  command on a directory in use is refused (exit 1) and changes nothing. Only the lock holder removes stray
+  temporary files, and only those of files the trainer writes (`remove_stray_temporaries`): an evaluation's
+  temporary file beside them is not the trainer's to remove.
+- A run directory given through a symlink is resolved once, at the start (`resolve_run_dir`): the lock and every
+  write use the resolved path, so re-pointing the link mid-run moves nothing. A link that leads nowhere is refused.
+- "No checkpoints" only when `checkpoints` is absent, or is a readable directory without checkpoints (and
+  status.json does not record a checkpointed step: `lost_checkpoints_problem`). A `checkpoints` symlink is followed
+  once when it resolves to a directory (checkpoints kept on another disk); a dangling or looping link, a file, or an
+  unreadable directory is a refusal naming the path (`usable_checkpoint_dir`), never "start over at step 0", which
+  would truncate metrics.jsonl.
+"""
+
+import logging
+import os
+import stat
+from pathlib import Path
+from typing import Optional
+
+from models.atomic_io import temporary_base
+from models.safe_io import DIGEST_SUFFIX
+
+from .run_dir import (CHECKPOINTS, CONFIG, CORRUPT_SUFFIX, EVAL_DIR, FINISHED, LOG, METRICS, PREEMPTED, RUN_INFO,
+                      RUNNING, SPARSITY_DECISIONS, STATUS, TEACHER, RunDirProblem, checkpoint_step, list_checkpoints,
+                      read_status)
+
+logger = logging.getLogger(__name__)
+
+# What the trainer writes at the top of a run directory and in each eval/step_XXXXXXXX/ (their temporaries are its own)
+TRAINER_FILES = {CONFIG, RUN_INFO, STATUS, METRICS, SPARSITY_DECISIONS, TEACHER, TEACHER + DIGEST_SUFFIX}
+EXPORT_FILES = {TEACHER, TEACHER + DIGEST_SUFFIX}
+
+
+def resolve_run_dir(output_dir: Path) -> Path:
+    """The run directory's real path, resolved once (see the module docstring). `RunDirProblem` for a symlink that
+    leads nowhere (dangling, a loop): creating its target would write where the user did not look."""
+    output_dir = Path(output_dir)
+    if output_dir.is_symlink() and not output_dir.is_dir():
+        raise RunDirProblem(f"{output_dir} is a symlink that leads to no directory (dangling, or a loop): "
+                            "point it at a directory, or choose another --output-dir")
+    try:
+        return output_dir.resolve(strict=output_dir.exists())
+    except (OSError, RuntimeError) as e:  # a loop in a parent's links
+        raise RunDirProblem(f"{output_dir}: cannot resolve the path ({e})") from None
+
+
+def usable_checkpoint_dir(entry: Path) -> bool:
+    """Whether the checkpoints folder `entry` exists (False: absent, a run that never saved). `RunDirProblem` for
+    anything that is not a readable directory, or a symlink to one."""
+    entry = Path(entry)
+    try:
+        mode = os.lstat(entry).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise RunDirProblem(f"{entry}: cannot be examined ({e.strerror or e}); refusing to treat it as \"no "
+                            "checkpoints\"") from None
+    what = ""
+    if stat.S_ISLNK(mode):
+        try:
+            target = Path(os.path.realpath(entry, strict=True))
+        except (OSError, RuntimeError):
+            what = "is a symlink that leads nowhere (dangling, or a loop)"
+        else:
+            what = "" if target.is_dir() else f"is a symlink to {target}, which is not a directory"
+    elif not stat.S_ISDIR(mode):
+        what = "exists and is not a directory"
+    if not what:
+        try:
+            os.listdir(entry)
+        except OSError as e:
+            what = f"cannot be read ({e.strerror or e})"
+    if what:
+        raise RunDirProblem(f"{entry} {what}: refusing to start over as if the run had no checkpoints (that would "
+                            "replace its metrics). Make it the run's checkpoints directory again (mount or restore "
+                            "it), or choose another --output-dir")
+    return True
+
+
+def lost_checkpoints_problem(run_dir: Path) -> str:
+    """Why `run_dir` must not start over although it holds no checkpoint ("" if it may): its status.json records a
+    step that was checkpointed (running and preempted are recorded at checkpoints, finished after the last one), so
+    they were deleted or moved, or `checkpoints` is an empty mount point."""
+    run_dir = Path(run_dir)
+    folder = run_dir / CHECKPOINTS
+    if usable_checkpoint_dir(folder) and (list_checkpoints(folder) or list_checkpoints(folder, CORRUPT_SUFFIX)):
+        return ""  # (checkpoints set aside as unreadable: the checkpoint manager's refusal says more)
+    status = read_status(run_dir)
+    if status.recorded and status.state in (RUNNING, PREEMPTED, FINISHED) and (status.step or 0) > 0:
+        return (f"{run_dir / STATUS} records step {status.step} ({status.state}), yet {folder} holds no checkpoint: "
+                "they were moved or deleted, or the directory is not mounted. Refusing to start over at step 0 (that "
+                "would replace metrics.jsonl); restore them, or start anew with train.resume=false or in another "
+                "--output-dir")
+    return ""
+
+
+def appended_file_problem(run_dir: Path) -> str:
+    """Why the run cannot append to its own files ("" if it can): metrics.jsonl or log.txt is a symlink (appending
+    would write wherever it points). Checked before anything is written, so that status.json is not left `running`
+    by a refusal that `run_dir.open_append` would make later."""
+    links = [str(Path(run_dir) / name) for name in (METRICS, LOG) if (Path(run_dir) / name).is_symlink()]
+    return f"{', '.join(links)}: a symlink where the run appends to a file of its own; remove it" if links else ""
+
+
+def _trainer_temporary(folder: str, name: str) -> bool:
+    base = temporary_base(name)
+    if base is None:
+        return False
+    if folder == CHECKPOINTS:
+        if base.endswith(DIGEST_SUFFIX):
+            base = base[: -len(DIGEST_SUFFIX)]
+        return checkpoint_step(Path(base)) is not None
+    return base in (EXPORT_FILES if folder == EVAL_DIR else TRAINER_FILES)
+
+
+def remove_stray_temporaries(run_dir: Path) -> list[Path]:
+    """Remove the temporary files that trainers killed mid-write left (the lock holder only: a live writer's file
+    would go too). Only names the trainer writes, in the run directory, `checkpoints/` and `eval/step_*/`; a stray
+    symlink is removed as a link (its target is never touched); directories are left. Returns what was removed."""
+    run_dir = Path(run_dir)
+    folders = [("", run_dir), (CHECKPOINTS, run_dir / CHECKPOINTS)]
+    evals = run_dir / EVAL_DIR
+    if evals.is_dir() and not evals.is_symlink():
+        folders += [(EVAL_DIR, p) for p in sorted(evals.iterdir()) if p.is_dir() and not p.is_symlink()]
+    removed = []
+    for kind, folder in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:  # absent (a fresh run); unusable ones are refused by `usable_checkpoint_dir`
+            continue
+        for name in names:
+            path = folder / name
+            if not _trainer_temporary(kind, name):
+                continue
+            try:
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    continue
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            logger.warning("removed %s: a write that never finished", path)
+            removed.append(path)
+    return removed
