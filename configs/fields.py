@@ -5,7 +5,7 @@
     global_crops_scale: List[float] = value([0.32, 1.0], gt=0, le=1, pair=True)   # [min, max] in range
 
 `check_fields(cfg)` returns the first violation as "key=value is out of range: must be ..." (or "... is not one of
-...": the message a user reads), or None.
+...": the message a user reads), or None. Integers are also bounded by `INT_MAX`, whatever their range says.
 Consistency between fields (warm-up shorter than training, crops multiples of the patch, ...) is checked where the
 schema is loaded (`load.py`, `eval_schema.py`).
 """
@@ -16,6 +16,18 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
+
+
+# Every integer of a config (a count, a size, a step, a seed) is at most this: it then fits the int32/int64 of
+# tensors, numpy seeds and arithmetic such as seed + 1_000_003 * step, which a Python int of any size would overflow
+# only later, after the run directory exists.
+INT_MAX = 2**31 - 1
+
+
+def _too_large(v: Any) -> bool:
+    if isinstance(v, list):
+        return any(map(_too_large, v))
+    return isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT_MAX
 
 
 @dataclass(frozen=True)
@@ -80,6 +92,9 @@ def check_fields(cfg: Any, prefix: str = "") -> Optional[str]:
                 return problem
             continue
         rng = f.metadata.get("range")
+        if _too_large(v):
+            within = f"{rng.describe()} and " if rng is not None and rng.choices is None else ""
+            return f"{key}={v!r} is out of range: must be {within}at most {INT_MAX} in absolute value"
         if rng is not None and not rng.accepts(v):
             if rng.choices is not None:
                 return f"{key}={v!r} is not one of {', '.join(str(c) for c in rng.choices)}"

@@ -1,16 +1,21 @@
 """Load a config: schema defaults <- YAML file <- command-line dotlist, then validate.
 
-One path for every entry point. Unknown keys, wrong types and out-of-range values raise `ConfigError`, whose
-message names the offending key and the valid keys of its section.
+One path for every entry point. Unknown keys, wrong types, out-of-range values (integers beyond `fields.INT_MAX`
+included), interpolations that cannot be resolved and files that are not a YAML mapping raise `ConfigError`: one
+line naming the offending key or file, raised before anything is written. `to_yaml` / `config_difference` define
+what a run stores (resolved values) and what a resume compares.
 """
 
 import dataclasses
+import hashlib
+import io
 import math
+import re
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Type, TypeVar
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from .fields import check_fields
@@ -18,6 +23,10 @@ from .schema import Config
 
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
+
+# 80x the ViT-L recipe (100 x 1250); the schedules (training/schedules.py) take 40 bytes per step, 400 MB here
+MAX_TOTAL_STEPS = 10_000_000
+
 
 class ConfigError(ValueError):
     """A config that cannot be used as written."""
@@ -37,6 +46,12 @@ def _section_keys(full_key: str, schema: type = Config) -> str:
     return f"valid keys in {where}: {', '.join(names)}"
 
 
+def _one_line(e: BaseException) -> str:
+    """An exception's message as one line (OmegaConf appends 'full_key: ...' lines; YAML errors span several)."""
+    text = " ".join((str(e) or type(e).__name__).split())
+    return text.split(" full_key: ")[0][:300]
+
+
 def _merge(base: DictConfig, other: DictConfig, source: str, schema: type = Config) -> DictConfig:
     try:
         return OmegaConf.merge(base, other)
@@ -45,20 +60,43 @@ def _merge(base: DictConfig, other: DictConfig, source: str, schema: type = Conf
         raise ConfigError(f"{source}: unknown config key '{key}'. {_section_keys(key, schema)}") from None
     except ValidationError as e:
         key = getattr(e, "full_key", "") or ""
-        detail = (e.msg or str(e) or type(e).__name__).splitlines()[0]
-        raise ConfigError(f"{source}: wrong type for '{key or '(top level)'}': {detail}") from None
+        if not key:  # a value given for a whole section
+            key = next((str(k) for k in other.keys() if not isinstance(other._get_node(k), DictConfig)), "")
+        raise ConfigError(f"{source}: wrong type for '{key or '(top level)'}': {_one_line(e)}") from None
     except OmegaConfBaseException as e:
-        raise ConfigError(f"{source}: {e}") from None
+        key = getattr(e, "full_key", "") or ""
+        raise ConfigError(f"{source}: {key + ': ' if key else ''}{_one_line(e)}") from None
 
 
 def _parse_dotlist(overrides: Sequence[str]) -> DictConfig:
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"command-line override '{item}' is not of the form key=value")
+        if not item.split("=", 1)[0].strip():
+            raise ConfigError(f"command-line override '{item}' names no key (key=value)")
+    for item in overrides:  # one at a time, to name the one that does not parse (its value is YAML)
+        try:
+            OmegaConf.from_dotlist([item])
+        except (OmegaConfBaseException, yaml.YAMLError) as e:
+            shown = item if len(item) <= 120 else f"{item[:100]}... ({len(item)} characters)"
+            raise ConfigError(f"command line: '{shown}' cannot be parsed: {_one_line(e)}") from None
     try:
         return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"command line: {e}") from None
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
+        key = getattr(e, "full_key", "") or ""
+        raise ConfigError(f"command line: {key + ': ' if key else ''}{_one_line(e)}") from None
+
+
+def _resolve_each(merged: DictConfig) -> None:
+    """Resolve every interpolation on its own, so that a bad one (unset variable, missing or self-referencing key,
+    bad syntax) is a ConfigError naming its key instead of an error raised later by whatever reads it first."""
+    for key, text in _interpolated_values(merged).items():
+        try:
+            node = OmegaConf.select(merged, key, throw_on_resolution_failure=True)
+            if isinstance(node, (DictConfig, ListConfig)):
+                OmegaConf.to_container(node, resolve=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"{key}={text} cannot be resolved: {_one_line(e)}") from None
 
 
 def validate(cfg: Config) -> None:
@@ -69,6 +107,9 @@ def validate(cfg: Config) -> None:
     if problem:
         raise ConfigError(problem)
     checks = [
+        (cfg.total_steps <= MAX_TOTAL_STEPS,
+         f"optim.epochs x train.epoch_length = {cfg.optim.epochs} x {cfg.train.epoch_length} = {cfg.total_steps} "
+         f"steps: must be at most {MAX_TOTAL_STEPS} (the schedules hold five values per step)"),
         (cfg.crops.global_crops_size % cfg.student.patch_size == 0,
          f"crops.global_crops_size={cfg.crops.global_crops_size} must be a multiple of student.patch_size="
          f"{cfg.student.patch_size}"),
@@ -94,16 +135,27 @@ def validate(cfg: Config) -> None:
 
 
 def _load_yaml(path: Path, schema: type = Config) -> DictConfig:
-    """A YAML file as a mapping of sections; syntax errors, duplicate keys and a non-mapping top level are
-    ConfigErrors naming the file."""
+    """A YAML file as a mapping of sections; a directory, an unreadable or non-UTF-8 file, syntax errors, duplicate
+    keys, alias bombs (OmegaConf's expansion limit) and a non-mapping top level are ConfigErrors naming the file."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, not a YAML config file")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
     try:
-        node = OmegaConf.load(path)
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text (UTF-8) file (byte {e.start} is 0x{e.object[e.start]:02x})") from None
+    mapping = f"a config is a mapping of sections ({_section_keys('x', schema)})"
+    try:
+        node = OmegaConf.load(io.StringIO(text))  # its loader: duplicate keys and alias bombs are errors, no tags
     except (yaml.YAMLError, OmegaConfBaseException) as e:
-        detail = " ".join(str(e).split())
-        raise ConfigError(f"{path}: not a valid YAML config ({detail[:300]})") from None
+        raise ConfigError(f"{path}: not a valid YAML config ({_one_line(e)})") from None
+    except OSError as e:  # OmegaConf's "Invalid loaded object type: int" for a scalar file
+        raise ConfigError(f"{path}: {mapping}, not {_one_line(e).rsplit(' ', 1)[-1]}") from None
     if not isinstance(node, DictConfig):
-        raise ConfigError(f"{path}: a config is a mapping of sections ({_section_keys('x', schema)}), "
-                          f"not a {type(node).__name__}")
+        raise ConfigError(f"{path}: {mapping}, not a {type(node).__name__}")
     sections = {f.name for f in dataclasses.fields(schema) if dataclasses.is_dataclass(f.default_factory)}
     for key in node.keys():
         if key in sections and not isinstance(node._get_node(key), DictConfig):
@@ -112,25 +164,35 @@ def _load_yaml(path: Path, schema: type = Config) -> DictConfig:
     return node
 
 
-def load_config(path: Optional[Path | str] = None, overrides: Iterable[str] = ()) -> Config:
-    """Schema defaults, then the YAML at `path` (default: the embedded default), then `overrides`."""
-    path = Path(path) if path is not None else DEFAULT_CONFIG
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    merged = OmegaConf.structured(Config)
-    merged = _merge(merged, _load_yaml(path), str(path))
-    merged = _merge(merged, _parse_dotlist(list(overrides)), "command line")
+def _merged(schema: type, path: Optional[Path], overrides: Iterable[str]) -> DictConfig:
+    """Schema defaults <- YAML at `path` <- `overrides`, every interpolation resolvable, nothing missing."""
+    merged = OmegaConf.structured(schema)
+    if path is not None:
+        merged = _merge(merged, _load_yaml(path, schema), str(path), schema)
+    merged = _merge(merged, _parse_dotlist(list(overrides)), "command line", schema)
+    _resolve_each(merged)
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:
         raise ConfigError(f"required config values not set: {', '.join(missing)} (set them as key=value)")
-    interpolations = _interpolated_values(merged)
+    return merged
+
+
+def _to_object(merged: DictConfig, source: str):
     try:
         cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:  # e.g. ${oc.env:VAR} with VAR unset
-        raise ConfigError(f"{path}: {str(e).splitlines()[0]}") from None
+    except OmegaConfBaseException as e:  # e.g. an interpolation whose value has the wrong type
+        key = getattr(e, "full_key", "") or ""
+        raise ConfigError(f"{source}: {key + ': ' if key else ''}{_one_line(e)}") from None
+    cfg._interpolations = _interpolated_values(merged)  # to_yaml keeps free-text ones as written (see there)
+    return cfg
+
+
+def load_config(path: Optional[Path | str] = None, overrides: Iterable[str] = ()) -> Config:
+    """Schema defaults, then the YAML at `path` (default: the embedded default), then `overrides`."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    cfg = _to_object(_merged(Config, path, overrides), str(path))
     assert isinstance(cfg, Config)
     validate(cfg)
-    cfg._interpolations = interpolations  # to_yaml writes these back instead of their (possibly secret) values
     return cfg
 
 
@@ -142,10 +204,16 @@ def _flatten(node, prefix: str = "") -> dict:
     return out
 
 
+def _has_interpolation(value) -> bool:
+    if isinstance(value, list):
+        return any(map(_has_interpolation, value))
+    return isinstance(value, str) and "${" in value
+
+
 def _interpolated_values(merged: DictConfig) -> dict:
-    """{key: '${...}'} for every value given as an interpolation (e.g. `${oc.env:TOKEN}`)."""
+    """{key: '${...}'} for every value given as an interpolation (e.g. `${oc.env:TOKEN}`, `${optim.base_lr}`)."""
     raw = _flatten(OmegaConf.to_container(merged, resolve=False))
-    return {k: v for k, v in raw.items() if isinstance(v, str) and "${" in v}
+    return {k: v for k, v in raw.items() if _has_interpolation(v)}
 
 
 T = TypeVar("T")
@@ -155,17 +223,8 @@ def load_structured(schema: Type[T], path: Optional[Path | str] = None, override
                     validator: Optional[Callable[[T], None]] = None) -> T:
     """The same merge and checks as `load_config` for any dataclass schema (e.g. `EvalConfig`): its defaults, then
     the YAML at `path` if given, then `overrides`; `validator` adds range checks."""
-    merged = OmegaConf.structured(schema)
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        merged = _merge(merged, _load_yaml(path, schema), str(path), schema)
-    merged = _merge(merged, _parse_dotlist(list(overrides)), "command line", schema)
-    missing = sorted(OmegaConf.missing_keys(merged))
-    if missing:
-        raise ConfigError(f"required config values not set: {', '.join(missing)} (set them as key=value)")
-    cfg = OmegaConf.to_object(merged)
+    path = Path(path) if path is not None else None
+    cfg = _to_object(_merged(schema, path, overrides), str(path) if path is not None else "command line")
     if validator is not None:
         validator(cfg)
     return cfg
@@ -181,23 +240,87 @@ RESUMABLE_CHANGES = (
 )
 
 
-def config_difference(old_yaml: str, new_yaml: str, allowed: Sequence[str] = ()) -> list[str]:
-    """'key: old -> new' for every value of `new_yaml` that differs from `old_yaml`, except the `allowed` keys.
-    Keys only the old config has are ignored (a config written by an older version with a key since removed)."""
+def _free_text(key: str, schema: type) -> bool:
+    """A str field without choices (a path, a URL, a regex): the only kind of value that can carry a credential."""
+    node, f = schema, None
+    for part in key.split("."):
+        fields = {x.name: x for x in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
+        if part not in fields:
+            return False
+        f = fields[part]
+        node = f.default_factory if dataclasses.is_dataclass(f.default_factory) else None
+    rng = f.metadata.get("range") if f is not None else None
+    return node is None and f.type in (str, "str") and (rng is None or rng.choices is None)
 
-    old = _flatten(OmegaConf.to_container(OmegaConf.create(old_yaml)))
-    new = _flatten(OmegaConf.to_container(OmegaConf.create(new_yaml)))
-    return [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in sorted(new.items())
-            if k not in allowed and k in old and old[k] != v]
+
+FINGERPRINT = re.compile(r"^# resolved sha256 (\S+) ([0-9a-f]{16})$", re.MULTILINE)
 
 
-def to_yaml(cfg: Config) -> str:
-    """The config as YAML for config.yaml and checkpoints. Values that came from interpolations are written as the
-    interpolation (`${oc.env:TOKEN}`), never resolved: an environment variable's value does not end up in files."""
+def _fingerprint(key: str, value) -> str:
+    return hashlib.sha256(f"{key}={value}".encode()).hexdigest()[:16]
+
+
+def to_yaml(cfg) -> str:
+    """The config as YAML for config.yaml and checkpoints: the resolved values the run computes with, so that a
+    resume, an evaluation or a report never depends on the environment they run in. A free-text value (path, URL,
+    regex) given as an interpolation (`${oc.env:TOKEN}`) is the exception: it may carry a credential, so it is
+    written as the interpolation, followed by a comment with a fingerprint of its value that a resume compares."""
     node = OmegaConf.structured(cfg)
-    for key, text in getattr(cfg, "_interpolations", {}).items():
-        OmegaConf.update(node, key, text, force_add=False)
-    return OmegaConf.to_yaml(node)
+    notes = []
+    for key, text in sorted(getattr(cfg, "_interpolations", {}).items()):
+        if _free_text(key, type(cfg)):
+            notes.append(f"# resolved sha256 {key} {_fingerprint(key, OmegaConf.select(node, key))}\n")
+            OmegaConf.update(node, key, text, force_add=False)
+    return OmegaConf.to_yaml(node) + "".join(notes)
+
+
+def _resolved_leaves(text: str, what: str, schema: type) -> dict:
+    """{key: value} of a saved or new config's YAML, interpolations resolved against this environment (a config
+    written by an older version kept them all; a free-text one stays as written, see `to_yaml`)."""
+    try:
+        node = OmegaConf.load(io.StringIO(text))
+        if not isinstance(node, DictConfig):
+            raise ConfigError(f"{what} is not a mapping of sections")
+        leaves = _flatten(OmegaConf.to_container(node, resolve=False))
+    except (OmegaConfBaseException, yaml.YAMLError, OSError) as e:  # OSError: a scalar
+        raise ConfigError(f"{what} cannot be read: {_one_line(e)}") from None
+    for key, value in leaves.items():
+        if _has_interpolation(value) and not _free_text(key, schema):
+            try:
+                value = OmegaConf.select(node, key, throw_on_resolution_failure=True)
+                leaves[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
+            except OmegaConfBaseException:
+                pass  # unresolvable now: compared as written, so it differs from any resolved value
+    return leaves
+
+
+def _same(old, new) -> bool:
+    if isinstance(old, str) and not isinstance(new, str):  # ${oc.env:...} of an older config resolves to a str
+        try:
+            return yaml.safe_load(old) == new
+        except yaml.YAMLError:
+            return False
+    return old == new
+
+
+def config_difference(old_yaml: str, new_yaml: str, allowed: Sequence[str] = (), schema: type = Config) -> list[str]:
+    """'key: old -> new' for every resolved value of `new_yaml` that differs from `old_yaml`, except the `allowed`
+    keys; a free-text interpolation whose value changed (its fingerprint, see `to_yaml`) names both fingerprints.
+    Keys only the old config has are ignored (a config written by an older version with a key since removed).
+    Raises ConfigError for a YAML that cannot be read or is not a mapping."""
+    old = _resolved_leaves(old_yaml, "the saved config", schema)
+    new = _resolved_leaves(new_yaml, "the new config", schema)
+    old_fp, new_fp = dict(FINGERPRINT.findall(old_yaml)), dict(FINGERPRINT.findall(new_yaml))
+    out = []
+    for k, v in sorted(new.items()):
+        if k in allowed or k not in old:
+            continue
+        if not _same(old[k], v):
+            out.append(f"{k}: {old[k]!r} -> {v!r}")
+        elif old_fp.get(k, new_fp.get(k)) != new_fp.get(k):
+            out.append(f"{k}: {v} resolves to another value than when the run was saved (sha256 {old_fp[k]} -> "
+                       f"{new_fp.get(k)}: only fingerprints of free-text interpolations are stored)")
+    return out
 
 
 def scaled_lr(cfg: Config, world_size: int) -> float:

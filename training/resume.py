@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from configs import Config, to_yaml
+from configs import Config, ConfigError, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference
 
 from .checkpoint import set_rng_state
@@ -73,8 +73,13 @@ def check_resumable(state: dict, cfg: Config, world_size: int) -> None:
 
 def check_same_config(state: dict, cfg: Config, output_dir: Path) -> None:
     """A run continues only under the config it was started with, except for `RESUMABLE_CHANGES` (how it is
-    executed and observed): anything else would silently mix two experiments in one run directory."""
-    changed = config_difference(state["config"], to_yaml(cfg), RESUMABLE_CHANGES)
+    executed and observed): anything else would silently mix two experiments in one run directory. Resolved values
+    are compared (an `${oc.env:LR}` whose variable changed is a change), against the checkpoint's own config: the
+    state being continued, which config.yaml only mirrors."""
+    try:
+        changed = config_difference(state["config"], to_yaml(cfg), RESUMABLE_CHANGES)
+    except ConfigError as e:
+        raise ResumeMismatch(f"{output_dir}: the checkpoint's config cannot be compared with this one: {e}") from None
     if changed:
         raise ResumeMismatch(
             f"{output_dir} was trained with another config ({'; '.join(changed)}). Resume it with the "
