@@ -310,6 +310,8 @@ def config_difference(old_yaml: str, new_yaml: str, allowed: Sequence[str] = (),
     Raises ConfigError for a YAML that cannot be read or is not a mapping."""
     old = _resolved_leaves(old_yaml, "the saved config", schema)
     new = _resolved_leaves(new_yaml, "the new config", schema)
+    if not old.keys() & new.keys():  # e.g. a bare word, which YAML reads as a mapping {word: None}
+        raise ConfigError(f"the saved config holds none of the config's keys: {_one_line(ValueError(old_yaml))}")
     old_fp, new_fp = dict(FINGERPRINT.findall(old_yaml)), dict(FINGERPRINT.findall(new_yaml))
     out = []
     for k, v in sorted(new.items()):

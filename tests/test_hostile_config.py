@@ -98,7 +98,8 @@ def test_hostile_yaml_files(content, expected, tmp_path, capsys, monkeypatch):
 
 def test_a_directory_given_as_the_config_file(tmp_path, capsys):
     (tmp_path / "cfg.yaml").mkdir()
-    assert f"{tmp_path / 'cfg.yaml'}: is a directory" in refused(tmp_path, capsys, "--config", str(tmp_path / "cfg.yaml"))
+    path = tmp_path / "cfg.yaml"
+    assert f"{path}: is a directory" in refused(tmp_path, capsys, "--config", str(path))
 
 
 @pytest.mark.parametrize("content,expected", [
@@ -177,3 +178,29 @@ def test_a_saved_config_that_cannot_be_read_is_a_config_error(saved):
         return
     with pytest.raises(ConfigError, match="the saved config"):
         config_difference(saved, new)
+
+
+@pytest.mark.parametrize("saved", ["- a list\n", "train: [unclosed\n", b"\xff\xfe".decode("latin-1")])
+def test_a_checkpoint_whose_config_cannot_be_read_is_refused_naming_the_run(saved, tmp_path):
+    from training.resume import ResumeMismatch, check_same_config
+    with pytest.raises(ResumeMismatch) as e:
+        check_same_config({"config": saved}, load_config(None, []), tmp_path)
+    message = str(e.value)
+    assert str(tmp_path) in message and "cannot be compared" in message and "the saved config" in message
+    assert "\n" not in message
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("linear.seed=${linear.seed}", "linear.seed=${linear.seed} cannot be resolved: Recursive interpolation"),
+    ("data.root=${oc.env:HOSTILE_UNSET_VAR}", "data.root=${oc.env:HOSTILE_UNSET_VAR} cannot be resolved"),
+    ("knn.ks=[10,99999999999999999999]", "knn.ks=[10, 99999999999999999999] is out of range"),
+    ("features.batch_size=-99999999999999999999", f"at most {INT_MAX} in absolute value"),
+])
+def test_eval_gets_the_same_config_errors(override, expected, tmp_path, capsys, monkeypatch):
+    import eval_linear
+    monkeypatch.delenv("HOSTILE_UNSET_VAR", raising=False)
+    assert eval_linear.main(["--run", str(tmp_path), override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and err.count("\n") == 0 and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
