@@ -6,8 +6,7 @@
   schedule (a row's `config_label`), one series per combination of those keys, coloured and named in the legend.
   The published ViT-L/16 ImageNet-1k numbers: on the same axes when the runs are that setting, else their Δ to dense
   in a panel of their own (a small model on another dataset has another scale; the shape is what compares).
-- `plot_losses`: one panel per loss term, every schedule overlaid, coloured by its share of sparse steps (by its
-  row's label where the runs differ in other config keys too), the sparse->dense switch marked on each curve.
+The loss curves: `loss_plots.py`.
 
 Rows and runs are duck-typed (table.TableRow, run_logs.RunSummary): this module imports nothing from table.py.
 """
@@ -17,52 +16,19 @@ import statistics
 import textwrap
 from pathlib import Path
 
-import matplotlib
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
+from . import published
+from .figures import LEGEND_WIDTH, STYLE, palette, plt, save_with_caption, save_with_legend_below
+from .intervals import wilson_interval
+from .run_logs import KNN_SHOWN_K
 
-from . import published  # noqa: E402
-from .intervals import wilson_interval  # noqa: E402
-from .run_logs import KNN_SHOWN_K, LOSS_TERMS  # noqa: E402
-
-DPI = 150
-STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9, "xtick.labelsize": 9,
-         "ytick.labelsize": 9}
 X_LABEL = "steps trained 2:4-sparse before switching to dense (%)"
 PUBLISHED_COLOR = "0.35"
 SERIES = (("top1", "linear probe", "C0", "o"), ("knn_top1", "k-NN", "C1", "s"))
 BASELINE_STYLES = {"random_init": (0, (6, 2, 1, 2)), "pixels": (0, (2, 2))}
 MULTI_STYLES = {"top1": "-", "knn_top1": "--"}  # several configurations: colour = configuration, line = metric
 MULTI_BASELINE_COLORS = {"top1": "0.2", "knn_top1": "0.55"}
-LEGEND_WIDTH = 80  # characters of a legend entry before it wraps
-TERM_TITLES = {"loss": "Total loss", "dino_local_crops_loss": "DINO loss, local crops",
-               "dino_global_crops_loss": "DINO loss, global crops", "koleo_loss": "KoLeo regulariser",
-               "ibot_loss": "iBOT masked-patch loss"}
-
-
-def _save_with_caption(fig, path, caption: str, y: float) -> None:
-    """Lay out, put `caption` (if any) in grey under the axes, write the PNG and free the figure."""
-    fig.tight_layout()
-    if caption:
-        fig.text(0.01, y, caption, fontsize=9, ha="left", va="top", color="0.25")
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-
-
-def _save_with_legend_below(fig, path, handles, ncol: int, caption: str) -> None:
-    """Lay out, put the legend under the whole figure and `caption` under the legend, write the PNG, free the
-    figure (for long legends, which would squash the axes they belonged to)."""
-    fig.tight_layout()
-    legend = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False)
-    fig.canvas.draw()
-    bottom = legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
-    if caption:
-        fig.text(0.01, bottom - 0.01, caption, fontsize=9, ha="left", va="top", color="0.25")
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
 
 
 def _share(row) -> float:
@@ -127,11 +93,6 @@ def _configurations(rows) -> list[tuple[str, list]]:
     return list(groups.items())
 
 
-def _palette(n: int) -> list:
-    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
-    return [cmap(i % cmap.N) for i in range(n)]
-
-
 def _ours(ax, rows) -> tuple[list[float], set, list, int]:
     """One series per configuration (`_configurations`): `_one_configuration` or `_configurations_apart`. Returns
     every value drawn, the kinds of error bar drawn, the legend handles of what was drawn and the number of
@@ -168,7 +129,7 @@ def _configurations_apart(ax, configurations) -> tuple[list[float], set, list, i
     n = len(shown)
     step = min(1.0, 6.0 / max(n - 1, 1))
     drawn, kinds, handles, dense_lines = [], set(), [], False
-    for i, ((label, rows), color) in enumerate(zip(shown, _palette(n))):
+    for i, ((label, rows), color) in enumerate(zip(shown, palette(n))):
         offset = (i - (n - 1) / 2) * step
         for key, _, _, marker in SERIES:
             groups = _groups(rows, key)
@@ -309,133 +270,7 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
             caption.append("Baselines off the scale, not drawn: " + "; ".join(off_scale) + ".")
         if several:
             two_columns = not same_setting and sum(len(h.get_label()) > 30 for h in handles) > 2
-            _save_with_legend_below(fig, path, handles, ncol=2 if two_columns else 1, caption="\n".join(caption))
+            save_with_legend_below(fig, path, handles, ncol=2 if two_columns else 1, caption="\n".join(caption))
         else:
-            _save_with_caption(fig, path, "\n".join(caption), y=-0.02)
+            save_with_caption(fig, path, "\n".join(caption), y=-0.02)
     return Path(path)
-
-
-def _terms(runs) -> list[str]:
-    """The loss terms to draw: total first, then the logged terms that are not constant (a weight of 0)."""
-    present = []
-    for term in list(LOSS_TERMS) + sorted({t for r in runs for t in r.loss_terms} - set(LOSS_TERMS)):
-        values = [v for r in runs for _, v in r.loss_terms.get(term, []) if math.isfinite(v)]
-        if values and (term == "loss" or max(values) > min(values)):
-            present.append(term)
-    return present
-
-
-def _smooth(steps, values, window: int):
-    """Centred moving average over `window` logged values (odd); the ends keep the raw values' extent."""
-    steps, values = np.asarray(steps, float), np.asarray(values, float)
-    if window <= 1 or len(values) < 2 * window:
-        return steps, values
-    kernel = np.ones(window) / window
-    half = window // 2
-    return steps[half:len(steps) - half], np.convolve(values, kernel, mode="valid")
-
-
-def _colors(runs) -> dict:
-    """Sparse fraction -> colour: viridis by rank, so that 0.7 and 0.8 differ as much as 0 and 0.4 (the order,
-    dark = dense to light = all sparse, is what carries the meaning)."""
-    fractions = sorted({r.sparse_fraction for r in runs}, key=lambda f: (f is None, f or 0.0))
-    cmap = plt.get_cmap("viridis")
-    return {f: cmap(0.9 * i / max(len(fractions) - 1, 1)) for i, f in enumerate(fractions)}
-
-
-def plot_losses(runs, path: Path, labels=None) -> Path:
-    """One panel per loss term, every schedule overlaid (colour: share of sparse steps; dashed: other seeds).
-    `labels`: each run's row label where the runs differ in more than the schedule; the colour is then the label's
-    (one per configuration and schedule) and the legend, under the panels, names them."""
-    terms = _terms(runs) or ["loss"]
-    columns = min(3, len(terms))
-    spare = len(terms) % columns != 0 and len(terms) > columns and labels is None  # an empty cell takes the legend
-    lines = math.ceil(len(terms) / columns)
-    longest = max((len(r.loss_terms.get("loss", [])) for r in runs), default=0)
-    window = (longest // 40) | 1 if longest > 80 else 1  # noisy per-step losses: ~40 averages per run
-    base_seed = min((r.seed for r in runs if r.seed is not None), default=None)
-    if labels is None:
-        colors = _colors(runs)
-        keys = [run.sparse_fraction for run in runs]
-    else:
-        keys = list(labels)
-        distinct = list(dict.fromkeys(keys))
-        colors = dict(zip(distinct, _palette(len(distinct))))
-    with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(lines, columns, figsize=(4.6 * columns + (0 if spare or labels else 2.2),
-                                                          3.4 * lines),
-                                 squeeze=False, sharex=True)
-        flat = [ax for line in axes for ax in line]
-        clipped = False
-        for ax, term in zip(flat, terms):
-            late = []
-            for run, key in zip(runs, keys):
-                curve = run.loss_terms.get(term)
-                if not curve:
-                    continue
-                xs, ys = _smooth(*zip(*curve), window)
-                dashed = run.seed is not None and base_seed is not None and run.seed != base_seed
-                ax.plot(xs, ys, color=colors[key], lw=1.3, ls="--" if dashed else "-")
-                switch = run.sparse_steps
-                if switch and run.total_steps and switch < run.total_steps and xs[0] <= switch <= xs[-1]:
-                    ax.plot(switch, np.interp(switch, xs, ys), "o", ms=6, mfc=colors[key],
-                            mec="black", mew=0.8, zorder=4)
-                cut = 0.1 * (run.total_steps or xs[-1])  # the first 10% of steps: the initial transient
-                late += [y for x, y in zip(xs, ys) if x >= cut and math.isfinite(y)]
-            values = [y for line in ax.get_lines() for y in line.get_ydata() if math.isfinite(y)]
-            # cut the top only where the start would squash the rest of the run (a steep initial drop)
-            if late and values and max(values) - min(values) > 1.5 * (max(late) - min(late)):
-                margin = 0.08 * (max(late) - min(late) or abs(max(late)) or 1.0)
-                ax.set_ylim(min(min(values), min(late)) - margin, max(late) + margin)
-                clipped = True
-            ax.set_title(TERM_TITLES.get(term, term.replace("_", " ")))
-            ax.set_ylabel("loss")
-            ax.grid(True, alpha=0.3)
-        for ax in flat[len(terms):]:
-            ax.axis("off")
-        for ax in flat[max(len(terms) - columns, 0):len(terms)]:
-            ax.set_xlabel("training step")
-            ax.xaxis.set_tick_params(labelbottom=True)
-        if not runs:
-            flat[0].text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", color="0.4",
-                         transform=flat[0].transAxes)
-        handles = _loss_legend(runs, base_seed, colors, keys)
-        if spare:
-            flat[-1].legend(handles=handles, loc="center", frameon=False, title="schedule (% steps sparse)")
-        elif labels is None:
-            fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
-                       title="schedule (% steps sparse)")
-        notes = []
-        if window > 1:
-            notes.append(f"Curves: moving average over {window} logged values.")
-        if clipped:
-            notes.append("Y axes cut to the values after the first 10% of steps (the start is off the top).")
-        if labels is None:
-            _save_with_caption(fig, path, "  ".join(notes), y=-0.01)
-        else:
-            _save_with_legend_below(fig, path, handles, ncol=min(columns, 2), caption="  ".join(notes))
-    return Path(path)
-
-
-def _loss_legend(runs, base_seed, colors: dict, keys: list) -> list:
-    """One entry per colour key (sparse fraction, or row label), its first run's state where not complete."""
-    handles, seen = [], set()
-    for run, key in zip(runs, keys):
-        if key in seen:
-            continue
-        seen.add(key)
-        if isinstance(key, str):
-            label = key
-        else:
-            label = "?" if run.sparse_fraction is None else f"{run.sparse_fraction * 100:g}% sparse"
-        if run.status != "complete":
-            label += f" ({run.status.split(' (')[0]})"  # the state, without its details
-        handles.append(Line2D([], [], color=colors[key], lw=2, label=textwrap.fill(label, LEGEND_WIDTH)))
-    seeds = sorted({r.seed for r in runs if r.seed is not None})
-    if len(seeds) > 1:
-        handles.append(Line2D([], [], color="0.2", lw=1.3, label=f"seed {base_seed}"))
-        others = ", ".join(str(s) for s in seeds if s != base_seed)
-        handles.append(Line2D([], [], color="0.2", lw=1.3, ls="--", label=f"seed {others}"))
-    if any(r.sparse_steps and r.total_steps and r.sparse_steps < r.total_steps for r in runs):
-        handles.append(Line2D([], [], ls="", marker="o", ms=6, mfc="white", mec="black", label="switch to dense"))
-    return handles

@@ -220,6 +220,14 @@ def dense_references(runs: list[RunSummary], keys: Sequence[str] = ()) -> dict[t
     return references
 
 
+def dense_reference(run: RunSummary, references: dict, keys: Sequence[str], same_seed: bool = False):
+    """The run's dense reference among `dense_references`: its seed's, else (unless `same_seed`) the lowest seed's."""
+    reference_key = _reference_key(run, keys)
+    if reference_key is None:
+        return None
+    return references.get((reference_key, run.seed)) or (None if same_seed else references.get((reference_key, None)))
+
+
 def setting_label(runs: list[RunSummary]) -> str:
     """"ViT-S/4, cifar10, 9,700 steps" when every run read has the same setting, else ""."""
     settings = {(r.arch, r.patch_size, r.dataset, r.data_root, r.total_steps) for r in runs if r.arch}
@@ -252,9 +260,7 @@ def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[Ta
     references = dense_references(runs, keys)
     rows = []
     for run in runs:
-        reference_key = _reference_key(run, keys)
-        dense = None if reference_key is None else (references.get((reference_key, run.seed))
-                                                   or references.get((reference_key, None)))
+        dense = dense_reference(run, references, keys)
         differing = differing_config(run, keys)
         dense_rate = dense.seconds_per_step if dense else None
         speedup = dense_rate / run.seconds_per_step if dense_rate and run.seconds_per_step else None
@@ -423,7 +429,8 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     paths[2].write_text(json.dumps(summary, indent=2) + "\n")
     if not plots:
         return paths[:3]
-    from .plots import plot_accuracy, plot_losses  # matplotlib only when plotting
+    from .loss_plots import plot_losses  # matplotlib only when plotting
+    from .plots import plot_accuracy
 
     plot_accuracy(rows, paths[3], baselines=baselines, setting=setting_label(runs))
     keys = differing_keys(runs)
@@ -431,6 +438,7 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
                                               _config_order(differing[id(r)]), r.seed or 0, r.name))
     drawn = [r for r in by_fraction if r.loss_curve]
+    references = dense_references(runs, keys)  # a loss curve is compared with the dense run of its own seed only
     plot_losses(drawn, paths[4], labels=[row_label(r.sparse_fraction, differing[id(r)]) for r in drawn]
-                if keys else None)
+                if keys else None, references=[dense_reference(r, references, keys, same_seed=True) for r in drawn])
     return paths

@@ -41,7 +41,7 @@ def test_seeds_give_half_ranges_single_runs_wilson_and_unknown_sizes_none():
 
 def test_the_caption_says_which_error_bars_are_drawn(tmp_path, monkeypatch):
     captions = []
-    monkeypatch.setattr(plots, "_save_with_caption", lambda fig, path, caption, y: captions.append(caption))
+    monkeypatch.setattr(plots, "save_with_caption", lambda fig, path, caption, y: captions.append(caption))
     plot_accuracy([_row(0.0, 88.0, 53.0), _row(0.5, 85.0, 57.0)], tmp_path / "a.png")
     assert "95% Wilson interval of the accuracy over the 360 validation images" in captions[-1]
     assert "one seed per schedule" in captions[-1] and "half the range" not in captions[-1]

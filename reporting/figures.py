@@ -1,0 +1,39 @@
+"""What the study's figures share (plots.py, loss_plots.py): matplotlib on the Agg backend (no display needed), the
+style, the palette and how a figure is saved with its caption."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+DPI = 150
+STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9, "xtick.labelsize": 9,
+         "ytick.labelsize": 9}
+LEGEND_WIDTH = 80  # characters of a legend entry before it wraps
+
+
+def save_with_caption(fig, path, caption: str, y: float) -> None:
+    """Lay out, put `caption` (if any) in grey under the axes, write the PNG and free the figure."""
+    fig.tight_layout()
+    if caption:
+        fig.text(0.01, y, caption, fontsize=9, ha="left", va="top", color="0.25")
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+
+
+def save_with_legend_below(fig, path, handles, ncol: int, caption: str) -> None:
+    """Lay out, put the legend under the whole figure and `caption` under the legend, write the PNG, free the
+    figure (for long legends, which would squash the axes they belonged to)."""
+    fig.tight_layout()
+    legend = fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol, frameon=False)
+    fig.canvas.draw()
+    bottom = legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
+    if caption:
+        fig.text(0.01, bottom - 0.01, caption, fontsize=9, ha="left", va="top", color="0.25")
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+
+
+def palette(n: int) -> list:
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
