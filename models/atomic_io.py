@@ -10,7 +10,7 @@ planted in the directory (a symlink pointing elsewhere, another writer's file) i
 the directory is ever written through it, and two writers never share one. The rename replaces whatever `path` is,
 a symlink included (the link goes, its target is not touched). A stray temporary file (a writer killed before its
 rename; `<name>.tmp` for versions before this one) is recognised by `temporary_base` and removed only by whoever
-holds the directory (`training.run_dir.remove_stray_temporaries`, under the run-directory lock).
+holds the directory (`training.run_guard.remove_stray_temporaries`, under the run-directory lock).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Every file a run writes goes through here: atomic, checksummed where it holds state, and loaded without running code.
 
-- Atomic writes (`models.atomic_io`, torch-free): write `<name>.tmp`, fsync, rename over `<name>`, fsync the
-  directory. A kill at any moment leaves either the old file or the new one, never a truncated one.
+- Atomic writes (`models.atomic_io`, torch-free): write a temporary file created exclusively beside `<name>` (never
+  through a planted link), fsync, rename over `<name>`, fsync the directory. A kill at any moment leaves either the
+  old file or the new one, never a truncated one.
 - `save_verified(obj, path)`: `torch.save` streamed through SHA-256; the digest goes to `<path>.sha256` (atomically,
   before the checkpoint itself is renamed into place, so a checkpoint never exists without its digest).
 - `load_verified(path)`: checks the digest when there is one (a file with a flipped block is refused, naming it:
