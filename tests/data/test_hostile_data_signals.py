@@ -4,10 +4,12 @@ while the data is being read stops the loop at the step boundary after it, as th
 a regression that blocks fails instead of hanging CI."""
 
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -90,17 +92,41 @@ def start_in_own_group(script: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
-def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = HANG_S) -> list:
-    lines, deadline = [], time.monotonic() + timeout
+def read_lines(proc: subprocess.Popen) -> queue.Queue:
+    """`proc`'s stdout lines, read by a thread (so that waiting for one can time out), then None at its end."""
+    lines = queue.Queue()
+
+    def read():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def rest(lines: queue.Queue, timeout: float = HANG_S) -> str:
+    out = []
+    while (line := lines.get(timeout=timeout)) is not None:
+        out.append(line)
+    return "".join(out)
+
+
+def wait_for_line(proc: subprocess.Popen, lines: queue.Queue, needle: str, timeout: float = HANG_S) -> list:
+    """Lines up to the one holding `needle`; fails after `timeout` s even if `proc` prints nothing (a blocked read)."""
+    seen, deadline = [], time.monotonic() + timeout
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
+        try:
+            line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
             break
-        lines.append(line.strip())
+        if line is None:
+            break
+        seen.append(line.strip())
         if needle in line:
-            return lines
-    proc.kill()
-    raise AssertionError(f"no {needle!r} in {lines}: {proc.stderr.read()[-2000:]}")
+            return seen
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f"no {needle!r} within {timeout} s in {seen}")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -109,9 +135,11 @@ def test_sigterm_to_the_group_during_a_blocking_read_stops_at_the_next_step_boun
     read that blocks for a while: the loop ends after the step in progress; no worker dies, nothing hangs."""
     proc = start_in_own_group(loop_script(tree_with_fifos(tmp_path), workers, steps=1000, slow_s=0.25))
     try:
-        wait_for_line(proc, "step 1")
+        lines = read_lines(proc)
+        before = wait_for_line(proc, lines, "step 1")
         os.killpg(proc.pid, signal.SIGTERM)  # lands inside a read (each takes 0.25 s of a 1 s step)
-        out, err = proc.communicate(timeout=HANG_S)
+        proc.wait(timeout=HANG_S)
+        out, err = "\n".join(before) + "\n" + rest(lines), proc.stderr.read()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
