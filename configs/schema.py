@@ -170,6 +170,8 @@ class TrainConfig:
     max_to_keep: int = value(3, ge=1)
     teacher_export_period: int = value(12500, ge=1)  # iterations between teacher backbone exports for evaluation
     resume: bool = True
+    # resume from a checkpoint that has no .sha256 beside it (written by an older version); logged when used
+    allow_unverified_checkpoints: bool = False
     max_steps: int = value(0, ge=0)  # > 0: stop after this many steps (schedules still span epochs * epoch_length)
     # torch.compile of the blocks, heads and losses (training/compile.py): auto = on for CUDA, off on CPU
     compile: str = value("auto", choices=("auto", "true", "false"))

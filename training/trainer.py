@@ -93,10 +93,10 @@ class Trainer:
             [self.model.teacher.backbone] if cfg.sparsity.teacher == "sparse" else [])
         self.sparsity.check(self.sparse_targets)  # options the model cannot take fail now, naming the key
         self._decisions_written = ""  # the text of sparsity_decisions.json as last written
-        # a checkpoint without its digest file is refused; train.allow_unverified_checkpoints, once a key, opts in
+        # a checkpoint without its digest file is refused unless train.allow_unverified_checkpoints opts in
         self.checkpoints = CheckpointManager(run_dir.checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
-                                             writer=ctx.is_main, allow_missing_digest=bool(
-                                                 getattr(cfg.train, "allow_unverified_checkpoints", False)))
+                                             writer=ctx.is_main,
+                                             allow_missing_digest=cfg.train.allow_unverified_checkpoints)
         self.metrics = MetricsLog(self.output_dir / run_dir.METRICS, enabled=ctx.is_main)
         # the data stream; its position is the loader's sampler state, saved in checkpoints and restored from them
         self.loader = build_ssl_loader(cfg, rank=ctx.rank, world_size=ctx.world_size, dataset=self.dataset)
