@@ -104,7 +104,13 @@ def appended_file_problem(run_dir: Path) -> str:
     would write wherever it points). Checked before anything is written, so that status.json is not left `running`
     by a refusal that `run_dir.open_append` would make later."""
     links = [str(Path(run_dir) / name) for name in (METRICS, LOG) if (Path(run_dir) / name).is_symlink()]
-    return f"{', '.join(links)}: a symlink where the run appends to a file of its own; remove it" if links else ""
+    if links:
+        return f"{', '.join(links)}: a symlink where the run appends to a file of its own; remove it"
+    # a directory (or FIFO, socket) named like a file the trainer writes: the write would fail mid-run, a FIFO block
+    odd = [str(Path(run_dir) / name) for name in sorted(TRAINER_FILES | {LOG})
+           if os.path.lexists(Path(run_dir) / name) and not (Path(run_dir) / name).is_symlink()
+           and not (Path(run_dir) / name).is_file()]
+    return f"{', '.join(odd)}: not a regular file where the run writes one of its own files; remove it" if odd else ""
 
 
 def _trainer_temporary(folder: str, name: str) -> bool:

@@ -3,6 +3,7 @@ nothing to do, `train.resume=false`) refuses and changes nothing; `checkpoints` 
 directory and a checkpoint without its digest are refusals that keep metrics.jsonl; symlinks planted in the run are
 never written through; a run directory given through a symlink is resolved once."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -163,3 +164,24 @@ def test_a_run_directory_through_a_symlink_is_resolved_once(tmp_path):
     dangling.symlink_to(tmp_path / "nowhere")
     assert_refused(run_train(dangling, check=False), 2, "leads to no directory")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_directory_or_fifo_where_the_run_writes_a_file_is_refused_before_anything_is_written(tmp_path):
+    run = tmp_path / "run"
+    run_train(run, "train.max_steps=2")
+    metrics = (run / "metrics.jsonl").read_text()
+    status = (run / "status.json").read_text()
+    # config.yaml replaced by a directory: the rewrite at start-up would fail after the run had begun
+    (run / "config.yaml").rename(tmp_path / "config.yaml")
+    (run / "config.yaml").mkdir()
+    result = run_train(run, "train.max_steps=3", check=False)
+    assert_refused(result, 1, str(run / "config.yaml"), "not a regular file")
+    assert (run / "metrics.jsonl").read_text() == metrics and (run / "status.json").read_text() == status
+    (run / "config.yaml").rmdir()
+    (tmp_path / "config.yaml").rename(run / "config.yaml")
+    # run_info.json a FIFO: refused at once, never opened (opening it would block)
+    (run / "run_info.json").unlink()
+    os.mkfifo(run / "run_info.json")
+    result = run_train(run, "train.max_steps=3", check=False)
+    assert_refused(result, 1, str(run / "run_info.json"), "not a regular file")
+    assert (run / "metrics.jsonl").read_text() == metrics
