@@ -145,6 +145,14 @@ def main(argv=None) -> int:
             UnsafeFile, RunDirProblem) as e:
         log.error("%s: %s", type(e).__name__, e)
         return 1
+    except OSError as e:
+        if e.errno not in run_dir.DISK_FULL:
+            raise
+        # every write is atomic: the last checkpoint is whole, the half-written file was removed
+        log.error("no space left on the device of %s (%s%s): free some space, then rerun the same command; it "
+                  "resumes from the last checkpoint", output_dir, e.strerror or e,
+                  f", writing {e.filename}" if e.filename else "")
+        return 1
     finally:
         shutdown(ctx)
         if run_lock is not None:

@@ -10,6 +10,7 @@ import functools
 import json
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Optional
@@ -19,7 +20,8 @@ import torch
 from configs import ConfigError, load_config, to_yaml
 from data import build_dataset, make_eval_transform
 from models.atomic_io import atomic_write_text
-from training.run_dir import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, eval_result_name
+from training.run_dir import (BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, RunDirInUse, RunDirProblem,
+                              eval_result_name, lock)
 
 from .features import (EvalInputError, Features, PixelFeatures, cache_key, dataset_settings, extract, load_cached,
                        load_teacher, resolve_data, save_cached, transform_settings, weights_digest)
@@ -59,13 +61,47 @@ def resolve_device(name: str) -> torch.device:
 
 
 def append_index(path: Path, record: dict) -> None:
-    """One JSON line, written with a single O_APPEND write so concurrent evaluations do not interleave."""
+    """One JSON line, written with a single O_APPEND write so concurrent evaluations do not interleave; never through
+    a symlink, and a FIFO never blocks (O_NONBLOCK; anything but a regular file is refused)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        raise EvalInputError(f"index={path}: cannot append to it ({e.strerror or e}); the result is written to "
+                             "the run's JSON all the same") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise EvalInputError(f"index={path} is not a regular file; the result is in the run's JSON")
         os.write(fd, (json.dumps(record) + "\n").encode())
     finally:
         os.close(fd)
+
+
+def check_target(path: Path, key: str) -> None:
+    """Before any work: `path` (where `key` says a result goes) can be written as a file: not a directory or other
+    non-regular entry, its folder a directory. A bad target is reported now, not after the whole probe ran."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise EvalInputError(f"{key}={path}: {e.strerror or e}") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise EvalInputError(f"{key}={path} is a directory: name a file (e.g. {path / 'eval_linear.json'})")
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise EvalInputError(f"{key}={path} is not a regular file (a FIFO, socket or device): name a file")
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise EvalInputError(f"{key}={path}: {parent} is not a directory")
+
+
+def check_two_classes(labels: torch.Tensor, split: str) -> None:
+    """A probe or k-NN over one class measures nothing (every prediction is right): refused with the count."""
+    present = int(torch.unique(labels).numel()) if labels.numel() else 0
+    if present < 2:
+        raise EvalInputError(f"the {split} split has images of {present} class{'es' if present != 1 else ''}: a "
+                             "linear probe and k-NN need at least 2 (check data.root and the split's class folders)")
 
 
 def _cached_or_extracted(path: Path, key: str, dataset, teacher, eval_cfg, device, amp, split: str) -> Features:
@@ -117,6 +153,9 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
     if classes["train"] != classes["val"]:  # checked before any extraction
         raise EvalInputError(f"the {splits['train']} and {splits['val']} splits have different class folders "
                              f"({len(classes['train'])} vs {len(classes['val'])}): labels would differ")
+    if datasets["train"] is not None and hasattr(datasets["train"], "classes") and len(classes["train"]) < 2:
+        raise EvalInputError(f"the {splits['train']} split has {len(classes['train'])} class folder(s): a linear "
+                             "probe and k-NN need at least 2 (check data.root)")
     for role, split in splits.items():
         dsettings = {**dataset_settings(data_cfg, split), "n_images": len(datasets[role]), "classes": classes[role]}
         key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision,
@@ -124,6 +163,7 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
         path = run_dir / EVAL_DIR / f"features_{split}{suffix}.pt"
         out[role] = _cached_or_extracted(path, key, datasets[role], teacher, eval_cfg, device, amp, split)
         out[f"{role}_dataset"] = {"root": root, **{k: v for k, v in dsettings.items() if k != "classes"}}
+    check_two_classes(out["train"].y, splits["train"])
     out["checkpoint_step"] = out["train"].step
     out["n_classes"] = len(classes["train"]) or int(max(out["train"].y.max(), out["val"].y.max())) + 1
     return out
@@ -142,11 +182,41 @@ def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, devic
             "linear_precision": result.final.precision, "linear_seconds": round(result.seconds, 3)}
 
 
+def writes_in_run_dir(run_dir: Path, eval_cfg) -> bool:
+    """Whether this evaluation writes into the run directory (its result, or the feature cache under eval/)."""
+    if eval_cfg.features.cache or not eval_cfg.output:
+        return True
+    output = Path(eval_cfg.output).resolve()
+    return output.parent == run_dir.resolve() or run_dir.resolve() in output.parents
+
+
 def evaluate_run(run_dir: Path, eval_cfg) -> dict:
-    """Evaluate `run_dir` as `eval_cfg` (`configs.EvalConfig`) says; returns the record written to the JSON."""
-    start = time.perf_counter()
+    """Evaluate `run_dir` as `eval_cfg` (`configs.EvalConfig`) says; returns the record written to the JSON.
+    An evaluation that writes into the run directory holds its lock (`training.run_dir.lock`) throughout, as the
+    trainer does: one writer at a time, so a trainer still running there, or a second evaluation, is refused
+    (`EvalInputError`, naming the directory) before anything is read or written."""
     run_dir = Path(run_dir)
+    load_run_config(run_dir)  # a directory that is not a run is reported as such, before any lock file is made
+    if not writes_in_run_dir(run_dir, eval_cfg):
+        return _evaluate(run_dir, eval_cfg)
+    try:
+        held = lock(run_dir)
+    except (RunDirInUse, RunDirProblem) as e:  # (the trainer's advice to choose another --output-dir aside)
+        raise EvalInputError(str(e).replace(", or choose another --output-dir", "")) from None
+    try:
+        return _evaluate(run_dir, eval_cfg)
+    finally:
+        held.release()
+
+
+def _evaluate(run_dir: Path, eval_cfg) -> dict:
+    start = time.perf_counter()
     run_cfg = load_run_config(run_dir)
+    if eval_cfg.output:
+        check_target(Path(eval_cfg.output), "output")
+    index_target = index_path(run_dir, eval_cfg.index)
+    if index_target is not None:
+        check_target(index_target, "index")
     baseline = eval_cfg.checkpoint if eval_cfg.checkpoint in BASELINES else None
     checkpoint = None if baseline else Path(eval_cfg.checkpoint or run_dir / TEACHER)
     device = resolve_device(eval_cfg.device)

@@ -55,15 +55,23 @@ class UnsafeFile(_FileProblem):
 
 
 class _HashingWriter(io.RawIOBase):
+    """Hashes what torch.save writes; keeps the OSError of a failed write (torch reports it only as a RuntimeError
+    "file write failed", without the errno a full disk is recognised by)."""
+
     def __init__(self, f, sha):
         self.f, self.sha = f, sha
+        self.error: Optional[OSError] = None
 
     def writable(self) -> bool:
         return True
 
     def write(self, b) -> int:
         self.sha.update(b)
-        return self.f.write(b)
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
 
 
 def save_verified(obj: Any, path: Path | str) -> str:
@@ -75,7 +83,13 @@ def save_verified(obj: Any, path: Path | str) -> str:
         obj = {**obj, DIGEST_MARKER: True}
 
     def write(f):
-        torch.save(obj, _HashingWriter(f, sha))
+        writer = _HashingWriter(f, sha)
+        try:
+            torch.save(obj, writer)
+        except RuntimeError as e:
+            if writer.error is not None:  # the write's own error (ENOSPC, EIO, ...), not torch's wrapper of it
+                raise writer.error from e
+            raise
 
     write_atomically(path, write,
                      before_rename=lambda: atomic_write_text(digest_path(path), f"{sha.hexdigest()}  {path.name}\n"))

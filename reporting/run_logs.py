@@ -18,12 +18,14 @@ from typing import Optional
 import torch
 
 from configs import ConfigError, load_config
+from models.safe_io import recorded_digest
 from training.run_dir import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, PREEMPTED, TEACHER,
                               FAILED as RUN_FAILED,  # the state in status.json (FAILED below: a table row's)
                               FINISHED as RUN_FINISHED,
                               checkpoint_dir, is_run_dir, list_checkpoints, metrics_by_steps_done, read_status)
 
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
+STALE = "stale"  # an evaluation of another teacher than the run's current one (the run was trained again since)
 KNN_SHOWN_K = 20  # the k-NN column of the table; dinov2's usual headline k (all k stay in the CSV)
 # total first, then the terms ssl_meta_arch logs; any other "*_loss" key found follows these
 LOSS_TERMS = ("loss", "dino_local_crops_loss", "dino_global_crops_loss", "koleo_loss", "ibot_loss")
@@ -61,9 +63,10 @@ class EvalRecord(EvalResults):
     """One eval_linear.py result file: the run's own evaluation or a baseline's."""
 
     path: str
-    status: str = MISSING  # complete | missing | unreadable
+    status: str = MISSING  # complete | missing | unreadable | stale
     reason: str = ""
     seconds: Optional[float] = None
+    checkpoint_sha256: str = ""  # what it evaluated
 
 
 @dataclass(kw_only=True)
@@ -126,6 +129,8 @@ class RunSummary(EvalResults):
         if self.train_status == COMPLETE:
             if self.eval_status == COMPLETE:
                 return COMPLETE
+            if self.eval_status == STALE:
+                return f"eval stale ({self.eval_reason})"
             return "no eval" if self.eval_status == MISSING else f"eval unreadable ({self.eval_reason})"
         if self.train_status == PARTIAL:
             detail = f"step {self.steps_done} of {self.total_steps}"
@@ -290,13 +295,29 @@ def read_eval_record(path: Path) -> EvalRecord:
         return record
     record.best_C, record.seconds = _float(result.get("best_C")), _float(result.get("seconds"))
     record.solver = str(result.get("solver", ""))
+    record.checkpoint_sha256 = str(result.get("checkpoint_sha256") or "")
     record.n_val = int(result["n_val"]) if isinstance(result.get("n_val"), int) else None
     record.status = COMPLETE
     return record
 
 
+def stale_reason(record: EvalRecord, run_dir: Path) -> str:
+    """Why the run's own evaluation is not of its current teacher ("" when it is, or when nothing tells: a run
+    published without weights keeps the teacher's digest file, one of an older version may have none)."""
+    try:
+        current = recorded_digest(run_dir / TEACHER)
+    except (OSError, ValueError):  # an unreadable digest file tells nothing
+        return ""
+    if not current or not record.checkpoint_sha256 or record.checkpoint_sha256 == current:
+        return ""
+    return (f"of an earlier teacher (sha256 {record.checkpoint_sha256[:12]}, now {current[:12]}): the run was "
+            "trained again since; rerun eval_linear.py")
+
+
 def _read_eval(run: RunSummary, run_dir: Path) -> None:
     own = read_eval_record(run_dir / EVAL_RESULT)
+    if own.status == COMPLETE and (reason := stale_reason(own, run_dir)):
+        own = EvalRecord(path=own.path, status=STALE, reason=reason)  # its numbers are never shown as the run's
     run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds
     for f in fields(EvalResults):
         setattr(run, f.name, getattr(own, f.name))

@@ -16,7 +16,8 @@ A run directory (`train.py --output-dir`) holds:
     eval_linear.json                its linear probe (`eval_linear.py`); the baselines in eval_linear_<name>.json
     jobs.json                       the Slurm launcher's job record (`slurm/sweep.py`), for launched runs
     .lock                           held (flock) by the training process of rank 0 while it runs (`lock`), whatever
-                                    the command (a finished run, `train.resume=false`): see `run_guard`
+                                    the command (a finished run, `train.resume=false`), and by eval_linear.py while
+                                    it writes here: see `run_guard`
 
 Steps are counted as steps done everywhere: a checkpoint's number, the teacher export's and status's `step`, and
 (since metrics format 2) a metrics line's `step`; a run's last line says `"step": total_steps`. Lines written
@@ -274,8 +275,37 @@ def write_status(run_dir: Path, state: str, step: int, reason: str = "", resumed
         raise ValueError(f"unknown run state {state!r}")
     status = RunStatus(state, step, reason, list(resumed_at or []), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     record = {k: v for k, v in asdict(status).items() if k != "recorded"}
-    atomic_write_text(Path(run_dir) / STATUS, json.dumps(record, indent=1) + "\n")
+    text = json.dumps(record, indent=1) + "\n"
+    try:
+        atomic_write_text(Path(run_dir) / STATUS, text)
+    except OSError as e:
+        if e.errno not in DISK_FULL or not _overwrite_in_place(Path(run_dir) / STATUS, text):
+            raise
     return status
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _overwrite_in_place(path: Path, text: str) -> bool:
+    """The disk is full (no room for a temporary file): rewrite the existing small file in place, in its blocks,
+    so that the run's state still says `failed` and why. Not atomic; used only where the atomic write cannot be."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        data = text.encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def resumed_history(previous: RunStatus, start_step: int, resumed: bool) -> list[int]:
@@ -326,7 +356,8 @@ class RunDirProblem(RuntimeError):
 
 
 class RunDirInUse(RuntimeError):
-    """Another process trains in this run directory (two trainers would overwrite each other's checkpoints)."""
+    """Another process writes this run directory: a trainer (two would overwrite each other's checkpoints) or an
+    evaluation (its results and feature cache)."""
 
 
 @dataclass
@@ -368,9 +399,9 @@ def lock(run_dir: Path) -> RunDirLock:
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             status = read_status(run_dir)
             since = f" (its status.json: {status.state} at step {status.step}, {status.time})" if status.time else ""
-            raise RunDirInUse(f"{run_dir} is in use by another training process{since} (see its {LOG}); wait for "
-                              "it to end or stop it (a dead process holds no lock), or choose another --output-dir"
-                              ) from None
+            raise RunDirInUse(f"{run_dir} is in use by another process (a trainer or an evaluation){since} (see "
+                              f"its {LOG}); wait for it to end or stop it (a dead process holds no lock), or choose "
+                              "another --output-dir") from None
         # e.g. Lustre mounted without flock: ENOSYS / EOPNOTSUPP / ENOLCK
         return RunDirLock(path, held=False, unsupported=f"{e.strerror or e} on {path}")
     return RunDirLock(path, held=True, _fd=fd)

@@ -4,7 +4,8 @@ The rules:
 
 - One writer. train.py's rank 0 takes the run-directory lock (`run_dir.lock`) before it reads or writes anything
   there, whatever the command says: a run with nothing left to do and `train.resume=false` take it too, so a second
-  command on a directory in use is refused (exit 1) and changes nothing. Only the lock holder removes stray
+  command on a directory in use is refused (exit 1) and changes nothing. eval_linear.py holds the same lock while it
+  writes into the run (`evaluation.evaluate.evaluate_run`). Only the lock holder removes stray
   temporary files, and only those of files the trainer writes (`remove_stray_temporaries`): an evaluation's
   temporary file beside them is not the trainer's to remove.
 - A run directory given through a symlink is resolved once, at the start (`resolve_run_dir`): the lock and every
@@ -14,11 +15,16 @@ The rules:
   once when it resolves to a directory (checkpoints kept on another disk); a dangling or looping link, a file, or an
   unreadable directory is a refusal naming the path (`usable_checkpoint_dir`), never "start over at step 0", which
   would truncate metrics.jsonl.
+- Results belong to the teacher they were computed from. A run that starts from step 0 in a directory holding a
+  previous run's final teacher or evaluations (`train.resume=false`, or nothing to resume) first moves them into
+  `superseded-<UTC time>/` (`set_aside_results`): they are kept, never read as the new run's, and the tables mark an
+  `eval_linear.json` whose `checkpoint_sha256` is not the current teacher's as stale.
 """
 
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -152,3 +158,39 @@ def remove_stray_temporaries(run_dir: Path) -> list[Path]:
             logger.warning("removed %s: a write that never finished", path)
             removed.append(path)
     return removed
+
+
+SUPERSEDED_PREFIX = "superseded-"
+
+
+def previous_results(output_dir: Path) -> list[Path]:
+    """What a previous run left that a fresh start must not be read with: its final teacher (and digest), its
+    evaluation records (`eval_*.json`) and `eval/` (teacher exports, feature caches, their records)."""
+    try:
+        entries = sorted(Path(output_dir).iterdir())
+    except FileNotFoundError:
+        return []
+    own = {TEACHER, TEACHER + DIGEST_SUFFIX, EVAL_DIR}
+    return [p for p in entries if p.name in own or (p.name.startswith("eval_") and p.name.endswith(".json"))]
+
+
+def set_aside_results(output_dir: Path) -> Optional[Path]:
+    """Move `previous_results` into a new `superseded-<UTC time>/` folder of the run directory (renames within the
+    directory: nothing is copied or lost); returns that folder, or None when there was nothing to move."""
+    found = previous_results(output_dir)
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    for n in range(1000):
+        dest = Path(output_dir) / f"{SUPERSEDED_PREFIX}{stamp}{'' if n == 0 else f'-{n}'}"
+        try:
+            dest.mkdir()
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise RunDirProblem(f"{output_dir}: cannot make a folder for the previous run's results (too many "
+                            f"{SUPERSEDED_PREFIX}{stamp}* folders)")
+    for path in found:
+        os.rename(path, dest / path.name)
+    return dest

@@ -33,7 +33,7 @@ from models.ssl_meta_arch import SSLMetaArch
 from sparsity import SparseThenDense, build_converter
 from sparsity.converter import DENSE, SPARSE
 
-from . import run_dir
+from . import run_dir, run_guard
 from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
@@ -300,6 +300,9 @@ class Trainer:
         """What a (re)start writes before the first step: config.yaml, run_info.json (and the start-up summary),
         status.json (running), and metrics.jsonl cut back to the checkpoint."""
         if self.ctx.is_main:
+            if not resumed and (aside := run_guard.set_aside_results(self.output_dir)) is not None:
+                logger.warning("starting at step 0 in a directory that held a previous run's teacher or evaluations: "
+                               "moved them to %s (never read as this run's)", aside)
             previous = run_dir.read_status(self.output_dir)
             self._resumed_at = run_dir.resumed_history(previous, self.step, resumed)
             run_dir.write_config(self.output_dir, to_yaml(self.cfg))

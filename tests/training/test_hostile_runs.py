@@ -45,7 +45,7 @@ def test_a_finished_run_and_resume_false_still_refuse_a_directory_in_use(tmp_pat
     try:
         for overrides in (["train.max_steps=2"], ["train.max_steps=3"], ["train.resume=false"]):
             result = run_train(run, *overrides, check=False)
-            assert_refused(result, 1, "is in use by another training process")
+            assert_refused(result, 1, "is in use by another process")
             assert all(p.read_bytes() == b"the other process is writing this" for p in live), overrides
             assert (run / "metrics.jsonl").read_text() == metrics
     finally:
@@ -62,7 +62,7 @@ def test_a_finished_run_and_resume_false_still_refuse_a_directory_in_use(tmp_pat
             second = run_train(run, "train.resume=false", "train.max_steps=2", check=False)
         finally:
             first.send_signal(signal.SIGCONT)
-        assert_refused(second, 1, "is in use by another training process")
+        assert_refused(second, 1, "is in use by another process")
         assert first.wait(timeout=600) == 0, first.stderr.read()[-3000:]
     finally:
         if first.poll() is None:
@@ -151,7 +151,7 @@ def test_a_run_directory_through_a_symlink_is_resolved_once(tmp_path):
             link.unlink()
             link.symlink_to(other)  # re-pointed mid-run: the run keeps writing where it started
             # the same directory under its real name is in use
-            assert_refused(run_train(real, check=False), 1, "is in use by another training process")
+            assert_refused(run_train(real, check=False), 1, "is in use by another process")
         finally:
             proc.send_signal(signal.SIGCONT)
         assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]

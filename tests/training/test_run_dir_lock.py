@@ -22,7 +22,7 @@ def test_a_second_lock_is_refused_until_the_first_is_released(tmp_path):
     first = run_dir.lock(tmp_path)
     assert first.held and (tmp_path / ".lock").exists()
     run_dir.write_status(tmp_path, run_dir.RUNNING, 12)
-    with pytest.raises(RunDirInUse, match=r"in use by another training process \(its status.json: running at step 12"):
+    with pytest.raises(RunDirInUse, match=r"in use by another process \(a trainer or an evaluation\) \(its status.json: running at step 12"):
         run_dir.lock(tmp_path)
     first.release()
     again = run_dir.lock(tmp_path)
@@ -66,7 +66,7 @@ def test_a_second_trainer_on_a_run_in_progress_exits_1_and_the_first_finishes(tm
         finally:
             first.send_signal(signal.SIGCONT)
         assert second.returncode == 1, second.stderr[-3000:]
-        assert "is in use by another training process" in second.stderr
+        assert "is in use by another process" in second.stderr
         assert "Traceback" not in second.stderr
         # nothing written by the second: the first's checkpoint untouched, one start in the log (below)
         assert before and {p: p.stat().st_mtime_ns for p in before} == before

@@ -1,0 +1,68 @@
+"""Results belong to the teacher they were computed from: a run started again from step 0 in a directory that was
+trained and evaluated (`train.resume=false`) moves the old teacher and evaluations into `superseded-<time>/` first,
+and a table marks an `eval_linear.json` of another teacher as stale instead of showing its numbers as the run's. A
+resume keeps them."""
+
+import json
+import sys
+
+from train_runs import REPO, run_train
+
+sys.path.insert(0, str(REPO))
+import eval_linear  # noqa: E402
+from models.safe_io import recorded_digest  # noqa: E402
+from reporting.run_logs import STALE, read_run  # noqa: E402
+
+FAST_EVAL = ["linear.n_c=3", "linear.max_iter=30", "features.num_workers=0", "knn.ks=[5]", "mode=both"]
+
+
+def test_resume_false_over_an_evaluated_run_sets_the_old_results_aside(tmp_path):
+    run = tmp_path / "runs" / "run"
+    run_train(run)
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 0
+    old_teacher, old_eval = recorded_digest(run / "teacher_backbone.pth"), (run / "eval_linear.json").read_text()
+    assert json.loads(old_eval)["checkpoint_sha256"] == old_teacher
+    exports = sorted(p.relative_to(run) for p in (run / "eval").rglob("*") if p.is_file())
+
+    run_train(run)  # a resume with nothing left to do keeps the teacher and its evaluation
+    assert (run / "eval_linear.json").read_text() == old_eval
+    assert not [p for p in run.iterdir() if p.name.startswith("superseded-")] and read_run(run).status == "complete"
+
+    result = run_train(run, "train.resume=false", "train.seed=1")
+    aside = [p for p in run.iterdir() if p.name.startswith("superseded-")]
+    assert len(aside) == 1, sorted(p.name for p in run.iterdir())
+    assert "moved them to" in result.stderr and str(aside[0]) in result.stderr
+    assert (aside[0] / "eval_linear.json").read_text() == old_eval  # kept whole, never deleted
+    assert recorded_digest(aside[0] / "teacher_backbone.pth") == old_teacher
+    assert sorted(p.relative_to(aside[0]) for p in (aside[0] / "eval").rglob("*") if p.is_file()) == exports
+    assert not (run / "eval_linear.json").exists()  # the new teacher has no evaluation yet
+    assert recorded_digest(run / "teacher_backbone.pth") not in (None, old_teacher)
+    summary = read_run(run)
+    assert summary.status == "no eval" and summary.top1 is None
+
+    # an old evaluation left beside the new teacher (copied back, or by a version that did not move it): stale
+    (run / "eval_linear.json").write_text(old_eval)
+    summary = read_run(run)
+    assert summary.eval_status == STALE and summary.top1 is None and summary.knn == {}
+    assert summary.status.startswith("eval stale (of an earlier teacher")
+
+
+def test_set_aside_moves_only_a_previous_runs_results_and_never_reuses_a_folder(tmp_path):
+    from training.run_guard import set_aside_results
+
+    run = tmp_path / "run"
+    (run / "eval" / "step_00000008").mkdir(parents=True)
+    kept = ["config.yaml", "metrics.jsonl", "log.txt", "status.json", "notes_eval.json", "eval_index.jsonl"]
+    moved = ["teacher_backbone.pth", "teacher_backbone.pth.sha256", "eval_linear.json", "eval_knn_step_00000008.json",
+             "eval_linear_pixels.json"]
+    for name in kept + moved:
+        (run / name).write_text(name)
+    assert set_aside_results(tmp_path / "absent") is None
+    first = set_aside_results(run)
+    assert sorted(p.name for p in first.iterdir()) == sorted(moved + ["eval"])
+    assert all((run / name).read_text() == name for name in kept)
+    assert set_aside_results(run) is None  # nothing left to move
+    (run / "eval_linear.json").write_text("again")
+    second = set_aside_results(run)
+    assert second != first and (second / "eval_linear.json").read_text() == "again"
+    assert (first / "eval_linear.json").read_text() == "eval_linear.json"
