@@ -98,7 +98,7 @@ def check_target(path: Path, key: str) -> None:
 
 def check_two_classes(labels: torch.Tensor, split: str) -> None:
     """A probe or k-NN over one class measures nothing (every prediction is right): refused with the count."""
-    present = int(torch.unique(labels).numel()) if labels.numel() else 0
+    present = int(torch.unique(labels).numel())
     if present < 2:
         raise EvalInputError(f"the {split} split has images of {present} class{'es' if present != 1 else ''}: a "
                              "linear probe and k-NN need at least 2 (check data.root and the split's class folders)")
@@ -153,7 +153,7 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
     if classes["train"] != classes["val"]:  # checked before any extraction
         raise EvalInputError(f"the {splits['train']} and {splits['val']} splits have different class folders "
                              f"({len(classes['train'])} vs {len(classes['val'])}): labels would differ")
-    if datasets["train"] is not None and hasattr(datasets["train"], "classes") and len(classes["train"]) < 2:
+    if hasattr(datasets["train"], "classes") and len(classes["train"]) < 2:
         raise EvalInputError(f"the {splits['train']} split has {len(classes['train'])} class folder(s): a linear "
                              "probe and k-NN need at least 2 (check data.root)")
     for role, split in splits.items():
@@ -186,8 +186,7 @@ def writes_in_run_dir(run_dir: Path, eval_cfg) -> bool:
     """Whether this evaluation writes into the run directory (its result, or the feature cache under eval/)."""
     if eval_cfg.features.cache or not eval_cfg.output:
         return True
-    output = Path(eval_cfg.output).resolve()
-    return output.parent == run_dir.resolve() or run_dir.resolve() in output.parents
+    return run_dir.resolve() in Path(eval_cfg.output).resolve().parents
 
 
 def evaluate_run(run_dir: Path, eval_cfg) -> dict:
@@ -195,23 +194,22 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     An evaluation that writes into the run directory holds its lock (`training.run_dir.lock`) throughout, as the
     trainer does: one writer at a time, so a trainer still running there, or a second evaluation, is refused
     (`EvalInputError`, naming the directory) before anything is read or written."""
+    start = time.perf_counter()
     run_dir = Path(run_dir)
-    load_run_config(run_dir)  # a directory that is not a run is reported as such, before any lock file is made
+    run_cfg = load_run_config(run_dir)  # a directory that is not a run is reported as such, before any lock file
     if not writes_in_run_dir(run_dir, eval_cfg):
-        return _evaluate(run_dir, eval_cfg)
+        return _evaluate(run_dir, run_cfg, eval_cfg, start)
     try:
-        held = lock(run_dir)
-    except (RunDirInUse, RunDirProblem) as e:  # (the trainer's advice to choose another --output-dir aside)
-        raise EvalInputError(str(e).replace(", or choose another --output-dir", "")) from None
+        held = lock(run_dir, otherwise="")
+    except (RunDirInUse, RunDirProblem) as e:
+        raise EvalInputError(str(e)) from None
     try:
-        return _evaluate(run_dir, eval_cfg)
+        return _evaluate(run_dir, run_cfg, eval_cfg, start)
     finally:
         held.release()
 
 
-def _evaluate(run_dir: Path, eval_cfg) -> dict:
-    start = time.perf_counter()
-    run_cfg = load_run_config(run_dir)
+def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     if eval_cfg.output:
         check_target(Path(eval_cfg.output), "output")
     index_target = index_path(run_dir, eval_cfg.index)

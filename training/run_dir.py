@@ -376,10 +376,11 @@ class RunDirLock:
             self._fd, self.held = None, False
 
 
-def lock(run_dir: Path) -> RunDirLock:
-    """Take the run directory for this process, or raise `RunDirInUse`. Advisory and non-blocking. The lock file is
-    created once and never written. A `.lock` that is not a regular file (a symlink, planted or not, a directory, a
-    FIFO) is never opened through: `RunDirProblem`, naming it."""
+def lock(run_dir: Path, otherwise: str = "choose another --output-dir") -> RunDirLock:
+    """Take the run directory for this process, or raise `RunDirInUse` (its message ends with `otherwise`, what else
+    the refused command can do). Advisory and non-blocking. The lock file is created once and never written. A
+    `.lock` that is not a regular file (a symlink, planted or not, a directory, a FIFO) is never opened through:
+    `RunDirProblem`, naming it."""
     path = Path(run_dir) / LOCK
     # read-write: NFS emulates flock with write locks; NOFOLLOW: never through a link; NONBLOCK: a FIFO never hangs
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -400,8 +401,8 @@ def lock(run_dir: Path) -> RunDirLock:
             status = read_status(run_dir)
             since = f" (its status.json: {status.state} at step {status.step}, {status.time})" if status.time else ""
             raise RunDirInUse(f"{run_dir} is in use by another process (a trainer or an evaluation){since} (see "
-                              f"its {LOG}); wait for it to end or stop it (a dead process holds no lock), or choose "
-                              "another --output-dir") from None
+                              f"its {LOG}); wait for it to end or stop it (a dead process holds no lock)"
+                              + (f", or {otherwise}" if otherwise else "")) from None
         # e.g. Lustre mounted without flock: ENOSYS / EOPNOTSUPP / ENOLCK
         return RunDirLock(path, held=False, unsupported=f"{e.strerror or e} on {path}")
     return RunDirLock(path, held=True, _fd=fd)

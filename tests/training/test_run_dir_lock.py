@@ -22,7 +22,8 @@ def test_a_second_lock_is_refused_until_the_first_is_released(tmp_path):
     first = run_dir.lock(tmp_path)
     assert first.held and (tmp_path / ".lock").exists()
     run_dir.write_status(tmp_path, run_dir.RUNNING, 12)
-    with pytest.raises(RunDirInUse, match=r"in use by another process \(a trainer or an evaluation\) \(its status.json: running at step 12"):
+    with pytest.raises(RunDirInUse, match=r"in use by another process \(a trainer or an evaluation\) "
+                                          r"\(its status.json: running at step 12"):
         run_dir.lock(tmp_path)
     first.release()
     again = run_dir.lock(tmp_path)
