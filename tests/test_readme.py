@@ -67,3 +67,42 @@ def test_ci_refuses_anything_but_the_two_lines(tmp_path, change):
     result = check_readme(copy)
     assert result.returncode != 0, f"accepted a README with {change[0]}:\n{marked_block(changed, 'setup-commands')}"
     assert "setup-commands" in result.stderr
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """Markdown table rows of `text` keyed by their first cell: the schedule."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) > 3 and not set(cells[0]) <= set("-"):
+            rows.setdefault(cells[0], cells)
+    return rows
+
+
+def test_quoted_digits_numbers_are_the_committed_tables_and_say_they_are_one_machines():
+    """The README quotes the digits results in two places (the set-up's "what to expect" and the results section);
+    both must be the committed results/default/table.md, and the first must say that another machine gives other
+    numbers inside the interval it quotes (CPU runs are not bit-identical across machines)."""
+    text = README.read_text()
+    committed = (REPO / "results" / "default" / "table.md").read_text()
+    table = table_rows(committed[:committed.index("## Runs")])  # the schedules' table, not the per-run one
+    readme_table = table_rows(text[text.index("The committed `results/default/`"):])
+    schedules = [name for name in table if "sparse" in name or name.startswith("*")]
+    assert len(schedules) == 9, schedules
+    for name in schedules:
+        # table.md: schedule, seed, steps, linear, delta, k-NN; README: schedule, steps, linear, delta, k-NN.
+        assert readme_table[name][1:5] == [table[name][2], *table[name][3:6]], name
+
+    expect = re.search(r"linear-probe top-1 ([\d.]+)% and k-NN \(k=20\)\s+([\d.]+)% for the 70% schedule "
+                       r"\(([\d.]+)% and ([\d.]+)% dense\), above the untrained network \(([\d.]+)% and ([\d.]+)%",
+                       text)
+    assert expect, "the set-up's expected numbers are not where this test looks for them"
+    linear70, knn70, linear0, knn0, linear_random, knn_random = expect.groups()
+    assert (linear70, knn70) == (table["70% sparse"][3], table["70% sparse"][5])
+    assert (linear0, knn0) == (table["0% sparse (dense baseline)"][3], table["0% sparse (dense baseline)"][5])
+    assert (linear_random, knn_random) == (table["*random-init network*"][3], table["*random-init network*"][5])
+    paragraph = text[expect.start():text.index("\n\n", expect.start())]
+    assert "not bit-identical across" in paragraph and "machines" in paragraph
+    low, high = map(float, re.search(r"\(([\d.]+)-([\d.]+)% around the dense run", paragraph).groups())
+    other = re.search(r"e\.g\. ([\d.]+)% / [\d.]+% for the 70% schedule on another", paragraph)
+    assert other and low <= float(other.group(1)) <= high, "the other machine's number must lie inside the interval"
