@@ -4,13 +4,13 @@
 #
 #   scripts/study_throughput.sh N SECONDS MPS DATA_ROOT OUT_DIR [key=value ...]
 #
-# Starts N runs of configs/cifar10.yaml (seeds 0..N-1, the extra overrides on each), stops them after SECONDS, and
-# prints one JSON line: each run's median images/s over the window in which all N were training (from 10 s after the
-# last run's first step line to the first run's last line) and their sum. MPS=1 starts the MPS control daemon for the
-# measurement (pipe and log directories under OUT_DIR) and stops it after. SECONDS must cover the start-up: a SIGTERM
-# that lands while torch.compile is still compiling kills its compile workers too (same process group), which can
-# crash or stall the run, so `timeout -k` follows with SIGKILL after 30 s; the first measurement on a machine compiles
-# from a cold cache (~1-2 minutes), later ones reuse it.
+# Starts N runs of configs/cifar10.yaml (seeds 0..N-1, the extra overrides on each), measures SECONDS of all of them training
+# (from 10 s after the last one printed its first step line), stops them, and prints one JSON line: each run's median
+# images/s over that window (up to the first run's last line) and their sum. MPS=1 starts the MPS control daemon for the measurement (pipe and log directories under OUT_DIR) and
+# stops it after. SECONDS counts from the first step line because start-up (imports, data, torch.compile: about 75 s
+# with a warm compile cache on one H200, more from a cold one) would otherwise eat a short window; stopping only after
+# that line also keeps the SIGTERM out of torch.compile's start-up, where it kills inductor's compile workers (same
+# process group) and can crash or stall the run. A run still alive 30 s after its SIGTERM is killed.
 set -u
 n=$1 seconds=$2 mps=$3 data=$4 out=$5
 shift 5
@@ -20,10 +20,26 @@ if [ "$mps" = 1 ]; then
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d || exit 1
 fi
+pids=()
 for i in $(seq 0 $((n - 1))); do
-  timeout -k 30 "$seconds" python train.py --config configs/cifar10.yaml --output-dir "$out/run$i" "data.root=$data" \
-    "train.seed=$i" "$@" >"$out/run$i.log" 2>&1 &
+  python train.py --config configs/cifar10.yaml --output-dir "$out/run$i" "data.root=$data" "train.seed=$i" "$@" \
+    >"$out/run$i.log" 2>&1 &
+  pids+=($!)
 done
+stepped() { grep -q "INFO train: step " "$1"; }
+alive() { kill -0 "$1" 2>/dev/null; }
+for i in $(seq 0 $((n - 1))); do  # every run training (or gone: the summary below names a run without step lines)
+  while alive "${pids[$i]}" && ! stepped "$out/run$i.log"; do sleep 1; done
+done
+sleep $((seconds + 10))
+kill -TERM "${pids[@]}" 2>/dev/null
+for _ in $(seq 30); do
+  any=0
+  for pid in "${pids[@]}"; do alive "$pid" && any=1; done
+  [ "$any" = 0 ] && break
+  sleep 1
+done
+kill -KILL "${pids[@]}" 2>/dev/null
 wait
 [ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control
 python - "$out" "$n" "$mps" <<'EOF'
@@ -47,8 +63,11 @@ if not all(runs):
     sys.exit(1)
 start = max(r[0][0] for r in runs) + 10
 end = min(r[-1][0] for r in runs)
-medians = [statistics.median([v for t, v in r if start <= t <= end] or [float("nan")]) for r in runs]
 windows = [sum(start <= t <= end for t, _ in r) for r in runs]
+if not all(windows):
+    print(json.dumps({"runs": n, "mps": mps, "error": "a run printed no step line in the window", "windows": windows}))
+    sys.exit(1)
+medians = [statistics.median(v for t, v in r if start <= t <= end) for r in runs]
 print(json.dumps({"runs": n, "mps": mps, "window_s": round(end - start, 1), "windows_per_run": windows,
                   "images_per_s": [round(m) for m in medians], "total_images_per_s": round(sum(medians))}))
 EOF
