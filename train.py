@@ -111,8 +111,8 @@ def main(argv=None) -> int:
         if launch.rank == 0:
             run_lock = run_dir.lock(output_dir)
             run_guard.usable_checkpoint_dir(run_dir.checkpoint_dir(output_dir))
-            problem = run_guard.appended_file_problem(output_dir) or (
-                run_guard.lost_checkpoints_problem(output_dir) if cfg.train.resume else "")
+            problem = (run_guard.appended_file_problem(output_dir) or run_guard.eval_dir_problem(output_dir)
+                       or (run_guard.lost_checkpoints_problem(output_dir) if cfg.train.resume else ""))
             if problem:
                 raise RunDirProblem(problem)
     except (RunDirInUse, RunDirProblem) as e:

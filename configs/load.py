@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import io
 import math
+import os
 import re
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Type, TypeVar
@@ -134,19 +135,28 @@ def validate(cfg: Config) -> None:
             raise ConfigError(message)
 
 
-def _load_yaml(path: Path, schema: type = Config) -> DictConfig:
-    """A YAML file as a mapping of sections; a directory, an unreadable or non-UTF-8 file, syntax errors, duplicate
-    keys, alias bombs (OmegaConf's expansion limit) and a non-mapping top level are ConfigErrors naming the file."""
+def read_config_text(path: Path) -> str:
+    """A config file's text; a directory, a FIFO or other non-regular file (never opened: it could block), a missing,
+    unreadable or non-UTF-8 file are ConfigErrors naming the file."""
+    path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not a YAML config file")
+    if os.path.lexists(path) and path.exists() and not path.is_file():
+        raise ConfigError(f"{path}: is not a regular file (a FIFO, socket or device), not a YAML config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        text = path.read_bytes().decode("utf-8")
+        return path.read_bytes().decode("utf-8")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not a text (UTF-8) file (byte {e.start} is 0x{e.object[e.start]:02x})") from None
+
+
+def _load_yaml(path: Path, schema: type = Config) -> DictConfig:
+    """A YAML file as a mapping of sections; a directory, an unreadable or non-UTF-8 file, syntax errors, duplicate
+    keys, alias bombs (OmegaConf's expansion limit) and a non-mapping top level are ConfigErrors naming the file."""
+    text = read_config_text(path)
     mapping = f"a config is a mapping of sections ({_section_keys('x', schema)})"
     try:
         node = OmegaConf.load(io.StringIO(text))  # its loader: duplicate keys and alias bombs are errors, no tags

@@ -22,6 +22,7 @@ from data import build_dataset, make_eval_transform
 from models.atomic_io import atomic_write_text
 from training.run_dir import (BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, RunDirInUse, RunDirProblem,
                               eval_result_name, lock)
+from training.run_guard import eval_dir_problem
 
 from .features import (EvalInputError, Features, PixelFeatures, cache_key, dataset_settings, extract, load_cached,
                        load_teacher, resolve_data, save_cached, transform_settings, weights_digest)
@@ -215,6 +216,9 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     index_target = index_path(run_dir, eval_cfg.index)
     if index_target is not None:
         check_target(index_target, "index")
+    problem = eval_dir_problem(run_dir) if eval_cfg.features.cache else ""
+    if problem:  # the feature cache goes there
+        raise EvalInputError(problem)
     baseline = eval_cfg.checkpoint if eval_cfg.checkpoint in BASELINES else None
     checkpoint = None if baseline else Path(eval_cfg.checkpoint or run_dir / TEACHER)
     device = resolve_device(eval_cfg.device)

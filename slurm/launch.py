@@ -24,6 +24,7 @@ from slurm.status import format_table  # noqa: E402
 from slurm.status import main as status_main  # noqa: E402
 from slurm.submit import Resources, SweepSubmitter  # noqa: E402
 from slurm.sweep import plan_sweep  # noqa: E402
+from training.run_dir import RunDirProblem  # noqa: E402
 
 REFERENCE_FRACTIONS = [0.0, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0]
 
@@ -145,9 +146,12 @@ def launch(args: argparse.Namespace) -> int:
     runs_dir = args.runs_dir or Path("runs") / f"{args.config.stem}-sweep"
     try:
         plans = plan_sweep(args.config, args.sparse_fractions, runs_dir, args.overrides)
-    except (ConfigError, ValueError) as e:
+    except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except (ValueError, RunDirProblem) as e:  # an existing run's entries the sweep cannot use (named in the message)
+        print(f"run directory: {e}", file=sys.stderr)
+        return 1
     res = Resources(partition=args.partition, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                     cpus_per_task=args.cpus_per_task, cpu_tasks_per_node=args.cpu_tasks_per_node,
                     timeout_min=args.timeout_min,

@@ -10,6 +10,7 @@ run directory (`training.run_dir`: metrics.jsonl, checkpoints/, status.json, eva
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from configs import ConfigError, load_config  # noqa: E402
-from slurm.sweep import JOBS_FILE, latest_job  # noqa: E402
+from slurm.sweep import JOBS_FILE, JobRecord, latest_job  # noqa: E402
 from training.run_dir import (CONFIG, EVAL_RESULT, METRICS, RUNNING, last_step, metrics_by_steps_done,  # noqa: E402
                               newest_checkpoint, read_status)
 
@@ -73,12 +74,14 @@ def _total_steps(run_dir: Path) -> Optional[int]:
 
 def _eval_summary(run_dir: Path) -> str:
     path = run_dir / EVAL_RESULT
-    if not path.exists():
+    if not os.path.lexists(path):
         return "-"
+    if not path.is_file():  # a FIFO there would block the table
+        return f"unreadable {EVAL_RESULT} (not a regular file)"
     try:
-        result = json.loads(path.read_text())
+        result = json.loads(path.read_bytes())
         return f"top1 {float(result['top1']):.2f}"
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+    except (OSError, KeyError, TypeError, ValueError) as e:
         return f"unreadable {EVAL_RESULT} ({type(e).__name__})"
 
 
@@ -94,7 +97,11 @@ def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
            "phase": record.get("phase", "?") if record else "-",
            "checkpoint": str(newest[0]) if newest else "-"}
     for kind in ("train", "eval"):
-        job = latest_job(run_dir, kind)
+        try:
+            job = latest_job(run_dir, kind)
+        except ValueError:  # the row says so; the other runs' rows still print
+            row[f"{kind} job"] = f"unreadable {JOBS_FILE}"
+            continue
         if job is None:
             row[f"{kind} job"] = "-"
         elif job.cluster == "local":
@@ -125,9 +132,16 @@ def find_runs(runs_dir: Path) -> list[Path]:
     return runs
 
 
+def _recorded_job(run_dir: Path, kind: str) -> Optional[JobRecord]:
+    try:
+        return latest_job(run_dir, kind)
+    except ValueError:  # an unreadable jobs.json: its row says so (run_row)
+        return None
+
+
 def sweep_rows(runs_dir: Path) -> list[dict[str, str]]:
     runs = find_runs(runs_dir)
-    ids = [j.job_id for r in runs for k in ("train", "eval") if (j := latest_job(r, k)) and j.cluster == "slurm"]
+    ids = [j.job_id for r in runs for k in ("train", "eval") if (j := _recorded_job(r, k)) and j.cluster == "slurm"]
     states = query_states(ids)
     return [run_row(r, states) for r in runs]
 

@@ -11,15 +11,17 @@ over:
 """
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
 from configs import Config, ConfigError, load_config, to_yaml
-from configs.load import RESUMABLE_CHANGES, config_difference
+from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
 from models.atomic_io import atomic_write_text
-from training.run_dir import CONFIG, EVAL_RESULT, last_step, newest_checkpoint
+from training import run_guard
+from training.run_dir import CONFIG, EVAL_RESULT, checkpoint_dir, last_step, newest_checkpoint
 
 JOBS_FILE = "jobs.json"  # the launcher's record of the jobs it submitted for a run (in the run directory)
 
@@ -39,11 +41,13 @@ class JobRecord:
 
 def read_jobs(run_dir: Path) -> list[JobRecord]:
     path = Path(run_dir) / JOBS_FILE
-    if not path.exists():
+    if not os.path.lexists(path):
         return []
+    if not path.is_file():  # a directory, a FIFO (whose read would block), a dangling link
+        raise ValueError(f"{path}: not a regular file; move it away to start the record afresh")
     try:
-        return [JobRecord(**r) for r in json.loads(path.read_text())]
-    except (json.JSONDecodeError, TypeError) as e:
+        return [JobRecord(**r) for r in json.loads(path.read_bytes().decode("utf-8"))]
+    except (OSError, ValueError, TypeError) as e:  # (json's and UTF-8's errors are ValueErrors)
         raise ValueError(f"{path}: unreadable job record ({e}); move it away to start the record afresh") from None
 
 
@@ -80,7 +84,8 @@ class RunPlan:
 
 
 def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrides: Sequence[str]) -> list[RunPlan]:
-    """Resolve every run's config (raising ConfigError before anything is submitted) and read its progress.
+    """Resolve every run's config (raising ConfigError before anything is submitted) and read its progress
+    (`RunDirProblem` or ValueError, naming the entry, for a saved run whose `checkpoints` or `jobs.json` is unusable).
 
     An existing run whose config.yaml differs from the newly resolved config is an error naming the keys: resuming
     it with other settings would silently mix two experiments."""
@@ -96,13 +101,20 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
         run_dir = Path(runs_dir) / run_name(fraction)
         plan = RunPlan(fraction, run_dir, run_overrides, cfg, last_step(cfg))
         existing = run_dir / CONFIG
-        if existing.exists():
-            changed = config_difference(existing.read_text(), to_yaml(cfg), RESUMABLE_CHANGES)
+        if os.path.lexists(existing):  # a run started there: its saved config must be readable and the same
+            try:
+                changed = config_difference(read_config_text(existing), to_yaml(cfg), RESUMABLE_CHANGES)
+            except ConfigError as e:
+                message = str(e) if str(existing) in str(e) else f"{existing}: {e}"
+                raise ConfigError(f"{message}; move the run away or pick a new --runs-dir") from None
             if changed:
                 raise ConfigError(
                     f"{run_dir} was started with another config ({'; '.join(changed)}). Launch with the same config "
                     "and overrides to resume it, or pick a new --runs-dir for the new settings"
                 )
+        # what the trainer and the submitter would refuse later, refused before anything is submitted
+        run_guard.usable_checkpoint_dir(checkpoint_dir(run_dir))  # RunDirProblem naming the entry
+        read_jobs(run_dir)  # ValueError naming jobs.json
         newest = newest_checkpoint(run_dir)
         plan.done_steps = newest[0] if newest else 0
         plan.eval_done = (run_dir / EVAL_RESULT).exists()

@@ -153,7 +153,8 @@ def _parsed(line: str) -> Optional[dict]:
 def read_metrics(path: Path) -> list[dict]:
     """The records of a metrics.jsonl as written (`step` in the file's own format), unparsable lines skipped;
     FileNotFoundError if there is no such file."""
-    lines = Path(path).read_text().splitlines()
+    # bytes that are not UTF-8 (a damaged or foreign file) spoil their line only, which is then skipped
+    lines = Path(path).read_bytes().decode("utf-8", "replace").splitlines()
     return [r for line in lines if line.strip() and (r := _parsed(line)) is not None]
 
 
@@ -246,7 +247,10 @@ def write_sparsity_decisions(run_dir: Path, decisions: dict, unless: str = "") -
 
 
 def read_json(path: Path) -> Optional[dict]:
-    """A JSON object file of the run directory; None if absent or unreadable (a table never raises for one)."""
+    """A JSON object file of the run directory; None if absent or unreadable (a table never raises for one). Only
+    a regular file is opened: a FIFO planted there would block the reader."""
+    if not Path(path).is_file():
+        return None
     try:
         value = json.loads(Path(path).read_text())
     except (OSError, ValueError):

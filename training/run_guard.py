@@ -19,6 +19,9 @@ The rules:
   previous run's final teacher or evaluations (`train.resume=false`, or nothing to resume) first moves them into
   `superseded-<UTC time>/` (`set_aside_results`): they are kept, never read as the new run's, and the tables mark an
   `eval_linear.json` whose `checkpoint_sha256` is not the current teacher's as stale.
+- `eval/` (teacher exports, feature caches) is a real directory of the run, never a link, and so are its `step_*`
+  folders (`eval_dir_problem`): writing into a planted link would put files outside the run directory. Unlike
+  `checkpoints`, nothing there is large enough to need another disk.
 """
 
 import logging
@@ -117,6 +120,24 @@ def appended_file_problem(run_dir: Path) -> str:
            if os.path.lexists(Path(run_dir) / name) and not (Path(run_dir) / name).is_symlink()
            and not (Path(run_dir) / name).is_file()]
     return f"{', '.join(odd)}: not a regular file where the run writes one of its own files; remove it" if odd else ""
+
+
+def eval_dir_problem(run_dir: Path) -> str:
+    """Why the run's `eval/` folder cannot take a write ("" if it can): it, or a `step_*` folder in it, is a symlink
+    (a write would land wherever it points), or `eval` is not a directory. Checked by the trainer (exports) and by
+    an evaluation that caches features, before either writes anything."""
+    evals = Path(run_dir) / EVAL_DIR
+    if evals.is_symlink():
+        return f"{evals}: a symlink where the run keeps its teacher exports and feature caches; remove it"
+    if os.path.lexists(evals) and not evals.is_dir():
+        return f"{evals}: not a directory where the run keeps its teacher exports and feature caches; remove it"
+    if not evals.is_dir():
+        return ""
+    try:
+        links = sorted(str(p) for p in evals.iterdir() if p.name.startswith("step_") and p.is_symlink())
+    except OSError as e:
+        return f"{evals}: cannot be listed ({e.strerror})"
+    return f"{', '.join(links)}: a symlink where the run writes a teacher export; remove it" if links else ""
 
 
 def _trainer_temporary(folder: str, name: str) -> bool:

@@ -9,18 +9,10 @@ import sys
 import pytest
 import torch
 from eval_test_helpers import FAST_EVAL, REPO, make_image_tree, make_run_dir
+from run_lock_holder import hold_lock
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
-
-HOLD = ("import sys, time; sys.path.insert(0, sys.argv[2]); from training import run_dir; "
-        "held = run_dir.lock(sys.argv[1]); print('held', held.held, flush=True); time.sleep(600)")
-
-
-def hold_lock(run):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run), str(REPO)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held True"
-    return holder
 
 
 def test_an_evaluation_of_a_run_in_use_is_refused_and_writes_nothing(tmp_path, caplog):
@@ -126,3 +118,40 @@ def test_two_classes_is_enough(tmp_path):
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "knn.ks=[3]"]) == 0
     record = json.loads((run / "eval_linear.json").read_text())
     assert record["n_classes"] == 2 and 0.0 <= record["top1"] <= 100.0
+
+
+def test_a_feature_cache_folder_planted_as_a_link_is_refused_and_nothing_written_outside(tmp_path, caplog):
+    """`eval/` is where the feature cache goes: a link there would put it outside the run. Refused before any
+    feature is computed; without the cache the same evaluation writes nothing there and runs."""
+    run = make_run_dir(tmp_path / "runs" / "tiny")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (run / "eval").symlink_to(outside)
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 1
+    assert f"{run / 'eval'}: a symlink where the run keeps" in caplog.text
+    assert list(outside.iterdir()) == [] and not (run / "eval_linear.json").exists()
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "features.cache=false"]) == 0
+    assert list(outside.iterdir()) == [] and (run / "eval_linear.json").is_file()
+
+
+@pytest.mark.parametrize("damage", ["digest_removed", "byte_flipped"])
+def test_a_teacher_export_whose_digest_is_lost_or_wrong_is_refused(tmp_path, caplog, damage):
+    """The run's exports carry a SHA-256 digest file (this version writes one for each): without it, or with a
+    byte of the export changed, the evaluation refuses in one line instead of probing another teacher."""
+    from models.safe_io import digest_path, load_verified, save_verified
+
+    run = make_run_dir(tmp_path / "runs" / "tiny")
+    export = run / "eval" / "step_00000008" / "teacher_backbone.pth"
+    export.parent.mkdir(parents=True)
+    save_verified(torch.load(run / "teacher_backbone.pth", weights_only=True), export)
+    load_verified(export, expect_digest=True)  # whole as written
+    if damage == "digest_removed":
+        digest_path(export).unlink()
+    else:
+        data = bytearray(export.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        export.write_bytes(bytes(data))
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"checkpoint={export}", "mode=knn"]) == 1
+    assert f"cannot read {export}" in caplog.text
+    assert ("digest file" in caplog.text) == (damage == "digest_removed")
+    assert not (run / "eval_knn.json").exists() and not list(run.glob("eval_*.json"))

@@ -2,6 +2,7 @@
 the signal path of a job's child process."""
 
 import json
+import os
 import pickle
 import re
 import signal
@@ -104,6 +105,50 @@ def test_an_existing_run_with_other_settings_is_refused_naming_the_keys(tmp_path
         plan_sweep("configs/default.yaml", [0.5], tmp_path, ["optim.epochs=3"])
 
 
+@pytest.mark.parametrize("entry,kind,code,message", [
+    ("config.yaml", "fifo", 2, "is not a regular file"),  # never opened: its read would block the launcher
+    ("config.yaml", "directory", 2, "is a directory"),
+    ("config.yaml", "latin1", 2, "not a text (UTF-8) file"),
+    ("config.yaml", "dangling", 2, "config file not found"),
+    ("config.yaml", "bare_word", 2, "holds none of the config's keys"),
+    ("checkpoints", "dangling", 1, "leads nowhere"),
+    ("checkpoints", "file", 1, "is not a directory"),
+    ("jobs.json", "fifo", 1, "not a regular file"),
+    ("jobs.json", "latin1", 1, "unreadable job record"),
+    ("jobs.json", "wrong_shape", 1, "unreadable job record"),
+])
+def test_a_saved_run_with_unusable_entries_is_refused_naming_them(tmp_path, entry, kind, code, message):
+    """A sweep folder from an earlier launch, tampered with or half copied: one line naming the entry, the exit
+    code of its kind (2: the saved config; 1: the run directory), nothing submitted, no traceback, no hang."""
+    cfg = load_config(None, ["optim.epochs=2", "sparsity.sparse_fraction=0.5"])
+    run = tmp_path / "sparse_0.50"
+    _fake_progress(run, cfg, [3])
+    path = run / entry
+    if path.is_dir():
+        path.rename(run / "moved")
+    elif path.exists():
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "latin1":
+        path.write_bytes("optim:\n  epochs: 2 # \xe9t\xe9\n".encode("latin-1"))
+    elif kind == "dangling":
+        path.symlink_to(tmp_path / "unmounted" / entry)
+    elif kind == "bare_word":
+        path.write_text("sparse\n")
+    elif kind == "file":
+        path.write_text("x")
+    else:
+        path.write_text(json.dumps({"kind": "train"}))
+    result = launch("--config", "configs/default.yaml", "--sparse-fractions", "0.5", "--runs-dir", str(tmp_path),
+                    "--gpus-per-node", "0", "--dry-run", "optim.epochs=2", check=False)
+    assert result.returncode == code and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert message in result.stderr and str(path) in result.stderr, result.stderr[-2000:]
+    assert "sbatch" not in result.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (["sparsity.sparse_fraction=0.3"], "set per run by --sparse-fractions"),
     (["train.batchsize=3"], "unknown config key 'train.batchsize'"),
@@ -131,6 +176,26 @@ def test_status_row_shows_progress_phase_checkpoint_jobs_and_eval(tmp_path):
                                             "eval"]
     result = launch("status", "--runs-dir", str(tmp_path))
     assert "sparse_0.70" in result.stdout and "6/10" in result.stdout
+
+
+@pytest.mark.timeout(120)  # a FIFO opened for reading would block here for good
+def test_status_rows_of_runs_with_hostile_files_say_so_and_the_others_still_print(tmp_path):
+    cfg = load_config(None, ["optim.epochs=2", "train.epoch_length=5"])
+    good, bad = tmp_path / "sparse_0.00", tmp_path / "sparse_0.70"
+    _fake_progress(good, cfg, [3], eval_done=True)
+    _fake_progress(bad, cfg, [3, 6])
+    os.mkfifo(bad / "eval_linear.json")
+    os.mkfifo(bad / "status.json")
+    (bad / "jobs.json").write_bytes(b"\xff\xfe not json")
+    with open(bad / "metrics.jsonl", "ab") as f:  # a damaged line, then a good one
+        f.write(b'{"step": 6, "loss": \xe9}\n' + json.dumps({"step": 6, "phase": "dense", "loss": 1.0}).encode()
+                + b"\n")
+    row = run_row(bad, {})
+    assert row == {"run": "sparse_0.70", "step": "7/10", "phase": "dense", "checkpoint": "6",
+                   "train job": "unreadable jobs.json", "eval job": "unreadable jobs.json",
+                   "eval": "unreadable eval_linear.json (not a regular file)"}
+    result = launch("status", "--runs-dir", str(tmp_path))
+    assert "Traceback" not in result.stderr and "top1 12.50" in result.stdout and "unreadable" in result.stdout
 
 
 CHILD = """

@@ -5,22 +5,13 @@ never written through; a run directory given through a symlink is resolved once.
 
 import os
 import signal
-import subprocess
-import sys
 
-from train_runs import REPO, run_train, start_train, wait_for_step
+from run_lock_holder import hold_lock
+from train_runs import run_train, start_train, wait_for_step
 
 from training.run_dir import read_metrics
 
-HOLD = ("import sys, time; sys.path.insert(0, sys.argv[2]); from training import run_dir; "
-        "held = run_dir.lock(sys.argv[1]); print('held', held.held, flush=True); time.sleep(600)")
 PRECIOUS = "a file outside the run, which no run may change\n"
-
-
-def hold_lock(run):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run), str(REPO)], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held True"
-    return holder
 
 
 def assert_refused(result, code, *words):
@@ -185,3 +176,20 @@ def test_a_directory_or_fifo_where_the_run_writes_a_file_is_refused_before_anyth
     result = run_train(run, "train.max_steps=3", check=False)
     assert_refused(result, 1, str(run / "run_info.json"), "not a regular file")
     assert (run / "metrics.jsonl").read_text() == metrics
+
+
+def test_an_eval_folder_planted_as_a_link_is_refused_before_any_export(tmp_path):
+    """Teacher exports go under eval/step_*: a link there (or at a step folder) would put them outside the run."""
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    run.mkdir()
+    outside.mkdir()
+    (run / "eval").symlink_to(outside)
+    result = run_train(run, "train.max_steps=3", "train.teacher_export_period=2", check=False)
+    assert_refused(result, 1, f"{run / 'eval'}: a symlink")
+    assert list(outside.iterdir()) == [] and not (run / "metrics.jsonl").exists()
+    (run / "eval").unlink()
+    (run / "eval").mkdir()
+    (run / "eval" / "step_00000002").symlink_to(outside)
+    assert_refused(run_train(run, "train.max_steps=3", "train.teacher_export_period=2", check=False), 1,
+                   str(run / "eval" / "step_00000002"))
+    assert list(outside.iterdir()) == []

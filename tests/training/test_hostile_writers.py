@@ -142,6 +142,32 @@ def test_stray_removal_does_not_follow_a_symlinked_eval_folder(run, tmp_path):
     assert (elsewhere / "teacher_backbone.pth.tmp").read_text() == "not in this run"
 
 
+@pytest.mark.parametrize("kind", ["link_to_dir", "dangling", "file", "step_link", "step_link_dangling"])
+def test_an_eval_folder_or_export_folder_that_is_not_the_runs_own_directory_is_refused(run, outside, kind):
+    evals = run / "eval"
+    if kind == "link_to_dir":
+        evals.symlink_to(outside.parent)
+    elif kind == "dangling":
+        evals.symlink_to(outside.parent / "nowhere")
+    elif kind == "file":
+        evals.write_text("x")
+    else:
+        evals.mkdir()
+        (evals / "step_00000002").symlink_to(outside.parent if kind == "step_link" else outside.parent / "nowhere")
+    problem = run_guard.eval_dir_problem(run)
+    where = evals / "step_00000002" if kind.startswith("step_link") else evals
+    assert str(where) in problem and "remove it" in problem
+    assert ("symlink" in problem) == (kind != "file")
+    assert outside.read_text() == PRECIOUS and sorted(p.name for p in outside.parent.iterdir()) == ["precious.txt"]
+
+
+def test_an_eval_folder_that_is_absent_or_a_real_directory_is_fine(run):
+    assert run_guard.eval_dir_problem(run) == ""
+    (run / "eval" / "step_00000002").mkdir(parents=True)
+    (run / "eval" / "features_train.pt").symlink_to(run / "elsewhere.pt")  # replaced by a rename, never written through
+    assert run_guard.eval_dir_problem(run) == ""
+
+
 # ----------------------------------------------------------------- the lock file and the appended files
 @pytest.mark.parametrize("kind", ["symlink", "dangling", "directory", "fifo"])
 def test_a_lock_file_that_is_not_a_regular_file_is_refused(run, outside, kind):
