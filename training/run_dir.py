@@ -72,6 +72,11 @@ def eval_result_name(knn_only: bool = False, suffix: str = "") -> str:
     return f"{'eval_knn' if knn_only else 'eval_linear'}{suffix}.json"
 
 
+def is_eval_result_name(name: str) -> bool:
+    """Whether `name` is one of the names `eval_result_name` gives."""
+    return name.startswith(("eval_linear", "eval_knn")) and name.endswith(".json")
+
+
 EVAL_RESULT = eval_result_name()  # the final teacher's linear probe: what the tables read
 BASELINE_SUFFIXES = {"random_init": "_random_init", "pixels": "_pixels"}  # the untrained network, raw pixels
 # baseline key -> its result files, first found wins

@@ -35,8 +35,8 @@ from models.atomic_io import temporary_base
 from models.safe_io import DIGEST_SUFFIX
 
 from .run_dir import (CHECKPOINTS, CONFIG, CORRUPT_SUFFIX, EVAL_DIR, FINISHED, LOG, METRICS, PREEMPTED, RUN_INFO,
-                      RUNNING, SPARSITY_DECISIONS, STATUS, TEACHER, RunDirProblem, checkpoint_step, list_checkpoints,
-                      read_status)
+                      RUNNING, SPARSITY_DECISIONS, STATUS, TEACHER, RunDirProblem, checkpoint_step, is_eval_result_name,
+                      list_checkpoints, read_status)
 
 logger = logging.getLogger(__name__)
 
@@ -186,13 +186,13 @@ SUPERSEDED_PREFIX = "superseded-"
 
 def previous_results(output_dir: Path) -> list[Path]:
     """What a previous run left that a fresh start must not be read with: its final teacher (and digest), its
-    evaluation records (`eval_*.json`) and `eval/` (teacher exports, feature caches, their records)."""
+    evaluation records (`run_dir.eval_result_name`) and `eval/` (teacher exports, feature caches, their records)."""
     try:
         entries = sorted(Path(output_dir).iterdir())
     except FileNotFoundError:
         return []
     own = {TEACHER, TEACHER + DIGEST_SUFFIX, EVAL_DIR}
-    return [p for p in entries if p.name in own or (p.name.startswith("eval_") and p.name.endswith(".json"))]
+    return [p for p in entries if p.name in own or is_eval_result_name(p.name)]
 
 
 def set_aside_results(output_dir: Path) -> Optional[Path]:

@@ -15,8 +15,8 @@ import models.safe_io as safe_io
 from models.safe_io import verify
 
 
-def disk_full():
-    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+def disk_full(path=None):
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), *([str(path)] if path is not None else []))
 
 
 @pytest.fixture
@@ -49,10 +49,10 @@ def test_a_full_disk_is_a_clear_error_and_the_run_resumes(tmp_path, monkeypatch,
             if state["saves"] == 2:
                 state["full"] = True
                 if where == "temporary file":
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                    raise disk_full(path)
                 return real_create(path)
         if state["full"]:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            raise disk_full(path)
         return real_create(path)
 
     monkeypatch.setattr(safe_io._HashingWriter, "write", write)
