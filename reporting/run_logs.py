@@ -10,6 +10,7 @@ shows every run.
 import dataclasses
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -146,7 +147,8 @@ def _short(text: str, limit: int = 120) -> str:
 def _read_config(run: RunSummary, run_dir: Path) -> bool:
     path = run_dir / CONFIG
     if not path.is_file():
-        run.train_status, run.reason = UNREADABLE, "no config.yaml"
+        there = os.path.lexists(path)  # a FIFO, a directory or a dangling link: never opened
+        run.train_status, run.reason = UNREADABLE, f"{CONFIG} is not a regular file" if there else f"no {CONFIG}"
         return False
     try:
         cfg = load_config(path)
@@ -265,6 +267,8 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
         run.train_status, run.reason = FAILED, _short(status.reason)
     elif run.steps_done == 0 and not (run_dir / METRICS).is_file():
         run.train_status, run.reason = PARTIAL, "no steps logged"
+    elif run.steps_done == 0:  # the file is there, yet not one line of it reads as a step
+        run.train_status, run.reason = PARTIAL, f"no readable step line in {METRICS}"
     else:
         run.train_status = PARTIAL
         if finished:
@@ -273,21 +277,39 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
             run.reason = "preempted"
 
 
+def _percentage(result: dict, key: str) -> Optional[float]:
+    """`result[key]` as a top-k accuracy: None when absent or null (not measured, e.g. a k-NN-only result);
+    ValueError for anything else that is not a finite number from 0 to 100 (a text, NaN, inf: never tabulated)."""
+    value = result.get(key)
+    if value is None:
+        return None
+    number = _float(value) if not isinstance(value, bool) else None
+    if number is None or not math.isfinite(number) or not 0.0 <= number <= 100.0:
+        raise ValueError(f"{key} is {_short(repr(value), 24)}, not a percentage")
+    return number
+
+
 def _knn_top1(value) -> Optional[float]:
-    """eval_linear.py writes {k: {"top1": .., "top5": ..}}; a bare number per k is read as top-1."""
-    return _float(value.get("top1")) if isinstance(value, dict) else _float(value)
+    """eval_linear.py writes {k: {"top1": .., "top5": ..}}; a bare number per k is read as top-1. A k whose value
+    is not a number (null, "nan") has no result and is left out; a number outside 0-100 is a ValueError."""
+    top1 = _float(value.get("top1")) if isinstance(value, dict) else _float(value)
+    if top1 is None or not math.isfinite(top1):
+        return None
+    return _percentage({"top1": top1}, "top1")
 
 
 def read_eval_record(path: Path) -> EvalRecord:
     """One result file of eval_linear.py; status says whether it was there and readable."""
     record = EvalRecord(path=str(path))
     if not path.is_file():
+        if os.path.lexists(path):  # a FIFO (whose read would block), a directory, a dangling link
+            record.status, record.reason = UNREADABLE, f"{path.name}: not a regular file"
         return record
     try:
-        result = json.loads(path.read_text())
+        result = json.loads(path.read_bytes())
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
-        record.top1, record.top5 = _float(result.get("top1")), _float(result.get("top5"))
+        record.top1, record.top5 = _percentage(result, "top1"), _percentage(result, "top5")
         record.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items()
                       if (top1 := _knn_top1(v)) is not None}
     except (OSError, ValueError, TypeError, AttributeError) as e:
