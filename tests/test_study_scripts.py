@@ -1,0 +1,99 @@
+"""The GPU study's shell drivers, run here with stand-in train.py / eval_linear.py (they are thin: what they add is
+the scheduling, the stopping and the summary, which is what these tests check)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAKE_TRAIN = r'''
+import signal, sys, time
+from pathlib import Path
+args = sys.argv[1:]
+out = Path(args[args.index("--output-dir") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "args.txt").write_text(" ".join(args))
+if any(a == "fail=1" for a in args):
+    sys.exit(1)
+if any(a == "silent=1" for a in args):  # dies during its start-up, before any step line
+    time.sleep(1)
+    sys.exit(3)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+seed = int(next(a.split("=")[1] for a in args if a.startswith("train.seed=")))
+steps = next((int(a.split("=")[1]) for a in args if a.startswith("steps=")), 10**6)
+time.sleep(1)  # start-up
+for step in range(20, 20 * steps + 1, 20):
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S") + ",000"
+    print(f"{stamp} INFO train: step {step:4d}/7760  phase sparse  loss 1.0  images/s {3000 + 100 * seed}", flush=True)
+    time.sleep(0.25)
+export = out / "eval" / "step_00000002" / "teacher_backbone.pth"
+export.parent.mkdir(parents=True)
+export.write_text("weights")
+'''
+
+FAKE_EVAL = r'''
+import sys
+from pathlib import Path
+args = sys.argv[1:]
+run = Path(args[args.index("--run") + 1])
+with open(run / "evals.txt", "a") as f:
+    f.write(" ".join(args[2:]) + "\n")
+'''
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    for name in ("study_runs.sh", "study_throughput.sh"):
+        shutil.copy(REPO / "scripts" / name, tmp_path / "scripts" / name)
+    (tmp_path / "train.py").write_text(FAKE_TRAIN)
+    (tmp_path / "eval_linear.py").write_text(FAKE_EVAL)
+    return tmp_path
+
+
+def run_script(workdir, *args, timeout=120):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_throughput_measures_the_window_after_every_run_started_and_stops_them(workdir):
+    start = time.monotonic()
+    result = run_script(workdir, "scripts/study_throughput.sh", "2", "3", "0", "data", "out")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["runs"] == 2 and summary["mps"] is False
+    assert summary["images_per_s"] == [3000, 3100] and summary["total_images_per_s"] == 6100
+    assert all(n >= 4 for n in summary["windows_per_run"])  # 3 s of 4 lines a second
+    assert time.monotonic() - start < 60  # stopped after the window, not left to train on
+    # each run got its seed and the overrides
+    assert "train.seed=1" in (workdir / "out" / "run1" / "args.txt").read_text()
+
+
+def test_throughput_with_a_run_that_dies_in_start_up_says_so_instead_of_waiting(workdir):
+    result = run_script(workdir, "scripts/study_throughput.sh", "1", "2", "0", "data", "out", "silent=1")
+    assert result.returncode == 1
+    assert json.loads(result.stdout.strip().splitlines()[-1])["error"] == "a run printed no step line"
+
+
+def test_study_runs_trains_and_probes_each_run_and_reports_a_failure(workdir):
+    plan = workdir / "plan.txt"
+    plan.write_text("# two runs, one that fails\n\nok_run 0 steps=3 train.seed=0\nbad_run 1 fail=1 train.seed=1\n")
+    result = run_script(workdir, "scripts/study_runs.sh", "plan.txt", "runs", "data")
+    assert result.returncode == 0, result.stderr
+    log = (workdir / "runs" / "driver.log").read_text()
+    assert "start ok_run (steps=3 train.seed=0)" in log and "trained ok_run" in log and "done ok_run" in log
+    assert "FAILED training bad_run" in log and "trained bad_run" not in log
+    assert log.rstrip().endswith("all done")
+    args = (workdir / "runs" / "ok_run" / "args.txt").read_text().split()
+    assert args[:4] == ["--config", "configs/cifar10.yaml", "--output-dir", "runs/ok_run"]
+    assert "data.root=data" in args
+    evals = (workdir / "runs" / "ok_run" / "evals.txt").read_text().splitlines()
+    assert evals == ["", "checkpoint=runs/ok_run/eval/step_00000002/teacher_backbone.pth mode=knn"]
+    assert not (workdir / "runs" / "bad_run" / "evals.txt").exists()
