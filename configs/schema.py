@@ -165,6 +165,9 @@ class TrainConfig:
     centering: str = value("centering", choices=("centering", "sinkhorn_knopp"))
     # autocast dtype on GPU; CPU always runs fp32
     amp_dtype: str = value("bf16", choices=("bf16", "fp16", "fp32"))
+    # under autocast, the backbone's residual stream, LayerNorm and LayerScale in fp32, or in amp_dtype as the
+    # reference's FSDP param_dtype computes them ("amp"; masters, optimizer and losses stay fp32): training/numerics.py
+    residual_dtype: str = value("fp32", choices=("fp32", "amp"))
     log_period: int = value(10, ge=1)  # iterations between metrics.jsonl lines
     checkpoint_period: int = value(3750, ge=1)  # iterations between resumable checkpoints
     max_to_keep: int = value(3, ge=1)

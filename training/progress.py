@@ -68,6 +68,9 @@ def run_info(cfg: Config, model: torch.nn.Module, device: torch.device, world_si
         "param_dtype": ",".join(sorted({_dtype(p.dtype) for p in model.parameters()})),
         "amp_dtype": _dtype(amp_dtype), "amp_dtype_configured": cfg.train.amp_dtype,
         "grad_scaler": amp_dtype == torch.float16,
+        # the dtype the backbone's residual stream computes in (training/numerics.py): amp_dtype only with autocast on
+        "residual_dtype": _dtype(amp_dtype if cfg.train.residual_dtype == "amp" else torch.float32),
+        "residual_dtype_configured": cfg.train.residual_dtype,
         "compile": f"on ({cfg.train.compile_backend}, {cfg.train.compile_mode})" if compiled else "off",
         "total_steps": cfg.total_steps, "last_step": last_step, "sparse_steps": cfg.sparse_steps,
         "sparse_fraction": s.sparse_fraction, "sparsity_kind": s.kind, "sparsity_backend": s.backend,
@@ -96,7 +99,8 @@ def log_run_info(info: dict, run_dir=None) -> None:
         f"parameters: student {_millions(info['student_params'])} (backbone {_millions(info['backbone_params'])}), "
         f"trainable {_millions(info['trainable_params'])}, teacher {_millions(info['teacher_params'])}",
         f"dtypes: parameters {info['param_dtype']}, autocast {info['amp_dtype']} (train.amp_dtype="
-        f"{info['amp_dtype_configured']}), grad scaler {'on' if info['grad_scaler'] else 'off'}; torch.compile "
+        f"{info['amp_dtype_configured']}), residual stream {info['residual_dtype']} (train.residual_dtype="
+        f"{info['residual_dtype_configured']}), grad scaler {'on' if info['grad_scaler'] else 'off'}; torch.compile "
         f"{info['compile']}; augmentation on {info['augment_on']}",
         f"schedule: {info['total_steps']} steps, {sparse}; {start}{stop}",
     ]

@@ -37,6 +37,7 @@ from . import run_dir, run_guard
 from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
+from .numerics import apply_residual_dtype
 from .optim import build_optimizer, clip_per_module, set_hyperparameters
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
 from .resume import ResumeMismatch, check_resumable, check_same_config, nothing_left, restore_rng, sampler_state
@@ -70,6 +71,7 @@ class Trainer:
         self.device = ctx.device
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.model = SSLMetaArch(cfg).to(self.device)
+        apply_residual_dtype(self.model, cfg.train.residual_dtype)  # before compilation, which traces its casts
         self.compiled = (compile_model(self.model, cfg.train.compile_backend, cfg.train.compile_mode)
                          if compile_wanted(cfg.train.compile, self.device) else [])
         self.forward_model = data_parallel(self.model, ctx)

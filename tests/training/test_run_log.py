@@ -52,7 +52,8 @@ def test_start_up_summary_and_the_dtype_actually_used_are_recorded(reference_run
     for line in (f"start-up: run directory {reference_run}",
                  f"start-up: device cpu (cpu), 1 process(es), torch {torch.__version__}",
                  f"start-up: global batch 8 (1 x 8), peak lr {info['peak_lr']:.4g} (base_lr 0.004, sqrt_wrt_1024)",
-                 "start-up: dtypes: parameters float32, autocast float32 (train.amp_dtype=bf16), grad scaler off; "
+                 "start-up: dtypes: parameters float32, autocast float32 (train.amp_dtype=bf16), residual stream "
+                 "float32 (train.residual_dtype=fp32), grad scaler off; "
                  "torch.compile off",
                  f"start-up: schedule: {TOTAL} steps, 2:4 weight sparse (student; teacher dense) for steps 1-8 of {TOTAL} (sparse_fraction "
                  "0.5), then dense; backend auto, pruning tile_greedy; starting at step 0"):
