@@ -1,0 +1,54 @@
+"""Do two runs train the same? Their smoothed loss curves against the spread between two seeds.
+
+    python scripts/compare_losses.py CANDIDATE BASELINE [--spread OTHER_SEED_OF_BASELINE] [--window 10] [--out F]
+
+CANDIDATE and BASELINE start from one state (same config and seed, one setting changed, e.g.
+`train.residual_dtype=amp` against `fp32`); --spread is the baseline's setting with another `train.seed`. Prints one
+line per loss term (the mean absolute difference of the smoothed curves, its maximum, the seeds' spread, and whether
+the difference is within it) and writes them as JSON to --out. Exit 0 when every term is within the spread (or no
+spread run was given), 1 when one is not, 2 for runs that cannot be compared.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("candidate", type=Path)
+    parser.add_argument("baseline", type=Path)
+    parser.add_argument("--spread", type=Path, default=None, help="the baseline's setting with another seed")
+    parser.add_argument("--window", type=int, default=10, help="logged points per moving average (default 10)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON file for the comparison")
+    args = parser.parse_args(argv)
+    from reporting.compare import as_json, compare_runs
+
+    for path in (args.candidate, args.baseline, args.spread):
+        if path is not None and not (path / "metrics.jsonl").is_file():
+            print(f"{path}: no metrics.jsonl (not a run directory written by train.py)", file=sys.stderr)
+            return 2
+    try:
+        comparisons = compare_runs(args.candidate, args.baseline, args.spread, args.window)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    for c in comparisons:
+        spread = "" if c.spread is None else (f", seeds' spread {c.spread:.4f}: "
+                                              f"{'within' if c.within_spread else 'OUTSIDE'}")
+        print(f"{c.term}: mean |difference| {c.difference:.4f} (max {c.max_difference:.4f}) over {c.steps} logged "
+              f"steps{spread}")
+    if args.out is not None:
+        args.out.write_text(json.dumps({"candidate": str(args.candidate), "baseline": str(args.baseline),
+                                        "spread": str(args.spread) if args.spread else None, "window": args.window,
+                                        "terms": as_json(comparisons)}, indent=1) + "\n")
+    return 1 if any(c.within_spread is False for c in comparisons) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
