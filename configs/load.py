@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import io
 import math
-import os
 import re
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Type, TypeVar
@@ -141,7 +140,7 @@ def read_config_text(path: Path) -> str:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory, not a YAML config file")
-    if os.path.lexists(path) and path.exists() and not path.is_file():
+    if path.exists() and not path.is_file():
         raise ConfigError(f"{path}: is not a regular file (a FIFO, socket or device), not a YAML config file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")

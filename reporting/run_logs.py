@@ -277,10 +277,10 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
             run.reason = "preempted"
 
 
-def _percentage(result: dict, key: str) -> Optional[float]:
-    """`result[key]` as a top-k accuracy: None when absent or null (not measured, e.g. a k-NN-only result);
-    ValueError for anything else that is not a finite number from 0 to 100 (a text, NaN, inf: never tabulated)."""
-    value = result.get(key)
+def _percentage(value, key: str) -> Optional[float]:
+    """`value` (the result's `key`) as a top-k accuracy: None when absent or null (not measured, e.g. a k-NN-only
+    result); ValueError for anything else that is not a finite number from 0 to 100 (a text, NaN, inf: never
+    tabulated)."""
     if value is None:
         return None
     number = _float(value) if not isinstance(value, bool) else None
@@ -295,7 +295,7 @@ def _knn_top1(value) -> Optional[float]:
     top1 = _float(value.get("top1")) if isinstance(value, dict) else _float(value)
     if top1 is None or not math.isfinite(top1):
         return None
-    return _percentage({"top1": top1}, "top1")
+    return _percentage(top1, "top1")
 
 
 def read_eval_record(path: Path) -> EvalRecord:
@@ -309,7 +309,7 @@ def read_eval_record(path: Path) -> EvalRecord:
         result = json.loads(path.read_bytes())
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
-        record.top1, record.top5 = _percentage(result, "top1"), _percentage(result, "top5")
+        record.top1, record.top5 = _percentage(result.get("top1"), "top1"), _percentage(result.get("top5"), "top5")
         record.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items()
                       if (top1 := _knn_top1(v)) is not None}
     except (OSError, ValueError, TypeError, AttributeError) as e:

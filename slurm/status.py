@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from configs import ConfigError, load_config  # noqa: E402
-from slurm.sweep import JOBS_FILE, JobRecord, latest_job  # noqa: E402
+from slurm.sweep import JOBS_FILE, JobRecord, read_jobs  # noqa: E402
 from training.run_dir import (CONFIG, EVAL_RESULT, METRICS, RUNNING, last_step, metrics_by_steps_done,  # noqa: E402
                               newest_checkpoint, read_status)
 
@@ -29,6 +29,7 @@ ACTIVE_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"
                  "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}
 FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
                  "DEADLINE"}
+JOB_KINDS = ("train", "eval")  # the job columns of the table, in order
 
 
 def _parse_states(text: str) -> dict[str, str]:
@@ -85,6 +86,15 @@ def _eval_summary(run_dir: Path) -> str:
         return f"unreadable {EVAL_RESULT} ({type(e).__name__})"
 
 
+def _latest_jobs(run_dir: Path) -> Optional[dict[str, Optional[JobRecord]]]:
+    """The latest recorded job of each kind, from one read of jobs.json; None when it cannot be read."""
+    try:
+        jobs = read_jobs(run_dir)
+    except ValueError:
+        return None
+    return {kind: next((j for j in reversed(jobs) if j.kind == kind), None) for kind in JOB_KINDS}
+
+
 def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
     records = metrics_by_steps_done(run_dir / METRICS)  # step = steps done, whatever the line's format
     record = records[-1] if records else None
@@ -96,12 +106,12 @@ def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
                    + (f" {state}" if state and state != RUNNING else ""),
            "phase": record.get("phase", "?") if record else "-",
            "checkpoint": str(newest[0]) if newest else "-"}
-    for kind in ("train", "eval"):
-        try:
-            job = latest_job(run_dir, kind)
-        except ValueError:  # the row says so; the other runs' rows still print
+    jobs = _latest_jobs(run_dir)
+    for kind in JOB_KINDS:
+        if jobs is None:  # the row says so; the other runs' rows still print
             row[f"{kind} job"] = f"unreadable {JOBS_FILE}"
             continue
+        job = jobs[kind]
         if job is None:
             row[f"{kind} job"] = "-"
         elif job.cluster == "local":
@@ -132,16 +142,9 @@ def find_runs(runs_dir: Path) -> list[Path]:
     return runs
 
 
-def _recorded_job(run_dir: Path, kind: str) -> Optional[JobRecord]:
-    try:
-        return latest_job(run_dir, kind)
-    except ValueError:  # an unreadable jobs.json: its row says so (run_row)
-        return None
-
-
 def sweep_rows(runs_dir: Path) -> list[dict[str, str]]:
     runs = find_runs(runs_dir)
-    ids = [j.job_id for r in runs for k in ("train", "eval") if (j := _recorded_job(r, k)) and j.cluster == "slurm"]
+    ids = [j.job_id for r in runs for j in (_latest_jobs(r) or {}).values() if j and j.cluster == "slurm"]
     states = query_states(ids)
     return [run_row(r, states) for r in runs]
 
