@@ -10,7 +10,7 @@ crop batch (the reference does the same with a block-diagonal xFormers mask).
 
 Stochastic depth follows the reference (`dinov2/layers/block.py`), with a uniform rate across blocks:
 - single tensor, training, rate > 0.1: each residual branch runs on a random batch subset of size
-  `max(int(B * (1 - rate)), 1)` and is added back with `index_add`, scaled by `B / subset`;
+  `max(int(B * (1 - rate)), 1)` and is added back to those rows (the reference's `index_add`), scaled by `B / subset`;
 - single tensor, training, 0 < rate <= 0.1: per-sample DropPath;
 - list forward, training, rate > 0: always the batch-subset form (per crop batch; the MLP still runs once on the
   kept subsets of all crops concatenated). This is what the reference's `NestedTensorBlock.forward_nested` does,
@@ -74,6 +74,15 @@ def _subset(batch: int, rate: float, device) -> Tuple[Tensor, int, float]:
     return brange, keep, batch / keep
 
 
+def _add_to_subset(x: Tensor, brange: Tensor, residual: Tensor, scale: float) -> Tensor:
+    """`x` with `scale * residual` added to its rows `brange`: the reference's `torch.index_add(x, 0, brange, residual,
+    alpha=scale)`. The indices come from randperm, so they are unique and a gather-add-scatter computes the same sums
+    without atomics; torch.compile lowers an index_add of a bf16 residual stream to ATen's bf16 atomic kernel, 12 ms of
+    a ViT-L step on one H100 (results/bench/NOTES.md, section 13). The sum is rounded once, from at least fp32."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    return x.index_put((brange,), (x[brange].to(acc) + residual.to(acc) * scale).to(x.dtype))
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x)))."""
 
@@ -120,7 +129,7 @@ class Block(nn.Module):
             for branch in (self._attn_branch, self._ffn_branch):
                 brange, _, scale = _subset(x.shape[0], rate, x.device)
                 residual = branch(x[brange])
-                x = torch.index_add(x, 0, brange, residual.to(x.dtype), alpha=scale)
+                x = _add_to_subset(x, brange, residual, scale)
             return x
         if self.training and rate > 0.0:
             x = x + self.drop_path1(self._attn_branch(x))
@@ -141,14 +150,14 @@ class Block(nn.Module):
             # attention: per crop batch, on a random subset (reference: drop_add_residual_stochastic_depth_list)
             subsets = [_subset(x.shape[0], rate, x.device) for x in x_list]
             x_list = [
-                torch.index_add(x, 0, brange, self._attn_branch(x[brange]).to(x.dtype), alpha=scale)
+                _add_to_subset(x, brange, self._attn_branch(x[brange]), scale)
                 for x, (brange, _, scale) in zip(x_list, subsets)
             ]
             # MLP: fresh subsets, kept tokens of all crop batches in one matrix
             subsets = [_subset(x.shape[0], rate, x.device) for x in x_list]
             residuals = self._ffn_on_concat([x[brange] for x, (brange, _, _) in zip(x_list, subsets)])
             return [
-                torch.index_add(x, 0, brange, r.to(x.dtype), alpha=scale)
+                _add_to_subset(x, brange, r, scale)
                 for x, r, (brange, _, scale) in zip(x_list, residuals, subsets)
             ]
         x_list = [x + self._attn_branch(x) for x in x_list]

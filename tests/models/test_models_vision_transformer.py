@@ -233,3 +233,34 @@ def test_backward_through_list_forward_with_drop_path():
     loss.backward()
     assert m.mask_token.grad is not None and m.blocks[1].mlp.fc1.weight.grad.abs().sum() > 0
     assert all(math.isfinite(p.grad.abs().sum().item()) for p in m.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_to_subset_is_index_add_with_its_gradients(dtype):
+    """The gather-add-scatter that replaces index_add (no atomics under torch.compile): its values are the exact sums
+    rounded once to the stream's dtype (torch.index_add may round twice in bf16), its gradients torch.index_add's;
+    the first and last rows are in the subset, the others untouched."""
+    from models.vision_transformer import _add_to_subset
+
+    torch.manual_seed(3)
+    brange = torch.tensor([6, 0, 3])  # unique, unordered, as randperm gives
+    scale = 7 / 3
+    x = torch.randn(7, 5, 4, dtype=dtype)
+    r = torch.randn(3, 5, 4, dtype=dtype)  # the branch output, in the stream's dtype as under autocast
+    grad = torch.randn(7, 5, 4, dtype=dtype)
+    outs = []
+    for fn in (lambda a, b: _add_to_subset(a, brange, b, scale),
+               lambda a, b: torch.index_add(a, 0, brange, b, alpha=scale)):
+        a, b = x.clone().requires_grad_(), r.clone().requires_grad_()
+        out = fn(a, b)
+        out.backward(grad)
+        outs.append((out.detach(), a.grad, b.grad))
+    (got, got_gx, got_gr), (ref, ref_gx, ref_gr) = outs
+    exact = x[brange].double() + r.double() * scale
+    if dtype == torch.bfloat16:  # computed in fp32, rounded once: the exact sum's bf16 rounding
+        assert torch.equal(got[brange], exact.to(dtype))
+    torch.testing.assert_close(got[brange].double(), exact, rtol=0, atol=2 * torch.finfo(dtype).eps * exact.abs().max())
+    torch.testing.assert_close(got, ref, rtol=0, atol=2 * torch.finfo(dtype).eps * x.abs().max().item() * scale)
+    assert torch.equal(got[[1, 2, 4, 5]], x[[1, 2, 4, 5]])
+    torch.testing.assert_close(got_gx, ref_gx, rtol=0, atol=0)
+    torch.testing.assert_close(got_gr, ref_gr)
