@@ -97,3 +97,32 @@ def test_study_runs_trains_and_probes_each_run_and_reports_a_failure(workdir):
     evals = (workdir / "runs" / "ok_run" / "evals.txt").read_text().splitlines()
     assert evals == ["", "checkpoint=runs/ok_run/eval/step_00000002/teacher_backbone.pth mode=knn"]
     assert not (workdir / "runs" / "bad_run" / "evals.txt").exists()
+
+
+def _driver(path: Path, done: bool) -> Path:
+    path.mkdir()
+    events = ["2026-11-26T09:44:05Z start a (x=1)", "2026-11-26T10:05:00Z trained a", "2026-11-26T10:06:00Z done a"]
+    (path / "driver.log").write_text("\n".join(events + (["2026-11-26T10:06:00Z all done"] if done else [])) + "\n")
+    (path / "a.train.log").write_text("2026-11-26 09:50:00,000 INFO train: step 7740/7760  phase dense  loss 4.8\n"
+                                      "2026-11-26 09:50:01,000 INFO train: done\n")
+    return path
+
+
+def test_study_wait_returns_when_every_driver_is_done_and_reports(tmp_path):
+    done1, done2 = _driver(tmp_path / "t1", True), _driver(tmp_path / "t2", True)
+    start = time.monotonic()
+    out = subprocess.run(["bash", str(REPO / "scripts" / "study_wait.sh"), "60", str(done1), str(done2)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and time.monotonic() - start < 10
+    assert out.stdout.count("a: 2026-11-26 09:50:00,000 INFO train: step 7740/7760") == 2
+    assert "t1: 2026-11-26T10:05:00Z trained a" in out.stdout and " start " not in out.stdout
+    assert out.stdout.rstrip().endswith("all done")
+
+
+def test_study_wait_gives_up_after_its_limit(tmp_path):
+    done, running = _driver(tmp_path / "t1", True), _driver(tmp_path / "t2", False)
+    start = time.monotonic()
+    out = subprocess.run(["bash", str(REPO / "scripts" / "study_wait.sh"), "3", str(done), str(running)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and 3 <= time.monotonic() - start < 15
+    assert out.stdout.rstrip().endswith("still running after 3 s")

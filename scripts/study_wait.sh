@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Wait for scripts/study_runs.sh drivers to finish, at most MAX_SECONDS, then say where every run stands:
+#
+#   scripts/study_wait.sh MAX_SECONDS RUNS_DIR [RUNS_DIR ...]
+#
+# Checks every 10 s whether each RUNS_DIR/driver.log says "all done"; returns as soon as all do (exit 0) or when
+# MAX_SECONDS have passed (exit 1: some still running). Then prints each run's last step line (cut to 100 characters)
+# and each driver's events other than starts (trained, done, FAILED ...), so one short command both waits and reports.
+set -u
+max=$1
+shift
+all_done() {
+  local d
+  for d in "$@"; do grep -q "all done" "$d/driver.log" 2>/dev/null || return 1; done
+}
+status=1
+end=$((SECONDS + max))
+while :; do
+  if all_done "$@"; then status=0; break; fi
+  [ "$SECONDS" -ge "$end" ] && break
+  sleep $(( end - SECONDS < 10 ? end - SECONDS : 10 ))
+done
+for d in "$@"; do
+  for log in "$d"/*.train.log; do
+    [ -e "$log" ] || continue
+    echo "$(basename "$log" .train.log): $(grep " step " "$log" | tail -n 1 | cut -c 1-100)"
+  done
+  grep -v " start " "$d/driver.log" 2>/dev/null | sed "s|^|$(basename "$d"): |"
+done
+[ "$status" -eq 0 ] && echo "all done" || echo "still running after ${max} s"
+exit "$status"
