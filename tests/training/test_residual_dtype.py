@@ -149,20 +149,39 @@ def test_a_teacher_and_student_are_both_converted_and_an_eval_forward_is_unchang
 
 
 @pytest.mark.gpu
-def test_cuda_autocast_with_compiled_blocks_keeps_the_residual_stream_in_bf16():
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+def test_cuda_autocast_with_compiled_blocks_keeps_the_residual_stream_in_the_autocast_dtype(dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     model = backbone().cuda()
     apply_residual_dtype(model, "amp")
     for blk in model.blocks:
         blk.compile()
-    with torch.autocast("cuda", dtype=BF16):
+    with torch.autocast("cuda", dtype=dtype):
         out = model.forward_features([images().cuda(), images(2, size=8).cuda()], [None, None])
-    assert {o["x_prenorm"].dtype for o in out} == {BF16}
-    reference = copy.deepcopy(backbone()).cuda().to(BF16)
-    want = reference.forward_features(images().cuda().to(BF16))["x_norm_clstoken"].float()
+    assert {o["x_prenorm"].dtype for o in out} == {dtype}
+    reference = copy.deepcopy(backbone()).cuda().to(dtype)
+    want = reference.forward_features(images().cuda().to(dtype))["x_norm_clstoken"].float()
     got = out[0]["x_norm_clstoken"].float()
     assert ((got - want).norm() / want.norm()).item() < 0.02
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [BF16, torch.float16, torch.float32])
+def test_compiled_stochastic_depth_add_is_index_add(dtype):
+    """The stochastic-depth add as torch.compile lowers it (a gather-add-scatter, no atomics) against eager
+    torch.index_add on the GPU, at a ViT-L-like row size, in every stream dtype."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from models.vision_transformer import _add_to_subset
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(64, 257, 1024, device="cuda", generator=gen).to(dtype)
+    brange = torch.randperm(64, device="cuda", generator=gen)[:44]
+    r = torch.randn(44, 257, 1024, device="cuda", generator=gen).to(dtype)
+    got = torch.compile(_add_to_subset)(x, brange, r, 64 / 44)
+    want = torch.index_add(x.float(), 0, brange, r.float(), alpha=64 / 44)
+    torch.testing.assert_close(got.float(), want, rtol=2 * torch.finfo(dtype).eps, atol=1e-5)
 
 
 def test_a_cpu_run_with_amp_records_the_setting_and_trains_as_fp32(tmp_path):
