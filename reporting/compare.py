@@ -1,16 +1,20 @@
 """Whether two runs' loss curves differ by more than two seeds' do: the check that a change of numerics (e.g.
 `train.residual_dtype`) trains the same. Each curve is smoothed by a moving average over `window` logged points
 (single steps are noisy); the candidate's distance to the baseline is the mean absolute difference over the steps
-all runs logged, compared with the same distance between the baseline and another seed of it."""
+all runs logged, compared with the same distance between the baseline and another seed of it. `setting_changes`
+reads the runs' config.yaml: the candidate must start from the baseline's state (same `train.seed`) and the spread
+run must differ from the baseline in `train.seed` alone, or the verdict would compare different things."""
 
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from training.run_dir import METRICS, metrics_by_steps_done
+from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
+from training.run_dir import CONFIG, METRICS, metrics_by_steps_done
 
 TOTAL = "loss"
+SEED_KEY = "train.seed"
 
 
 @dataclass
@@ -71,3 +75,25 @@ def compare_runs(candidate: Path, baseline: Path, spread_run: Optional[Path] = N
 
 def as_json(comparisons: list[TermComparison]) -> list[dict]:
     return [asdict(c) for c in comparisons]
+
+
+def _changes(old_run: Path, new_run: Path) -> list[str]:
+    """'key: old -> new' for the config keys that change what a run computes (not how it executes, as for a resume)."""
+    old, new = (read_config_text(Path(run) / CONFIG) for run in (old_run, new_run))
+    return config_difference(old, new, allowed=RESUMABLE_CHANGES)
+
+
+def setting_changes(candidate: Path, baseline: Path, spread_run: Optional[Path] = None) -> tuple[list[str], list[str]]:
+    """(what the candidate changes against the baseline, as 'key: baseline -> candidate'; the problems that make the
+    comparison meaningless). ConfigError for a run whose config.yaml is missing or unreadable."""
+    changed = _changes(baseline, candidate)
+    problems = [f"the candidate does not start from the baseline's state: {c}" for c in changed
+                if c.startswith(SEED_KEY + ":")]
+    if spread_run is not None:
+        spread = _changes(baseline, spread_run)
+        other = [c for c in spread if not c.startswith(SEED_KEY + ":")]
+        if other:
+            problems.append(f"the spread run differs from the baseline in more than {SEED_KEY}: {'; '.join(other)}")
+        if len(other) == len(spread):
+            problems.append(f"the spread run has the baseline's {SEED_KEY}: it measures no seed-to-seed spread")
+    return changed, problems

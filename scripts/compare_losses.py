@@ -3,10 +3,13 @@
     python scripts/compare_losses.py CANDIDATE BASELINE [--spread OTHER_SEED_OF_BASELINE] [--window 10] [--out F]
 
 CANDIDATE and BASELINE start from one state (same config and seed, one setting changed, e.g.
-`train.residual_dtype=amp` against `fp32`); --spread is the baseline's setting with another `train.seed`. Prints one
-line per loss term (the mean absolute difference of the smoothed curves, its maximum, the seeds' spread, and whether
-the difference is within it) and writes them as JSON to --out. Exit 0 when every term is within the spread (or no
-spread run was given), 1 when one is not, 2 for runs that cannot be compared.
+`train.residual_dtype=amp` against `fp32`); --spread is the baseline's setting with another `train.seed`. Both are
+checked in the runs' config.yaml (keys that only say how a run executed, as for a resume, may differ), and what the
+candidate changes is printed first. Then one line per loss term (the mean absolute difference of the smoothed
+curves, its maximum, the seeds' spread, and whether the difference is within it), also written as JSON to --out.
+Exit 0 when every term is within the spread (or no spread run was given), 1 when one is not, 2 for runs that cannot
+be compared (no metrics, no readable config, a candidate with another seed, a spread run that differs in more than
+its seed).
 """
 
 import argparse
@@ -27,12 +30,22 @@ def main(argv=None) -> int:
     parser.add_argument("--window", type=int, default=10, help="logged points per moving average (default 10)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the comparison")
     args = parser.parse_args(argv)
-    from reporting.compare import as_json, compare_runs
+    from configs import ConfigError
+    from reporting.compare import as_json, compare_runs, setting_changes
 
     for path in (args.candidate, args.baseline, args.spread):
         if path is not None and not (path / "metrics.jsonl").is_file():
             print(f"{path}: no metrics.jsonl (not a run directory written by train.py)", file=sys.stderr)
             return 2
+    try:
+        changed, problems = setting_changes(args.candidate, args.baseline, args.spread)
+    except ConfigError as e:
+        print(f"cannot compare the runs' settings: {e}", file=sys.stderr)
+        return 2
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 2
+    print("compared: " + ("; ".join(changed) if changed else "the same config (apart from how the runs executed)"))
     try:
         comparisons = compare_runs(args.candidate, args.baseline, args.spread, args.window)
     except ValueError as e:
@@ -46,6 +59,7 @@ def main(argv=None) -> int:
     if args.out is not None:
         args.out.write_text(json.dumps({"candidate": str(args.candidate), "baseline": str(args.baseline),
                                         "spread": str(args.spread) if args.spread else None, "window": args.window,
+                                        "changed": changed,
                                         "terms": as_json(comparisons)}, indent=1) + "\n")
     return 1 if any(c.within_spread is False for c in comparisons) else 0
 

@@ -6,13 +6,16 @@ import sys
 
 import pytest
 
-from reporting.compare import compare_runs, smoothed
+from configs import ConfigError, load_config, to_yaml
+from reporting.compare import compare_runs, setting_changes, smoothed
 from reporting_runs import REPO
 
 
-def write_run(path, losses, steps=None, extra=None):
-    """metrics.jsonl (format 2: `step` = steps done) with the total loss per logged step, and `extra` terms."""
+def write_run(path, losses, steps=None, extra=None, overrides=("train.seed=0",)):
+    """metrics.jsonl (format 2: `step` = steps done) with the total loss per logged step, and `extra` terms; the
+    config.yaml train.py would write for `overrides`."""
     path.mkdir(parents=True)
+    (path / "config.yaml").write_text(to_yaml(load_config(overrides=list(overrides))))
     steps = steps or list(range(1, len(losses) + 1))
     lines = []
     for i, (step, loss) in enumerate(zip(steps, losses)):
@@ -64,11 +67,31 @@ def test_runs_that_share_no_step_are_refused(tmp_path):
         compare_runs(base, base, window=0)
 
 
+def test_settings_compared_and_refused_from_the_configs(tmp_path):
+    base = write_run(tmp_path / "base", [1.0], overrides=["train.seed=0", "train.log_period=5"])
+    amp = write_run(tmp_path / "amp", [1.0], overrides=["train.seed=0", "train.residual_dtype=amp"])
+    seed = write_run(tmp_path / "seed", [1.0], overrides=["train.seed=1", "train.num_workers=1"])
+    amp_seed = write_run(tmp_path / "amp_seed", [1.0], overrides=["train.seed=1", "train.residual_dtype=amp"])
+    # log_period and num_workers say how a run executes: not a change of setting
+    assert setting_changes(amp, base, seed) == (["train.residual_dtype: 'fp32' -> 'amp'"], [])
+    assert setting_changes(base, base) == ([], [])
+    _, problems = setting_changes(amp_seed, base, amp_seed)
+    assert problems == ["the candidate does not start from the baseline's state: train.seed: 0 -> 1",
+                        "the spread run differs from the baseline in more than train.seed: "
+                        "train.residual_dtype: 'fp32' -> 'amp'"]
+    assert setting_changes(amp, base, amp)[1][-1] == (
+        "the spread run has the baseline's train.seed: it measures no seed-to-seed spread")
+    (seed / "config.yaml").unlink()
+    with pytest.raises(ConfigError, match="config file not found"):
+        setting_changes(amp, base, seed)
+
+
 def test_cli_exit_codes_and_json(tmp_path):
     base = write_run(tmp_path / "base", [4.0, 3.0, 2.0, 1.0])
-    near = write_run(tmp_path / "near", [4.05, 3.05, 2.05, 1.05])
+    near = write_run(tmp_path / "near", [4.05, 3.05, 2.05, 1.05],
+                     overrides=["train.seed=0", "train.residual_dtype=amp"])
     far = write_run(tmp_path / "far", [5.0, 4.0, 3.0, 2.0])
-    seed = write_run(tmp_path / "seed", [4.2, 3.2, 2.2, 1.2])
+    seed = write_run(tmp_path / "seed", [4.2, 3.2, 2.2, 1.2], overrides=["train.seed=1"])
 
     def cli(*args):
         return subprocess.run([sys.executable, str(REPO / "scripts" / "compare_losses.py"), *map(str, args)],
@@ -76,9 +99,16 @@ def test_cli_exit_codes_and_json(tmp_path):
 
     ok = cli(near, base, "--spread", seed, "--window", "1", "--out", tmp_path / "c.json")
     assert ok.returncode == 0 and "within" in ok.stdout, ok.stderr
+    assert ok.stdout.startswith("compared: train.residual_dtype: 'fp32' -> 'amp'\n")
     saved = json.loads((tmp_path / "c.json").read_text())
+    assert saved["changed"] == ["train.residual_dtype: 'fp32' -> 'amp'"]
     assert saved["terms"][0]["difference"] == pytest.approx(0.05) and saved["terms"][0]["within_spread"] is True
     outside = cli(far, base, "--spread", seed)
     assert outside.returncode == 1 and "OUTSIDE" in outside.stdout
     missing = cli(tmp_path / "nothing", base)
     assert missing.returncode == 2 and "no metrics.jsonl" in missing.stderr
+    not_a_spread = cli(near, base, "--spread", far)
+    assert not_a_spread.returncode == 2 and "measures no seed-to-seed spread" in not_a_spread.stderr
+    (far / "config.yaml").write_text("train: [unclosed")
+    unreadable = cli(far, base)
+    assert unreadable.returncode == 2 and "cannot compare the runs' settings" in unreadable.stderr
