@@ -10,6 +10,7 @@ run directory (`training.run_dir`: metrics.jsonl, checkpoints/, status.json, eva
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -80,10 +81,14 @@ def _eval_summary(run_dir: Path) -> str:
     if not path.is_file():  # a FIFO there would block the table
         return f"unreadable {EVAL_RESULT} (not a regular file)"
     try:
-        result = json.loads(path.read_bytes())
-        return f"top1 {float(result['top1']):.2f}"
+        top1 = json.loads(path.read_bytes())["top1"]
+        if isinstance(top1, bool) or not isinstance(top1, (int, float)):
+            raise TypeError
     except (OSError, KeyError, TypeError, ValueError) as e:
         return f"unreadable {EVAL_RESULT} ({type(e).__name__})"
+    if not (math.isfinite(top1) and 0 <= top1 <= 100):  # json reads NaN, Infinity and 1e999 as floats
+        return f"unreadable {EVAL_RESULT} (top1 {top1} is not a percentage)"
+    return f"top1 {top1:.2f}"
 
 
 def _latest_jobs(run_dir: Path) -> Optional[dict[str, Optional[JobRecord]]]:

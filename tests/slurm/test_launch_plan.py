@@ -198,6 +198,23 @@ def test_status_rows_of_runs_with_hostile_files_say_so_and_the_others_still_prin
     assert "Traceback" not in result.stderr and "top1 12.50" in result.stdout and "unreadable" in result.stdout
 
 
+@pytest.mark.parametrize("text, shown", [
+    ('{"top1": NaN}', "unreadable eval_linear.json (top1 nan is not a percentage)"),
+    ('{"top1": 1e999}', "unreadable eval_linear.json (top1 inf is not a percentage)"),
+    ('{"top1": -3}', "unreadable eval_linear.json (top1 -3 is not a percentage)"),
+    ('{"top1": "71.6"}', "unreadable eval_linear.json (TypeError)"),
+    ('{"top1": true}', "unreadable eval_linear.json (TypeError)"),
+    ('[71.6]', "unreadable eval_linear.json (TypeError)"),
+    ('{"top1": 71.625}', "top1 71.62"),
+])
+def test_status_eval_column_shows_only_a_finite_percentage(tmp_path, text, shown):
+    cfg = load_config(None, ["optim.epochs=2", "train.epoch_length=5"])
+    run = tmp_path / "sparse_0.00"
+    _fake_progress(run, cfg, [3], eval_done=True)
+    (run / "eval_linear.json").write_text(text)
+    assert run_row(run, {})["eval"] == shown
+
+
 CHILD = """
 import signal, sys, time
 from pathlib import Path
