@@ -22,16 +22,19 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 CASES = (("fp32", "bfloat16"), ("amp", "bfloat16"), ("amp", "float16"))
 
 
 def load_images(root: Path, count: int, size: int):
-    """(count, 3, size, size) ImageNet-normalised tensor of the first `count` images under `root`."""
+    """(count, 3, size, size) ImageNet-normalised tensor of `count` images evenly spaced over the sorted image paths
+    under `root` (the extensions the datasets read)."""
     import torch
     from PIL import Image
 
-    paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    from data.datasets import IMG_EXTENSIONS
+    from data.transforms import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
     paths = paths[:: max(1, len(paths) // count)][:count]  # evenly spaced: every class of a class-per-folder tree
     if len(paths) < 2:
         raise SystemExit(f"{root}: {len(paths)} image(s); KoLeo needs at least 2")
@@ -40,8 +43,8 @@ def load_images(root: Path, count: int, size: int):
         with Image.open(p) as im:
             pixels.append(np.asarray(im.convert("RGB").resize((size, size), Image.BICUBIC)))
     x = torch.from_numpy(np.stack(pixels)).permute(0, 3, 1, 2).float() / 255
-    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
-    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    mean = torch.tensor(IMAGENET_DEFAULT_MEAN)[:, None, None]
+    std = torch.tensor(IMAGENET_DEFAULT_STD)[:, None, None]
     return (x - mean) / std
 
 
