@@ -74,13 +74,36 @@ def _subset(batch: int, rate: float, device) -> Tuple[Tensor, int, float]:
     return brange, keep, batch / keep
 
 
+class _AddToRows(torch.autograd.Function):
+    """out = x with `scale * residual` added to its rows `rows` (unique indices), summed in at least fp32 and rounded
+    once. Backward is index_add's: x's gradient passes through untouched, the residual's is the gradient's rows
+    times `scale`. Written out because autograd's own backward of a gather-add-scatter zeroes the rows of x's
+    gradient and adds them back (two more passes over the stream per call, +15 ms of a compiled ViT-L step on one
+    H100, results/bench/NOTES.md, section 14)."""
+
+    @staticmethod
+    def forward(x: Tensor, rows: Tensor, residual: Tensor, scale: float) -> Tensor:
+        acc = torch.promote_types(x.dtype, torch.float32)
+        return x.index_put((rows,), (x[rows].to(acc) + residual.to(acc) * scale).to(x.dtype))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, rows, residual, scale = inputs
+        ctx.save_for_backward(rows)
+        ctx.scale, ctx.residual_dtype = scale, residual.dtype
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (rows,) = ctx.saved_tensors
+        return grad, None, (grad[rows] * ctx.scale).to(ctx.residual_dtype), None
+
+
 def _add_to_subset(x: Tensor, brange: Tensor, residual: Tensor, scale: float) -> Tensor:
     """`x` with `scale * residual` added to its rows `brange`: the reference's `torch.index_add(x, 0, brange, residual,
     alpha=scale)`. The indices come from randperm, so they are unique and a gather-add-scatter computes the same sums
     without atomics; torch.compile lowers an index_add of a bf16 residual stream to ATen's bf16 atomic kernel, 12 ms of
     a ViT-L step on one H100 (results/bench/NOTES.md, section 13). The sum is rounded once, from at least fp32."""
-    acc = torch.promote_types(x.dtype, torch.float32)
-    return x.index_put((brange,), (x[brange].to(acc) + residual.to(acc) * scale).to(x.dtype))
+    return _AddToRows.apply(x, brange, residual, scale)
 
 
 class Block(nn.Module):

@@ -264,3 +264,29 @@ def test_add_to_subset_is_index_add_with_its_gradients(dtype):
     assert torch.equal(got[[1, 2, 4, 5]], x[[1, 2, 4, 5]])
     torch.testing.assert_close(got_gx, ref_gx, rtol=0, atol=0)
     torch.testing.assert_close(got_gr, ref_gr)
+
+
+def test_add_to_subset_compiles_whole_with_index_adds_gradients():
+    """Under torch.compile(fullgraph=True) (a graph break here would split every block) the add and its hand-written
+    backward give torch.index_add's values and gradients, also for a residual in another dtype than the stream
+    (its gradient comes back in the residual's dtype)."""
+    from models.vision_transformer import _add_to_subset
+
+    torch.manual_seed(4)
+    brange = torch.tensor([2, 5, 0])
+    x = torch.randn(6, 3, 8, dtype=torch.float64)
+    r = torch.randn(3, 3, 8, dtype=torch.float32)
+    grad = torch.randn(6, 3, 8, dtype=torch.float64)
+    results = []
+    for fn in (torch.compile(lambda a, b: _add_to_subset(a, brange, b, 2.0), fullgraph=True, backend="inductor"),
+               lambda a, b: torch.index_add(a, 0, brange, b.double(), alpha=2.0)):
+        a, b = x.clone().requires_grad_(), r.clone().requires_grad_()
+        out = fn(a, b)
+        out.backward(grad)
+        results.append((out.detach(), a.grad, b.grad))
+    (got, got_gx, got_gr), (ref, ref_gx, ref_gr) = results
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    assert torch.equal(got_gx, grad) and torch.equal(ref_gx, grad)
+    assert got_gr.dtype == torch.float32
+    torch.testing.assert_close(got_gr, ref_gr)
+    torch.testing.assert_close(got_gr.double(), grad[brange] * 2.0)
