@@ -102,7 +102,11 @@ def _add_to_subset(x: Tensor, brange: Tensor, residual: Tensor, scale: float) ->
     """`x` with `scale * residual` added to its rows `brange`: the reference's `torch.index_add(x, 0, brange, residual,
     alpha=scale)`. The indices come from randperm, so they are unique and a gather-add-scatter computes the same sums
     without atomics; torch.compile lowers an index_add of a bf16 residual stream to ATen's bf16 atomic kernel, 12 ms of
-    a ViT-L step on one H100 (results/bench/NOTES.md, section 13). The sum is rounded once, from at least fp32."""
+    a ViT-L step on one H100 (results/bench/NOTES.md, section 13). The sum is rounded once, from at least fp32.
+    An fp32 stream keeps index_add, which inductor fuses with atomics (fast, and the same fp32 sums), until the
+    hand-written backward is timed against it on the GPU (section 14)."""
+    if x.dtype in (torch.float32, torch.float64):
+        return torch.index_add(x, 0, brange, residual.to(x.dtype), alpha=scale)
     return _AddToRows.apply(x, brange, residual, scale)
 
 

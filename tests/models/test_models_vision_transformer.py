@@ -266,11 +266,11 @@ def test_add_to_subset_is_index_add_with_its_gradients(dtype):
     torch.testing.assert_close(got_gr, ref_gr)
 
 
-def test_add_to_subset_compiles_whole_with_index_adds_gradients():
-    """Under torch.compile(fullgraph=True) (a graph break here would split every block) the add and its hand-written
+def test_add_to_rows_compiles_whole_with_index_adds_gradients():
+    """The bf16/fp16 stream's add: under torch.compile(fullgraph=True) (a graph break here would split every block) the add and its hand-written
     backward give torch.index_add's values and gradients, also for a residual in another dtype than the stream
     (its gradient comes back in the residual's dtype)."""
-    from models.vision_transformer import _add_to_subset
+    from models.vision_transformer import _AddToRows
 
     torch.manual_seed(4)
     brange = torch.tensor([2, 5, 0])
@@ -278,7 +278,7 @@ def test_add_to_subset_compiles_whole_with_index_adds_gradients():
     r = torch.randn(3, 3, 8, dtype=torch.float32)
     grad = torch.randn(6, 3, 8, dtype=torch.float64)
     results = []
-    for fn in (torch.compile(lambda a, b: _add_to_subset(a, brange, b, 2.0), fullgraph=True, backend="inductor"),
+    for fn in (torch.compile(lambda a, b: _AddToRows.apply(a, brange, b, 2.0), fullgraph=True),
                lambda a, b: torch.index_add(a, 0, brange, b.double(), alpha=2.0)):
         a, b = x.clone().requires_grad_(), r.clone().requires_grad_()
         out = fn(a, b)
