@@ -126,6 +126,10 @@ def validate(cfg: Config) -> None:
         (cfg.sparsity.weight_grad == "dense" or cfg.sparsity.kind == "weight",
          f"sparsity.weight_grad={cfg.sparsity.weight_grad} applies to sparsity.kind=weight only, not "
          f"{cfg.sparsity.kind}"),
+        (cfg.sparsity.switch_weights == "dense" or (cfg.sparsity.kind == "weight"
+                                                     and cfg.sparsity.pruning != "soft_threshold"),
+         f"sparsity.switch_weights=pruned needs sparsity.kind=weight and a masking sparsity.pruning, not kind="
+         f"{cfg.sparsity.kind}, pruning={cfg.sparsity.pruning}"),
         (cfg.sparsity.weight_grad == "dense" or cfg.train.compile == "false",
          f"sparsity.weight_grad={cfg.sparsity.weight_grad} runs in eager mode only: set train.compile=false"),
     ]

@@ -126,6 +126,10 @@ class SparsityConfig:
     # uses whole) | sparse (its MLP linears are pruned 2:4 like the student's: a swap by name over the whole
     # meta-architecture). The exported teacher is always the dense EMA weights.
     teacher: str = value("dense", choices=("dense", "sparse"))
+    # the weights the dense phase starts from: dense (the published recipe: the master weights as trained, with the
+    # entries the sparse phase pruned) | pruned (those entries zeroed at the switch, in the student and in the EMA
+    # teacher, each by its own 2:4 mask: the dense phase starts from the network the sparse phase computed)
+    switch_weights: str = value("dense", choices=("dense", "pruned"))
     modules: str = r"blocks\.\d+\.mlp\.fc[12]"  # regex over module names (full match); glob if it starts with glob:
     # weight (SemiSparseLinear: 2:4 weight) | activation (SemiSparseActivationLinear: 2:4 input) | block
     # (BlockSparseLinear: block_density of the weight's block_size x block_size blocks; backend, pruning unused)

@@ -66,7 +66,7 @@ def eval_converter(run_cfg) -> SparseThenDense:
     """The run's `sparsity` section as the library's converter (as `training.trainer.sparsity_converter` builds it),
     with the eval backend."""
     values = dataclasses.asdict(run_cfg.sparsity)
-    del values["sparse_fraction"], values["teacher"]
+    del values["sparse_fraction"], values["teacher"], values["switch_weights"]
     values["backend"] = EVAL_BACKEND
     return build_converter(SparseThenDense.name, run_cfg.sparse_steps, **values)
 

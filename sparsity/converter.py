@@ -16,8 +16,9 @@ caller turns into `sparse_steps`); the valid values of each are the tuples this 
 from __future__ import annotations
 
 import logging
-from typing import List, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
+import torch
 from torch import nn
 
 from sparsity.backends import BackendSettings, check_backend_name, configure_backends, get_backend
@@ -25,7 +26,7 @@ from sparsity.block_sparse import BlockSparseLinear
 from sparsity.decisions import decisions
 from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
 from sparsity.mvue_grad import WEIGHT_GRADS
-from sparsity.pruning import check_method
+from sparsity.pruning import check_method, prune
 from sparsity.swap import name_matcher, swap_linear_modules, swap_to_dense
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,26 @@ class SparseThenDense:
         """Every sparse linear of `models` back to nn.Linear (same module objects and Parameters); returns names."""
         names = [name for model in _each(models) for name in swap_to_dense(model)]
         self.phase = DENSE
+        return names
+
+    @torch.no_grad()
+    def prune_weights(self, models: Models, mask_dtype: Optional[torch.dtype] = None) -> List[str]:
+        """Zero the entries of every selected linear weight of `models` (converted or not) that this converter's 2:4
+        pruning drops: the network a sparse phase computed with, kept as dense weights, so that a dense phase can
+        start from it. The mask is computed on the weight cast to `mask_dtype` (the dtype the sparse forward pruned
+        in, e.g. bf16 under autocast; default the weight's own) and applied to the Parameters in place. kind=weight
+        only, and not soft_threshold (its values are rescaled, not masked). Returns the names."""
+        if self.kind != "weight" or self.pruning == "soft_threshold":
+            raise ConversionError(f"pruning the weights applies to sparsity.kind=weight with a masking method, not "
+                                  f"kind={self.kind}, pruning={self.pruning}")
+        match = name_matcher(self.modules)
+        names = []
+        for model in _each(models):
+            for name, m in model.named_modules():
+                if isinstance(m, nn.Linear) and match(name):
+                    _, mask = prune(m.weight.to(mask_dtype or m.weight.dtype), self.pruning)
+                    m.weight.mul_(mask.to(m.weight.dtype))
+                    names.append(name)
         return names
 
     # --------------------------------------------------------------------------------------------- the schedule

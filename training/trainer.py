@@ -220,6 +220,11 @@ class Trainer:
         first sparse step, revert at the switch, or the checkpoint's phase on resume). True if the phase changed."""
         changed = self.sparsity.set_phase(self.sparse_targets, phase, self.step)
         if changed and phase == DENSE:
+            if self.cfg.sparsity.switch_weights == "pruned":  # a resumed dense phase has them pruned already
+                names = self.sparsity.prune_weights([self.model.student.backbone, self.model.teacher.backbone],
+                                                    mask_dtype=self.amp_dtype)
+                logger.info("step %d: %d MLP weights of student and teacher pruned 2:4 for the dense phase",
+                            self.step, len(names))
             self.write_sparsity_decisions()  # what the last sparse steps decided
         return changed
 
@@ -396,7 +401,8 @@ class Trainer:
 
 def sparsity_converter(cfg: Config) -> SparseThenDense:
     """The config's `sparsity` section as the library's model converter (every key but `sparse_fraction`, which
-    becomes the number of sparse steps, and `teacher`, which says what the trainer converts)."""
+    becomes the number of sparse steps, and `teacher` and `switch_weights`, which say what the trainer converts and
+    prunes)."""
     values = dataclasses.asdict(cfg.sparsity)
-    del values["sparse_fraction"], values["teacher"]
+    del values["sparse_fraction"], values["teacher"], values["switch_weights"]
     return build_converter(SparseThenDense.name, cfg.sparse_steps, **values)
