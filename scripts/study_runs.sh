@@ -7,7 +7,8 @@
 # PLAN: one run per line, "NAME START_DELAY_S [key=value ...]" (# comments allowed); each run starts START_DELAY_S
 # seconds after the driver (staggered starts line up one run alone, two, three, ... for the throughput table) and is
 # trained with `train.py --config CONFIG` (default configs/cifar10.yaml) and the line's overrides, then probed with
-# `eval_linear.py` (linear + k-NN on the final teacher) and k-NN on every intermediate teacher export. Everything a
+# `eval_linear.py` (linear + k-NN on the final teacher) and k-NN on every intermediate teacher export, each also with
+# its MLPs pruned 2:4 (`prune_mlp=true`: the network a sparse phase computes). Everything a
 # run prints goes to RUNS_DIR/NAME.train.log / NAME.eval*.log; RUNS_DIR/driver.log says when each step started and
 # ended. A finished run is skipped by train.py itself, so rerunning the driver only does what is left.
 set -u
@@ -27,6 +28,10 @@ one_run() {
   fi
   say "trained $name"
   python eval_linear.py --run "$runs/$name" >"$runs/$name.eval.log" 2>&1 || say "FAILED eval $name"
+  # k-NN of the final teacher with its MLPs pruned 2:4 (the network a sparse phase computes; *_pruned_mlp.json),
+  # then of every intermediate export as it is and pruned
+  python eval_linear.py --run "$runs/$name" mode=knn prune_mlp=true \
+    >"$runs/$name.eval_pruned.log" 2>&1 || say "FAILED eval $name pruned"
   local export
   for export in "$runs/$name"/eval/step_*/teacher_backbone.pth; do
     [ -e "$export" ] || continue
@@ -34,6 +39,8 @@ one_run() {
     step=$(basename "$(dirname "$export")")
     python eval_linear.py --run "$runs/$name" "checkpoint=$export" mode=knn \
       >"$runs/$name.eval_$step.log" 2>&1 || say "FAILED eval $name $step"
+    python eval_linear.py --run "$runs/$name" "checkpoint=$export" mode=knn prune_mlp=true \
+      >"$runs/$name.eval_${step}_pruned.log" 2>&1 || say "FAILED eval $name $step pruned"
   done
   say "done $name"
 }

@@ -95,7 +95,8 @@ def test_study_runs_trains_and_probes_each_run_and_reports_a_failure(workdir):
     assert args[:4] == ["--config", "configs/cifar10.yaml", "--output-dir", "runs/ok_run"]
     assert "data.root=data" in args
     evals = (workdir / "runs" / "ok_run" / "evals.txt").read_text().splitlines()
-    assert evals == ["", "checkpoint=runs/ok_run/eval/step_00000002/teacher_backbone.pth mode=knn"]
+    export = "checkpoint=runs/ok_run/eval/step_00000002/teacher_backbone.pth mode=knn"
+    assert evals == ["", "mode=knn prune_mlp=true", export, f"{export} prune_mlp=true"]
     assert not (workdir / "runs" / "bad_run" / "evals.txt").exists()
 
 
