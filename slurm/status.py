@@ -9,9 +9,6 @@ run directory (`training.run_dir`: metrics.jsonl, checkpoints/, status.json, eva
 """
 
 import argparse
-import json
-import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +18,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from configs import ConfigError, load_config  # noqa: E402
+from reporting.run_logs import COMPLETE, MISSING, read_eval_record  # noqa: E402
 from slurm.sweep import JOBS_FILE, JobRecord, read_jobs  # noqa: E402
 from training.run_dir import (CONFIG, EVAL_RESULT, METRICS, RUNNING, last_step, metrics_by_steps_done,  # noqa: E402
                               newest_checkpoint, read_status)
@@ -75,20 +73,16 @@ def _total_steps(run_dir: Path) -> Optional[int]:
 
 
 def _eval_summary(run_dir: Path) -> str:
-    path = run_dir / EVAL_RESULT
-    if not os.path.lexists(path):
+    """The run's linear-probe top-1, read as the table reads it (`reporting.run_logs.read_eval_record`: only a finite
+    percentage; a FIFO is never opened)."""
+    record = read_eval_record(run_dir / EVAL_RESULT)
+    if record.status == MISSING:
         return "-"
-    if not path.is_file():  # a FIFO there would block the table
-        return f"unreadable {EVAL_RESULT} (not a regular file)"
-    try:
-        top1 = json.loads(path.read_bytes())["top1"]
-        if isinstance(top1, bool) or not isinstance(top1, (int, float)):
-            raise TypeError
-    except (OSError, KeyError, TypeError, ValueError) as e:
-        return f"unreadable {EVAL_RESULT} ({type(e).__name__})"
-    if not (math.isfinite(top1) and 0 <= top1 <= 100):  # json reads NaN, Infinity and 1e999 as floats
-        return f"unreadable {EVAL_RESULT} (top1 {top1} is not a percentage)"
-    return f"top1 {top1:.2f}"
+    if record.status != COMPLETE:
+        return f"unreadable ({record.reason})"
+    if record.top1 is None:
+        return f"unreadable ({EVAL_RESULT}: no top1)"
+    return f"top1 {record.top1:.2f}"
 
 
 def _latest_jobs(run_dir: Path) -> Optional[dict[str, Optional[JobRecord]]]:

@@ -193,18 +193,19 @@ def test_status_rows_of_runs_with_hostile_files_say_so_and_the_others_still_prin
     row = run_row(bad, {})
     assert row == {"run": "sparse_0.70", "step": "7/10", "phase": "dense", "checkpoint": "6",
                    "train job": "unreadable jobs.json", "eval job": "unreadable jobs.json",
-                   "eval": "unreadable eval_linear.json (not a regular file)"}
+                   "eval": "unreadable (eval_linear.json: not a regular file)"}
     result = launch("status", "--runs-dir", str(tmp_path))
     assert "Traceback" not in result.stderr and "top1 12.50" in result.stdout and "unreadable" in result.stdout
 
 
 @pytest.mark.parametrize("text, shown", [
-    ('{"top1": NaN}', "unreadable eval_linear.json (top1 nan is not a percentage)"),
-    ('{"top1": 1e999}', "unreadable eval_linear.json (top1 inf is not a percentage)"),
-    ('{"top1": -3}', "unreadable eval_linear.json (top1 -3 is not a percentage)"),
-    ('{"top1": "71.6"}', "unreadable eval_linear.json (TypeError)"),
-    ('{"top1": true}', "unreadable eval_linear.json (TypeError)"),
-    ('[71.6]', "unreadable eval_linear.json (TypeError)"),
+    ('{"top1": NaN}', "unreadable (eval_linear.json: top1 is nan, not a percentage)"),
+    ('{"top1": 1e999}', "unreadable (eval_linear.json: top1 is inf, not a percentage)"),
+    ('{"top1": -3}', "unreadable (eval_linear.json: top1 is -3, not a percentage)"),
+    ('{"top1": true}', "unreadable (eval_linear.json: top1 is True, not a percentage)"),
+    ('[71.6]', "unreadable (eval_linear.json: not a JSON object)"),
+    ('{"top5": 90.0}', "unreadable (eval_linear.json: no top1)"),
+    ('{"top1": "71.6"}', "top1 71.60"),  # as the table reads it (NaN/inf are logged as strings)
     ('{"top1": 71.625}', "top1 71.62"),
 ])
 def test_status_eval_column_shows_only_a_finite_percentage(tmp_path, text, shown):
