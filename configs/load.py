@@ -243,6 +243,9 @@ def load_structured(schema: Type[T], path: Optional[Path | str] = None, override
     return cfg
 
 
+# The one key in which seeds of one configuration differ (tables group runs by the others; loss comparisons check it).
+SEED_KEY = "train.seed"
+
 # What may differ between a run's saved config and the config it is resumed with: how the run is executed and
 # observed, never what it computes (the global batch has its own check, see Trainer._check_resumable).
 RESUMABLE_CHANGES = (

@@ -10,11 +10,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
+from configs.load import RESUMABLE_CHANGES, SEED_KEY, config_difference, read_config_text
 from training.run_dir import CONFIG, METRICS, metrics_by_steps_done
 
 TOTAL = "loss"
-SEED_KEY = "train.seed"
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from configs.load import RESUMABLE_CHANGES
+from configs.load import RESUMABLE_CHANGES, SEED_KEY
 
 from . import published
 from .intervals import wilson_interval
@@ -30,7 +30,7 @@ from .table_format import config_value, markdown, write_csv
 
 BASELINE_LABELS = {"random_init": "random-init network", "pixels": "raw pixels (logistic regression)"}
 ARCH_NAMES = {"vit_tiny": "ViT-Ti", "vit_small": "ViT-S", "vit_base": "ViT-B", "vit_large": "ViT-L"}
-SCHEDULE_KEY, SEED_KEY = "sparsity.sparse_fraction", "train.seed"
+SCHEDULE_KEY = "sparsity.sparse_fraction"
 GLOBAL_BATCH_KEY = "train.global_batch"  # processes x per-GPU batch: compared instead of train.batch_size_per_gpu
 NOT_COMPARED = (SEED_KEY, *RESUMABLE_CHANGES)  # seeds of one configuration may differ in these
 SPARSITY_PREFIX = "sparsity."  # keys without effect on a dense run: ignored when looking for a run's dense reference
