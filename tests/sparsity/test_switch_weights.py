@@ -117,3 +117,19 @@ def test_pruned_switch_refuses_what_it_cannot_mask(kind, pruning):
 def test_switch_weights_is_validated():
     with pytest.raises(ConfigError, match="switch_weights"):
         _config("zeroed")
+
+
+@pytest.mark.gpu
+def test_prune_weights_on_the_gpu_equals_the_reference_mask():
+    """On CUDA the mask comes from the Triton kernel (in bf16, as the sparse forward computed it): the same zeros as the
+    independent reference's on the bf16 weight, the kept fp32 values untouched."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(2)
+    model = nn.Sequential()
+    model.add_module("fc1", nn.Linear(1024, 4096))
+    model = model.cuda()
+    w = model.fc1.weight.detach().clone()
+    SparseThenDense(modules="fc1").prune_weights(model, mask_dtype=torch.bfloat16)
+    want = w * tile_mask(w.bfloat16(), "largest_abs_values_greedy")
+    assert torch.equal(model.fc1.weight.detach(), want)
