@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.nn.init import trunc_normal_
 
 from configs.torch_env import ensure_torchvision_importable
+from models.stochastic_depth import SUBSET_DROP_PATH_MIN_RATE, add_to_subset, batch_subset
 
 ensure_torchvision_importable()
 
@@ -44,9 +45,6 @@ ARCH_SIZES: Dict[str, Tuple[int, int, int]] = {  # embed_dim, depth, num_heads
     "vit_base": (768, 12, 12),
     "vit_large": (1024, 24, 16),
 }
-
-SUBSET_DROP_PATH_MIN_RATE = 0.1  # single-tensor forward: above this rate, drop by batch subset (reference)
-
 
 class Attention(nn.Module):
     """Multi-head self-attention (`qkv`, `proj` as in timm / the reference) on F.scaled_dot_product_attention."""
@@ -65,49 +63,6 @@ class Attention(nn.Module):
         q, k, v = qkv.unbind(0)
         x = F.scaled_dot_product_attention(q, k, v)
         return self.proj(x.transpose(1, 2).reshape(B, N, C))
-
-
-def _subset(batch: int, rate: float, device) -> Tuple[Tensor, int, float]:
-    """The reference's `get_branges_scales`: kept sample indices, their count and the residual scale."""
-    keep = max(int(batch * (1 - rate)), 1)
-    brange = torch.randperm(batch, device=device)[:keep]
-    return brange, keep, batch / keep
-
-
-class _AddToRows(torch.autograd.Function):
-    """out = x with `scale * residual` added to its rows `rows` (unique indices), summed in at least fp32 and rounded
-    once. Backward is index_add's: x's gradient passes through untouched, the residual's is the gradient's rows
-    times `scale`. Written out because autograd's own backward of a gather-add-scatter zeroes the rows of x's
-    gradient and adds them back (two more passes over the stream per call, +15 ms of a compiled ViT-L step on one
-    H100, results/bench/NOTES.md, section 14)."""
-
-    @staticmethod
-    def forward(x: Tensor, rows: Tensor, residual: Tensor, scale: float) -> Tensor:
-        acc = torch.promote_types(x.dtype, torch.float32)
-        return x.index_put((rows,), (x[rows].to(acc) + residual.to(acc) * scale).to(x.dtype))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, rows, residual, scale = inputs
-        ctx.save_for_backward(rows)
-        ctx.scale, ctx.residual_dtype = scale, residual.dtype
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (rows,) = ctx.saved_tensors
-        return grad, None, (grad[rows] * ctx.scale).to(ctx.residual_dtype), None
-
-
-def _add_to_subset(x: Tensor, brange: Tensor, residual: Tensor, scale: float) -> Tensor:
-    """`x` with `scale * residual` added to its rows `brange`: the reference's `torch.index_add(x, 0, brange, residual,
-    alpha=scale)`. The indices come from randperm, so they are unique and a gather-add-scatter computes the same sums
-    without atomics; torch.compile lowers an index_add of a bf16 residual stream to ATen's bf16 atomic kernel, 12 ms of
-    a ViT-L step on one H100 (results/bench/NOTES.md, section 13). The sum is rounded once, from at least fp32.
-    An fp32 stream keeps index_add, which inductor fuses with atomics (fast, and the same fp32 sums), until the
-    hand-written backward is timed against it on the GPU (section 14)."""
-    if x.dtype in (torch.float32, torch.float64):
-        return torch.index_add(x, 0, brange, residual.to(x.dtype), alpha=scale)
-    return _AddToRows.apply(x, brange, residual, scale)
 
 
 class Block(nn.Module):
@@ -154,9 +109,9 @@ class Block(nn.Module):
         rate = self.sample_drop_ratio
         if self.training and rate > SUBSET_DROP_PATH_MIN_RATE:
             for branch in (self._attn_branch, self._ffn_branch):
-                brange, _, scale = _subset(x.shape[0], rate, x.device)
+                brange, _, scale = batch_subset(x.shape[0], rate, x.device)
                 residual = branch(x[brange])
-                x = _add_to_subset(x, brange, residual, scale)
+                x = add_to_subset(x, brange, residual, scale)
             return x
         if self.training and rate > 0.0:
             x = x + self.drop_path1(self._attn_branch(x))
@@ -175,16 +130,16 @@ class Block(nn.Module):
         rate = self.sample_drop_ratio
         if self.training and rate > 0.0:
             # attention: per crop batch, on a random subset (reference: drop_add_residual_stochastic_depth_list)
-            subsets = [_subset(x.shape[0], rate, x.device) for x in x_list]
+            subsets = [batch_subset(x.shape[0], rate, x.device) for x in x_list]
             x_list = [
-                _add_to_subset(x, brange, self._attn_branch(x[brange]), scale)
+                add_to_subset(x, brange, self._attn_branch(x[brange]), scale)
                 for x, (brange, _, scale) in zip(x_list, subsets)
             ]
             # MLP: fresh subsets, kept tokens of all crop batches in one matrix
-            subsets = [_subset(x.shape[0], rate, x.device) for x in x_list]
+            subsets = [batch_subset(x.shape[0], rate, x.device) for x in x_list]
             residuals = self._ffn_on_concat([x[brange] for x, (brange, _, _) in zip(x_list, subsets)])
             return [
-                _add_to_subset(x, brange, r, scale)
+                add_to_subset(x, brange, r, scale)
                 for x, r, (brange, _, scale) in zip(x_list, residuals, subsets)
             ]
         x_list = [x + self._attn_branch(x) for x in x_list]

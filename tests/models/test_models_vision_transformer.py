@@ -236,11 +236,11 @@ def test_backward_through_list_forward_with_drop_path():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_add_to_subset_is_index_add_with_its_gradients(dtype):
+def testadd_to_subset_is_index_add_with_its_gradients(dtype):
     """The gather-add-scatter that replaces index_add (no atomics under torch.compile): its values are the exact sums
     rounded once to the stream's dtype (torch.index_add may round twice in bf16), its gradients torch.index_add's;
     the first and last rows are in the subset, the others untouched."""
-    from models.vision_transformer import _add_to_subset
+    from models.stochastic_depth import add_to_subset
 
     torch.manual_seed(3)
     brange = torch.tensor([6, 0, 3])  # unique, unordered, as randperm gives
@@ -249,7 +249,7 @@ def test_add_to_subset_is_index_add_with_its_gradients(dtype):
     r = torch.randn(3, 5, 4, dtype=dtype)  # the branch output, in the stream's dtype as under autocast
     grad = torch.randn(7, 5, 4, dtype=dtype)
     outs = []
-    for fn in (lambda a, b: _add_to_subset(a, brange, b, scale),
+    for fn in (lambda a, b: add_to_subset(a, brange, b, scale),
                lambda a, b: torch.index_add(a, 0, brange, b, alpha=scale)):
         a, b = x.clone().requires_grad_(), r.clone().requires_grad_()
         out = fn(a, b)
@@ -270,7 +270,7 @@ def test_add_to_rows_compiles_whole_with_index_adds_gradients():
     """The bf16/fp16 stream's add: under torch.compile(fullgraph=True) (a graph break here would split every block) the add and its hand-written
     backward give torch.index_add's values and gradients, also for a residual in another dtype than the stream
     (its gradient comes back in the residual's dtype)."""
-    from models.vision_transformer import _AddToRows
+    from models.stochastic_depth import AddToRows
 
     torch.manual_seed(4)
     brange = torch.tensor([2, 5, 0])
@@ -278,7 +278,7 @@ def test_add_to_rows_compiles_whole_with_index_adds_gradients():
     r = torch.randn(3, 3, 8, dtype=torch.float32)
     grad = torch.randn(6, 3, 8, dtype=torch.float64)
     results = []
-    for fn in (torch.compile(lambda a, b: _AddToRows.apply(a, brange, b, 2.0), fullgraph=True),
+    for fn in (torch.compile(lambda a, b: AddToRows.apply(a, brange, b, 2.0), fullgraph=True),
                lambda a, b: torch.index_add(a, 0, brange, b.double(), alpha=2.0)):
         a, b = x.clone().requires_grad_(), r.clone().requires_grad_()
         out = fn(a, b)

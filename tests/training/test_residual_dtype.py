@@ -173,13 +173,13 @@ def test_compiled_stochastic_depth_add_is_index_add(dtype):
     torch.index_add on the GPU, at a ViT-L-like row size, in every stream dtype."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from models.vision_transformer import _add_to_subset
+    from models.stochastic_depth import add_to_subset
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(64, 257, 1024, device="cuda", generator=gen).to(dtype)
     brange = torch.randperm(64, device="cuda", generator=gen)[:44]
     r = torch.randn(44, 257, 1024, device="cuda", generator=gen).to(dtype)
-    got = torch.compile(_add_to_subset)(x, brange, r, 64 / 44)
+    got = torch.compile(add_to_subset)(x, brange, r, 64 / 44)
     want = torch.index_add(x.float(), 0, brange, r.float(), alpha=64 / 44)
     torch.testing.assert_close(got.float(), want, rtol=2 * torch.finfo(dtype).eps, atol=1e-5)
 
