@@ -1,0 +1,112 @@
+"""What the sparse -> dense switch does to the probed teacher, per run: the question behind the CIFAR-10 table's kink
+(results/cifar10/NOTES.md). For each run directory:
+
+- the switch step and `sparsity.switch_weights`;
+- how much of the switch-time EMA teacher is still in the final teacher: the product of the teacher momenta over
+  the dense steps (the trainer's own schedule, `training.schedules.build_schedules`);
+- the k-NN top-1 of the teacher exported at the switch, as the dense network it is and with its MLPs 2:4-pruned;
+- the final teacher's linear and k-NN top-1 as the run trained it (`eval_linear.json`), and its k-NN in the other
+  mode (pruned after a dense end, dense after a sparse one).
+
+The evaluations are eval_linear.py's result files, named as `evaluation.evaluate` names them (`eval_knn_step_S.json`,
+`*_pruned_mlp.json` / `*_dense_mlp.json` for the mode other than the run's last step); a missing one is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from configs import ConfigError, load_config
+from evaluation.mlp_pruning import DENSE_SUFFIX, PRUNED_SUFFIX, run_ended_sparse
+from training.run_dir import CONFIG, EVAL_RESULT
+from training.schedules import build_schedules
+
+from .run_logs import COMPLETE, read_eval_record
+
+
+@dataclass
+class SwitchRow:
+    run: str
+    sparse_fraction: float
+    switch_weights: str
+    seed: int
+    switch_step: Optional[int]  # None: the run never switched (dense, or sparse to the end)
+    teacher_left: Optional[float]  # share of the switch-time teacher in the final one
+    knn_switch_dense: Optional[float]
+    knn_switch_pruned: Optional[float]
+    linear_final: Optional[float]  # as trained: dense MLPs after a dense end, pruned after a sparse one
+    knn_final: Optional[float]
+    knn_final_other: Optional[float]  # the other mode
+    ended_sparse: bool
+
+
+def _knn(path: Path) -> Optional[float]:
+    record = read_eval_record(path)
+    return record.knn_top1 if record.status == COMPLETE else None
+
+
+def teacher_left(momentum: np.ndarray, first_dense_step: int) -> float:
+    """The weight of the teacher before step `first_dense_step` in the teacher after the last step: each EMA update
+    keeps `momentum[t]` of it."""
+    return float(np.prod(momentum[first_dense_step:], dtype=np.float64))
+
+
+def switch_row(run_dir: Path) -> SwitchRow:
+    """One run's row; ConfigError if its config.yaml cannot be read."""
+    cfg = load_config(run_dir / CONFIG)
+    ended_sparse = run_ended_sparse(cfg)
+    switches = 0 < cfg.sparse_steps < cfg.total_steps
+    step = cfg.sparse_steps if switches else None
+    # a run's own mode has no suffix; the other mode's file has one
+    as_dense, as_pruned = ("", PRUNED_SUFFIX) if not ended_sparse else (DENSE_SUFFIX, "")
+    final = read_eval_record(run_dir / EVAL_RESULT)
+    other = PRUNED_SUFFIX if not ended_sparse else DENSE_SUFFIX
+    at_switch = f"eval_knn_step_{step:08d}" if switches else ""
+    return SwitchRow(
+        run=run_dir.name, sparse_fraction=cfg.sparsity.sparse_fraction, switch_weights=cfg.sparsity.switch_weights,
+        seed=cfg.train.seed, switch_step=step,
+        teacher_left=teacher_left(build_schedules(cfg, 1).momentum, step) if switches else None,
+        knn_switch_dense=_knn(run_dir / f"{at_switch}{as_dense}.json") if switches else None,
+        knn_switch_pruned=_knn(run_dir / f"{at_switch}{as_pruned}.json") if switches else None,
+        linear_final=final.top1 if final.status == COMPLETE else None,
+        knn_final=final.knn_top1 if final.status == COMPLETE else None,
+        knn_final_other=_knn(run_dir / f"eval_knn{other}.json"),
+        ended_sparse=ended_sparse)
+
+
+def switch_rows(run_dirs: list[Path]) -> tuple[list[SwitchRow], list[str]]:
+    """Rows of the readable runs, sorted by setting, fraction and seed; and one problem line per unreadable run."""
+    rows, problems = [], []
+    for run_dir in run_dirs:
+        try:
+            rows.append(switch_row(run_dir))
+        except (ConfigError, OSError) as e:
+            problems.append(f"{run_dir}: {e}")
+    rows.sort(key=lambda r: (r.switch_weights, r.sparse_fraction, r.seed, r.run))
+    return rows, problems
+
+
+def _cell(value: Optional[float], digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(rows: list[SwitchRow]) -> str:
+    lines = ["| run | sparse | switch at | switch weights | switch-time teacher left at the end | k-NN at the switch, "
+             "dense / pruned | final linear | final k-NN, as trained / other mode |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        final_mode = "pruned" if r.ended_sparse else "dense"
+        lines.append(
+            f"| {r.run} | {r.sparse_fraction:.0%} | {r.switch_step if r.switch_step is not None else '–'} | "
+            f"{r.switch_weights} | {_cell(r.teacher_left, 3)} | {_cell(r.knn_switch_dense)} / "
+            f"{_cell(r.knn_switch_pruned)} | {_cell(r.linear_final)} | {_cell(r.knn_final)} ({final_mode}) / "
+            f"{_cell(r.knn_final_other)} |")
+    return "\n".join(lines) + "\n"
+
+
+def as_json(rows: list[SwitchRow]) -> list[dict]:
+    return [asdict(r) for r in rows]
