@@ -133,3 +133,18 @@ def test_prune_weights_on_the_gpu_equals_the_reference_mask():
     SparseThenDense(modules="fc1").prune_weights(model, mask_dtype=torch.bfloat16)
     want = w * tile_mask(w.bfloat16(), "largest_abs_values_greedy")
     assert torch.equal(model.fc1.weight.detach(), want)
+
+
+@pytest.mark.parametrize("cut", [SWITCH_STEP, SWITCH_STEP + 1])
+def test_a_run_resumed_at_or_after_the_switch_ends_as_the_uninterrupted_one(tmp_path, cut):
+    """Stopped with its checkpoint at the switch (saved before it, in the sparse phase) or after it (weights already
+    pruned), the resumed run prunes exactly once and ends bit for bit as the run that was never stopped."""
+    cpu = DistContext(0, 1, 0, torch.device("cpu"))
+    whole = Trainer(_config("pruned"), tmp_path / "whole", cpu)
+    whole.train()
+    Trainer(_config("pruned", f"train.max_steps={cut}"), tmp_path / "cut", cpu).train()
+    resumed = Trainer(_config("pruned"), tmp_path / "cut", cpu)
+    assert resumed.resume_if_possible() and resumed.step == cut
+    resumed.train()
+    for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), name
