@@ -13,15 +13,15 @@ features do not depend on a timing decision (`auto`). The mask is computed on th
 under the GPU extraction's autocast, as in training; fp32 on CPU (rare bf16 ties may then break otherwise).
 """
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 
 from torch import nn
 
-from sparsity import SparseThenDense, build_converter
+from sparsity import SparseThenDense
 from sparsity.converter import SPARSE
 from training.run_dir import last_step
+from training.sparsity_setup import sparsity_converter
 
 from .features import EvalInputError
 
@@ -63,12 +63,8 @@ class MlpPruning:
 
 
 def eval_converter(run_cfg) -> SparseThenDense:
-    """The run's `sparsity` section as the library's converter (as `training.trainer.sparsity_converter` builds it),
-    with the eval backend."""
-    values = dataclasses.asdict(run_cfg.sparsity)
-    del values["sparse_fraction"], values["teacher"], values["switch_weights"]
-    values["backend"] = EVAL_BACKEND
-    return build_converter(SparseThenDense.name, run_cfg.sparse_steps, **values)
+    """The run's `sparsity` section as the library's converter, as training builds it, with the eval backend."""
+    return sparsity_converter(run_cfg, backend=EVAL_BACKEND)
 
 
 def run_ended_sparse(run_cfg) -> bool:

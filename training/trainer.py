@@ -18,7 +18,6 @@ and per-module clipping in `optim.py`, the DDP wrapping in `distributed.py`, SIG
 """
 
 import contextlib
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -30,7 +29,6 @@ from configs import Config, to_yaml
 from data import SSLBatch, build_ssl_loader, build_training_dataset
 from models.safe_io import save_verified
 from models.ssl_meta_arch import SSLMetaArch
-from sparsity import SparseThenDense, build_converter
 from sparsity.converter import DENSE, SPARSE
 
 from . import run_dir, run_guard
@@ -43,6 +41,7 @@ from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
 from .resume import ResumeMismatch, check_resumable, check_same_config, nothing_left, restore_rng, sampler_state
 from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RUNNING, MetricsLog
 from .schedules import build_schedules
+from .sparsity_setup import sparsity_converter
 from .step_checks import StepChecks, on_sigterm
 
 logger = logging.getLogger(__name__)
@@ -397,12 +396,3 @@ class Trainer:
             self.save_checkpoint()
         if self.step >= total:
             self.export_teacher(final)
-
-
-def sparsity_converter(cfg: Config) -> SparseThenDense:
-    """The config's `sparsity` section as the library's model converter (every key but `sparse_fraction`, which
-    becomes the number of sparse steps, and `teacher` and `switch_weights`, which say what the trainer converts and
-    prunes)."""
-    values = dataclasses.asdict(cfg.sparsity)
-    del values["sparse_fraction"], values["teacher"], values["switch_weights"]
-    return build_converter(SparseThenDense.name, cfg.sparse_steps, **values)

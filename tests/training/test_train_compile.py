@@ -111,7 +111,7 @@ def test_auto_decisions_reach_the_metrics(monkeypatch):
     """What `auto` decided (eagerly, or while a graph was traced) is summarised in every sparse-phase metrics line."""
     from configs import load_config
     from sparsity.backends import GemmKey, get_backend
-    from training.trainer import sparsity_converter
+    from training.sparsity_setup import sparsity_converter
 
     auto = get_backend("auto")
     monkeypatch.setattr(auto, "decisions", {})

@@ -1,0 +1,20 @@
+"""The config's `sparsity` section as the library's model converter, built in one place for training and evaluation."""
+
+import dataclasses
+from typing import Optional
+
+from configs import Config
+from sparsity import SparseThenDense, build_converter
+
+# keys the trainer acts on itself, not the converter: the number of sparse steps comes from `sparse_fraction`,
+# `teacher` says which backbones it converts and `switch_weights` what it prunes at the switch
+TRAINER_KEYS = ("sparse_fraction", "teacher", "switch_weights")
+
+
+def sparsity_converter(cfg: Config, backend: Optional[str] = None) -> SparseThenDense:
+    """`SparseThenDense` with every other `sparsity` key of `cfg`; `backend` replaces the configured GEMM backend
+    (evaluation multiplies the pruned weights densely)."""
+    values = {k: v for k, v in dataclasses.asdict(cfg.sparsity).items() if k not in TRAINER_KEYS}
+    if backend is not None:
+        values["backend"] = backend
+    return build_converter(SparseThenDense.name, cfg.sparse_steps, **values)
