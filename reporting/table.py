@@ -21,19 +21,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from configs.load import RESUMABLE_CHANGES, SEED_KEY
-
 from . import published
+from .configurations import (SPARSITY_PREFIX, config_label, config_order, dense_reference, dense_reference_key,
+                             dense_references, differing_config, differing_keys, hashable_value, row_label)
 from .intervals import wilson_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs, read_run
-from .table_format import config_value, markdown, write_csv
+from .table_format import markdown, write_csv
 
 BASELINE_LABELS = {"random_init": "random-init network", "pixels": "raw pixels (logistic regression)"}
 ARCH_NAMES = {"vit_tiny": "ViT-Ti", "vit_small": "ViT-S", "vit_base": "ViT-B", "vit_large": "ViT-L"}
-SCHEDULE_KEY = "sparsity.sparse_fraction"
-GLOBAL_BATCH_KEY = "train.global_batch"  # processes x per-GPU batch: compared instead of train.batch_size_per_gpu
-NOT_COMPARED = (SEED_KEY, *RESUMABLE_CHANGES)  # seeds of one configuration may differ in these
-SPARSITY_PREFIX = "sparsity."  # keys without effect on a dense run: ignored when looking for a run's dense reference
 
 
 def is_published_setting(run: RunSummary) -> bool:
@@ -140,94 +136,6 @@ class BaselineRow:
     path: str = ""  # relative to the folder holding the runs
 
 
-def schedule_label(fraction: Optional[float]) -> str:
-    if fraction is None:
-        return "unknown schedule"
-    label = f"{fraction * 100:g}% sparse"
-    if fraction == 0.0:
-        return label + " (dense baseline)"
-    return label + " (2:4-sparse model)" if fraction == 1.0 else label
-
-
-def config_label(differing: dict) -> str:
-    """"student.arch=vit_tiny, optim.base_lr=0.001": the values of the keys that differ between the rows."""
-    return ", ".join(f"{key}={config_value(value)}" for key, value in differing.items())
-
-
-def row_label(fraction: Optional[float], differing: dict) -> str:
-    """The schedule alone where only schedules differ ("70% sparse", "0% sparse (dense baseline)"), else the short
-    schedule and the differing keys ("dense · student.arch=vit_small", "70% sparse · sparsity.teacher=sparse")."""
-    if not differing:
-        return schedule_label(fraction)
-    schedule = "unknown schedule" if fraction is None else "dense" if fraction == 0.0 else f"{fraction * 100:g}% sparse"
-    return f"{schedule} · {config_label(differing)}"
-
-
-def compared_config(run: RunSummary) -> Optional[dict]:
-    """The run's config as compared between runs: without the seed and the keys of how it executes, with its
-    global batch; None where config.yaml was not read."""
-    if run.config is None:
-        return None
-    compared = {key: value for key, value in run.config.items() if key not in NOT_COMPARED}
-    compared[GLOBAL_BATCH_KEY] = run.global_batch
-    return compared
-
-
-def _hashable(value):
-    return tuple(_hashable(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def differing_keys(runs: list[RunSummary]) -> list[str]:
-    """The compared config keys (schedule aside) whose values are not the same in every run read, in config order."""
-    configs = [c for run in runs if (c := compared_config(run)) is not None]
-    keys = dict.fromkeys(key for c in configs for key in c)
-    return [key for key in keys if key != SCHEDULE_KEY and len({_hashable(c.get(key)) for c in configs}) > 1]
-
-
-def differing_config(run: RunSummary, keys: Sequence[str]) -> dict:
-    compared = compared_config(run)
-    return {} if compared is None else {key: compared.get(key) for key in keys}
-
-
-def _config_order(differing: dict) -> tuple:
-    """Sort key of a configuration: numbers by value, other values by their text."""
-    return tuple((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, config_value(v))
-                 for v in differing.values())
-
-
-def _reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]:
-    """What a run and its dense reference share: the differing keys except sparsity.* (all other keys are equal in
-    every run); None where the config is unknown."""
-    if run.config is None:
-        return None
-    return tuple((key, _hashable(value)) for key, value in differing_config(run, keys).items()
-                 if not key.startswith(SPARSITY_PREFIX))
-
-
-def dense_references(runs: list[RunSummary], keys: Sequence[str] = ()) -> dict[tuple, RunSummary]:
-    """Per (configuration, seed) and per (configuration, None) = lowest seed: the dense run the others are compared
-    with, fully trained, evaluated if any is. The configuration: `_reference_key` of the `keys` that differ."""
-    references: dict[tuple, RunSummary] = {}
-    ordered = sorted(runs, key=lambda r: (r.seed is None, r.seed or 0, r.name))
-    for run in ordered:
-        reference_key = _reference_key(run, keys)
-        if run.sparse_fraction != 0.0 or run.train_status != COMPLETE or reference_key is None:
-            continue
-        for key in ((reference_key, run.seed), (reference_key, None)):
-            current = references.get(key)
-            if current is None or (current.top1 is None and run.top1 is not None):
-                references[key] = run
-    return references
-
-
-def dense_reference(run: RunSummary, references: dict, keys: Sequence[str], same_seed: bool = False):
-    """The run's dense reference among `dense_references`: its seed's, else (unless `same_seed`) the lowest seed's."""
-    reference_key = _reference_key(run, keys)
-    if reference_key is None:
-        return None
-    return references.get((reference_key, run.seed)) or (None if same_seed else references.get((reference_key, None)))
-
-
 def setting_label(runs: list[RunSummary]) -> str:
     """"ViT-S/4, cifar10, 9,700 steps" when every run read has the same setting, else ""."""
     settings = {(r.arch, r.patch_size, r.dataset, r.data_root, r.total_steps) for r in runs if r.arch}
@@ -282,7 +190,7 @@ def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[Ta
             path=relative_path(run.path, folder), n_val=run.n_val, differing_config=differing,
         ))
     return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
-                                       _config_order(r.differing_config), r.seed or 0, r.run))
+                                       config_order(r.differing_config), r.seed or 0, r.run))
 
 
 def mean_and_half_range(values: list) -> tuple[Optional[float], Optional[float]]:
@@ -295,11 +203,11 @@ def mean_and_half_range(values: list) -> tuple[Optional[float], Optional[float]]
 
 def _group_key(row) -> tuple:
     """Rows with the same schedule and the same values of the differing keys have the same compared config."""
-    return row.sparse_fraction, tuple((k, _hashable(v)) for k, v in row.differing_config.items())
+    return row.sparse_fraction, tuple((k, hashable_value(v)) for k, v in row.differing_config.items())
 
 
 def _mean_reference_key(mean: ScheduleMean) -> tuple:
-    return tuple((k, _hashable(v)) for k, v in mean.differing_config.items() if not k.startswith(SPARSITY_PREFIX))
+    return tuple((k, hashable_value(v)) for k, v in mean.differing_config.items() if not k.startswith(SPARSITY_PREFIX))
 
 
 def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
@@ -310,7 +218,7 @@ def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
         if row.status == COMPLETE and row.sparse_fraction is not None:
             groups.setdefault(_group_key(row), []).append(row)
     means = []
-    for group in sorted(groups.values(), key=lambda g: (g[0].sparse_fraction, _config_order(g[0].differing_config))):
+    for group in sorted(groups.values(), key=lambda g: (g[0].sparse_fraction, config_order(g[0].differing_config))):
         fraction = group[0].sparse_fraction
         top1, top1_spread = mean_and_half_range([r.top1 for r in group])
         knn, knn_spread = mean_and_half_range([r.knn_top1 for r in group])
@@ -370,7 +278,7 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[Schedu
         references = dense_references(runs, keys)
         unmatched = dict.fromkeys(row_label(run.sparse_fraction, differing_config(run, keys)) for run in runs
                                   if run.sparse_fraction is not None and run.sparse_fraction > 0.0
-                                  and (_reference_key(run, keys), None) not in references)
+                                  and (dense_reference_key(run, keys), None) not in references)
         if unmatched:
             notes.append("No complete dense run of the same configuration for " + "; ".join(unmatched)
                          + ": Δ and speed-up are left blank there.")
@@ -436,7 +344,7 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     keys = differing_keys(runs)
     differing = {id(run): differing_config(run, keys) for run in runs}
     by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
-                                              _config_order(differing[id(r)]), r.seed or 0, r.name))
+                                              config_order(differing[id(r)]), r.seed or 0, r.name))
     drawn = [r for r in by_fraction if r.loss_curve]
     references = dense_references(runs, keys)  # a loss curve is compared with the dense run of its own seed only
     plot_losses(drawn, paths[4], labels=[row_label(r.sparse_fraction, differing[id(r)]) for r in drawn]

@@ -1,0 +1,107 @@
+"""Which runs are seeds of one configuration, and how a configuration is labelled (the grouping of `reporting.table`).
+
+Two runs are seeds of one configuration iff their config.yaml are equal apart from `train.seed` and the keys that
+only say how a run executes (`configs.load.RESUMABLE_CHANGES`; the per-GPU batch counts through the global batch).
+A run's dense reference is the dense run of the same configuration apart from `sparsity.*`, of its seed if there is
+one, else of the lowest seed.
+"""
+
+from typing import Optional, Sequence
+
+from configs.load import RESUMABLE_CHANGES, SEED_KEY
+
+from .run_logs import COMPLETE, RunSummary
+from .table_format import config_value
+
+SCHEDULE_KEY = "sparsity.sparse_fraction"
+GLOBAL_BATCH_KEY = "train.global_batch"  # processes x per-GPU batch: compared instead of train.batch_size_per_gpu
+NOT_COMPARED = (SEED_KEY, *RESUMABLE_CHANGES)  # seeds of one configuration may differ in these
+SPARSITY_PREFIX = "sparsity."  # keys without effect on a dense run: ignored when looking for a run's dense reference
+
+
+def schedule_label(fraction: Optional[float]) -> str:
+    if fraction is None:
+        return "unknown schedule"
+    label = f"{fraction * 100:g}% sparse"
+    if fraction == 0.0:
+        return label + " (dense baseline)"
+    return label + " (2:4-sparse model)" if fraction == 1.0 else label
+
+
+def config_label(differing: dict) -> str:
+    """"student.arch=vit_tiny, optim.base_lr=0.001": the values of the keys that differ between the rows."""
+    return ", ".join(f"{key}={config_value(value)}" for key, value in differing.items())
+
+
+def row_label(fraction: Optional[float], differing: dict) -> str:
+    """The schedule alone where only schedules differ ("70% sparse", "0% sparse (dense baseline)"), else the short
+    schedule and the differing keys ("dense · student.arch=vit_small", "70% sparse · sparsity.teacher=sparse")."""
+    if not differing:
+        return schedule_label(fraction)
+    schedule = "unknown schedule" if fraction is None else "dense" if fraction == 0.0 else f"{fraction * 100:g}% sparse"
+    return f"{schedule} · {config_label(differing)}"
+
+
+def compared_config(run: RunSummary) -> Optional[dict]:
+    """The run's config as compared between runs: without the seed and the keys of how it executes, with its
+    global batch; None where config.yaml was not read."""
+    if run.config is None:
+        return None
+    compared = {key: value for key, value in run.config.items() if key not in NOT_COMPARED}
+    compared[GLOBAL_BATCH_KEY] = run.global_batch
+    return compared
+
+
+def hashable_value(value):
+    return tuple(hashable_value(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def differing_keys(runs: list[RunSummary]) -> list[str]:
+    """The compared config keys (schedule aside) whose values are not the same in every run read, in config order."""
+    configs = [c for run in runs if (c := compared_config(run)) is not None]
+    keys = dict.fromkeys(key for c in configs for key in c)
+    return [key for key in keys if key != SCHEDULE_KEY and len({hashable_value(c.get(key)) for c in configs}) > 1]
+
+
+def differing_config(run: RunSummary, keys: Sequence[str]) -> dict:
+    compared = compared_config(run)
+    return {} if compared is None else {key: compared.get(key) for key in keys}
+
+
+def config_order(differing: dict) -> tuple:
+    """Sort key of a configuration: numbers by value, other values by their text."""
+    return tuple((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, config_value(v))
+                 for v in differing.values())
+
+
+def dense_reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]:
+    """What a run and its dense reference share: the differing keys except sparsity.* (all other keys are equal in
+    every run); None where the config is unknown."""
+    if run.config is None:
+        return None
+    return tuple((key, hashable_value(value)) for key, value in differing_config(run, keys).items()
+                 if not key.startswith(SPARSITY_PREFIX))
+
+
+def dense_references(runs: list[RunSummary], keys: Sequence[str] = ()) -> dict[tuple, RunSummary]:
+    """Per (configuration, seed) and per (configuration, None) = lowest seed: the dense run the others are compared
+    with, fully trained, evaluated if any is. The configuration: `dense_reference_key` of the `keys` that differ."""
+    references: dict[tuple, RunSummary] = {}
+    ordered = sorted(runs, key=lambda r: (r.seed is None, r.seed or 0, r.name))
+    for run in ordered:
+        reference_key = dense_reference_key(run, keys)
+        if run.sparse_fraction != 0.0 or run.train_status != COMPLETE or reference_key is None:
+            continue
+        for key in ((reference_key, run.seed), (reference_key, None)):
+            current = references.get(key)
+            if current is None or (current.top1 is None and run.top1 is not None):
+                references[key] = run
+    return references
+
+
+def dense_reference(run: RunSummary, references: dict, keys: Sequence[str], same_seed: bool = False):
+    """The run's dense reference among `dense_references`: its seed's, else (unless `same_seed`) the lowest seed's."""
+    reference_key = dense_reference_key(run, keys)
+    if reference_key is None:
+        return None
+    return references.get((reference_key, run.seed)) or (None if same_seed else references.get((reference_key, None)))
