@@ -52,14 +52,20 @@ class MlpPruning:
         """"" for the probe of the run as trained, which keeps the usual name (`eval_linear.json` is what tables
         read, so for a 2:4 run it must be the 2:4 model); the other mode gets `_pruned_mlp` / `_dense_mlp`, so a
         user who asks for both gets two files instead of one silently replacing the other."""
-        if self.as_trained:
-            return ""
-        return PRUNED_SUFFIX if self.prune else DENSE_SUFFIX
+        return probe_suffix(self.prune, self.as_trained)
 
     @property
     def cache_suffix(self) -> str:
         """Pruned features are cached next to the dense ones, not over them (their cache key differs too)."""
         return PRUNED_SUFFIX if self.prune else ""
+
+
+def probe_suffix(prune: bool, as_trained: bool) -> str:
+    """The result-file suffix of a probe with the MLPs pruned or not (`MlpPruning.output_suffix`): none in the mode
+    the run's last step ran, `_pruned_mlp` / `_dense_mlp` in the other."""
+    if as_trained:
+        return ""
+    return PRUNED_SUFFIX if prune else DENSE_SUFFIX
 
 
 def eval_converter(run_cfg) -> SparseThenDense:

@@ -46,6 +46,7 @@ ARCH_SIZES: Dict[str, Tuple[int, int, int]] = {  # embed_dim, depth, num_heads
     "vit_large": (1024, 24, 16),
 }
 
+
 class Attention(nn.Module):
     """Multi-head self-attention (`qkv`, `proj` as in timm / the reference) on F.scaled_dot_product_attention."""
 

@@ -8,8 +8,9 @@
 - the final teacher's linear and k-NN top-1 as the run trained it (`eval_linear.json`), and its k-NN in the other
   mode (pruned after a dense end, dense after a sparse one).
 
-The evaluations are eval_linear.py's result files, named as `evaluation.evaluate` names them (`eval_knn_step_S.json`,
-`*_pruned_mlp.json` / `*_dense_mlp.json` for the mode other than the run's last step); a missing one is None.
+The evaluations are eval_linear.py's result files, found by the names `evaluation.evaluate.default_output_name` gives
+them (`eval_knn_step_S.json`, `*_pruned_mlp.json` / `*_dense_mlp.json` for the mode other than the run's last
+step); a missing one is None.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Optional
 import numpy as np
 
 from configs import ConfigError, load_config
-from evaluation.mlp_pruning import DENSE_SUFFIX, PRUNED_SUFFIX, run_ended_sparse
-from training.run_dir import CONFIG, EVAL_RESULT
+from evaluation.evaluate import default_output_name
+from evaluation.mlp_pruning import probe_suffix, run_ended_sparse
+from training.run_dir import CONFIG, EVAL_RESULT, teacher_export_path
 from training.schedules import build_schedules
 
 from .run_logs import COMPLETE, read_eval_record
@@ -44,8 +46,12 @@ class SwitchRow:
     ended_sparse: bool
 
 
-def _knn(path: Path) -> Optional[float]:
-    record = read_eval_record(path)
+def _knn(run_dir: Path, step: Optional[int], prune: bool, ended_sparse: bool) -> Optional[float]:
+    """k-NN top-1 of the teacher exported at `step` (None: the final teacher) probed with pruned MLPs or not, from
+    the file eval_linear.py names for that probe; None when it is missing or unreadable."""
+    checkpoint = teacher_export_path(run_dir, step) if step is not None else None
+    name = default_output_name("knn", None, checkpoint, run_dir, step, probe_suffix(prune, prune == ended_sparse))
+    record = read_eval_record(run_dir / name)
     return record.knn_top1 if record.status == COMPLETE else None
 
 
@@ -61,20 +67,16 @@ def switch_row(run_dir: Path) -> SwitchRow:
     ended_sparse = run_ended_sparse(cfg)
     switches = 0 < cfg.sparse_steps < cfg.total_steps
     step = cfg.sparse_steps if switches else None
-    # a run's own mode has no suffix; the other mode's file has one
-    as_dense, as_pruned = ("", PRUNED_SUFFIX) if not ended_sparse else (DENSE_SUFFIX, "")
     final = read_eval_record(run_dir / EVAL_RESULT)
-    other = PRUNED_SUFFIX if not ended_sparse else DENSE_SUFFIX
-    at_switch = f"eval_knn_step_{step:08d}" if switches else ""
     return SwitchRow(
         run=run_dir.name, sparse_fraction=cfg.sparsity.sparse_fraction, switch_weights=cfg.sparsity.switch_weights,
         seed=cfg.train.seed, switch_step=step,
         teacher_left=teacher_left(build_schedules(cfg, 1).momentum, step) if switches else None,
-        knn_switch_dense=_knn(run_dir / f"{at_switch}{as_dense}.json") if switches else None,
-        knn_switch_pruned=_knn(run_dir / f"{at_switch}{as_pruned}.json") if switches else None,
+        knn_switch_dense=_knn(run_dir, step, False, ended_sparse) if switches else None,
+        knn_switch_pruned=_knn(run_dir, step, True, ended_sparse) if switches else None,
         linear_final=final.top1 if final.status == COMPLETE else None,
         knn_final=final.knn_top1 if final.status == COMPLETE else None,
-        knn_final_other=_knn(run_dir / f"eval_knn{other}.json"),
+        knn_final_other=_knn(run_dir, None, not ended_sparse, ended_sparse),
         ended_sparse=ended_sparse)
 
 
