@@ -314,6 +314,9 @@ def _pp(value: Optional[float]) -> str:
     return "–" if value is None else f"±{value:.2f} pp"
 
 
+GAPS_PNG = "gaps_to_dense.png"
+
+
 def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = ()) -> list[Path]:
     """Read the runs under `run_paths` and write the table, CSV, JSON summary and (unless `plots` is False) the
     plots into `out`; returns the paths written. `extra_notes` are added to the table's notes."""
@@ -337,10 +340,15 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     paths[2].write_text(json.dumps(summary, indent=2) + "\n")
     if not plots:
         return paths[:3]
-    from .loss_plots import plot_losses  # matplotlib only when plotting
+    from .gap_plot import plot_gaps  # matplotlib only when plotting
+    from .loss_plots import plot_losses
     from .plots import plot_accuracy
 
     plot_accuracy(rows, paths[3], baselines=baselines, setting=setting_label(runs))
+    if plot_gaps(rows, out / GAPS_PNG, setting=setting_label(runs)):  # several sparse configurations only
+        paths.append(out / GAPS_PNG)
+    else:
+        (out / GAPS_PNG).unlink(missing_ok=True)  # an earlier table's figure would describe other runs
     keys = differing_keys(runs)
     differing = {id(run): differing_config(run, keys) for run in runs}
     by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
