@@ -6,6 +6,7 @@ A run's dense reference is the dense run of the same configuration apart from `s
 one, else of the lowest seed.
 """
 
+from collections import Counter
 from typing import Optional, Sequence
 
 from configs.load import RESUMABLE_CHANGES, SEED_KEY
@@ -40,6 +41,40 @@ def row_label(fraction: Optional[float], differing: dict) -> str:
         return schedule_label(fraction)
     schedule = "unknown schedule" if fraction is None else "dense" if fraction == 0.0 else f"{fraction * 100:g}% sparse"
     return f"{schedule} · {config_label(differing)}"
+
+
+def _short_key(key: str, keys: list[str]) -> str:
+    last = key.rsplit(".", 1)[-1]
+    return last if sum(k.rsplit(".", 1)[-1] == last for k in keys) == 1 else key
+
+
+def short_labels(configs: list[dict]) -> tuple[list[str], dict]:
+    """Per configuration, "key=value" for the keys whose value is not that key's most common one (first seen wins a
+    tie), the key's last dotted part where that is unambiguous; a key that differs from its common value in exactly
+    the configurations where an earlier key does (warmup_epochs with epochs) is left out. Returns the labels ("" for
+    the most common configuration) and the most common values {short key: value}."""
+    keys = list(dict.fromkeys(k for c in configs for k in c))
+    base = {k: Counter(config_value(c.get(k)) for c in configs).most_common(1)[0][0] for k in keys}
+    shown, patterns = [], set()
+    for k in keys:
+        pattern = tuple(config_value(c.get(k)) != base[k] for c in configs)
+        if any(pattern) and pattern not in patterns:
+            shown.append(k)
+            patterns.add(pattern)
+    labels = [", ".join(f"{_short_key(k, keys)}={config_value(c.get(k))}" for k in shown
+                        if config_value(c.get(k)) != base[k]) for c in configs]
+    return labels, {_short_key(k, keys): base[k] for k in keys}
+
+
+def common_values_note(base: dict) -> str:
+    """The caption line that says what an empty or short label leaves out (`short_labels`' second result)."""
+    return "Unlabelled values are the most common ones: " + ", ".join(f"{k}={v}" for k, v in base.items()) + "."
+
+
+def short_row_label(fraction: Optional[float], short: str) -> str:
+    """"70% sparse · epochs=80": a figure's name of a run, with `short_labels`' label of its configuration."""
+    schedule = "unknown schedule" if fraction is None else "dense" if fraction == 0.0 else f"{fraction * 100:g}% sparse"
+    return f"{schedule} · {short}" if short else schedule
 
 
 def compared_config(run: RunSummary) -> Optional[dict]:

@@ -10,16 +10,15 @@ Rows are duck-typed (table.TableRow): this module imports nothing from table.py.
 """
 
 import statistics
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from . import published
+from .configurations import SPARSITY_PREFIX, common_values_note, short_labels, short_row_label
 from .figures import STYLE, plt, save_with_caption
 from .table_format import config_value
 
-SPARSITY_PREFIX = "sparsity."
 METRICS = (("delta_top1", "linear probe", "C0"), ("delta_knn_top1", "k-NN", "C1"))
 AXIS_FLOOR = -12.0  # pp: a gap beyond it (a broken variant) is cut at the axis and its mean written there
 
@@ -57,29 +56,6 @@ def gaps(rows) -> list[Gap]:
     return sorted(by_config.values(), key=lambda g: (references.index(g.reference), g.fraction))
 
 
-def _short_key(key: str, keys: list[str]) -> str:
-    last = key.rsplit(".", 1)[-1]
-    return last if sum(k.rsplit(".", 1)[-1] == last for k in keys) == 1 else key
-
-
-def short_labels(configs: list[dict]) -> tuple[list[str], dict]:
-    """Per configuration, "key=value" for the keys whose value is not that key's most common one (first seen wins a
-    tie), the key's last dotted part where that is unambiguous; a key that differs from its common value in exactly
-    the configurations where an earlier key does (warmup_epochs with epochs) is left out. Returns the labels ("" for
-    the most common configuration) and the most common values {short key: value}."""
-    keys = list(dict.fromkeys(k for c in configs for k in c))
-    base = {k: Counter(config_value(c.get(k)) for c in configs).most_common(1)[0][0] for k in keys}
-    shown, patterns = [], set()
-    for k in keys:
-        pattern = tuple(config_value(c.get(k)) != base[k] for c in configs)
-        if any(pattern) and pattern not in patterns:
-            shown.append(k)
-            patterns.add(pattern)
-    labels = [", ".join(f"{_short_key(k, keys)}={config_value(c.get(k))}" for k in shown
-                        if config_value(c.get(k)) != base[k]) for c in configs]
-    return labels, {_short_key(k, keys): base[k] for k in keys}
-
-
 def _published_delta(fraction: float) -> Optional[float]:
     row = next((p for p in published.ROWS if abs(p.fraction - fraction) < 1e-9), None)
     return row.delta_top1 if row else None
@@ -106,7 +82,7 @@ def plot_gaps(rows, path: Path, setting: str = "") -> Optional[Path]:
     if len(drawn) < 2 or not any(g.config for g in drawn):
         return None
     labels, base = short_labels([g.config for g in drawn])
-    names = [f"{g.fraction * 100:g}% sparse" + (f" · {label}" if label else "") for g, label in zip(drawn, labels)]
+    names = [short_row_label(g.fraction, label) for g, label in zip(drawn, labels)]
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(9.5, 1.2 + 0.55 * len(drawn)))
         for i, gap in enumerate(drawn):
@@ -133,9 +109,7 @@ def plot_gaps(rows, path: Path, setting: str = "") -> Optional[Path]:
         ax.grid(axis="x", alpha=0.3)
         handles, texts = ax.get_legend_handles_labels()
         ax.legend(handles, texts, loc="lower left", frameon=True, framealpha=0.9)
-        common = ", ".join(f"{k}={v}" for k, v in base.items())
         caption = ("Bars: mean over seeds of the per-seed difference; dots: the seeds; grey lines separate "
-                   "configurations with different dense runs.\nUnlabelled values are the most common ones: "
-                   f"{common}.")
+                   "configurations with different dense runs.\n" + common_values_note(base))
         save_with_caption(fig, path, caption, y=-0.02)
     return path

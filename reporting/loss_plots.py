@@ -168,13 +168,13 @@ def loss_figure(runs, labels=None, references=None) -> LossFigure:
     return figure
 
 
-def plot_losses(runs, path: Path, labels=None, references=None) -> Path:
-    """Write `loss_figure` as a PNG with its notes as the caption: the legend beside the panels (or in a spare
-    cell), or under them where `labels` name the runs."""
+def plot_losses(runs, path: Path, labels=None, references=None, note: str = "") -> Path:
+    """Write `loss_figure` as a PNG with its notes (and `note`) as the caption: the legend beside the panels (or in a
+    spare cell), or under them where `labels` name the runs."""
     with plt.rc_context(STYLE):
         figure = loss_figure(runs, labels, references)
         width = round(figure.fig.get_figwidth() * 15)  # characters of 9-point text across the figure
-        caption = "\n".join(textwrap.fill(note, width) for note in figure.notes)
+        caption = "\n".join(textwrap.fill(line, width) for line in [*figure.notes, note] if line)
         if labels is None:
             save_with_caption(figure.fig, path, caption, y=-0.01)
         else:

@@ -93,13 +93,13 @@ def _configurations(rows) -> list[tuple[str, list]]:
     return list(groups.items())
 
 
-def _ours(ax, rows) -> tuple[list[float], set, list, int]:
+def _ours(ax, rows, names: dict) -> tuple[list[float], set, list, int]:
     """One series per configuration (`_configurations`): `_one_configuration` or `_configurations_apart`. Returns
     every value drawn, the kinds of error bar drawn, the legend handles of what was drawn and the number of
     configurations left out (nothing evaluated)."""
     configurations = _configurations(rows)
     if len(configurations) > 1:
-        return _configurations_apart(ax, configurations)
+        return _configurations_apart(ax, configurations, names)
     drawn, kinds = _one_configuration(ax, rows)
     handles = ax.get_legend_handles_labels()[0]
     if any(x == 0.0 for x, *_ in _by_share(rows, "top1") + _by_share(rows, "knn_top1")):
@@ -121,10 +121,11 @@ def _series(ax, groups, color, marker: str, offset: float, **style) -> tuple:
     return xs, means, values, kinds
 
 
-def _configurations_apart(ax, configurations) -> tuple[list[float], set, list, int]:
+def _configurations_apart(ax, configurations, names: dict) -> tuple[list[float], set, list, int]:
     """Per configuration with an evaluated run one colour, per metric one line style (linear probe solid, k-NN
     dashed); the configurations' points spread sideways by up to 3 pp of share so that equal schedules do not hide
-    each other. A dotted line at the dense mean where the configuration has sparse schedules too."""
+    each other. A dotted line at the dense mean where the configuration has sparse schedules too. The legend names a
+    configuration `names[label]` where given."""
     shown = [(label, rows) for label, rows in configurations if any(_groups(rows, key) for key, *_ in SERIES)]
     n = len(shown)
     step = min(1.0, 6.0 / max(n - 1, 1))
@@ -146,7 +147,7 @@ def _configurations_apart(ax, configurations) -> tuple[list[float], set, list, i
             if r.status != "complete" and r.top1 is not None:
                 ax.annotate(r.status.split(" (")[0], (_share(r) + offset, r.top1), fontsize=7, xytext=(4, -10),
                             textcoords="offset points", color=color)
-        handles.append(Line2D([], [], color=color, lw=2.5, label=textwrap.fill(label, LEGEND_WIDTH)))
+        handles.append(Line2D([], [], color=color, lw=2.5, label=textwrap.fill(names.get(label, label), LEGEND_WIDTH)))
     handles += [Line2D([], [], color="0.3", marker=marker, ls=MULTI_STYLES[key],
                        label=_knn_label([r for _, rows in configurations for r in rows]) if key == "knn_top1"
                        else label) for key, label, _, marker in SERIES]
@@ -227,9 +228,10 @@ def _published(ax, delta: bool):
     return line
 
 
-def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
+def plot_accuracy(rows, path: Path, baselines=(), setting: str = "", names=None, note: str = "") -> Path:
     """Same setting as the published table: one panel, ours and published top-1. Otherwise two panels: this sweep's
-    top-1, then the published Δ to dense on its own axes. `setting`: what the runs are, for the title."""
+    top-1, then the published Δ to dense on its own axes. `setting`: what the runs are, for the title; `names`:
+    {config_label: shorter legend name} where several configurations are drawn, `note` the caption line it needs."""
     ours = [r for r in rows if r.sparse_fraction is not None]
     same_setting = any(r.published_top1 is not None for r in rows)
     with plt.rc_context(STYLE):
@@ -237,7 +239,7 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
                                  squeeze=False, gridspec_kw=None if same_setting else {"width_ratios": (1.25, 1)})
         ax = axes[0][0]
         several = len(_configurations(ours)) > 1
-        drawn, error_kinds, handles, undrawn = _ours(ax, ours)
+        drawn, error_kinds, handles, undrawn = _ours(ax, ours, names or {})
         off_scale = _baselines(ax, baselines, drawn, several)
         handles += [Line2D([], [], color="0.3", ls=BASELINE_STYLES.get(b.key, "--"), label=b.label)
                     for b in baselines if not any(line.startswith(b.label) for line in off_scale)]
@@ -258,6 +260,8 @@ def plot_accuracy(rows, path: Path, baselines=(), setting: str = "") -> Path:
                            "solid: linear probe, dashed: k-NN. Configurations at the same share are drawn side by "
                            "side, up to 3 pp apart." + (f" Not drawn: {undrawn} configuration(s) without an "
                                                         "evaluated run." if undrawn else ""))
+            if note:
+                caption.append(note)
         if "seeds" in error_kinds:
             caption.append("Error bars: half the range over seeds (hollow markers: the single seeds).")
         if "wilson" in error_kinds:

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import published
-from .configurations import (SPARSITY_PREFIX, config_label, config_order, dense_reference, dense_reference_key,
-                             dense_references, differing_config, differing_keys, hashable_value, row_label)
+from .configurations import (SPARSITY_PREFIX, common_values_note, config_label, config_order, dense_reference,
+                             dense_reference_key, dense_references, differing_config, differing_keys, hashable_value,
+                             row_label, short_labels, short_row_label)
 from .intervals import wilson_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs, read_run
 from .table_format import markdown, write_csv
@@ -344,17 +345,24 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     from .loss_plots import plot_losses
     from .plots import plot_accuracy
 
-    plot_accuracy(rows, paths[3], baselines=baselines, setting=setting_label(runs))
+    keys = differing_keys(runs)
+    differing = {id(run): differing_config(run, keys) for run in runs}
+    configs = list({config_label(c): c for c in differing.values()}.values())
+    shorts, common = short_labels(configs) if keys else ([], {})
+    short_of = {config_label(c): short for c, short in zip(configs, shorts)}
+    note = common_values_note(common) if keys else ""
+    plot_accuracy(rows, paths[3], baselines=baselines, setting=setting_label(runs), note=note,
+                  names={label: short or "the most common values" for label, short in short_of.items()})
     if plot_gaps(rows, out / GAPS_PNG, setting=setting_label(runs)):  # several sparse configurations only
         paths.append(out / GAPS_PNG)
     else:
         (out / GAPS_PNG).unlink(missing_ok=True)  # an earlier table's figure would describe other runs
-    keys = differing_keys(runs)
-    differing = {id(run): differing_config(run, keys) for run in runs}
     by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
                                               config_order(differing[id(r)]), r.seed or 0, r.name))
     drawn = [r for r in by_fraction if r.loss_curve]
     references = dense_references(runs, keys)  # a loss curve is compared with the dense run of its own seed only
-    plot_losses(drawn, paths[4], labels=[row_label(r.sparse_fraction, differing[id(r)]) for r in drawn]
-                if keys else None, references=[dense_reference(r, references, keys, same_seed=True) for r in drawn])
+    labels = [short_row_label(r.sparse_fraction, short_of[config_label(differing[id(r)])]) for r in drawn] if keys \
+        else None
+    plot_losses(drawn, paths[4], labels=labels, note=note,
+                references=[dense_reference(r, references, keys, same_seed=True) for r in drawn])
     return paths

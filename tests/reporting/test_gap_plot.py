@@ -6,7 +6,8 @@ import matplotlib.image
 import pytest
 
 from reporting import gap_plot
-from reporting.gap_plot import gaps, short_labels
+from reporting.configurations import short_labels, short_row_label
+from reporting.gap_plot import gaps
 from reporting.run_logs import read_run
 from reporting.table import GAPS_PNG, build_rows, make_table
 from reporting_runs import make_run
@@ -101,3 +102,35 @@ def test_a_gap_far_beyond_the_others_is_cut_at_the_axis_not_flattening_them(tmp_
     assert gap_plot.plot_gaps(rows, tmp_path / "g.png") == tmp_path / "g.png"
     assert seen["xlim"] == pytest.approx((gap_plot.AXIS_FLOOR, 0.5))
     assert seen["texts"] == ["-30.0 \u2190", "-30.0 \u2190"]  # 50 - 80 linear, 40 - 70 k-NN; -1.0 is not cut
+
+
+def test_short_row_labels():
+    assert short_row_label(0.0, "") == "dense"
+    assert short_row_label(0.7, "epochs=80") == "70% sparse · epochs=80"
+    assert short_row_label(None, "arch=vit_small") == "unknown schedule · arch=vit_small"
+
+
+def test_the_figures_name_configurations_by_what_differs(study, tmp_path, monkeypatch):
+    """make_table hands the accuracy and loss figures the short names and the caption line with the common values."""
+    from reporting import loss_plots, plots
+
+    seen = {}
+    real_accuracy, real_losses = plots.plot_accuracy, loss_plots.plot_losses
+
+    def accuracy(*args, **kwargs):
+        seen["names"], seen["accuracy_note"] = kwargs["names"], kwargs["note"]
+        return real_accuracy(*args, **kwargs)
+
+    def losses(*args, **kwargs):
+        seen["labels"], seen["loss_note"] = kwargs["labels"], kwargs["note"]
+        return real_losses(*args, **kwargs)
+
+    monkeypatch.setattr(plots, "plot_accuracy", accuracy)
+    monkeypatch.setattr(loss_plots, "plot_losses", losses)
+    make_table([study], tmp_path / "out")
+    # three configurations: arch x teacher (vit_tiny/dense: 4 runs, vit_tiny/sparse: 1, vit_small/dense: 1)
+    assert sorted(seen["names"].values()) == ["arch=vit_small", "teacher=sparse", "the most common values"]
+    assert seen["accuracy_note"] == seen["loss_note"] == (
+        "Unlabelled values are the most common ones: arch=vit_tiny, teacher=dense.")
+    assert sorted(seen["labels"]) == ["70% sparse", "70% sparse", "70% sparse · arch=vit_small",
+                                      "70% sparse · teacher=sparse", "dense", "dense"]
