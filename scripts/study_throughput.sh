@@ -67,7 +67,9 @@ windows = [sum(start <= t <= end for t, _ in r) for r in runs]
 if not all(windows):
     print(json.dumps({"runs": n, "mps": mps, "error": "a run printed no step line in the window", "windows": windows}))
     sys.exit(1)
-medians = [statistics.median(v for t, v in r if start <= t <= end) for r in runs]
+inside = [[v for t, v in r if start <= t <= end] for r in runs]
+medians = [statistics.median(v) for v in inside]
 print(json.dumps({"runs": n, "mps": mps, "window_s": round(end - start, 1), "windows_per_run": windows,
-                  "images_per_s": [round(m) for m in medians], "total_images_per_s": round(sum(medians))}))
+                  "images_per_s": [round(m) for m in medians], "total_images_per_s": round(sum(medians)),
+                  "min_max_per_run": [[round(min(v)), round(max(v))] for v in inside]}))
 EOF

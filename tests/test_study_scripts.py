@@ -51,7 +51,7 @@ with open(run / "evals.txt", "a") as f:
 @pytest.fixture
 def workdir(tmp_path):
     (tmp_path / "scripts").mkdir()
-    for name in ("study_runs.sh", "study_throughput.sh"):
+    for name in ("study_runs.sh", "study_throughput.sh", "study_throughput_rows.sh"):
         shutil.copy(REPO / "scripts" / name, tmp_path / "scripts" / name)
     (tmp_path / "train.py").write_text(FAKE_TRAIN)
     (tmp_path / "eval_linear.py").write_text(FAKE_EVAL)
@@ -74,6 +74,22 @@ def test_throughput_measures_the_window_after_every_run_started_and_stops_them(w
     assert time.monotonic() - start < 60  # stopped after the window, not left to train on
     # each run got its seed and the overrides
     assert "train.seed=1" in (workdir / "out" / "run1" / "args.txt").read_text()
+
+
+def test_throughput_rows_compare_several_runs_with_every_single_run_of_the_same_machine(workdir):
+    result = run_script(workdir, "scripts/study_throughput_rows.sh", "data", "out", "warm:1x1 a:1x2 b:1x2 c:2x2")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (workdir / "out" / "rows.jsonl").read_text().splitlines()]
+    assert [r["row"] for r in rows] == ["warm", "a", "b", "c"]
+    assert [r["runs"] for r in rows] == [1, 1, 1, 2]
+    assert rows[1]["min_max_per_run"] == [[3000, 3000]]  # the stand-in prints 3000 + 100 x seed images/s
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    # the warm-up row is left out; c = 3000 + 3100 against single runs of 3000 each
+    assert [s["row"] for s in summary["single"]] == ["a", "b"] and summary["single_mean"] == 3000
+    assert summary["several"] == [{"row": "c", "runs": 2, "mps": False, "total": 6100, "vs_single_mean": 2.033,
+                                   "vs_each_single": {"a": 2.033, "b": 2.033}}]
+    assert summary["failed"] == []
+    assert (workdir / "out" / "c" / "run1" / "args.txt").exists()
 
 
 def test_throughput_with_a_run_that_dies_in_start_up_says_so_instead_of_waiting(workdir):
