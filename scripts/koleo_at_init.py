@@ -85,7 +85,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=Path, required=True, help="a folder of images (read recursively, sorted)")
     ap.add_argument("--count", type=int, default=32, help="images in the batch (default 32)")
-    ap.add_argument("--arch", default="vit_large", choices=["vit_tiny", "vit_small", "vit_base", "vit_large"])
+    from models.vision_transformer import ARCH_SIZES  # the architectures the models build, one list
+
+    ap.add_argument("--arch", default="vit_large", choices=sorted(ARCH_SIZES))
     ap.add_argument("--patch-size", type=int, default=16)
     ap.add_argument("--size", type=int, default=112, help="image side in pixels (default 112)")
     ap.add_argument("--layerscale", type=float, nargs="+", default=[1e-5, 1e-1])
