@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
-from scripts.benchmarks.profiling import kernel_summary  # noqa: E402
+from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_calls  # noqa: E402
 from scripts.benchmarks.timing import time_steps  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
@@ -51,6 +51,24 @@ def profile_steps(trainer: Trainer, batch: dict, steps: int) -> dict:
         trainer.settle_checks()
         torch.cuda.synchronize()
     return kernel_summary(prof, steps=steps, top=30)
+
+
+def stall_profile(trainer: Trainer, batch: dict, steps: int) -> dict:
+    """Why the GPU waits, over `steps` steps profiled with host activity too (which slows the host, so the gaps are
+    longer than in the timed steps; read them for where, not how long): the host's CUDA API calls per step and the
+    longest GPU idle gaps with what the host did meanwhile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    values = trainer.schedules.at(20_000)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer.train_step(batch, values)
+        trainer.settle_checks()
+        torch.cuda.synchronize()
+    summary = kernel_summary(prof, steps=steps, top=0)
+    return {"steps": steps, "span_ms": summary.get("span_ms"), "idle_ms": summary.get("idle_ms"),
+            "runtime_calls": runtime_calls(prof, steps=steps), "idle_gaps": idle_gaps(prof, top=12)}
 
 
 def host_profile(trainer: Trainer, batch: dict, steps: int, top: int = 45) -> dict:
@@ -162,11 +180,13 @@ def run_row(trainer, batch, row, args, label=None) -> dict:
     with torch.compiler.set_stance(stance):
         times = time_steps(trainer, batch, args.warmup, args.iters)
         out = {"row": label or row, "ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
-               "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+               "times_ms": [round(t, 2) for t in times], "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
         if args.profile and label is None:
             out["profile"] = profile_steps(trainer, batch, args.profile)
         if args.host_profile and label is None:
             out["host_profile"] = host_profile(trainer, batch, args.host_profile)
+        if args.stall_profile and label is None:
+            out["stalls"] = stall_profile(trainer, batch, args.stall_profile)
     print(f"  {out['row']}: {out['ms']:.1f} ms", flush=True)
     return out
 
@@ -181,6 +201,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", type=int, default=2, help="steps per row profiled for the kernel breakdown (0: off)")
     ap.add_argument("--host-profile", type=int, default=0, help="steps per row under cProfile (0: off)")
+    ap.add_argument("--stall-profile", type=int, default=0,
+                    help="steps per row profiled with host activity: CUDA API calls and the GPU's longest idle gaps")
     ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=["default", "reduce-overhead"],
                     help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
@@ -253,6 +275,13 @@ def print_table(result: dict) -> None:
                   f"{p['by_category_ms']}")
         if "gemms_2to4" in r:
             print(f"  2:4 GEMMs in place: {r['gemms_2to4']}")
+        if "stalls" in r:
+            st = r["stalls"]
+            calls = ", ".join(f"{c['name']} {c['calls']:g}x {c['ms']} ms" for c in st["runtime_calls"][:6])
+            print(f"  {r['row']} under host profiling: idle {st['idle_ms']} of {st['span_ms']} ms; API calls: {calls}")
+            for g in st["idle_gaps"][:5]:
+                print(f"    gap {g['gap_ms']} ms at {g['at_ms']} ms before {g['before_kernel'][:40]}: "
+                      f"{g['runtime_calls'][:3]} {g['host_events'][:3]}")
 
 
 if __name__ == "__main__":

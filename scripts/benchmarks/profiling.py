@@ -6,6 +6,9 @@ kernels a sparse step adds or removes, and whether the GPU waits for the host (i
     with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
         step(); torch.cuda.synchronize()
     summary = kernel_summary(prof, steps=1)
+
+With host activity too (`ProfilerActivity.CPU`), `runtime_calls` lists the host's CUDA API calls (synchronisations,
+allocations) and `idle_gaps` the longest waits of the GPU with what the host was doing meanwhile.
 """
 
 from __future__ import annotations
@@ -86,3 +89,62 @@ def kernel_summary(prof, steps: int = 1, top: int = 12) -> Dict:
         "top_kernels": [{"name": n[:120], "category": categorize(n), "ms": round(t / steps / 1e3, 4),
                          "calls": round(c / steps, 1)} for n, (t, c) in tops],
     }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# why the GPU waits: a profile with host (CPU) activity as well
+
+
+RUNTIME_CALL = re.compile(r"^(cuda|cu)[A-Z]")  # CUDA runtime (cudaMalloc) and driver (cuLaunchKernel) API calls
+BLOCKING_CALL = re.compile(r"synchronize|malloc|free|^cudaMemcpy$|^cuMemcpy|hostalloc|hostregister", re.I)
+
+
+def _host_events(prof) -> List[Tuple[str, float, float]]:
+    return [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+            if not str(getattr(e, "device_type", "")).endswith("CUDA")]
+
+
+def runtime_calls(prof, steps: int = 1, top: int = 15) -> List[Dict]:
+    """The host's CUDA runtime and driver calls per step, by host time: name, calls, ms, and whether the call can
+    block the host or the device (synchronisations, allocations and frees, synchronous copies)."""
+    by_name: Dict[str, List[float]] = {}
+    for name, s, e in _host_events(prof):
+        if RUNTIME_CALL.match(name):
+            entry = by_name.setdefault(name, [0.0, 0])
+            entry[0] += e - s
+            entry[1] += 1
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"name": n, "calls": round(c / steps, 1), "ms": round(t / steps / 1e3, 4),
+             "blocking": bool(BLOCKING_CALL.search(n))} for n, (t, c) in ranked]
+
+
+def idle_gaps(prof, top: int = 10, min_us: float = 100.0, host_ops: int = 4) -> List[Dict]:
+    """The longest stretches with no kernel running (at least `min_us`), longest first: where they start (ms from
+    the first kernel), how long, the kernels on either side, and what the host was doing meanwhile: the runtime calls
+    and the host events (aten ops, compiled graphs, Python annotations) that overlap it, innermost first."""
+    ev = sorted(_kernel_events(prof), key=lambda k: k[1])
+    if not ev:
+        return []
+    origin = ev[0][1]
+    gaps, last_end, last_name = [], ev[0][2], ev[0][0]
+    for name, s, e in ev[1:]:
+        if s - last_end >= min_us:
+            gaps.append((last_end, s, last_name, name))
+        if e > last_end:
+            last_end, last_name = e, name
+    gaps = sorted(gaps, key=lambda g: g[0] - g[1])[:top]
+    host = _host_events(prof)
+    out = []
+    for start, end, before, after in gaps:
+        overlap = [(min(e, end) - max(s, start), e - s, n) for n, s, e in host if s < end and e > start]
+        calls = sorted({n for _, _, n in overlap if RUNTIME_CALL.match(n)})
+        # innermost first: of the events covering at least half the gap the shortest say the most (a whole step
+        # covers every gap); then the others, by how much of the gap they cover
+        half = (end - start) / 2
+        ops = sorted((o for o in overlap if not RUNTIME_CALL.match(o[2])),
+                     key=lambda o: (o[0] < half, o[1] if o[0] >= half else -o[0]))
+        names = list(dict.fromkeys(n for _, _, n in ops))[:host_ops]
+        out.append({"at_ms": round((start - origin) / 1e3, 3), "gap_ms": round((end - start) / 1e3, 3),
+                    "after_kernel": before[:80], "before_kernel": after[:80], "runtime_calls": calls,
+                    "host_events": names})
+    return out

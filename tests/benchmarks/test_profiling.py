@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: scripts.benchmarks
 
-from scripts.benchmarks.profiling import categorize, kernel_summary  # noqa: E402
+from scripts.benchmarks.profiling import categorize, idle_gaps, kernel_summary, runtime_calls  # noqa: E402
 
 
 def _event(name, start, end, device="DeviceType.CUDA"):
@@ -62,3 +62,74 @@ def test_compiled_kernels_have_their_own_category():
 
 def test_kernel_summary_without_kernels():
     assert kernel_summary(_FakeProf([]))["kernels"] == 0
+
+
+def test_runtime_calls_per_step_by_host_time_with_the_blocking_ones_marked():
+    prof = _FakeProf([
+        _event("cudaLaunchKernel", 0.0, 5.0, device="DeviceType.CPU"),
+        _event("cudaLaunchKernel", 10.0, 15.0, device="DeviceType.CPU"),
+        _event("cudaStreamSynchronize", 20.0, 420.0, device="DeviceType.CPU"),
+        _event("cudaMalloc", 500.0, 600.0, device="DeviceType.CPU"),
+        _event("cuLaunchKernel", 700.0, 702.0, device="DeviceType.CPU"),
+        _event("aten::add", 0.0, 50.0, device="DeviceType.CPU"),  # an op, not an API call
+        _event("cudaStreamSynchronize", 0.0, 999.0),  # a device event of that name: not a host call
+    ])
+    calls = runtime_calls(prof, steps=2)
+    # 400 us of synchronisation over 2 steps = 0.2 ms per step; cudaMalloc 0.05; launches 5 us each
+    assert [c["name"] for c in calls] == ["cudaStreamSynchronize", "cudaMalloc", "cudaLaunchKernel", "cuLaunchKernel"]
+    assert calls[0] == {"name": "cudaStreamSynchronize", "calls": 0.5, "ms": 0.2, "blocking": True}
+    assert calls[1]["blocking"] and not calls[2]["blocking"] and not calls[3]["blocking"]
+    assert calls[2] == {"name": "cudaLaunchKernel", "calls": 1.0, "ms": 0.005, "blocking": False}
+
+
+def test_idle_gaps_longest_first_with_what_the_host_did_meanwhile():
+    prof = _FakeProf([
+        _event("gemm_a", 0.0, 100.0),
+        _event("gemm_b", 50.0, 300.0),  # overlaps a: the GPU is busy until 300
+        _event("prune_kernel", 450.0, 500.0),  # a 150 us gap after gemm_b
+        _event("fused_c", 520.0, 600.0),  # 20 us: below min_us
+        _event("fused_d", 1100.0, 1200.0),  # a 500 us gap after fused_c
+        _event("train_step", 0.0, 1300.0, device="DeviceType.CPU"),  # covers everything: outermost
+        _event("aten::item", 610.0, 1090.0, device="DeviceType.CPU"),  # the host waits on a value
+        _event("cudaStreamSynchronize", 620.0, 1080.0, device="DeviceType.CPU"),
+        _event("aten::empty", 310.0, 330.0, device="DeviceType.CPU"),
+        _event("cudaMalloc", 312.0, 440.0, device="DeviceType.CPU"),
+    ])
+    gaps = idle_gaps(prof, min_us=100.0)
+    assert [g["gap_ms"] for g in gaps] == [0.5, 0.15]
+    first, second = gaps
+    assert first["at_ms"] == 0.6 and first["after_kernel"] == "fused_c" and first["before_kernel"] == "fused_d"
+    assert first["runtime_calls"] == ["cudaStreamSynchronize"]
+    # aten::item covers 480 of the 500 us, train_step all of it: both more than half, the shorter (inner) first
+    assert first["host_events"] == ["aten::item", "train_step"]
+    assert second["after_kernel"] == "gemm_b" and second["before_kernel"] == "prune_kernel"
+    assert second["runtime_calls"] == ["cudaMalloc"]
+    # train_step covers the 150 us gap, aten::empty 20 us of it (less than half): after it
+    assert second["host_events"] == ["train_step", "aten::empty"]
+    assert idle_gaps(_FakeProf([])) == []
+
+
+@pytest.mark.gpu
+def test_a_real_profile_shows_the_synchronisation_and_the_gap_the_host_made():
+    """On a CUDA GPU: a sleep of the host between two matmuls is the longest gap, and `.item()`'s synchronisation is
+    a blocking runtime call."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.randn(2048, 2048, device="cuda")
+    (a @ a).sum().item()  # warm-up: cuBLAS handles, allocations
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        b = a @ a
+        b.sum().item()  # the host waits for the GPU
+        time.sleep(0.02)  # then the GPU waits 20 ms for the host
+        c = b @ a
+        torch.cuda.synchronize()
+    assert torch.isfinite(c).all()
+    calls = runtime_calls(prof)
+    assert any(c["blocking"] and "ynchronize" in c["name"] for c in calls), calls
+    longest = idle_gaps(prof, top=1)[0]
+    assert 19.0 < longest["gap_ms"] < 200.0, longest
+    assert categorize(longest["before_kernel"]) == "dense_gemm", longest
