@@ -17,6 +17,7 @@ from typing import Optional
 from . import published
 from .configurations import SPARSITY_PREFIX, common_values_note, short_labels, short_row_label
 from .figures import STYLE, plt, save_with_caption
+from .run_logs import COMPLETE
 from .table_format import config_value
 
 METRICS = (("delta_top1", "linear probe", "C0"), ("delta_knn_top1", "k-NN", "C1"))
@@ -44,7 +45,7 @@ def gaps(rows) -> list[Gap]:
     by schedule, in the rows' order otherwise."""
     by_config: dict[tuple, Gap] = {}
     for r in rows:
-        if not r.sparse_fraction or r.delta_top1 is None:
+        if not r.sparse_fraction or r.delta_top1 is None or r.status != COMPLETE:  # as the table's means
             continue
         key = (r.sparse_fraction, tuple((k, config_value(v)) for k, v in r.differing_config.items()))
         gap = by_config.setdefault(key, Gap(r.sparse_fraction, dict(r.differing_config)))
@@ -62,12 +63,12 @@ def _published_delta(fraction: float) -> Optional[float]:
 
 
 def _cut_axis(ax, drawn: list[Gap]) -> None:
-    """Keep the axis to [AXIS_FLOOR, 0.5] when a gap goes beyond it, writing the cut bars' means at the edge, so one
-    broken variant does not flatten the rest."""
-    lowest = min(min(g.linear + g.knn) for g in drawn)
-    if lowest >= AXIS_FLOOR:
+    """Start the axis at AXIS_FLOOR when a gap goes beyond it, writing the cut bars' means at the edge, so one
+    broken variant does not flatten the rest (the right end still shows every gain)."""
+    values = [v for g in drawn for v in g.linear + g.knn]
+    if min(values) >= AXIS_FLOOR:
         return
-    ax.set_xlim(AXIS_FLOOR, 0.5)
+    ax.set_xlim(AXIS_FLOOR, max(0.5, max(values) + 0.5))
     for i, gap in enumerate(drawn):
         for j, values in enumerate((gap.linear, gap.knn)):
             if values and statistics.fmean(values) < AXIS_FLOOR:

@@ -54,6 +54,15 @@ def study(tmp_path):
     return runs
 
 
+def test_gaps_leave_out_runs_that_did_not_finish(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "dense_s0", 0.0, top1=80.0, knn20=70.0)
+    make_run(runs, "s70_s0", 0.7, top1=79.0, knn20=69.0)
+    make_run(runs, "s40_s0", 0.4, top1=70.0, knn20=60.0, steps_done=100, finished=False)  # evaluated mid-run
+    rows = build_rows([read_run(p) for p in sorted(runs.iterdir())])
+    assert [g.fraction for g in gaps(rows)] == [0.7]
+
+
 def test_gaps_are_per_seed_differences_to_the_same_seeds_dense_run(study):
     rows = build_rows([read_run(p) for p in sorted(study.iterdir())])
     drawn = gaps(rows)
@@ -89,6 +98,7 @@ def test_a_gap_far_beyond_the_others_is_cut_at_the_axis_not_flattening_them(tmp_
     make_run(runs, "dense_s0", 0.0, top1=80.0, knn20=70.0)
     make_run(runs, "s70_s0", 0.7, top1=79.0, knn20=69.0)
     make_run(runs, "s70_broken_s0", 0.7, top1=50.0, knn20=40.0, overrides=["sparsity.pruning=tile_greedy_signed"])
+    make_run(runs, "s70_better_s0", 0.7, top1=82.0, knn20=70.0, overrides=["sparsity.teacher=sparse"])  # +2 pp
     rows = build_rows([read_run(p) for p in sorted(runs.iterdir())])
     seen = {}
     real = gap_plot._cut_axis
@@ -100,7 +110,7 @@ def test_a_gap_far_beyond_the_others_is_cut_at_the_axis_not_flattening_them(tmp_
 
     monkeypatch.setattr(gap_plot, "_cut_axis", spy)
     assert gap_plot.plot_gaps(rows, tmp_path / "g.png") == tmp_path / "g.png"
-    assert seen["xlim"] == pytest.approx((gap_plot.AXIS_FLOOR, 0.5))
+    assert seen["xlim"] == pytest.approx((gap_plot.AXIS_FLOOR, 2.5))  # the +2 pp gain stays in view
     assert seen["texts"] == ["-30.0 \u2190", "-30.0 \u2190"]  # 50 - 80 linear, 40 - 70 k-NN; -1.0 is not cut
 
 
