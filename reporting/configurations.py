@@ -34,13 +34,17 @@ def config_label(differing: dict) -> str:
     return ", ".join(f"{key}={config_value(value)}" for key, value in differing.items())
 
 
+def _short_schedule(fraction: Optional[float]) -> str:
+    """"dense", "70% sparse": the schedule where a configuration's keys follow it."""
+    return "unknown schedule" if fraction is None else "dense" if fraction == 0.0 else f"{fraction * 100:g}% sparse"
+
+
 def row_label(fraction: Optional[float], differing: dict) -> str:
     """The schedule alone where only schedules differ ("70% sparse", "0% sparse (dense baseline)"), else the short
     schedule and the differing keys ("dense · student.arch=vit_small", "70% sparse · sparsity.teacher=sparse")."""
     if not differing:
         return schedule_label(fraction)
-    schedule = "unknown schedule" if fraction is None else "dense" if fraction == 0.0 else f"{fraction * 100:g}% sparse"
-    return f"{schedule} · {config_label(differing)}"
+    return f"{_short_schedule(fraction)} · {config_label(differing)}"
 
 
 def _short_key(key: str, keys: list[str]) -> str:
@@ -73,8 +77,7 @@ def common_values_note(base: dict) -> str:
 
 def short_row_label(fraction: Optional[float], short: str) -> str:
     """"70% sparse · epochs=80": a figure's name of a run, with `short_labels`' label of its configuration."""
-    schedule = "unknown schedule" if fraction is None else "dense" if fraction == 0.0 else f"{fraction * 100:g}% sparse"
-    return f"{schedule} · {short}" if short else schedule
+    return f"{_short_schedule(fraction)} · {short}" if short else _short_schedule(fraction)
 
 
 def compared_config(run: RunSummary) -> Optional[dict]:
@@ -109,13 +112,18 @@ def config_order(differing: dict) -> tuple:
                  for v in differing.values())
 
 
+def config_key(differing: dict, dense_reference: bool = False) -> tuple:
+    """A configuration's differing keys and values as a dict key; with `dense_reference`, without sparsity.*: what
+    a configuration shares with the dense runs it is compared with (all other keys are equal in every run)."""
+    return tuple((key, hashable_value(value)) for key, value in differing.items()
+                 if not (dense_reference and key.startswith(SPARSITY_PREFIX)))
+
+
 def dense_reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]:
-    """What a run and its dense reference share: the differing keys except sparsity.* (all other keys are equal in
-    every run); None where the config is unknown."""
+    """`config_key` of the run's dense reference; None where the config is unknown."""
     if run.config is None:
         return None
-    return tuple((key, hashable_value(value)) for key, value in differing_config(run, keys).items()
-                 if not key.startswith(SPARSITY_PREFIX))
+    return config_key(differing_config(run, keys), dense_reference=True)
 
 
 def dense_references(runs: list[RunSummary], keys: Sequence[str] = ()) -> dict[tuple, RunSummary]:

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Optional
 
 from . import published
-from .configurations import SPARSITY_PREFIX, common_values_note, short_labels, short_row_label
+from .configurations import common_values_note, config_key, short_labels, short_row_label
 from .figures import STYLE, plt, save_with_caption
 from .run_logs import COMPLETE
-from .table_format import config_value
 
-METRICS = (("delta_top1", "linear probe", "C0"), ("delta_knn_top1", "k-NN", "C1"))
+METRICS = (("linear probe", "C0"), ("k-NN", "C1"))  # the bars of a gap: its `linear` and its `knn` values
 AXIS_FLOOR = -12.0  # pp: a gap beyond it (a broken variant) is cut at the axis and its mean written there
 
 
@@ -37,7 +36,7 @@ class Gap:
     @property
     def reference(self) -> tuple:
         """What the configuration shares with its dense runs: the differing keys other than sparsity.*."""
-        return tuple((k, config_value(v)) for k, v in self.config.items() if not k.startswith(SPARSITY_PREFIX))
+        return config_key(self.config, dense_reference=True)
 
 
 def gaps(rows) -> list[Gap]:
@@ -47,7 +46,7 @@ def gaps(rows) -> list[Gap]:
     for r in rows:
         if not r.sparse_fraction or r.delta_top1 is None or r.status != COMPLETE:  # as the table's means
             continue
-        key = (r.sparse_fraction, tuple((k, config_value(v)) for k, v in r.differing_config.items()))
+        key = (r.sparse_fraction, config_key(r.differing_config))
         gap = by_config.setdefault(key, Gap(r.sparse_fraction, dict(r.differing_config)))
         gap.seeds.append(r.seed)
         gap.linear.append(r.delta_top1)
@@ -65,10 +64,10 @@ def _published_delta(fraction: float) -> Optional[float]:
 def _cut_axis(ax, drawn: list[Gap]) -> None:
     """Start the axis at AXIS_FLOOR when a gap goes beyond it, writing the cut bars' means at the edge, so one
     broken variant does not flatten the rest (the right end still shows every gain)."""
-    values = [v for g in drawn for v in g.linear + g.knn]
-    if min(values) >= AXIS_FLOOR:
+    every = [v for g in drawn for v in g.linear + g.knn]
+    if min(every) >= AXIS_FLOOR:
         return
-    ax.set_xlim(AXIS_FLOOR, max(0.5, max(values) + 0.5))
+    ax.set_xlim(AXIS_FLOOR, max(0.5, max(every) + 0.5))
     for i, gap in enumerate(drawn):
         for j, values in enumerate((gap.linear, gap.knn)):
             if values and statistics.fmean(values) < AXIS_FLOOR:
@@ -87,7 +86,7 @@ def plot_gaps(rows, path: Path, setting: str = "") -> Optional[Path]:
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(9.5, 1.2 + 0.55 * len(drawn)))
         for i, gap in enumerate(drawn):
-            for j, (values, (_, name, color)) in enumerate(zip((gap.linear, gap.knn), METRICS)):
+            for j, (values, (name, color)) in enumerate(zip((gap.linear, gap.knn), METRICS)):
                 if not values:
                     continue
                 y = i + (j - 0.5) * 0.38

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import published
-from .configurations import (SPARSITY_PREFIX, common_values_note, config_label, config_order, dense_reference,
-                             dense_reference_key, dense_references, differing_config, differing_keys, hashable_value,
-                             row_label, short_labels, short_row_label)
+from .configurations import (common_values_note, config_key, config_label, config_order, dense_reference,
+                             dense_reference_key, dense_references, differing_config, differing_keys, row_label,
+                             short_labels, short_row_label)
 from .intervals import wilson_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs, read_run
 from .table_format import markdown, write_csv
@@ -204,11 +204,11 @@ def mean_and_half_range(values: list) -> tuple[Optional[float], Optional[float]]
 
 def _group_key(row) -> tuple:
     """Rows with the same schedule and the same values of the differing keys have the same compared config."""
-    return row.sparse_fraction, tuple((k, hashable_value(v)) for k, v in row.differing_config.items())
+    return row.sparse_fraction, config_key(row.differing_config)
 
 
 def _mean_reference_key(mean: ScheduleMean) -> tuple:
-    return tuple((k, hashable_value(v)) for k, v in mean.differing_config.items() if not k.startswith(SPARSITY_PREFIX))
+    return config_key(mean.differing_config, dense_reference=True)
 
 
 def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
