@@ -34,6 +34,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from scripts.benchmarks import bad_algs  # noqa: E402
 from scripts.benchmarks.timing import graph_ms, median_ms, wall_ms  # noqa: E402
 
 SHAPES = [(1024, 4096), (4096, 1024)]  # (in, out): fc1, fc2
@@ -374,6 +375,9 @@ def main():
     ap.add_argument("--tokens", type=int, nargs="*", default=TOKENS)
     ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
     ap.add_argument("--ops", nargs="*", default=["prune_pack", "gemm", "linear_fwd_bwd", "mlp_fwd_bwd", "kernels"])
+    ap.add_argument("--bad-algs", default=None, metavar="JSON",
+                    help="cuSPARSELt algorithm ids that crash on this GPU and library version "
+                         "(scripts/benchmarks/bad_algs.py), so that the sweep runs on a version without a list")
     ap.add_argument("--merge", nargs="+", default=None, metavar="RUN",
                     help="merge earlier runs (their JSON, or stdout logs) into --out/--md instead of measuring")
     args = ap.parse_args()
@@ -384,6 +388,7 @@ def main():
         sys.exit("bench_sparse.py needs a CUDA GPU")
     logging_setup()
     from sparsity.backends import BackendUnavailable, get_backend
+    from sparsity.backends.cusparselt.library import loaded_library_path
     from sparsity.backends.cusparselt.library import version as cusparselt_version
 
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in args.dtypes]
@@ -395,6 +400,8 @@ def main():
         "triton": __import__("triton").__version__,
         "python": platform.python_version(),
         "cusparselt": cusparselt_version(),
+        "cusparselt_library": bad_algs.short_library_path(loaded_library_path()),
+        "bad_algs": bad_algs.apply(args.bad_algs),
         "torch_cusparselt": torch.backends.cusparselt.version(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
+from scripts.benchmarks import bad_algs  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_calls  # noqa: E402
 from scripts.benchmarks.timing import time_steps  # noqa: E402
@@ -205,10 +206,14 @@ def main() -> None:
                     help="steps per row profiled with host activity: CUDA API calls and the GPU's longest idle gaps")
     ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=["default", "reduce-overhead"],
                     help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>")
+    ap.add_argument("--bad-algs", default=None, metavar="JSON",
+                    help="cuSPARSELt algorithm ids that crash on this GPU and library version "
+                         "(scripts/benchmarks/bad_algs.py), so that the sweep runs on a version without a list")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_train_step.py needs a CUDA GPU")
+    bad_algs.apply(args.bad_algs)
     device = torch.device("cuda")
     rows, compiled = [], {}
     for mode in args.compile_modes:
@@ -241,11 +246,22 @@ def main() -> None:
             dense = next(d for d in rows if d["row"] == r["row"].split("-")[0] + "-dense")
             r["gemms_2to4"] = in_place(dense, r)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": args.config,
+              "cusparselt_library": _cusparselt_library(),
               "overrides": args.overrides, "images_per_step": cfg.train.batch_size_per_gpu, "rows": rows,
               "compiled": compiled, "sparse_decisions": sparse_decisions()}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print_table(result)
+
+
+def _cusparselt_library() -> dict:
+    """Which cuSPARSELt the sparse rows ran: its version and file (a process started with LD_PRELOAD runs another)."""
+    from sparsity.backends.cusparselt.library import loaded_library_path, version
+
+    try:
+        return {"version": version(), "file": bad_algs.short_library_path(loaded_library_path())}
+    except Exception as e:  # noqa: BLE001 - no cuSPARSELt here: the sparse rows said so already
+        return {"error": repr(e)}
 
 
 def sparse_decisions() -> dict:

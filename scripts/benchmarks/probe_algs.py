@@ -7,7 +7,8 @@ it after the last attempted id when it dies:
     s=0; while :; do python3 -m scripts.benchmarks.probe_algs --dtype fp16 --kind fwd --out f.jsonl --start $s && break;
          s=$(( $(python3 -m scripts.benchmarks.probe_algs --last f.jsonl) + 1 )); done
 
-(from the repository root).
+(from the repository root). `scripts/benchmarks/bad_algs.py` reads the file back (which ids crashed, which gave wrong
+results); `scripts/bench_cslt_versions.py` runs this loop for every GEMM of the ViT-L MLPs and each library version.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def main():
     import torch.nn.functional as F
 
     from sparsity.backends.cusparselt.compressor import OperandLayout
-    from sparsity.backends.cusparselt.library import ORDER_COL, handle
+    from scripts.benchmarks.bad_algs import short_library_path
+    from sparsity.backends.cusparselt.library import ORDER_COL, handle, loaded_library_path, version
     from sparsity.backends.cusparselt.plans import GemmPlan, empty_d
     from sparsity.backends.timing import median_cuda_ms
     from sparsity.kernels.pack_cusparselt import prune_pack
@@ -76,7 +78,9 @@ def main():
     base = GemmPlan(("probe",), 0, h, lay, n, dtype, True, ORDER_COL, False, None)
     base.build()
     max_alg = base.max_alg()
-    emit(event="max_alg", max_alg=max_alg, default_alg=base.current_alg(), alg=args.start - 1)
+    emit(event="max_alg", max_alg=max_alg, default_alg=base.current_alg(), alg=args.start - 1,
+         arch="sm%d%d" % torch.cuda.get_device_capability(), cusparselt=version(),
+         library=short_library_path(loaded_library_path()))
     d = empty_d(base, b.device)
     for alg in range(args.start, max_alg + 1):
         emit(alg=alg, event="try")

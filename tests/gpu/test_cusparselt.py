@@ -220,8 +220,20 @@ def test_plans_record_verified_algorithms(cs, dtype):
     assert _rel(y, x.float() @ sw.to_dense().float().t()) < 1e-2
     recs = [v for k, v in P.plan_records().items() if "2048, 1024, 2048" in k and str(dtype) in k]
     assert recs and all("alg_id" in r for r in recs)
+    # each record names its GEMM, so that a benchmark can say which algorithm each of its rows ran
+    assert {(r["out_features"], r["in_features"], r["tokens"], r["dtype"]) for r in recs} == \
+        {(2048, 1024, 2048, str(dtype).replace("torch.", ""))}
     if dtype == torch.float16:  # the blocklisted (crashing) algorithms were never run
         assert all(r["alg_id"] < 34 for r in recs)
+
+
+def test_the_mapped_library_is_found(cs):
+    """What a benchmark records as the library it ran (a process started with LD_PRELOAD runs another copy)."""
+    from sparsity.backends.cusparselt.library import loaded_library_path, version
+
+    path = loaded_library_path()
+    assert path is not None and "libcusparseLt.so" in path, path
+    assert version() >= 800
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -41,12 +41,36 @@ _load_lock = threading.Lock()
 _version: Optional[int] = None
 
 
+def loaded_library_path(maps_text: Optional[str] = None) -> Optional[str]:
+    """The file of the libcusparseLt mapped into this process (Linux: /proc/self/maps), or None.
+
+    Which copy a process runs is what a benchmark of library versions must record: one started with
+    `LD_PRELOAD=<another libcusparseLt.so.0>` runs that copy for torch and nvmath alike, whatever torch's wheel ships.
+    """
+    if maps_text is None:
+        try:
+            with open("/proc/self/maps") as f:
+                maps_text = f.read()
+        except OSError:
+            return None
+    for line in maps_text.splitlines():
+        fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+        if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith("libcusparseLt.so"):
+            return fields[5].strip()
+    return None
+
+
 def _preload_libcusparselt() -> Optional[str]:
     """Make sure libcusparseLt is loaded into the process so nvmath's loader finds it.
 
     torch's CUDA wheel depends on nvidia-cusparselt; its library lives in site-packages/nvidia/cusparselt/lib (or
     torch/lib). Loading it with RTLD_GLOBAL first lets nvmath (via cuda-pathfinder) pick up the already-loaded copy.
+    A copy already mapped (torch's own, or one preloaded in its place) is kept: loading torch's file as well would
+    put a second, different library beside it.
     """
+    already = loaded_library_path()
+    if already is not None:
+        return already
     cands = []
     base = os.path.dirname(os.path.dirname(torch.__file__))
     cands += glob.glob(os.path.join(base, "nvidia", "cusparselt", "lib", "libcusparseLt.so*"))
@@ -93,7 +117,7 @@ def lib():
         except Exception as e:  # pragma: no cover
             _load_error = f"cuSPARSELt failed to initialise through nvmath: {e!r}"
             raise BackendUnavailable(_load_error) from e
-        log.info("cuSPARSELt %s loaded through nvmath-python", ver)
+        log.info("cuSPARSELt %s loaded through nvmath-python (%s)", ver, loaded_library_path())
         _cslt = cslt
         return _cslt
 

@@ -52,6 +52,23 @@ BAD_ALGS: dict = {
 }
 
 
+def register_bad_algs(arch: str, cusparselt_version: int, dtype: torch.dtype, alg_ids) -> None:
+    """Declare the algorithm ids that crash the GPU on (arch, cuSPARSELt version, dtype), as found by running each id
+    in a process of its own (scripts/benchmarks/probe_algs.py): "sweep" then runs there too, skipping them. Adds to
+    what is known; choices already made in this process stay."""
+    if not (isinstance(arch, str) and arch.startswith("sm") and arch[2:].isdigit()):
+        raise ValueError(f"arch={arch!r}: expected 'sm' and the compute capability's digits, e.g. 'sm90'")
+    if not isinstance(cusparselt_version, int) or cusparselt_version <= 0:
+        raise ValueError(f"cusparselt_version={cusparselt_version!r}: expected the library's int version, e.g. 800")
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype={dtype}: cuSPARSELt runs here in torch.float16 or torch.bfloat16")
+    ids = frozenset(alg_ids)
+    if not all(isinstance(i, int) and i >= 0 for i in ids):
+        raise ValueError(f"alg_ids={sorted(ids, key=str)}: expected non-negative ints")
+    key = (arch, cusparselt_version, dtype)
+    BAD_ALGS[key] = BAD_ALGS.get(key, frozenset()) | ids
+
+
 class _Plans(threading.local):
     def __init__(self):
         self.by_key: dict[tuple, GemmPlan] = {}
@@ -113,7 +130,8 @@ def get_plan(
         _plans.by_key[key] = plan
         return plan
     default_alg = plan.current_alg()
-    record = {"default_alg": default_alg, "mode": mode}
+    record = {"default_alg": default_alg, "mode": mode, "kind": kind, "out_features": out_features,
+              "in_features": in_features, "tokens": n, "dtype": str(dtype).replace("torch.", "")}
     d = empty_d(plan, b.device)
     bias0 = torch.zeros(lay.rows, dtype=dtype, device=b.device) if has_bias else None
     ref = reference()
