@@ -77,19 +77,36 @@ def test_throughput_measures_the_window_after_every_run_started_and_stops_them(w
 
 
 def test_throughput_rows_compare_several_runs_with_every_single_run_of_the_same_machine(workdir):
-    result = run_script(workdir, "scripts/study_throughput_rows.sh", "data", "out", "warm:1x1 a:1x2 b:1x2 c:2x2")
+    result = run_script(workdir, "scripts/study_throughput_rows.sh", "data", "out",
+                        "warm:1x1 a:1x2 b:1x2 c:2x2 g:1x2:train.compile_mode=reduce-overhead", "common=1")
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (workdir / "out" / "rows.jsonl").read_text().splitlines()]
-    assert [r["row"] for r in rows] == ["warm", "a", "b", "c"]
-    assert [r["runs"] for r in rows] == [1, 1, 1, 2]
+    assert [r["row"] for r in rows] == ["warm", "a", "b", "c", "g"]
+    assert [r["runs"] for r in rows] == [1, 1, 1, 2, 1]
+    assert [r["overrides"] for r in rows] == [[], [], [], [], ["train.compile_mode=reduce-overhead"]]
     assert rows[1]["min_max_per_run"] == [[3000, 3000]]  # the stand-in prints 3000 + 100 x seed images/s
     summary = json.loads((workdir / "out" / "summary.json").read_text())
-    # the warm-up row is left out; c = 3000 + 3100 against single runs of 3000 each
+    # the warm-up row is left out, and so is the single run set up differently (g) from the baseline;
+    # c = 3000 + 3100 against single runs of 3000 each
     assert [s["row"] for s in summary["single"]] == ["a", "b"] and summary["single_mean"] == 3000
-    assert summary["several"] == [{"row": "c", "runs": 2, "mps": False, "total": 6100, "vs_single_mean": 2.033,
-                                   "vs_each_single": {"a": 2.033, "b": 2.033}}]
+    assert summary["compared"] == [
+        {"row": "c", "runs": 2, "mps": False, "overrides": [], "total": 6100, "vs_single_mean": 2.033,
+         "vs_each_single": {"a": 2.033, "b": 2.033}},
+        {"row": "g", "runs": 1, "mps": False, "overrides": ["train.compile_mode=reduce-overhead"], "total": 3000,
+         "vs_single_mean": 1.0, "vs_each_single": {"a": 1.0, "b": 1.0}}]
     assert summary["failed"] == []
     assert (workdir / "out" / "c" / "run1" / "args.txt").exists()
+    # the common overrides reach every run, a row's own only its runs, after the common ones
+    g_args = (workdir / "out" / "g" / "run0" / "args.txt").read_text().split()
+    assert g_args[-2:] == ["common=1", "train.compile_mode=reduce-overhead"]
+    assert "train.compile_mode=reduce-overhead" not in (workdir / "out" / "a" / "run0" / "args.txt").read_text()
+
+
+@pytest.mark.parametrize("rows", ["a:1", "a:x2", "a:1x2:mpss", "a:0x2"])
+def test_throughput_rows_refuse_a_malformed_row_before_running_any(workdir, rows):
+    result = run_script(workdir, "scripts/study_throughput_rows.sh", "data", "out", f"ok:1x1 {rows}")
+    assert result.returncode == 2 and "row '" in result.stderr
+    assert not (workdir / "out" / "ok").exists()
 
 
 def test_throughput_with_a_run_that_dies_in_start_up_says_so_instead_of_waiting(workdir):
