@@ -35,7 +35,7 @@ class LossFigure:
     handles: list = field(default_factory=list)
 
 
-def _terms(runs) -> list[str]:
+def drawn_terms(runs) -> list[str]:
     """The loss terms to draw: total first, then the logged terms that are not constant (a weight of 0)."""
     present = []
     for term in list(LOSS_TERMS) + sorted({t for r in runs for t in r.loss_terms} - set(LOSS_TERMS)):
@@ -63,6 +63,12 @@ def _colors(runs) -> dict:
     return {f: cmap(0.9 * i / max(len(fractions) - 1, 1)) for i, f in enumerate(fractions)}
 
 
+def smoothing_window(runs) -> int:
+    """Logged values per moving average (odd): ~40 averages along the longest run, none for short runs."""
+    longest = max((len(r.loss_terms.get("loss", [])) for r in runs), default=0)
+    return (longest // 40) | 1 if longest > 80 else 1
+
+
 def difference_curve(curve, reference) -> list[tuple]:
     """[(step, value - reference's value)] at the steps both logged with finite values."""
     ref = {step: v for step, v in reference if math.isfinite(v)}
@@ -79,7 +85,7 @@ def _set_late_limits(ax, late: list, early: list) -> bool:
     return any(not low - margin <= y <= high + margin for y in early)
 
 
-def _draw(ax, runs, curves, colors, keys, base_seed, window: int, zero=None) -> bool:
+def draw_curves(ax, runs, curves, colors, keys, base_seed, window: int, zero=None) -> bool:
     """Each run's curve (None: not drawn) smoothed, its switch marked; the y range after the first 10% of steps
     (with `zero`, a reference line at 0 in that colour, kept in range). Returns whether the start was cut."""
     late, early = ([0.0], []) if zero is not None else ([], [])
@@ -105,15 +111,14 @@ def _draw(ax, runs, curves, colors, keys, base_seed, window: int, zero=None) -> 
 def loss_figure(runs, labels=None, references=None) -> LossFigure:
     """The figure `plot_losses` saves. `references`: each run's dense run (the 0% sparse run of the same
     configuration and seed) or None; with any, a row of difference panels under each row of loss panels."""
-    terms = _terms(runs) or ["loss"]
+    terms = drawn_terms(runs) or ["loss"]
     references = list(references) if references is not None else [None] * len(runs)
     compared = [ref is not None and ref is not run and bool(run.loss_terms) for run, ref in zip(runs, references)]
     columns = min(3, len(terms))
     spare = len(terms) % columns != 0 and len(terms) > columns and labels is None  # an empty cell takes the legend
     lines = math.ceil(len(terms) / columns)
     per_line = 2 if any(compared) else 1
-    longest = max((len(r.loss_terms.get("loss", [])) for r in runs), default=0)
-    window = (longest // 40) | 1 if longest > 80 else 1  # noisy per-step losses: ~40 averages per run
+    window = smoothing_window(runs)
     base_seed = min((r.seed for r in runs if r.seed is not None), default=None)
     if labels is None:
         colors = _colors(runs)
@@ -128,14 +133,14 @@ def loss_figure(runs, labels=None, references=None) -> LossFigure:
     figure, clipped = LossFigure(fig), False
     for i, term in enumerate(terms):
         ax = figure.panels[term] = axes[per_line * (i // columns)][i % columns]
-        clipped |= _draw(ax, runs, [r.loss_terms.get(term) for r in runs], colors, keys, base_seed, window)
+        clipped |= draw_curves(ax, runs, [r.loss_terms.get(term) for r in runs], colors, keys, base_seed, window)
         ax.set_title(TERM_TITLES.get(term, term.replace("_", " ")))
         ax.set_ylabel("loss")
         if per_line == 2:
             diff = figure.differences[term] = axes[per_line * (i // columns) + 1][i % columns]
             curves = [difference_curve(r.loss_terms.get(term, []), ref.loss_terms.get(term, [])) if c else None
                       for r, ref, c in zip(runs, references, compared)]
-            clipped |= _draw(diff, runs, curves, colors, keys, base_seed, window, zero=dense_color)
+            clipped |= draw_curves(diff, runs, curves, colors, keys, base_seed, window, zero=dense_color)
             diff.set_title("difference to the dense run", fontsize=9)
             diff.set_ylabel("Δ loss")
     used = {id(ax) for ax in [*figure.panels.values(), *figure.differences.values()]}

@@ -316,6 +316,7 @@ def _pp(value: Optional[float]) -> str:
 
 
 GAPS_PNG = "gaps_to_dense.png"
+DIFFERENCES_PNG = "loss_differences.png"  # one row of loss differences per dense reference
 
 
 def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = ()) -> list[Path]:
@@ -342,6 +343,7 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     if not plots:
         return paths[:3]
     from .gap_plot import plot_gaps  # matplotlib only when plotting
+    from .loss_groups import plot_loss_differences
     from .loss_plots import plot_losses
     from .plots import plot_accuracy
 
@@ -363,6 +365,17 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     references = dense_references(runs, keys)  # a loss curve is compared with the dense run of its own seed only
     labels = [short_row_label(r.sparse_fraction, short_of[config_label(differing[id(r)])]) for r in drawn] if keys \
         else None
-    plot_losses(drawn, paths[4], labels=labels, note=note,
-                references=[dense_reference(r, references, keys, same_seed=True) for r in drawn])
+    same_seed = [dense_reference(r, references, keys, same_seed=True) for r in drawn]
+    # several dense references (models, lengths): the differences get a figure of their own, a row per reference
+    groups = [short_row_label(0.0, short_of[config_label(differing[id(ref)])]) if keys and ref is not None else ""
+              for ref in same_seed]
+    grouped = plot_loss_differences(drawn, same_seed, labels or [""] * len(drawn), groups, out / DIFFERENCES_PNG,
+                                    note=note)
+    pointer = f"Each run's loss minus its dense run's: {DIFFERENCES_PNG}, a row per dense run." if grouped else ""
+    plot_losses(drawn, paths[4], labels=labels, note="\n".join(n for n in (note, pointer) if n),
+                references=None if grouped else same_seed)
+    if grouped:
+        paths.append(grouped)
+    else:
+        (out / DIFFERENCES_PNG).unlink(missing_ok=True)  # an earlier table's figure would describe other runs
     return paths
