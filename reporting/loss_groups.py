@@ -14,7 +14,8 @@ from typing import Optional
 from matplotlib.lines import Line2D
 
 from .figures import LEGEND_WIDTH, STYLE, palette, plt, save_with_caption
-from .loss_plots import TERM_TITLES, difference_curve, draw_curves, drawn_terms, smoothing_window
+from .loss_plots import (TERM_TITLES, difference_curve, draw_curves, drawn_terms, seed_and_switch_handles,
+                         smoothing_window)
 
 
 def groups_of(runs, references, group_names) -> dict:
@@ -75,13 +76,5 @@ def plot_loss_differences(runs, references, labels, group_names, path: Path, not
 
 
 def _legend(runs, keys, colors, base_seed) -> list:
-    handles = [Line2D([], [], color=colors[k], lw=2, label=textwrap.fill(k, LEGEND_WIDTH // 2))
-               for k in dict.fromkeys(keys)]
-    seeds = sorted({r.seed for r in runs if r.seed is not None})
-    if len(seeds) > 1:
-        handles.append(Line2D([], [], color="0.2", lw=1.3, label=f"seed {base_seed}"))
-        others = ", ".join(str(s) for s in seeds if s != base_seed)
-        handles.append(Line2D([], [], color="0.2", lw=1.3, ls="--", label=f"seed {others}"))
-    if any(r.sparse_steps and r.total_steps and r.sparse_steps < r.total_steps for r in runs):
-        handles.append(Line2D([], [], ls="", marker="o", ms=6, mfc="white", mec="black", label="switch to dense"))
-    return handles
+    return [Line2D([], [], color=colors[k], lw=2, label=textwrap.fill(k, LEGEND_WIDTH // 2))
+            for k in dict.fromkeys(keys)] + seed_and_switch_handles(runs, base_seed)

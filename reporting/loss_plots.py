@@ -201,6 +201,12 @@ def _loss_legend(runs, base_seed, colors: dict, keys: list) -> list:
         if run.status != "complete":
             label += f" ({run.status.split(' (')[0]})"  # the state, without its details
         handles.append(Line2D([], [], color=colors[key], lw=2, label=textwrap.fill(label, LEGEND_WIDTH)))
+    return handles + seed_and_switch_handles(runs, base_seed)
+
+
+def seed_and_switch_handles(runs, base_seed) -> list:
+    """The legend entries shared by the loss figures: solid and dashed seeds, the switch marker."""
+    handles = []
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     if len(seeds) > 1:
         handles.append(Line2D([], [], color="0.2", lw=1.3, label=f"seed {base_seed}"))
