@@ -122,7 +122,8 @@ def validate(cfg: Config) -> None:
          "dino.loss_weight and ibot.loss_weight are both 0: nothing to train"),
         (cfg.data.dataset != "imagenet_folder" or bool(cfg.data.root), "data.root is required for imagenet_folder"),
         (cfg.train.compile_mode == "default" or cfg.train.compile_backend == "inductor",
-         "train.compile_mode=reduce-overhead needs train.compile_backend=inductor (CUDA graphs are inductor's)"),
+         f"train.compile_mode={cfg.train.compile_mode} needs train.compile_backend=inductor (CUDA graphs and "
+         "autotuned GEMM templates are inductor's)"),
         (cfg.sparsity.weight_grad == "dense" or cfg.sparsity.kind == "weight",
          f"sparsity.weight_grad={cfg.sparsity.weight_grad} applies to sparsity.kind=weight only, not "
          f"{cfg.sparsity.kind}"),

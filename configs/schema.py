@@ -19,6 +19,7 @@ from sparsity.pruning import METHODS as PRUNING_METHODS
 from .fields import value
 
 ARCHS = ("vit_tiny", "vit_small", "vit_base", "vit_large")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # inductor's modes (train.compile_mode)
 
 
 @dataclass
@@ -184,8 +185,10 @@ class TrainConfig:
     compile: str = value("auto", choices=("auto", "true", "false"))
     # torch.compile backend (aot_eager and eager to debug)
     compile_backend: str = value("inductor", choices=("inductor", "aot_eager", "eager"))
-    # the student blocks' torch.compile mode (reduce-overhead: CUDA graphs)
-    compile_mode: str = value("default", choices=("default", "reduce-overhead"))
+    # the blocks' torch.compile mode (training/compile.py): reduce-overhead replays the student's blocks as CUDA graphs;
+    # max-autotune-no-cudagraphs times inductor's GEMM templates, whose epilogues can take the bias and GELU, against
+    # cuBLAS for every block's GEMMs (minutes of compiling per phase)
+    compile_mode: str = value("default", choices=COMPILE_MODES)
 
 
 @dataclass

@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
+from configs.schema import COMPILE_MODES  # noqa: E402
 from scripts.benchmarks import bad_algs  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_calls  # noqa: E402
@@ -36,6 +37,7 @@ from scripts.benchmarks.timing import time_steps  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
+MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "autotune-"}
 ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto")
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs")
 
@@ -204,8 +206,9 @@ def main() -> None:
     ap.add_argument("--host-profile", type=int, default=0, help="steps per row under cProfile (0: off)")
     ap.add_argument("--stall-profile", type=int, default=0,
                     help="steps per row profiled with host activity: CUDA API calls and the GPU's longest idle gaps")
-    ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=["default", "reduce-overhead"],
-                    help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>")
+    ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=list(COMPILE_MODES),
+                    help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>, of "
+                         "max-autotune-no-cudagraphs autotune-<backend>")
     ap.add_argument("--bad-algs", default=None, metavar="JSON",
                     help="cuSPARSELt algorithm ids that crash on this GPU and library version "
                          "(scripts/benchmarks/bad_algs.py), so that the sweep runs on a version without a list")
@@ -228,7 +231,7 @@ def main() -> None:
             if mode != "default":  # eager rows once; compiled rows of another mode are named after it
                 if row.startswith("eager"):
                     continue
-                row = row.replace("compiled-", "graphs-")
+                row = row.replace("compiled-", MODE_ROW_PREFIX[mode])
             set_row(trainer, row)
             rows.append(run_row(trainer, batch, row, args))
             if row == "compiled-dense":

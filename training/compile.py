@@ -43,14 +43,17 @@ def _compile_method(obj: nn.Module, name: str, **options) -> None:
 
 def compile_model(model: nn.Module, backend: str = "inductor", mode: str = "default") -> list[str]:
     """Compile the pieces of an `SSLMetaArch` listed in this module's docstring, in place; returns their names.
-    `mode` applies to the student's blocks ("reduce-overhead": forward and backward replayed as CUDA graphs);
-    the heads and losses always compile in the default mode (their outputs live across the step)."""
+    `mode` applies to the blocks: "reduce-overhead" replays the student's blocks' forward and backward as CUDA graphs;
+    "max-autotune-no-cudagraphs" lets inductor time its GEMM templates (bias and GELU in the epilogue) against cuBLAS
+    in every block, the student's and the teacher's. The heads and losses always compile in the default mode (their
+    outputs live across the step)."""
     static = dict(backend=backend, dynamic=False, fullgraph=True)
     compiled = []
     for role in ("student", "teacher"):
         # CUDA graphs for the student's blocks only: the teacher's run without gradients, and CUDA-graph trees start
         # a new generation at every such call, overwriting the output the next block is about to read
-        opts = dict(static, mode=mode) if mode != "default" and role == "student" else static
+        graphs = mode == "reduce-overhead"
+        opts = dict(static, mode=mode) if mode != "default" and (role == "student" or not graphs) else static
         blocks = getattr(model, role)["backbone"].blocks
         for block in blocks:
             block.compile(**opts)

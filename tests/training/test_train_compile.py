@@ -123,3 +123,26 @@ def test_auto_decisions_reach_the_metrics(monkeypatch):
     assert schedule.auto_summary() == {"auto_shapes": 2, "auto_sparse_eager": 1, "auto_sparse_compiled": 2}
     schedule.backend = "cusparselt"
     assert schedule.auto_summary() == {}
+
+
+@pytest.mark.parametrize("mode, teacher_too", [("reduce-overhead", False), ("max-autotune-no-cudagraphs", True)])
+def test_compile_mode_reaches_the_blocks_it_is_meant_for(monkeypatch, mode, teacher_too):
+    """CUDA graphs for the student's blocks only (CUDA-graph trees and the teacher's no-grad calls do not mix);
+    autotuned GEMM templates for every block; heads and losses always in the default mode."""
+    from models.ssl_meta_arch import SSLMetaArch
+    from training.compile import compile_model
+
+    model = SSLMetaArch(load_config(None, TINY))
+    seen = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: seen.append((self, kw.get("mode"))))
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    compile_model(model, mode=mode)
+    mode_of = {id(m): md for m, md in seen}
+    for role, wanted in (("student", mode), ("teacher", mode if teacher_too else None)):
+        blocks = getattr(model, role)["backbone"].blocks
+        assert [mode_of[id(b)] for b in blocks] == [wanted] * len(blocks), role
+        assert all(mode_of[id(h)] is None for n, h in getattr(model, role).items() if n != "backbone")
+    assert mode_of[id(model.dino_loss)] is None
+    assert load_config(None, [f"train.compile_mode={mode}"]).train.compile_mode == mode
+    with pytest.raises(ValueError, match=f"train.compile_mode={mode} needs train.compile_backend=inductor"):
+        load_config(None, [f"train.compile_mode={mode}", "train.compile_backend=aot_eager"])
