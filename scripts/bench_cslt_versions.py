@@ -70,12 +70,12 @@ def library_info(env: dict) -> dict:
     """The version and GPU the library reports, and whether the code already lists its crashing ids, per dtype."""
     code = (
         "import json, torch\n"
-        "from sparsity.backends.cusparselt.library import version\n"
+        "from sparsity.backends.cusparselt.library import loaded_library_path, version\n"
         "from sparsity.backends.cusparselt.search import BAD_ALGS\n"
         "arch = 'sm%d%d' % torch.cuda.get_device_capability()\n"
         "dtypes = (('bf16', torch.bfloat16), ('fp16', torch.float16))\n"
         "known = {n: (arch, version(), d) in BAD_ALGS for n, d in dtypes}\n"
-        "print(json.dumps({'arch': arch, 'cusparselt': version(), 'known': known}))\n"
+        "print(json.dumps({'arch': arch, 'cusparselt': version(), 'known': known, 'file': loaded_library_path()}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -110,6 +110,9 @@ def run_library(name: str, so: str | None, args, out_dir: Path) -> dict:
     lib_dir = out_dir / name
     lib_dir.mkdir(parents=True, exist_ok=True)
     info = library_info(env)
+    if so and (info["file"] is None or os.path.realpath(info["file"]) != os.path.realpath(so)):
+        # the loader ignores a preload it cannot load (a missing dependency) and the process runs torch's copy
+        raise SystemExit(f"{name}: the process runs {info['file']}, not the preloaded {so}")
     print(f"{name}: cuSPARSELt {info['cusparselt']} on {info['arch']}", flush=True)
     record = {"name": name, "source": Path(args.sources[name]).name, "cusparselt": info["cusparselt"],
               "arch": info["arch"], "known_lists": info["known"]}

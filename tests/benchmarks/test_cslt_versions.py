@@ -174,3 +174,12 @@ def test_the_table_puts_each_librarys_speedup_and_algorithm_side_by_side(tmp_pat
     md = (tmp_path / "versions.md").read_text()
     assert "| bfloat16 | fwd | 4096x1024 | 32768 | yes | 0.800 / 1.000 = 1.25x (alg 12) | " \
            "1.250 / 1.000 = 0.80x (alg 3) |" in md
+
+
+def test_a_preload_the_loader_ignored_is_an_error_not_a_mislabelled_row(tmp_path, monkeypatch):
+    info = {"arch": "sm90", "cusparselt": 800, "known": {"bf16": True, "fp16": True},
+            "file": "/site/nvidia/cu13/lib/libcusparseLt.so.0"}
+    monkeypatch.setattr(V, "library_info", lambda env: info)
+    args = type("A", (), {"sources": {"0.10.0": "x.whl"}, "dtypes": ["bf16"], "probe": "unknown"})()
+    with pytest.raises(SystemExit, match="not the preloaded"):
+        V.run_library("0.10.0", str(tmp_path / "libcusparseLt.so.0"), args, tmp_path)
