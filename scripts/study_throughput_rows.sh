@@ -16,8 +16,6 @@ set -u
 data=$1 out=$2 rows=$3
 shift 3
 here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$out"
-: >"$out/rows.jsonl"
 for row in $rows; do  # check every row before the first one runs
   IFS=: read -r -a parts <<<"$row"
   spec=${parts[1]:-}
@@ -32,27 +30,10 @@ for row in $rows; do  # check every row before the first one runs
     fi
   done
 done
-for row in $rows; do
-  IFS=: read -r -a parts <<<"$row"
-  name=${parts[0]} spec=${parts[1]} mps=0 extra=()
-  for p in "${parts[@]:2}"; do
-    if [ "$p" = mps ]; then mps=1; else extra+=("$p"); fi
-  done
-  n=${spec%%x*} seconds=${spec#*x}
-  echo "$(date -u +%FT%TZ) row $name: $n run(s), ${seconds} s, mps=$mps ${extra[*]+${extra[*]}}"
-  line=$(bash "$here/study_throughput.sh" "$n" "$seconds" "$mps" "$data" "$out/$name" "$@" \
-    ${extra[@]+"${extra[@]}"} | tail -n 1)
-  echo "$line"
-  python - "$name" "$line" ${extra[@]+"${extra[@]}"} >>"$out/rows.jsonl" <<'PY'
-import json, sys
-try:
-    row = json.loads(sys.argv[2])
-except ValueError:
-    row = {"error": "no summary line", "output": sys.argv[2][-300:]}
-print(json.dumps({"row": sys.argv[1], "overrides": sys.argv[3:], **row}))
-PY
-done
-python - "$out" <<'PY'
+mkdir -p "$out"
+: >"$out/rows.jsonl"
+summarize() {  # summary.json from the rows so far: rewritten after every row, so a lost machine keeps it
+  python - "$out" <<'PY'
 import json, statistics, sys
 out = sys.argv[1]
 rows = [json.loads(line) for line in open(f"{out}/rows.jsonl")]
@@ -73,3 +54,26 @@ if single:
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=2)
 print(json.dumps(summary))
 PY
+}
+for row in $rows; do
+  IFS=: read -r -a parts <<<"$row"
+  name=${parts[0]} spec=${parts[1]} mps=0 extra=()
+  for p in "${parts[@]:2}"; do
+    if [ "$p" = mps ]; then mps=1; else extra+=("$p"); fi
+  done
+  n=${spec%%x*} seconds=${spec#*x}
+  echo "$(date -u +%FT%TZ) row $name: $n run(s), ${seconds} s, mps=$mps ${extra[*]+${extra[*]}}"
+  line=$(bash "$here/study_throughput.sh" "$n" "$seconds" "$mps" "$data" "$out/$name" "$@" \
+    ${extra[@]+"${extra[@]}"} | tail -n 1)
+  echo "$line"
+  python - "$name" "$line" ${extra[@]+"${extra[@]}"} >>"$out/rows.jsonl" <<'PY'
+import json, sys
+try:
+    row = json.loads(sys.argv[2])
+except ValueError:
+    row = {"error": "no summary line", "output": sys.argv[2][-300:]}
+print(json.dumps({"row": sys.argv[1], "overrides": sys.argv[3:], **row}))
+PY
+  summarize >/dev/null
+done
+summarize

@@ -106,7 +106,24 @@ def test_throughput_rows_compare_several_runs_with_every_single_run_of_the_same_
 def test_throughput_rows_refuse_a_malformed_row_before_running_any(workdir, rows):
     result = run_script(workdir, "scripts/study_throughput_rows.sh", "data", "out", f"ok:1x1 {rows}")
     assert result.returncode == 2 and "row '" in result.stderr
-    assert not (workdir / "out" / "ok").exists()
+    assert not (workdir / "out").exists()
+
+
+def test_throughput_rows_keep_the_summary_of_the_rows_done_when_stopped_mid_row(workdir):
+    """The machine can go away during a long row: summary.json is rewritten after every row."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(["bash", "scripts/study_throughput_rows.sh", "data", "out", "a:1x1 b:2x60"], cwd=workdir,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (workdir / "out" / "b" / "run1.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (workdir / "out" / "b" / "run1.log").exists(), "row b never started"
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    summary = json.loads((workdir / "out" / "summary.json").read_text())
+    assert [s["row"] for s in summary["single"]] == ["a"] and summary["compared"] == []
 
 
 def test_throughput_with_a_run_that_dies_in_start_up_says_so_instead_of_waiting(workdir):
