@@ -223,7 +223,7 @@ def main() -> None:
         if name in args.sources:
             raise SystemExit(f"--lib {name} is given twice")
         args.sources[name] = source
-    out_dir = Path(args.out_dir)
+    out_dir = Path(args.out_dir).resolve()  # the benchmarks run from the repository root
     out_dir.mkdir(parents=True, exist_ok=True)
     records = []
     for name, source in args.sources.items():

@@ -183,3 +183,15 @@ def test_a_preload_the_loader_ignored_is_an_error_not_a_mislabelled_row(tmp_path
     args = type("A", (), {"sources": {"0.10.0": "x.whl"}, "dtypes": ["bf16"], "probe": "unknown"})()
     with pytest.raises(SystemExit, match="not the preloaded"):
         V.run_library("0.10.0", str(tmp_path / "libcusparseLt.so.0"), args, tmp_path)
+
+
+def test_a_relative_out_dir_is_the_callers_not_the_repository_roots(tmp_path, monkeypatch):
+    """The benchmarks run with the repository root as their working directory: paths handed to them are absolute."""
+    seen = []
+    monkeypatch.setattr(V, "run_library", lambda name, so, args, out_dir: seen.append(out_dir) or {"name": name})
+    monkeypatch.setattr(V, "gemm_table", lambda records, out_dir: [])
+    monkeypatch.setattr(V, "write_markdown", lambda records, table, path: path.write_text("table\n"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["bench_cslt_versions.py", "--lib", "0.8.0=bundled", "--out-dir", "rel"])
+    V.main()
+    assert seen == [tmp_path / "rel"] and (tmp_path / "rel" / "versions.json").exists()
