@@ -70,9 +70,9 @@ def library_info(env: dict) -> dict:
     """The version and GPU the library reports, and whether the code already lists its crashing ids, per dtype."""
     code = (
         "import json, torch\n"
-        "from sparsity.backends.cusparselt.library import loaded_library_path, version\n"
+        "from sparsity.backends.cusparselt.library import arch_of, loaded_library_path, version\n"
         "from sparsity.backends.cusparselt.search import BAD_ALGS\n"
-        "arch = 'sm%d%d' % torch.cuda.get_device_capability()\n"
+        "arch = arch_of(torch.cuda.current_device())\n"
         "dtypes = (('bf16', torch.bfloat16), ('fp16', torch.float16))\n"
         "known = {n: (arch, version(), d) in BAD_ALGS for n, d in dtypes}\n"
         "print(json.dumps({'arch': arch, 'cusparselt': version(), 'known': known, 'file': loaded_library_path()}))\n"

@@ -352,9 +352,7 @@ def main():
     ap.add_argument("--tokens", type=int, nargs="*", default=TOKENS)
     ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
     ap.add_argument("--ops", nargs="*", default=["prune_pack", "gemm", "linear_fwd_bwd", "mlp_fwd_bwd", "kernels"])
-    ap.add_argument("--bad-algs", default=None, metavar="JSON",
-                    help="cuSPARSELt algorithm ids that crash on this GPU and library version "
-                         "(scripts/benchmarks/bad_algs.py), so that the sweep runs on a version without a list")
+    bad_algs.add_argument(ap)
     ap.add_argument("--merge", nargs="+", default=None, metavar="RUN",
                     help="merge earlier runs (their JSON, or stdout logs) into --out/--md instead of measuring")
     args = ap.parse_args()

@@ -209,9 +209,7 @@ def main() -> None:
     ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=list(COMPILE_MODES),
                     help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>, of "
                          "max-autotune-no-cudagraphs autotune-<backend>")
-    ap.add_argument("--bad-algs", default=None, metavar="JSON",
-                    help="cuSPARSELt algorithm ids that crash on this GPU and library version "
-                         "(scripts/benchmarks/bad_algs.py), so that the sweep runs on a version without a list")
+    bad_algs.add_argument(ap)
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
     args = ap.parse_args()
     if not torch.cuda.is_available():

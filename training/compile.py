@@ -49,10 +49,10 @@ def compile_model(model: nn.Module, backend: str = "inductor", mode: str = "defa
     outputs live across the step)."""
     static = dict(backend=backend, dynamic=False, fullgraph=True)
     compiled = []
+    graphs = mode == "reduce-overhead"
     for role in ("student", "teacher"):
         # CUDA graphs for the student's blocks only: the teacher's run without gradients, and CUDA-graph trees start
         # a new generation at every such call, overwriting the output the next block is about to read
-        graphs = mode == "reduce-overhead"
         opts = dict(static, mode=mode) if mode != "default" and (role == "student" or not graphs) else static
         blocks = getattr(model, role)["backbone"].blocks
         for block in blocks:

@@ -90,18 +90,25 @@ def bad_algs_file(summaries: list[dict], path: str) -> dict:
     return doc
 
 
+def add_argument(parser) -> None:
+    """A benchmark's `--bad-algs JSON` option, read by `apply`."""
+    parser.add_argument("--bad-algs", default=None, metavar="JSON",
+                        help="cuSPARSELt algorithm ids that crash on this GPU and library version "
+                             "(scripts/benchmarks/bad_algs.py), so that the sweep runs on a version without a list")
+
+
 def apply(path: Optional[str]) -> Optional[dict]:
     """Register a bad-algorithm file's ids for the running GPU and library; None without a file."""
     if not path:
         return None
     import torch  # noqa: PLC0415 - the summary functions above run without torch
 
-    from sparsity.backends.cusparselt.library import version  # noqa: PLC0415
+    from sparsity.backends.cusparselt.library import arch_of, version  # noqa: PLC0415
     from sparsity.backends.cusparselt.search import register_bad_algs  # noqa: PLC0415
 
     with open(path) as f:
         doc = json.load(f)
-    arch = "sm%d%d" % torch.cuda.get_device_capability()
+    arch = arch_of(torch.cuda.current_device())
     if (doc["arch"], doc["cusparselt"]) != (arch, version()):
         raise SystemExit(f"{path} lists algorithms of cuSPARSELt {doc['cusparselt']} on {doc['arch']}; this process "
                          f"runs cuSPARSELt {version()} on {arch}")

@@ -47,7 +47,7 @@ def main():
 
     from sparsity.backends.cusparselt.compressor import OperandLayout
     from scripts.benchmarks.bad_algs import short_library_path
-    from sparsity.backends.cusparselt.library import ORDER_COL, handle, loaded_library_path, version
+    from sparsity.backends.cusparselt.library import ORDER_COL, arch_of, handle, loaded_library_path, version
     from sparsity.backends.cusparselt.plans import GemmPlan, empty_d
     from sparsity.backends.timing import median_cuda_ms
     from sparsity.kernels.pack_cusparselt import prune_pack
@@ -79,7 +79,7 @@ def main():
     base.build()
     max_alg = base.max_alg()
     emit(event="max_alg", max_alg=max_alg, default_alg=base.current_alg(), alg=args.start - 1,
-         arch="sm%d%d" % torch.cuda.get_device_capability(), cusparselt=version(),
+         arch=arch_of(0), cusparselt=version(),
          library=short_library_path(loaded_library_path()))
     d = empty_d(base, b.device)
     for alg in range(args.start, max_alg + 1):

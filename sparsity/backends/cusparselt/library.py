@@ -140,6 +140,11 @@ def handle(device_index: int) -> int:
     return h
 
 
+def arch_of(device) -> str:
+    """"sm90": the compute capability of a CUDA device (index or torch.device), as the per-GPU tables key it."""
+    return "sm%d%d" % torch.cuda.get_device_capability(device)
+
+
 def version() -> int:
     """cuSPARSELt version as an int (e.g. 800 for 0.8.0)."""
     global _version

@@ -19,7 +19,7 @@ from sparsity.packing import layout as L
 
 from ..settings import CSLT_PACK_MODES
 from .compressor import OperandLayout, compressor
-from .library import version
+from .library import arch_of, version
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +29,6 @@ VALIDATED_LAYOUTS = {("sm90", 800)}
 
 _layout_lock = threading.Lock()
 _layout_status: dict = {}  # (device index, dtype, pack mode) -> status
-
-
-def arch_of(device: torch.device) -> str:
-    return "sm%d%d" % torch.cuda.get_device_capability(device)
 
 
 def _device_index(device: torch.device) -> int:

@@ -33,7 +33,7 @@ from ..cuda import rel_err
 from ..settings import CSLT_SEARCH_MODES
 from ..timing import median_cuda_ms
 from .compressor import OperandLayout
-from .library import ORDER_COL, lib, version
+from .library import ORDER_COL, arch_of, lib, version
 from .plans import GemmPlan, d_as_tokens_major, empty_d, make_plan
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,7 @@ _alg_lock = threading.Lock()
 
 def sweep_blocklist(device_index: int, dtype: torch.dtype, mode: str) -> Optional[frozenset]:
     """The algorithm ids a sweep must skip here; None where the sweep must not run at all."""
-    arch = "sm%d%d" % torch.cuda.get_device_capability(device_index)
-    bad = BAD_ALGS.get((arch, version(), dtype))
+    bad = BAD_ALGS.get((arch_of(device_index), version(), dtype))
     if bad is None and mode == "sweep_unsafe":
         return frozenset()
     return bad
