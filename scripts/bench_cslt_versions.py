@@ -6,8 +6,10 @@ safely, how fast its best correct algorithm is against dense cuBLAS, and optiona
         --lib 0.10.0=nvidia_cusparselt_cu13-0.10.0-py3-none-manylinux2014_x86_64.whl \\
         --out-dir results/bench/cslt_versions_h100 [--train-step]
 
-Each library runs in processes of its own, started with `LD_PRELOAD=<its libcusparseLt.so.0>` so that torch and
-nvmath both use it (`bundled`: the copy torch's wheel ships; a wheel's library is extracted into --work-dir).
+Each library runs in processes of its own, started with `LD_PRELOAD=<its libcusparseLt.so.0>` and a first
+PYTHONPATH entry holding it as `nvidia/cusparselt/lib/libcusparseLt.so.0` (torch opens its copy by that path, and
+a preload alone left torch's calls on torch's copy), so that torch and nvmath both use it and the process maps no
+other (`bundled`: the copy torch's wheel ships; a wheel's library is extracted into --work-dir).
 Per library:
   1. unless the code already lists the crashing ids of that (GPU, version, dtype) (`search.BAD_ALGS`), every
      algorithm id of the eight GEMMs (fc1 1024->4096 and fc2 4096->1024, fwd and dgrad, bf16 and fp16) is run once at
@@ -63,6 +65,14 @@ def env_for(so: str | None) -> dict:
     env = dict(os.environ)
     if so:
         env["LD_PRELOAD"] = so + (" " + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+        # torch opens its cuSPARSELt by full path from the first sys.path entry holding nvidia/cusparselt/lib, and its
+        # calls bind to that copy even beside a preload: a path entry of our own makes that copy the preloaded file
+        site = Path(so).resolve().parent / "torch_site"
+        lib = site / "nvidia" / "cusparselt" / "lib"
+        lib.mkdir(parents=True, exist_ok=True)
+        if not (lib / "libcusparseLt.so.0").exists():
+            (lib / "libcusparseLt.so.0").symlink_to(Path(so).resolve())
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -75,7 +85,9 @@ def library_info(env: dict) -> dict:
         "arch = arch_of(torch.cuda.current_device())\n"
         "dtypes = (('bf16', torch.bfloat16), ('fp16', torch.float16))\n"
         "known = {n: (arch, version(), d) in BAD_ALGS for n, d in dtypes}\n"
-        "print(json.dumps({'arch': arch, 'cusparselt': version(), 'known': known, 'file': loaded_library_path()}))\n"
+        "file = loaded_library_path()\n"
+        "mapped = sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libcusparseLt' in l})\n"
+        "print(json.dumps({'arch': arch, 'cusparselt': version(), 'known': known, 'file': file, 'mapped': mapped}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -113,6 +125,9 @@ def run_library(name: str, so: str | None, args, out_dir: Path) -> dict:
     if so and (info["file"] is None or os.path.realpath(info["file"]) != os.path.realpath(so)):
         # the loader ignores a preload it cannot load (a missing dependency) and the process runs torch's copy
         raise SystemExit(f"{name}: the process runs {info['file']}, not the preloaded {so}")
+    if len({os.path.realpath(f) for f in info.get("mapped", [])}) > 1:
+        # torch's calls may bind to one copy and nvmath's to the other: neither benchmark would measure the library
+        raise SystemExit(f"{name}: the process maps two cuSPARSELt libraries: {info['mapped']}")
     print(f"{name}: cuSPARSELt {info['cusparselt']} on {info['arch']}", flush=True)
     record = {"name": name, "source": Path(args.sources[name]).name, "cusparselt": info["cusparselt"],
               "arch": info["arch"], "known_lists": info["known"]}

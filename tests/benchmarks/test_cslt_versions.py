@@ -3,6 +3,7 @@ results), the crash-restart loop, the bad-algorithm list handed to the sweep, th
 side-by-side table (scripts/bench_cslt_versions.py, scripts/benchmarks/bad_algs.py)."""
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -110,11 +111,11 @@ def test_bad_algs_file_refuses_probes_of_two_versions(tmp_path):
 
 def test_registered_ids_open_the_sweep_on_an_unlisted_version(monkeypatch):
     monkeypatch.setattr(search, "BAD_ALGS", dict(search.BAD_ALGS))
-    monkeypatch.setattr(search, "version", lambda: 1000)
+    monkeypatch.setattr(search, "version", lambda: 1100)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
     assert search.sweep_blocklist(0, torch.float16, "sweep") is None  # no list: the default algorithm only
-    search.register_bad_algs("sm90", 1000, torch.float16, [40, 41])
-    search.register_bad_algs("sm90", 1000, torch.float16, [7])
+    search.register_bad_algs("sm90", 1100, torch.float16, [40, 41])
+    search.register_bad_algs("sm90", 1100, torch.float16, [7])
     assert search.sweep_blocklist(0, torch.float16, "sweep") == frozenset({7, 40, 41})
     assert search.sweep_blocklist(0, torch.bfloat16, "sweep") is None
 
@@ -150,6 +151,10 @@ def test_library_file_takes_the_library_out_of_a_wheel(tmp_path):
         V.library_file("x", str(tmp_path / "missing.whl"), tmp_path / "work")
     env = V.env_for(so)
     assert env["LD_PRELOAD"].split()[0] == so
+    # torch opens the first nvidia/cusparselt/lib it finds on sys.path: that entry must be this library
+    site = env["PYTHONPATH"].split(os.pathsep)[0]
+    assert (Path(site) / "nvidia" / "cusparselt" / "lib" / "libcusparseLt.so.0").resolve() == Path(so).resolve()
+    assert V.env_for(so)["PYTHONPATH"].split(os.pathsep)[0] == site  # a second process reuses it
 
 
 def test_the_table_puts_each_librarys_speedup_and_algorithm_side_by_side(tmp_path):
@@ -183,6 +188,18 @@ def test_a_preload_the_loader_ignored_is_an_error_not_a_mislabelled_row(tmp_path
     args = type("A", (), {"sources": {"0.10.0": "x.whl"}, "dtypes": ["bf16"], "probe": "unknown"})()
     with pytest.raises(SystemExit, match="not the preloaded"):
         V.run_library("0.10.0", str(tmp_path / "libcusparseLt.so.0"), args, tmp_path)
+
+
+def test_two_copies_of_the_library_in_one_process_are_an_error(tmp_path, monkeypatch):
+    """Seen on the H100: with the preload alone nvmath ran the preloaded 0.10.0 and torch its own 0.8.0."""
+    so = tmp_path / "libcusparseLt.so.0"
+    so.write_bytes(b"x")
+    info = {"arch": "sm90", "cusparselt": 1000, "known": {"bf16": True, "fp16": True}, "file": str(so),
+            "mapped": [str(so), "/site/nvidia/cusparselt/lib/libcusparseLt.so.0"]}
+    monkeypatch.setattr(V, "library_info", lambda env: info)
+    args = type("A", (), {"sources": {"0.10.0": "x.whl"}, "dtypes": ["bf16"], "probe": "unknown"})()
+    with pytest.raises(SystemExit, match="maps two cuSPARSELt libraries"):
+        V.run_library("0.10.0", str(so), args, tmp_path)
 
 
 def test_a_relative_out_dir_is_the_callers_not_the_repository_roots(tmp_path, monkeypatch):
