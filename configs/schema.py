@@ -189,6 +189,9 @@ class TrainConfig:
     # max-autotune-no-cudagraphs times inductor's GEMM templates, whose epilogues can take the bias and GELU, against
     # cuBLAS for every block's GEMMs (minutes of compiling per phase)
     compile_mode: str = value("default", choices=COMPILE_MODES)
+    # steps between collections of Python's young generations, automatic collection off in the training loop (a full
+    # collection mid-step stalls the host: training/gc_control.py); 0 = Python's automatic collection
+    gc_period: int = value(50, ge=0)
 
 
 @dataclass

@@ -6,8 +6,9 @@ Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-de
 `compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`. `--compile-modes default
 reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...).
 `--ablations` adds compiled-dense rows with one of this step's choices undone (heads and losses left eager,
-foreach instead of fused AdamW, the two-pass EMA, the per-step host syncs of the earlier loop), each timed right
-after the baseline it is compared with.
+foreach instead of fused AdamW, the two-pass EMA, the per-step host syncs of the earlier loop, Python's automatic
+garbage collection), each timed right after the baseline it is compared with. Every row runs with the config's
+train.gc_period, as training does, and records the collections that ran in its steps (`gc`: per generation, host ms).
 
 One synthetic multi-crop batch (the real collate's shapes and masks, random pixels) is reused, so the data
 pipeline is out of the measurement: forward (student + teacher) + backward + clipping + AdamW + EMA, bf16 autocast
@@ -19,6 +20,8 @@ prune/pack time added, i.e. the in-place speed-up of the GEMMs 2:4 accelerates a
 """
 
 import argparse
+import gc
+import itertools
 import json
 import statistics
 import sys
@@ -33,13 +36,14 @@ from configs.schema import COMPILE_MODES  # noqa: E402
 from scripts.benchmarks import bad_algs  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_calls  # noqa: E402
-from scripts.benchmarks.timing import time_steps  # noqa: E402
+from scripts.benchmarks.timing import GcLog, time_steps  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
+from training.gc_control import StepGc  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
 MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "autotune-"}
 ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto")
-ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs")
+ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs", "automatic-gc")
 
 
 def profile_steps(trainer: Trainer, batch: dict, steps: int) -> dict:
@@ -147,6 +151,10 @@ class _Ablation:
             t.forward_model, t._clip_gradients = forward_then_read, clip_then_read
             self.undo.append(lambda: setattr(t, "forward_model", forward))
             self.undo.append(lambda: t.__dict__.pop("_clip_gradients"))
+        elif self.name == "automatic-gc":  # Python's own collection schedule instead of train.gc_period's
+            was = gc.isenabled()
+            gc.enable()
+            self.undo.append(lambda: None if was else gc.disable())
         else:
             raise ValueError(f"unknown ablation {self.name!r}; choose from {', '.join(ABLATIONS)}")
         return self
@@ -176,14 +184,17 @@ def in_place(dense_row: dict, row: dict) -> dict:
             "share_of_dense_busy": round(removed / dense_row["profile"]["busy_ms"], 4)}
 
 
-def run_row(trainer, batch, row, args, label=None) -> dict:
+def run_row(trainer, batch, row, args, step_gc: StepGc, label=None) -> dict:
     torch.cuda.reset_peak_memory_stats()
     mode = row.split("-", 1)[0]
     stance = "force_eager" if mode == "eager" else "default"
+    steps = itertools.count(1)
     with torch.compiler.set_stance(stance):
-        times = time_steps(trainer, batch, args.warmup, args.iters)
+        with GcLog() as gc_log:  # the row's steps collect as training's do (train.gc_period), and say when
+            times = time_steps(trainer, batch, args.warmup, args.iters, after_step=lambda: step_gc.step(next(steps)))
         out = {"row": label or row, "ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
-               "times_ms": [round(t, 2) for t in times], "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+               "times_ms": [round(t, 2) for t in times], "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+               "gc": gc_log.summary()}
         if args.profile and label is None:
             out["profile"] = profile_steps(trainer, batch, args.profile)
         if args.host_profile and label is None:
@@ -225,18 +236,20 @@ def main() -> None:
         trainer.model.train()
         batch = synthetic_batch(cfg, device)
         compiled[mode] = trainer.compiled
-        for row in args.rows:
-            if mode != "default":  # eager rows once; compiled rows of another mode are named after it
-                if row.startswith("eager"):
-                    continue
-                row = row.replace("compiled-", MODE_ROW_PREFIX[mode])
-            set_row(trainer, row)
-            rows.append(run_row(trainer, batch, row, args))
-            if row == "compiled-dense":
-                for name in args.ablations:
-                    with _Ablation(trainer, name):
-                        rows.append(run_row(trainer, batch, row, args, label=f"compiled-dense, {name}"))
-                    rows.append(run_row(trainer, batch, row, args, label="compiled-dense (again)"))
+        with StepGc(cfg.train.gc_period) as step_gc:
+            for row in args.rows:
+                if mode != "default":  # eager rows once; compiled rows of another mode are named after it
+                    if row.startswith("eager"):
+                        continue
+                    row = row.replace("compiled-", MODE_ROW_PREFIX[mode])
+                set_row(trainer, row)
+                rows.append(run_row(trainer, batch, row, args, step_gc))
+                if row == "compiled-dense":
+                    for name in args.ablations:
+                        with _Ablation(trainer, name):
+                            rows.append(run_row(trainer, batch, row, args, step_gc,
+                                                label=f"compiled-dense, {name}"))
+                        rows.append(run_row(trainer, batch, row, args, step_gc, label="compiled-dense (again)"))
         set_row(trainer, "eager-dense")
         del trainer
         torch.cuda.empty_cache()
@@ -281,10 +294,13 @@ def sparse_decisions() -> dict:
 def print_table(result: dict) -> None:
     print(f"\n{result['gpu']}, {result['config']} {' '.join(result['overrides'])}, "
           f"batch {result['images_per_step']}/GPU")
-    print(f"{'row':44s}{'ms/step':>9s}{'min':>8s}{'max':>8s}{'GiB':>6s}{'vs compiled dense':>19s}")
+    print(f"{'row':44s}{'ms/step':>9s}{'min':>8s}{'max':>8s}{'GiB':>6s}{'vs compiled dense':>19s}"
+          f"{'gc (gen2, max ms)':>19s}")
     for r in result["rows"]:
+        g = r.get("gc", {})
+        gen2, longest = g.get("collections", {}).get("gen2", 0), g.get("max_ms", 0.0)
         print(f"{r['row']:44s}{r['ms']:9.1f}{r['min_ms']:8.1f}{r['max_ms']:8.1f}{r['peak_gib']:6.1f}"
-              f"{r['vs_compiled_dense']:18.3f}x")
+              f"{r['vs_compiled_dense']:18.3f}x{gen2:>9d}, {longest:7.1f}")
     for r in result["rows"]:
         if "profile" in r:
             p = r["profile"]

@@ -35,6 +35,7 @@ from . import run_dir, run_guard
 from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
+from .gc_control import StepGc
 from .numerics import apply_residual_dtype
 from .optim import build_optimizer, clip_per_module, set_hyperparameters
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
@@ -355,7 +356,8 @@ class Trainer:
         self.enter_phase(self.sparsity.phase_at(self.step))
         self.model.train()
         progress = ProgressLog(self.output_dir, self.step, last_step, enabled=self.ctx.is_main)
-        with on_sigterm(self.request_stop), contextlib.closing(self.batches()) as batches, progress:
+        with on_sigterm(self.request_stop), contextlib.closing(self.batches()) as batches, progress, \
+                StepGc(cfg.train.gc_period) as step_gc:
             # batches: lazy (the loader starts at the first next(), after any resume), closed however the loop ends;
             # the bar (a terminal only) is closed before any error is reported, so that the message is a line of its own
             window_start, window_steps = time.perf_counter(), 0
@@ -366,6 +368,7 @@ class Trainer:
                 loss, terms, norms = self.train_step(batch, values)
                 window_steps += 1
                 self.step += 1
+                step_gc.step(self.step)
                 progress.update(1)
                 log_now = self.step % cfg.train.log_period == 0 or self.step == last_step
                 if log_now or self.step % cfg.train.checkpoint_period == 0 or (

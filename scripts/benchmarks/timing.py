@@ -5,10 +5,12 @@
     graph_ms(step, sets)  the same for step(i) captured once per input set as a CUDA graph and replayed
     wall_ms(fn)           mean wall-clock milliseconds per fn() (host time: the GPU synchronised before and after)
     time_steps(trainer)   CUDA-event milliseconds of each of a trainer's steps, run back to back as training runs
+    GcLog()               the Python garbage collections inside a `with` block: generation and host milliseconds
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 
@@ -16,7 +18,7 @@ import torch
 
 from sparsity.backends.timing import device_only_ms, median_cuda_ms
 
-__all__ = ["device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "time_steps", "wall_ms"]
+__all__ = ["GcLog", "device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "time_steps", "wall_ms"]
 
 
 def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
@@ -54,12 +56,15 @@ def wall_ms(fn, warm: int = 3, iters: int = 20) -> float:
     return (time.perf_counter() - t) / iters * 1e3
 
 
-def time_steps(trainer, batch, warmup: int, iters: int, step: int = 20_000) -> list[float]:
+def time_steps(trainer, batch, warmup: int, iters: int, step: int = 20_000, after_step=None) -> list[float]:
     """CUDA-event milliseconds of `iters` training steps (`Trainer.train_step` on `batch`) after `warmup`, with the
-    schedules' values at `step` (by default a mid-training point of the ViT-L recipe: last layer unfrozen, lr > 0)."""
+    schedules' values at `step` (by default a mid-training point of the ViT-L recipe: last layer unfrozen, lr > 0).
+    `after_step()`, if given, runs after every step, as the training loop's own work between steps does."""
     values = trainer.schedules.at(step)
+    after_step = after_step or (lambda: None)
     for _ in range(warmup):
         trainer.train_step(batch, values)
+        after_step()
     trainer.settle_checks()
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
@@ -67,6 +72,35 @@ def time_steps(trainer, batch, warmup: int, iters: int, step: int = 20_000) -> l
         start.record()
         trainer.train_step(batch, values)
         end.record()
+        after_step()
     trainer.settle_checks()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in events]
+
+
+class GcLog:
+    """`with GcLog() as log:` records each Python garbage collection in the block (generation, host ms);
+    `log.summary()` gives collections per generation, the total and the longest pause."""
+
+    def __init__(self):
+        self.events: list[tuple[int, float]] = []
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.events.append((info["generation"], (time.perf_counter() - self._start) * 1e3))
+
+    def __enter__(self) -> "GcLog":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        gc.callbacks.remove(self._callback)
+        return False
+
+    def summary(self) -> dict:
+        return {"collections": {f"gen{g}": sum(1 for e in self.events if e[0] == g) for g in (0, 1, 2)},
+                "ms": round(sum(ms for _, ms in self.events), 3),
+                "max_ms": round(max((ms for _, ms in self.events), default=0.0), 3)}

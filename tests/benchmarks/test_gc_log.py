@@ -1,0 +1,48 @@
+"""The step benchmark's record of Python garbage collections (`GcLog`), and its ablation that hands collection back
+to Python (`automatic-gc`), on the CPU."""
+
+import gc
+from types import SimpleNamespace
+
+import pytest
+
+from scripts import bench_train_step as B
+from scripts.benchmarks.timing import GcLog
+
+
+@pytest.fixture(autouse=True)
+def gc_restored():
+    was = gc.isenabled()
+    yield
+    gc.enable() if was else gc.disable()
+
+
+def test_each_collection_in_the_block_is_counted_by_generation():
+    gc.disable()  # no automatic collection may slip into the counts
+    gc.collect(0)  # outside: not counted
+    with GcLog() as log:
+        gc.collect(0)
+        gc.collect(2)
+        gc.collect(1)
+        gc.collect(2)
+    gc.collect(2)  # outside again
+    s = log.summary()
+    assert s["collections"] == {"gen0": 1, "gen1": 1, "gen2": 2}
+    assert s["max_ms"] > 0 and s["ms"] >= s["max_ms"]
+    assert gc.callbacks.count(log._callback) == 0  # removed on leaving
+
+
+def test_no_collection_is_an_empty_record():
+    gc.disable()
+    with GcLog() as log:
+        pass
+    assert log.summary() == {"collections": {"gen0": 0, "gen1": 0, "gen2": 0}, "ms": 0.0, "max_ms": 0.0}
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_the_automatic_gc_ablation_turns_collection_on_and_back(before):
+    gc.enable() if before else gc.disable()
+    trainer = SimpleNamespace(model=None)
+    with B._Ablation(trainer, "automatic-gc"):
+        assert gc.isenabled()
+    assert gc.isenabled() == before
