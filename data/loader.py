@@ -8,6 +8,7 @@ of one started at 0.
 """
 
 import dataclasses
+import gc
 import logging
 import signal
 from typing import Dict, Iterator, Optional
@@ -138,6 +139,14 @@ class SSLLoader:
         self.delivered = self.sampler.position
 
 
+def init_worker(worker_id: int) -> None:
+    """Each data worker's set-up: stop signals ignored, and Python's automatic garbage collection on. A worker is
+    forked from a trainer that may have turned it off for its own loop (`train.gc_period`), and a worker's per-image
+    work is where automatic collection belongs."""
+    ignore_stop_signals(worker_id)
+    gc.enable()
+
+
 def ignore_stop_signals(worker_id: int) -> None:
     """In each data worker: ignore SIGTERM and SIGUSR1/2. Slurm (preemption, time limit, `scontrol requeue`) signals
     every process of the job, workers included; a worker killed by it makes the trainer's next batch raise before
@@ -192,7 +201,7 @@ def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int = 0, sa
         drop_last=True,
         persistent_workers=num_workers > 0,
         generator=generator,
-        worker_init_fn=ignore_stop_signals,
+        worker_init_fn=init_worker,
     )
     device_augmentation = build_batched_augmentation(cfg) if on_device else None
     loader = SSLLoader(dataloader, sampler, batch_size, device_augmentation, seed=seed, rank=rank)

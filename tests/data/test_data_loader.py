@@ -124,3 +124,38 @@ def test_cuda_generators_never_reseeded(small_cfg, monkeypatch):
     monkeypatch.setattr(torch.cuda, "manual_seed_all", forbidden)
     monkeypatch.setattr(torch.cuda, "manual_seed", forbidden)
     batches(build_ssl_loader(small_cfg(), rank=0, world_size=1, start_step=0), 1)
+
+
+class _GcStateDataset(torch.utils.data.Dataset):
+    """The default dataset, refusing to deliver an image where automatic garbage collection is off."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        import gc
+
+        if not gc.isenabled():
+            raise RuntimeError("automatic garbage collection is off in this data worker")
+        return self.inner[i]
+
+
+def test_workers_collect_garbage_even_when_the_trainer_does_not(small_cfg):
+    """The trainer turns automatic collection off for its loop (train.gc_period) and forks its workers inside it."""
+    import gc
+
+    from data.datasets import build_dataset
+
+    cfg = small_cfg()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        loader = build_ssl_loader(cfg, rank=0, world_size=1, start_step=0, num_workers=2,
+                                  dataset=_GcStateDataset(build_dataset(cfg)))
+        assert len(batches(loader, 2)) == 2
+        assert not gc.isenabled()  # the trainer's own setting is left alone
+    finally:
+        gc.enable() if was else gc.disable()
