@@ -5,8 +5,10 @@ torch.compile that is hundreds of thousands (433k for the default small model on
 full pass there takes ~150 ms). Left automatic, such a pass starts inside whichever step crosses the threshold and
 the GPU runs dry while the host walks the heap: one source of the spread between otherwise identical steps. As
 torchtitan does, automatic collection is turned off for the training loop; the young generations are collected every
-`period` steps (where the pause is small and at a known place) and everything once at the start. A training step
-leaves no reference cycles behind (tests/training/test_gc_control.py), so nothing piles up between collections.
+`period` steps (where the pause is small and at a known place; on several GPUs every rank pauses at the same step,
+so none waits in an all-reduce for another's collection) and everything once at the start. A training step leaves
+no tensor in a reference cycle (tests/training/test_gc_control.py), so no memory piles up between collections. Data
+workers, forked inside the loop, turn automatic collection back on (`data.loader.init_worker`).
 """
 
 from __future__ import annotations
