@@ -251,9 +251,9 @@ SEED_KEY = "train.seed"
 # observed, never what it computes (the global batch has its own check, see Trainer._check_resumable).
 RESUMABLE_CHANGES = (
     "train.max_steps", "train.num_workers", "train.log_period", "train.checkpoint_period", "train.max_to_keep",
-    "train.teacher_export_period", "train.resume", "train.allow_unverified_checkpoints", "train.batch_size_per_gpu", "train.compile",
-    "train.compile_backend", "train.compile_mode", "train.gc_period", "data.root", "data.on_corrupt", "sparsity.backend",
-    "sparsity.cslt_search", "sparsity.cslt_pack", "sparsity.fused_wgrad",
+    "train.teacher_export_period", "train.resume", "train.allow_unverified_checkpoints", "train.batch_size_per_gpu",
+    "train.compile", "train.compile_backend", "train.compile_mode", "train.gc_period", "data.root", "data.on_corrupt",
+    "sparsity.backend", "sparsity.cslt_search", "sparsity.cslt_pack", "sparsity.fused_wgrad",
 )
 
 
