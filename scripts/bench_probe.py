@@ -19,8 +19,8 @@ the reference, so this is a lower bound). `--time-limit` stops the sweep early a
 Superseded: the committed results/bench/probe_h100.json (39 s, 223 iterations, 47 ms per evaluation) ran on the
 TF32-only path (precision float32_tf32 here, now an explicitly inexact benchmarking option). Its weights were
 rounded to 10 mantissa bits in every GEMM, and from C ~ 0.3 up the warm-started L-BFGS stopped after 0-10
-iterations (0 for most C >= 1); issue 12 measured the fits from C ~ 18 up ending 5% above the float64 optimum, top-1
-0.88 pp lower. Its iteration count and time are not those of a converged sweep. Its prediction (25 ms per
+iterations (0 for most C >= 1); an earlier measurement found the fits from C ~ 18 up ending 5% above the float64
+optimum, top-1 0.88 pp lower. Its iteration count and time are not those of a converged sweep. Its prediction (25 ms per
 evaluation, ~4000 iterations, ~2 minutes) was for that path too.
 
 Prediction for the converging default (float32_3xtf32), written before measuring (H100 SXM, bf16 features):

@@ -1,7 +1,7 @@
-"""Hostile configs (issue 20, item 7 and new cases): interpolations that cannot resolve, integers no int64 holds,
+"""Hostile configs: interpolations that cannot resolve, integers no int64 holds,
 files that are not YAML mappings, dotlists that are not key=value. Each is `train.py`'s exit 2 with one line naming
 the key or the file, and the output directory is never created. Also what config.yaml stores for interpolations
-and how a resume compares them (item 3; the end-to-end run is tests/training/test_resume_interpolations.py)."""
+and how a resume compares them (the end-to-end run is tests/training/test_resume_interpolations.py)."""
 
 import pytest
 
@@ -117,7 +117,7 @@ def test_a_runs_config_yaml_that_cannot_be_resolved_is_a_config_error(content, e
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
 
 
-# --- what config.yaml stores, and the resume comparison (item 3) --------------------------------------------------
+# --- what config.yaml stores, and the resume comparison ---------------------------------------------------------
 
 def test_config_yaml_stores_resolved_numbers_and_free_text_interpolations_as_written(monkeypatch):
     monkeypatch.setenv("LR", "0.25")

@@ -1,4 +1,4 @@
-"""Correctness of the sparse step against an independent reference (issue 18, item 1).
+"""Correctness of the sparse step against an independent reference.
 
 `independent_reference.py` (pure torch; nothing imported from this repository) is torchao's `SemiSparseLinear`
 written from its published semantics. This file checks the repository against it:

@@ -1,4 +1,4 @@
-"""Issue 20, item 3: the same-config rule compares resolved values. `optim.base_lr=${oc.env:LR}` with LR changed
+"""The same-config rule compares resolved values. `optim.base_lr=${oc.env:LR}` with LR changed
 between two starts of a run is refused naming the key and both values, before anything is written; the same LR
 resumes. config.yaml holds the resolved value, so nothing later depends on the environment."""
 

@@ -143,7 +143,7 @@ def test_rerunning_a_finished_run_says_it_is_complete_and_rewrites_nothing(refer
     with caplog.at_level(logging.INFO):
         assert train.main(["--output-dir", str(run), *TINY]) == 0
     assert f"{run} is complete: checkpoint at step {TOTAL} of {TOTAL}, teacher exported" in caplog.text
-    # the one change: the lock file it held (taken whatever the command: issue 20), created empty, never written
+    # the one change: the lock file it held (taken whatever the command), created empty, never written
     assert (run / ".lock").stat().st_size == 0
     assert {p: (p.stat().st_ino, p.stat().st_mtime_ns, p.stat().st_size) for p in run.rglob("*")
             if p.name != ".lock"} == before
