@@ -1,7 +1,8 @@
 """An independent reference of torchao's `SemiSparseLinear` (torchao/sparsity/training, since deleted upstream),
 written from the published semantics alone: pure torch, nothing imported from this repository (not `sparsity`,
-`models`, `training`, ...), so that the tests in `test_independent_reference.py` compare the repository's 2:4 layers
-and its trainer against code that shares none of their implementation.
+`models`, `training`, ...), so that `test_independent_reference.py` (masks, layer) and
+`test_independent_reference_training.py` (whole training runs) compare the repository's 2:4 layers and its trainer
+against code that shares none of their implementation.
 
 What torchao published (torchao/sparsity/training/{__init__,autograd}.py and torch core's
 aten/src/ATen/native/sparse/cuda/{ComputeSparseTile.h,StaticSort.h,SparseSemiStructuredPack.h}):
