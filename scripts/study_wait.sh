@@ -13,12 +13,14 @@ all_done() {
   local d
   for d in "$@"; do grep -q "all done" "$d/driver.log" 2>/dev/null || return 1; done
 }
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }  # bash's SECONDS ticks on whole seconds: up to 1 s early
 status=1
-end=$((SECONDS + max))
+end=$(( $(now_ms) + max * 1000 ))
 while :; do
   if all_done "$@"; then status=0; break; fi
-  [ "$SECONDS" -ge "$end" ] && break
-  sleep $(( end - SECONDS < 10 ? end - SECONDS : 10 ))
+  left=$(( end - $(now_ms) ))
+  [ "$left" -le 0 ] && break
+  sleep $(( left < 10000 ? (left + 999) / 1000 : 10 ))
 done
 for d in "$@"; do
   for log in "$d"/*.train.log; do
