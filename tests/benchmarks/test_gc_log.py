@@ -46,3 +46,29 @@ def test_the_automatic_gc_ablation_turns_collection_on_and_back(before):
     with B._Ablation(trainer, "automatic-gc"):
         assert gc.isenabled()
     assert gc.isenabled() == before
+
+
+def test_a_row_steps_the_collector_as_training_does_and_records_what_ran(monkeypatch):
+    """run_row's wiring on the CPU: the timed steps (faked) call the collector's step hook once per step, and the
+    row carries the collections that ran inside them."""
+    from training.gc_control import StepGc
+
+    seen = []
+
+    def fake_time_steps(trainer, batch, warmup, iters, after_step=None):
+        for _ in range(warmup + iters):
+            after_step()
+        gc.collect(2)  # a full collection inside the row's steps
+        return [10.0, 12.0, 11.0]
+
+    monkeypatch.setattr(B, "time_steps", fake_time_steps)
+    monkeypatch.setattr(B.torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(B.torch.cuda, "max_memory_allocated", lambda: 0)
+    step_gc = StepGc(2)
+    monkeypatch.setattr(step_gc, "step", lambda step: seen.append(step))
+    args = SimpleNamespace(warmup=2, iters=3, profile=0, host_profile=0, stall_profile=0)
+    gc.disable()
+    out = B.run_row(None, None, "compiled-dense", args, step_gc)
+    assert seen == [1, 2, 3, 4, 5]
+    assert out["ms"] == 11.0 and out["max_ms"] == 12.0
+    assert out["gc"]["collections"]["gen2"] == 1
