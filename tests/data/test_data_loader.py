@@ -1,5 +1,6 @@
 """The SSL loader: batch layout from a config, bit-identical batches across num_workers and resume."""
 
+import gc
 import itertools
 
 import torch
@@ -136,8 +137,6 @@ class _GcStateDataset(torch.utils.data.Dataset):
         return len(self.inner)
 
     def __getitem__(self, i):
-        import gc
-
         if not gc.isenabled():
             raise RuntimeError("automatic garbage collection is off in this data worker")
         return self.inner[i]
@@ -145,8 +144,6 @@ class _GcStateDataset(torch.utils.data.Dataset):
 
 def test_workers_collect_garbage_even_when_the_trainer_does_not(small_cfg):
     """The trainer turns automatic collection off for its loop (train.gc_period) and forks its workers inside it."""
-    import gc
-
     from data.datasets import build_dataset
 
     cfg = small_cfg()
