@@ -36,7 +36,7 @@ from configs.schema import COMPILE_MODES  # noqa: E402
 from scripts.benchmarks import bad_algs  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_calls  # noqa: E402
-from scripts.benchmarks.timing import GcLog, time_steps  # noqa: E402
+from scripts.benchmarks.timing import GcLog, StepLog, time_steps  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
 from training.gc_control import StepGc  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
@@ -191,10 +191,16 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None) -> dict:
     steps = itertools.count(1)
     with torch.compiler.set_stance(stance):
         with GcLog() as gc_log:  # the row's steps collect as training's do (train.gc_period), and say when
-            times = time_steps(trainer, batch, args.warmup, args.iters, after_step=lambda: step_gc.step(next(steps)))
+            step_log = StepLog(gc_log)
+
+            def after_step():
+                step_gc.step(next(steps))
+                step_log.mark()
+
+            times = time_steps(trainer, batch, args.warmup, args.iters, after_step=after_step)
         out = {"row": label or row, "ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                "times_ms": [round(t, 2) for t in times], "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-               "gc": gc_log.summary()}
+               "gc": gc_log.summary(), "per_step": step_log.last(len(times))}
         if args.profile and label is None:
             out["profile"] = profile_steps(trainer, batch, args.profile)
         if args.host_profile and label is None:

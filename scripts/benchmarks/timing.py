@@ -6,6 +6,7 @@
     wall_ms(fn)           mean wall-clock milliseconds per fn() (host time: the GPU synchronised before and after)
     time_steps(trainer)   CUDA-event milliseconds of each of a trainer's steps, run back to back as training runs
     GcLog()               the Python garbage collections inside a `with` block: generation and host milliseconds
+    StepLog(gc_log)       per step: host milliseconds, the caching allocator's cudaMalloc calls and retries, GC ms
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from sparsity.backends.timing import device_only_ms, median_cuda_ms
 
-__all__ = ["GcLog", "device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "time_steps", "wall_ms"]
+__all__ = ["GcLog", "StepLog", "device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "time_steps", "wall_ms"]
 
 
 def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
@@ -104,3 +105,32 @@ class GcLog:
         return {"collections": {f"gen{g}": sum(1 for e in self.events if e[0] == g) for g in (0, 1, 2)},
                 "ms": round(sum(ms for _, ms in self.events), 3),
                 "max_ms": round(max((ms for _, ms in self.events), default=0.0), 3)}
+
+
+class StepLog:
+    """What happened on the host in each step, for finding the cause of a slow one: `mark()` after every step
+    records the host milliseconds since the previous mark, the caching allocator's new cudaMalloc calls and its
+    retries (a retry frees cached blocks, which synchronises the device), and the milliseconds of the collections
+    `gc_log` saw in between. `last(n)` gives the last n steps' values as lists aligned with the step times."""
+
+    def __init__(self, gc_log: GcLog):
+        self.gc_log = gc_log
+        self.rows: list[tuple[float, int, int, float]] = []
+        self._last = self._now()
+
+    def _now(self) -> tuple[float, int, int, int]:
+        stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
+        return (time.perf_counter(), stats.get("num_device_alloc", 0), stats.get("num_alloc_retries", 0),
+                len(self.gc_log.events))
+
+    def mark(self) -> None:
+        now = self._now()
+        (t0, alloc0, retry0, gc0), (t1, alloc1, retry1, gc1) = self._last, now
+        gc_ms = sum(ms for _, ms in self.gc_log.events[gc0:gc1])
+        self.rows.append(((t1 - t0) * 1e3, alloc1 - alloc0, retry1 - retry0, gc_ms))
+        self._last = now
+
+    def last(self, n: int) -> dict:
+        rows = self.rows[-n:] if n else []
+        return {"host_ms": [round(r[0], 2) for r in rows], "cuda_mallocs": [r[1] for r in rows],
+                "alloc_retries": [r[2] for r in rows], "gc_ms": [round(r[3], 2) for r in rows]}

@@ -72,3 +72,24 @@ def test_a_row_steps_the_collector_as_training_does_and_records_what_ran(monkeyp
     assert seen == [1, 2, 3, 4, 5]
     assert out["ms"] == 11.0 and out["max_ms"] == 12.0
     assert out["gc"]["collections"]["gen2"] == 1
+    assert len(out["per_step"]["host_ms"]) == 3  # the timed steps' host record, aligned with their times
+
+
+def test_step_log_puts_each_collection_in_the_step_it_ran_in():
+    from scripts.benchmarks.timing import StepLog
+
+    gc.disable()
+    with GcLog() as log:
+        steps = StepLog(log)
+        steps.mark()  # step 1: nothing
+        gc.collect(2)
+        steps.mark()  # step 2: one full collection
+        gc.collect(0)
+        gc.collect(1)
+        steps.mark()  # step 3: two
+    rec = steps.last(2)
+    assert len(rec["host_ms"]) == 2 and all(ms >= 0 for ms in rec["host_ms"])
+    assert rec["gc_ms"][0] == round(log.events[0][1], 2)
+    assert rec["gc_ms"][1] == round(log.events[1][1] + log.events[2][1], 2)
+    assert steps.last(3)["gc_ms"][0] == 0.0
+    assert rec["cuda_mallocs"] == [0, 0] and rec["alloc_retries"] == [0, 0]  # no CUDA here: nothing allocated
