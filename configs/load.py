@@ -124,6 +124,12 @@ def validate(cfg: Config) -> None:
         (cfg.train.compile_mode == "default" or cfg.train.compile_backend == "inductor",
          f"train.compile_mode={cfg.train.compile_mode} needs train.compile_backend=inductor (CUDA graphs and "
          "autotuned GEMM templates are inductor's)"),
+        (not cfg.train.cuda_graph or cfg.train.amp_dtype != "fp16",
+         "train.cuda_graph=true needs train.amp_dtype=bf16 (or fp32 compute): fp16's grad scaler reads its inf "
+         "check on the host, which a replayed graph cannot"),
+        (not cfg.train.cuda_graph or cfg.train.compile_mode != "reduce-overhead",
+         "train.cuda_graph=true captures the whole step already: use train.compile_mode=default or "
+         "max-autotune-no-cudagraphs, not reduce-overhead (graphs of blocks inside it)"),
         (cfg.sparsity.weight_grad == "dense" or cfg.sparsity.kind == "weight",
          f"sparsity.weight_grad={cfg.sparsity.weight_grad} applies to sparsity.kind=weight only, not "
          f"{cfg.sparsity.kind}"),
@@ -252,7 +258,8 @@ SEED_KEY = "train.seed"
 RESUMABLE_CHANGES = (
     "train.max_steps", "train.num_workers", "train.log_period", "train.checkpoint_period", "train.max_to_keep",
     "train.teacher_export_period", "train.resume", "train.allow_unverified_checkpoints", "train.batch_size_per_gpu",
-    "train.compile", "train.compile_backend", "train.compile_mode", "train.gc_period", "data.root", "data.on_corrupt",
+    "train.compile", "train.compile_backend", "train.compile_mode", "train.gc_period", "train.cuda_graph", "data.root",
+    "data.on_corrupt",
     "sparsity.backend", "sparsity.cslt_search", "sparsity.cslt_pack", "sparsity.fused_wgrad",
 )
 

@@ -192,6 +192,9 @@ class TrainConfig:
     # steps between collections of Python's young generations, automatic collection off in the training loop (a full
     # collection mid-step stalls the host: training/gc_control.py); 0 = Python's automatic collection
     gc_period: int = value(50, ge=0)
+    # the whole step (forward, backward, clipping, AdamW, EMA) captured as one CUDA graph per sparsity phase and
+    # replayed (training/step_graph.py): one launch per step instead of thousands; CUDA, bf16 or fp32, one process
+    cuda_graph: bool = False
 
 
 @dataclass

@@ -68,6 +68,18 @@ class SSLBatch:
         ones, which DDP's own input copy would otherwise read from pageable memory)."""
         return self._map(lambda t: t.pin_memory(), TENSOR_FIELDS)
 
+    def padded_to_bound(self) -> "SSLBatch":
+        """The batch with `mask_indices` and `masks_weight` padded to `upperbound` entries (index 0, weight 0): every
+        shape is then fixed by the config, not by how many patches this batch masked, so one CUDA graph serves
+        every step; the model gives the same losses for both forms (`SSLMetaArch.forward`)."""
+        m, bound = self.mask_indices.shape[0], int(self.upperbound)
+        if m > bound:
+            raise ValueError(f"{m} masked patches exceed the batch's upperbound {bound}")
+        pad = bound - m
+        return dataclasses.replace(
+            self, mask_indices=torch.cat([self.mask_indices, self.mask_indices.new_zeros(pad)]),
+            masks_weight=torch.cat([self.masks_weight, self.masks_weight.new_zeros(pad)]))
+
     def fields(self) -> dict:
         """Field name -> value (for comparisons and logging)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -127,7 +127,7 @@ class SSLMetaArch(nn.Module):
         return s_list, t_list
 
     @torch.no_grad()
-    def update_teacher(self, momentum: float) -> None:
+    def update_teacher(self, momentum) -> None:
         """teacher <- momentum * teacher + (1 - momentum) * student, over parameters matched by name: one fused pass
         (`_foreach_lerp_`) over the parameter pairs, which are matched once and re-matched only when the student's
         parameter objects change."""
@@ -136,7 +136,10 @@ class SSLMetaArch(nn.Module):
             self._ema_cache = (fingerprint, *self._ema_pairs())
         _, s_list, t_list = self._ema_cache
         s_list = [s if s.dtype == t.dtype else s.to(t.dtype) for s, t in zip(s_list, t_list)]
-        torch._foreach_lerp_(t_list, s_list, 1.0 - momentum)
+        if isinstance(momentum, Tensor):  # a 0-d device tensor (a CUDA graph's input): never read on the host
+            torch._foreach_lerp_(t_list, s_list, [1.0 - momentum] * len(t_list))
+        else:
+            torch._foreach_lerp_(t_list, s_list, 1.0 - momentum)
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -153,7 +156,7 @@ class SSLMetaArch(nn.Module):
 
     # forward --------------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def _teacher_targets(self, global_crops, mask_indices, n_masked, n_masked_tensor, upperbound, teacher_temp):
+    def _teacher_targets(self, global_crops, mask_indices, valid, n_masked_tensor, upperbound, teacher_temp):
         out = self.teacher["backbone"](global_crops, is_training=True)
         cls = out["x_norm_clstoken"].chunk(N_GLOBAL_CROPS)
         cls = torch.cat((cls[1], cls[0]))  # swapped: student crop A is matched to teacher crop B
@@ -164,10 +167,10 @@ class SSLMetaArch(nn.Module):
             patches = _pad_rows(patches, upperbound)
             if self.ibot_separate_head:
                 cls_after_head = self.teacher["dino_head"](cls)
-                patches_after_head = self.teacher["ibot_head"](patches)[:n_masked]
+                patches_after_head = self.teacher["ibot_head"](patches)
             else:
                 after_head = self.teacher["dino_head"](torch.cat([cls, patches]))
-                cls_after_head, patches_after_head = after_head[:n_cls], after_head[n_cls : n_cls + n_masked]
+                cls_after_head, patches_after_head = after_head[:n_cls], after_head[n_cls:]
         else:
             cls_after_head = self.teacher["dino_head"](cls)
 
@@ -176,19 +179,26 @@ class SSLMetaArch(nn.Module):
             self.dino_loss.update_center(cls_after_head)
             if self.do_ibot:
                 ibot_probs = self.ibot_patch_loss.softmax_center_teacher(patches_after_head, teacher_temp)
-                self.ibot_patch_loss.update_center(patches_after_head)
+                self.ibot_patch_loss.update_center(patches_after_head, valid)
         else:
             dino_probs = self.dino_loss.sinkhorn_knopp_teacher(cls_after_head, teacher_temp)
             if self.do_ibot:
                 ibot_probs = self.ibot_patch_loss.sinkhorn_knopp_teacher(
-                    patches_after_head, teacher_temp, n_masked_patches_tensor=n_masked_tensor
+                    patches_after_head, teacher_temp, n_masked_patches_tensor=n_masked_tensor, valid=valid
                 )
         return dino_probs.reshape(N_GLOBAL_CROPS, -1, dino_probs.shape[-1]), ibot_probs
 
-    def forward(self, batch: "SSLBatch", teacher_temp: float) -> Tuple[Tensor, Dict[str, Tensor]]:
+    def forward(self, batch: "SSLBatch", teacher_temp) -> Tuple[Tensor, Dict[str, Tensor]]:
         """Returns (total_loss, {dino_local_crops_loss, dino_global_crops_loss, koleo_loss, ibot_loss}); the terms
         are detached copies of the exact summands of `total_loss`. `batch` is a `data.SSLBatch` already on the
-        model's device (`SSLLoader.to_device` / `SSLBatch.to`): it is not copied here."""
+        model's device (`SSLLoader.to_device` / `SSLBatch.to`): it is not copied here. `teacher_temp`: a float, or
+        a 0-d tensor on the device (a CUDA graph replays the step with the value written into it).
+
+        The masked patches are handled at their fixed bound (`batch.upperbound` rows, the reference's head buffers)
+        from the gather to the loss: the rows past `batch.n_masked_patches` are padding, which adds nothing (zero
+        weight, out of the teacher's Sinkhorn-Knopp and center). So a batch whose `mask_indices` and `masks_weight`
+        are padded to the bound gives the same losses as the unpadded one, with every shape fixed by the config:
+        what a CUDA graph of the whole step needs (`training/step_graph.py`)."""
         device = self.student["backbone"].cls_token.device
         if isinstance(batch, dict) or batch.global_crops is None:
             raise TypeError("forward takes a data.SSLBatch holding its crops (SSLLoader.to_device makes them)")
@@ -197,8 +207,8 @@ class SSLMetaArch(nn.Module):
                              f"batch.to(device) (SSLLoader.to_device)")
         global_crops, local_crops, masks = batch.global_crops, batch.local_crops, batch.masks
         mask_indices, masks_weight, n_masked_tensor = batch.mask_indices, batch.masks_weight, batch.n_masked_patches
-        n_masked = mask_indices.shape[0]
-        upperbound = max(int(batch.upperbound), n_masked)
+        upperbound = max(int(batch.upperbound), mask_indices.shape[0])
+        valid = torch.arange(upperbound, device=device) < n_masked_tensor  # the real masked patches; on the device
 
         if global_crops.shape[0] % N_GLOBAL_CROPS:
             raise ValueError(f"global_crops holds {global_crops.shape[0]} images, not 2 crops per sample")
@@ -209,7 +219,7 @@ class SSLMetaArch(nn.Module):
         normaliser = N_GLOBAL_CROPS * (N_GLOBAL_CROPS - 1) + max(n_local * N_GLOBAL_CROPS, 1)
 
         teacher_dino, teacher_ibot = self._teacher_targets(
-            global_crops, mask_indices, n_masked, n_masked_tensor, upperbound, teacher_temp
+            global_crops, mask_indices, valid, n_masked_tensor, upperbound, teacher_temp
         )
 
         # student: one list forward over [global crops with masks, local crops]; modules are called (not their
@@ -233,9 +243,9 @@ class SSLMetaArch(nn.Module):
         local_after_head = head_out[1] if n_local else None
         if self.do_ibot:
             if self.ibot_separate_head:
-                masked_after_head = self.student["ibot_head"](masked_tokens)[:n_masked]
+                masked_after_head = self.student["ibot_head"](masked_tokens)
             else:
-                masked_after_head = head_out[-1][:n_masked]
+                masked_after_head = head_out[-1]
 
         zero = global_cls.new_zeros((), dtype=torch.float32)
         terms = {k: zero for k in ("dino_local_crops_loss", "dino_global_crops_loss", "koleo_loss", "ibot_loss")}
@@ -254,8 +264,8 @@ class SSLMetaArch(nn.Module):
                 )
         if self.do_ibot:
             ibot = self.ibot_patch_loss.forward_masked(
-                masked_after_head, teacher_ibot, student_masks_flat=masks, n_masked_patches=n_masked,
-                masks_weight=masks_weight,
+                masked_after_head, teacher_ibot, student_masks_flat=masks,
+                masks_weight=_pad_rows(masks_weight, upperbound),  # padding weighs 0
             )
             terms["ibot_loss"] = self.cfg.ibot.loss_weight * ibot * 2 * (1.0 / N_GLOBAL_CROPS)
         total = sum(terms.values())

@@ -4,7 +4,9 @@
 
 Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-dense` (the baseline of every ratio),
 `compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`. `--compile-modes default
-reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...).
+reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...), `step-graph`
+with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three
+steps per row run eagerly, the fourth captures, so `--warmup` must be at least 4).
 `--ablations` adds compiled-dense rows with one of this step's choices undone (heads and losses left eager,
 foreach instead of fused AdamW, the two-pass EMA, the per-step host syncs of the earlier loop, Python's automatic
 garbage collection), each timed right after the baseline it is compared with. Every row runs with the config's
@@ -41,7 +43,9 @@ from training.distributed import DistContext  # noqa: E402
 from training.gc_control import StepGc  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
 
-MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "autotune-"}
+# `step-graph`: compile_mode=default with train.cuda_graph=true, the whole step replayed as one CUDA graph
+BENCH_MODES = (*COMPILE_MODES, "step-graph")
+MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "autotune-", "step-graph": "stepgraph-"}
 ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto")
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs", "automatic-gc")
 
@@ -223,20 +227,25 @@ def main() -> None:
     ap.add_argument("--host-profile", type=int, default=0, help="steps per row under cProfile (0: off)")
     ap.add_argument("--stall-profile", type=int, default=0,
                     help="steps per row profiled with host activity: CUDA API calls and the GPU's longest idle gaps")
-    ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=list(COMPILE_MODES),
+    ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=list(BENCH_MODES),
                     help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>, of "
-                         "max-autotune-no-cudagraphs autotune-<backend>")
+                         "max-autotune-no-cudagraphs autotune-<backend>; step-graph (train.cuda_graph=true, the "
+                         "whole step one CUDA graph) stepgraph-<backend>")
     bad_algs.add_argument(ap)
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_train_step.py needs a CUDA GPU")
+    if "step-graph" in args.compile_modes and args.warmup < 4:
+        ap.error("--compile-modes step-graph needs --warmup 4 or more (3 eager steps, then the capture)")
     bad_algs.apply(args.bad_algs)
     device = torch.device("cuda")
     rows, compiled = [], {}
     for mode in args.compile_modes:
-        cfg = load_config(args.config, ["data.dataset=digits", "train.compile=true", f"train.compile_mode={mode}",
-                                        *args.overrides])
+        step_graph = mode == "step-graph"
+        cfg = load_config(args.config, ["data.dataset=digits", "train.compile=true",
+                                        f"train.compile_mode={'default' if step_graph else mode}",
+                                        f"train.cuda_graph={str(step_graph).lower()}", *args.overrides])
         torch._dynamo.reset()  # compiled code of another mode must not be reused
         trainer = Trainer(cfg, Path("/tmp/bench_train_step"), DistContext(0, 1, 0, device))
         trainer.model.train()

@@ -12,8 +12,9 @@ def build_optimizer(param_groups: list[dict], cfg: Config, device: torch.device)
     return torch.optim.AdamW(
         [{k: v for k, v in g.items() if k != "names"} for g in param_groups],
         betas=(cfg.optim.adamw_beta1, cfg.optim.adamw_beta2),
-        # one fused kernel per parameter group on CUDA instead of foreach's separate passes (same math, fp32)
-        **({"fused": True} if device.type == "cuda" else {}),
+        # one fused kernel per parameter group on CUDA instead of foreach's separate passes (same math, fp32);
+        # capturable (its step count on the device) when the whole step is a CUDA graph (training/step_graph.py)
+        **({"fused": True, "capturable": cfg.train.cuda_graph} if device.type == "cuda" else {}),
     )
 
 

@@ -36,6 +36,7 @@ from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
 from .gc_control import StepGc
+from .step_graph import ScheduleTensors, StepGraph
 from .numerics import apply_residual_dtype
 from .optim import build_optimizer, clip_per_module, set_hyperparameters
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
@@ -107,6 +108,13 @@ class Trainer:
         self._stop_requested = False  # set by SIGTERM on this rank
         self._stop_agreed = False  # some rank got SIGTERM (agreed on in the per-step flag all-reduce)
         self.checks = StepChecks(ctx)  # per-step flags, read one step late: no per-step host sync
+        # train.cuda_graph: the step captured once per phase and replayed (step_graph.py); None = launched eagerly
+        self.step_graph = None
+        if cfg.train.cuda_graph:
+            if self.device.type != "cuda" or ctx.world_size > 1:
+                raise ValueError(f"train.cuda_graph=true needs one process on a CUDA device, not {ctx.world_size} "
+                                 f"on {self.device.type}")
+            self.step_graph = StepGraph(self._graph_compute, ScheduleTensors(self.optimizer, self.device), self.device)
         self._student_params = None  # per student module, for clipping (see _clip_gradients)
         self._resumed_at: list[int] = []  # steps this run was resumed at, for status.json
 
@@ -219,6 +227,8 @@ class Trainer:
         ("sparse" or "dense"): the one place the trainer applies its model converter (`self.sparsity`: convert at the
         first sparse step, revert at the switch, or the checkpoint's phase on resume). True if the phase changed."""
         changed = self.sparsity.set_phase(self.sparse_targets, phase, self.step)
+        if changed and self.step_graph is not None:
+            self.step_graph.reset()  # the graph holds the other phase's kernels and weights
         if changed and phase == DENSE:
             if self.cfg.sparsity.switch_weights == "pruned":  # a resumed dense phase has them pruned already
                 names = self.sparsity.prune_weights([self.model.student.backbone, self.model.teacher.backbone],
@@ -243,22 +253,35 @@ class Trainer:
         device: nothing here waits for the GPU (the step's NaN / stop checks are read one step later). The caller
         owns `self.step`, the sparsity phase (`enter_phase`) and the logging, as `train` does;
         benchmarks call this to time the real step."""
-        set_hyperparameters(self.optimizer, values)
+        if self.step_graph is not None:
+            loss, terms, norms = self.step_graph.step(batch, values)
+        else:
+            set_hyperparameters(self.optimizer, values)
+            loss, terms, norms = self._compute_step(batch, values["teacher_temp"], values["momentum"])
+        # this step's flags start on their way; the previous step's are read now (the GPU is still busy with this one)
+        self.checks.queue(self.step, loss, terms, norms, self._stop_requested, int(batch.corrupt_skipped))
+        self._apply_checks(self.checks.resolve_previous())
+        return loss, terms, norms
+
+    def _compute_step(self, batch: SSLBatch, teacher_temp, momentum, decay_weights=None):
+        """The device work of a step (what `step_graph` captures): forward, backward, clipping, AdamW, EMA. With
+        `decay_weights` (the graph's tensor schedule), AdamW's weight decay is applied by it before the step."""
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
         with autocast:
-            loss, terms = self.forward_model(batch, teacher_temp=values["teacher_temp"])
+            loss, terms = self.forward_model(batch, teacher_temp=teacher_temp)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()  # under DDP: gradients averaged over ranks as they become ready
         self.scaler.unscale_(self.optimizer)
         norms = self._clip_gradients()
+        if decay_weights is not None:
+            decay_weights()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.model.update_teacher(values["momentum"])
-        terms = {k: v.detach() for k, v in terms.items()}
-        # this step's flags start on their way; the previous step's are read now (the GPU is still busy with this one)
-        self.checks.queue(self.step, loss, terms, norms, self._stop_requested, int(batch.corrupt_skipped))
-        self._apply_checks(self.checks.resolve_previous())
-        return loss.detach(), terms, norms
+        self.model.update_teacher(momentum)
+        return loss.detach(), {k: v.detach() for k, v in terms.items()}, norms
+
+    def _graph_compute(self, batch: SSLBatch, hyper: ScheduleTensors):
+        return self._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights)
 
     def batches(self) -> Iterator[SSLBatch]:
         """This rank's batches on the device, from the loader's position on (the start, or the checkpoint's); the

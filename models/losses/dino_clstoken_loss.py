@@ -14,13 +14,18 @@ from torch import Tensor, nn
 from ._dist import all_reduce_sum_, world_size
 
 
-def sinkhorn_knopp(teacher_output: Tensor, teacher_temp: float, n_samples_total, n_iterations: int = 3) -> Tensor:
+def sinkhorn_knopp(teacher_output: Tensor, teacher_temp, n_samples_total, n_iterations: int = 3,
+                   valid: Tensor | None = None) -> Tensor:
     """Sinkhorn-Knopp on (B, K) logits in fp32; sums all-reduced over ranks. Returns (B, K) rows summing to 1.
 
-    `n_samples_total` is B summed over ranks (int or tensor), the reference's `B`.
+    `n_samples_total` is B summed over ranks (int or tensor), the reference's `B`. `valid` (B,) bool marks the rows
+    that take part (the others are padding, kept so that shapes stay fixed): they add nothing to any sum and come
+    back as zero rows. `teacher_temp` may be a 0-d device tensor (written before each replay of a CUDA graph).
     """
     teacher_output = teacher_output.float()
     Q = torch.exp(teacher_output / teacher_temp).t()  # K-by-B, the paper's notation
+    if valid is not None:
+        Q = torch.where(valid, Q, 0.0)
     K = Q.shape[0]
     sum_Q = all_reduce_sum_(torch.sum(Q))
     Q /= sum_Q
@@ -30,7 +35,9 @@ def sinkhorn_knopp(teacher_output: Tensor, teacher_temp: float, n_samples_total,
         Q /= sum_of_rows
         Q /= K
         # columns: total weight per sample must be 1/B
-        Q /= torch.sum(Q, dim=0, keepdim=True)
+        col = torch.sum(Q, dim=0, keepdim=True)
+        # a padding column sums to 0: kept at 0 instead of 0/0 (a real column's sum is far above `tiny`)
+        Q /= col if valid is None else col.clamp(min=torch.finfo(torch.float32).tiny)
         Q /= n_samples_total
     Q *= n_samples_total  # columns sum to 1: an assignment per sample
     return Q.t()

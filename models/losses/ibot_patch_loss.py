@@ -33,24 +33,33 @@ class iBOTPatchLoss(nn.Module):
 
     @torch.no_grad()
     def sinkhorn_knopp_teacher(
-        self, teacher_output: Tensor, teacher_temp: float, n_masked_patches_tensor, n_iterations: int = 3
+        self, teacher_output: Tensor, teacher_temp, n_masked_patches_tensor, n_iterations: int = 3,
+        valid: Tensor | None = None,
     ) -> Tensor:
-        """SK over the masked tokens (n, K); B = number of masked patches summed over ranks."""
+        """SK over the masked tokens (n, K); B = number of masked patches summed over ranks; rows where `valid`
+        (n,) is False are padding: left out of every sum, returned as zeros."""
         if isinstance(n_masked_patches_tensor, Tensor):
             B = all_reduce_sum_(n_masked_patches_tensor.detach().to(teacher_output.device, torch.float32).clone())
         else:
             B = all_reduce_sum_(torch.tensor(float(n_masked_patches_tensor), device=teacher_output.device))
-        return sinkhorn_knopp(teacher_output, teacher_temp, B, n_iterations)
+        return sinkhorn_knopp(teacher_output, teacher_temp, B, n_iterations, valid=valid)
 
     @torch.no_grad()
-    def update_center(self, teacher_patch_tokens: Tensor) -> None:
-        """center <- m * center + (1 - m) * (mean over ranks of each rank's mean masked token); t is (n, K)."""
+    def update_center(self, teacher_patch_tokens: Tensor, valid: Tensor | None = None) -> None:
+        """center <- m * center + (1 - m) * (mean over ranks of each rank's mean masked token); t is (n, K). Rows
+        where `valid` (n,) is False are padding and left out (their count is on the device: no host sync)."""
         t = teacher_patch_tokens.float().reshape(-1, teacher_patch_tokens.shape[-1])
         n = t.shape[0]
-        local = t.mean(dim=0) if n > 0 else t.new_zeros(t.shape[-1])
-        # new_full, not new_tensor: a tensor built from a Python list is copied from host memory, which waits for
-        # the GPU to drain (a host sync in the middle of every step)
-        stats = torch.cat([local, local.new_full((1,), 1.0 if n > 0 else 0.0)])
+        if valid is not None:
+            count = valid.sum().float()
+            local = torch.where(valid[:, None], t, 0.0).sum(dim=0) / count.clamp(min=1.0)
+            present = (count > 0).float().reshape(1)
+        else:
+            local = t.mean(dim=0) if n > 0 else t.new_zeros(t.shape[-1])
+            # new_full, not new_tensor: a tensor built from a Python list is copied from host memory, which waits
+            # for the GPU to drain (a host sync in the middle of every step)
+            present = local.new_full((1,), 1.0 if n > 0 else 0.0)
+        stats = torch.cat([local, present])
         all_reduce_sum_(stats)
         count = stats[-1]
         batch_center = (stats[:-1] / count.clamp(min=1.0)).view(1, 1, -1)

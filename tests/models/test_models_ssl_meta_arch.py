@@ -77,6 +77,44 @@ def test_upperbound_padding_does_not_change_losses():
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("centering,separate", [("centering", False), ("sinkhorn_knopp", False),
+                                                ("sinkhorn_knopp", True), ("centering", True)])
+def test_masked_patches_padded_to_the_bound_give_the_same_step(centering, separate):
+    """The fixed-shape batch a CUDA graph replays (mask_indices / masks_weight padded to upperbound with index 0 and
+    weight 0): same losses, gradients and loss centers as the unpadded batch, and a 0-d tensor teacher temperature
+    gives what the float gives. Checked against the reference formulas' write-out too (expected_terms)."""
+    cfg = tiny_cfg(train__centering=centering, ibot__separate_head=separate, dino__koleo_loss_weight=0.1)
+    results = []
+    for padded, temp in ((False, 0.05), (True, torch.tensor(0.05))):
+        model = build(cfg)
+        batch = make_batch(extra_upperbound=6)
+        if padded:
+            batch = batch.padded_to_bound()
+            assert batch.mask_indices.shape[0] == batch.upperbound and batch.masks_weight[-6:].eq(0).all()
+        total, terms = model(batch, teacher_temp=temp)
+        total.backward()
+        grads = {n: p.grad.clone() for n, p in model.student.named_parameters()}
+        results.append((terms, grads, model.dino_loss.center.clone(), model.ibot_patch_loss.center.clone()))
+    (t0, g0, dc0, ic0), (t1, g1, dc1, ic1) = results
+    if centering == "centering" and not separate:
+        exp = expected_terms(build(cfg), make_batch(extra_upperbound=6), teacher_temp=0.05)
+        torch.testing.assert_close(t1["ibot_loss"], exp["ibot_loss"].detach(), atol=2e-5, rtol=2e-5)
+    for k in t0:
+        torch.testing.assert_close(t1[k], t0[k], atol=1e-6, rtol=1e-5, msg=k)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], atol=1e-6, rtol=1e-5, msg=n)
+    torch.testing.assert_close(dc1, dc0)
+    torch.testing.assert_close(ic1, ic0)
+    assert t1["ibot_loss"] != 0
+
+
+def test_padding_past_the_bound_is_refused():
+    batch = make_batch(extra_upperbound=0)
+    batch.upperbound -= 1
+    with pytest.raises(ValueError, match="exceed the batch's upperbound"):
+        batch.padded_to_bound()
+
+
 def test_teacher_starts_equal_and_ema_update_math():
     model = build(tiny_cfg())
     for (ns, s), (nt, t) in zip(model.student.named_parameters(), model.teacher.named_parameters()):
