@@ -38,7 +38,8 @@ from configs.schema import COMPILE_MODES  # noqa: E402
 from scripts.benchmarks import bad_algs  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_calls  # noqa: E402
-from scripts.benchmarks.timing import GcLog, StepLog, time_steps  # noqa: E402
+from scripts.benchmarks.gpu_state import gpu_state  # noqa: E402
+from scripts.benchmarks.timing import GcLog, StepLog, heat, time_steps  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
 from training.gc_control import StepGc  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
@@ -204,7 +205,7 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None) -> dict:
             times = time_steps(trainer, batch, args.warmup, args.iters, after_step=after_step)
         out = {"row": label or row, "ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                "times_ms": [round(t, 2) for t in times], "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-               "gc": gc_log.summary(), "per_step": step_log.last(len(times))}
+               "gc": gc_log.summary(), "per_step": step_log.last(len(times)), "gpu_state": gpu_state()}
         if args.profile and label is None:
             out["profile"] = profile_steps(trainer, batch, args.profile)
         if args.host_profile and label is None:
@@ -231,6 +232,9 @@ def main() -> None:
                     help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>, of "
                          "max-autotune-no-cudagraphs autotune-<backend>; step-graph (train.cuda_graph=true, the "
                          "whole step one CUDA graph) stepgraph-<backend>")
+    ap.add_argument("--heat-s", type=float, default=0.0,
+                    help="seconds of steps before each mode's first row, so that every row runs at the clock the "
+                         "GPU holds under this load (an H100 at its power cap slows as it warms)")
     bad_algs.add_argument(ap)
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
     args = ap.parse_args()
@@ -240,7 +244,7 @@ def main() -> None:
         ap.error("--compile-modes step-graph needs --warmup 4 or more (3 eager steps, then the capture)")
     bad_algs.apply(args.bad_algs)
     device = torch.device("cuda")
-    rows, compiled = [], {}
+    rows, compiled, heated = [], {}, {}
     for mode in args.compile_modes:
         step_graph = mode == "step-graph"
         cfg = load_config(args.config, ["data.dataset=digits", "train.compile=true",
@@ -251,6 +255,12 @@ def main() -> None:
         trainer.model.train()
         batch = synthetic_batch(cfg, device)
         compiled[mode] = trainer.compiled
+        if args.heat_s:  # each mode's rows start from the clock the GPU holds under this load, not a cold one
+            set_row(trainer, next((r for r in args.rows if not r.startswith("eager")), "compiled-dense"))
+            values = trainer.schedules.at(20_000)
+            steps = heat(lambda: trainer.train_step(batch, values), args.heat_s)
+            trainer.settle_checks()
+            heated[mode] = {"steps": steps, "seconds": args.heat_s, "gpu_state": gpu_state()}
         with StepGc(cfg.train.gc_period) as step_gc:
             for row in args.rows:
                 if mode != "default":  # eager rows once; compiled rows of another mode are named after it
@@ -277,7 +287,7 @@ def main() -> None:
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": args.config,
               "cusparselt_library": _cusparselt_library(),
               "overrides": args.overrides, "images_per_step": cfg.train.batch_size_per_gpu, "rows": rows,
-              "compiled": compiled, "sparse_decisions": sparse_decisions()}
+              "compiled": compiled, "heated": heated, "sparse_decisions": sparse_decisions()}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print_table(result)

@@ -7,6 +7,7 @@
     time_steps(trainer)   CUDA-event milliseconds of each of a trainer's steps, run back to back as training runs
     GcLog()               the Python garbage collections inside a `with` block: generation and host milliseconds
     StepLog(gc_log)       per step: host milliseconds, the caching allocator's cudaMalloc calls and retries, GC ms
+    heat(step, seconds)   call step() for that long: the GPU reaches the clock it will hold under this load
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from sparsity.backends.timing import device_only_ms, median_cuda_ms
 
-__all__ = ["GcLog", "StepLog", "device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "time_steps", "wall_ms"]
+__all__ = ["GcLog", "StepLog", "heat", "device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "time_steps", "wall_ms"]
 
 
 def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
@@ -134,3 +135,15 @@ class StepLog:
         rows = self.rows[-n:] if n else []
         return {"host_ms": [round(r[0], 2) for r in rows], "cuda_mallocs": [r[1] for r in rows],
                 "alloc_retries": [r[2] for r in rows], "gc_ms": [round(r[3], 2) for r in rows]}
+
+
+def heat(step, seconds: float) -> int:
+    """Call step() until `seconds` have passed (the GPU synchronised at the end); returns the number of calls."""
+    calls, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end or calls == 0:
+        step()
+        calls += 1
+        if calls % 10 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return calls
