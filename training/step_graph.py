@@ -146,3 +146,13 @@ class StepGraph:
         with torch.cuda.graph(self.graph):
             self._out = self.compute(self._static_batch, self.hyper)
         self.captures += 1
+
+
+def build_step_graph(enabled: bool, ctx, optimizer: torch.optim.Optimizer, compute) -> StepGraph | None:
+    """The trainer's step graph for `train.cuda_graph` (None when off); `compute(batch, hyper)` is its step."""
+    if not enabled:
+        return None
+    if ctx.device.type != "cuda" or ctx.world_size > 1:
+        raise ValueError(f"train.cuda_graph=true needs one process on a CUDA device, not {ctx.world_size} on "
+                         f"{ctx.device.type}")
+    return StepGraph(compute, ScheduleTensors(optimizer, ctx.device), ctx.device)

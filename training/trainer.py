@@ -36,7 +36,7 @@ from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
 from .gc_control import StepGc
-from .step_graph import ScheduleTensors, StepGraph
+from .step_graph import build_step_graph
 from .numerics import apply_residual_dtype
 from .optim import build_optimizer, clip_per_module, set_hyperparameters
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
@@ -109,12 +109,8 @@ class Trainer:
         self._stop_agreed = False  # some rank got SIGTERM (agreed on in the per-step flag all-reduce)
         self.checks = StepChecks(ctx)  # per-step flags, read one step late: no per-step host sync
         # train.cuda_graph: the step captured once per phase and replayed (step_graph.py); None = launched eagerly
-        self.step_graph = None
-        if cfg.train.cuda_graph:
-            if self.device.type != "cuda" or ctx.world_size > 1:
-                raise ValueError(f"train.cuda_graph=true needs one process on a CUDA device, not {ctx.world_size} "
-                                 f"on {self.device.type}")
-            self.step_graph = StepGraph(self._graph_compute, ScheduleTensors(self.optimizer, self.device), self.device)
+        self.step_graph = build_step_graph(cfg.train.cuda_graph, ctx, self.optimizer, lambda batch, hyper: (
+            self._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights)))
         self._student_params = None  # per student module, for clipping (see _clip_gradients)
         self._resumed_at: list[int] = []  # steps this run was resumed at, for status.json
 
@@ -279,9 +275,6 @@ class Trainer:
         self.scaler.update()
         self.model.update_teacher(momentum)
         return loss.detach(), {k: v.detach() for k, v in terms.items()}, norms
-
-    def _graph_compute(self, batch: SSLBatch, hyper: ScheduleTensors):
-        return self._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights)
 
     def batches(self) -> Iterator[SSLBatch]:
         """This rank's batches on the device, from the loader's position on (the start, or the checkpoint's); the
