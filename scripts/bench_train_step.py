@@ -22,6 +22,7 @@ prune/pack time added, i.e. the in-place speed-up of the GEMMs 2:4 accelerates a
 """
 
 import argparse
+import functools
 import gc
 import itertools
 import json
@@ -258,7 +259,7 @@ def main() -> None:
         if args.heat_s:  # each mode's rows start from the clock the GPU holds under this load, not a cold one
             set_row(trainer, next((r for r in args.rows if not r.startswith("eager")), "compiled-dense"))
             values = trainer.schedules.at(20_000)
-            steps = heat(lambda: trainer.train_step(batch, values), args.heat_s)
+            steps = heat(functools.partial(trainer.train_step, batch, values), args.heat_s)
             trainer.settle_checks()
             heated[mode] = {"steps": steps, "seconds": args.heat_s, "gpu_state": gpu_state()}
         with StepGc(cfg.train.gc_period) as step_gc:

@@ -18,12 +18,16 @@ def build_optimizer(param_groups: list[dict], cfg: Config, device: torch.device)
     )
 
 
+def group_hyperparameters(group: dict, values: dict) -> tuple[float, float]:
+    """(lr, weight decay) of one parameter group for the schedules' values of a step (`Schedules.at(step)`)."""
+    lr = values["last_layer_lr"] if group["is_last_layer"] else values["lr"]
+    return lr * group["lr_multiplier"], values["wd"] * group["wd_multiplier"]
+
+
 def set_hyperparameters(optimizer: torch.optim.Optimizer, values: dict) -> None:
-    """The schedules' values of a step (`Schedules.at(step)`) into every parameter group."""
+    """The schedules' values of a step into every parameter group."""
     for group in optimizer.param_groups:
-        lr = values["last_layer_lr"] if group["is_last_layer"] else values["lr"]
-        group["lr"] = lr * group["lr_multiplier"]
-        group["weight_decay"] = values["wd"] * group["wd_multiplier"]
+        group["lr"], group["weight_decay"] = group_hyperparameters(group, values)
 
 
 def clip_per_module(params_by_module: dict[str, list], max_norm: float) -> dict:

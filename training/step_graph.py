@@ -1,6 +1,8 @@
 """The whole training step as one CUDA graph (`train.cuda_graph=true`): forward of student and teacher, backward,
 clipping, AdamW and the EMA teacher update are captured once per sparsity phase and replayed every step, so the host
-launches one graph instead of ~4,300 kernels and its pauses no longer leave the GPU idle.
+launches one graph instead of ~4,300 kernels and its pauses no longer leave the GPU idle. That pays where the step
+is host-bound (small models); a ViT-L step on an H100 is power-bound instead, and gains nothing from it
+(results/bench/NOTES.md, section 22).
 
 What a replay cannot repeat is moved out of Python values into device memory, written before each replay:
 - the schedules' values: one device buffer (`ScheduleTensors`) holding every parameter group's lr and weight decay,
@@ -22,6 +24,8 @@ from __future__ import annotations
 import torch
 
 from data.batch import DEVICE_FIELDS, SSLBatch
+
+from .optim import group_hyperparameters
 
 
 class ScheduleTensors:
@@ -55,11 +59,8 @@ class ScheduleTensors:
             group["weight_decay"] = 0.0  # applied by `decay_weights`, which reads the tensor
 
     def host_values(self, values: dict) -> list[float]:
-        """The buffer's contents for the schedule `values` of a step (as `optim.set_hyperparameters` computes)."""
-        out = []
-        for group in self.groups:
-            lr = values["last_layer_lr"] if group["is_last_layer"] else values["lr"]
-            out += [lr * group["lr_multiplier"], values["wd"] * group["wd_multiplier"]]
+        """The buffer's contents for the schedule `values` of a step."""
+        out = [v for group in self.groups for v in group_hyperparameters(group, values)]
         return out + [values["teacher_temp"], values["momentum"]]
 
     def write(self, values: dict) -> None:

@@ -20,7 +20,8 @@ import torch
 
 from sparsity.backends.timing import device_only_ms, median_cuda_ms
 
-__all__ = ["GcLog", "StepLog", "heat", "device_only_ms", "graph_ms", "median_cuda_ms", "median_ms", "time_steps", "wall_ms"]
+__all__ = ["GcLog", "StepLog", "device_only_ms", "graph_ms", "heat", "median_cuda_ms", "median_ms", "time_steps",
+           "wall_ms"]
 
 
 def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
