@@ -6,7 +6,10 @@ Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-de
 `compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`. `--compile-modes default
 reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...), `step-graph`
 with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three
-steps per row run eagerly, the fourth captures, so `--warmup` must be at least 4).
+steps per row run eagerly, the fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs at its
+power cap and slows as it warms, so rows run later in a fixed order run slower: `--heat-s 60` starts the rows warm
+and `--rounds N` lets the rows take turns N times (each row's steps of all rounds together); every row records the
+clock, temperature and power it ended at (`gpu_state`, per round in `rounds`).
 `--ablations` adds compiled-dense rows with one of this step's choices undone (heads and losses left eager,
 foreach instead of fused AdamW, the two-pass EMA, the per-step host syncs of the earlier loop, Python's automatic
 garbage collection), each timed right after the baseline it is compared with. Every row runs with the config's
@@ -190,7 +193,25 @@ def in_place(dense_row: dict, row: dict) -> dict:
             "share_of_dense_busy": round(removed / dense_row["profile"]["busy_ms"], 4)}
 
 
-def run_row(trainer, batch, row, args, step_gc: StepGc, label=None) -> dict:
+def merge_rounds(outs: list[dict]) -> dict:
+    """One row from its rounds (`--rounds`: the rows take turns, so that each meets the GPU as warm as the others):
+    the steps of every round together (median, min, max, times, per-step record), each round's median and GPU state
+    in `rounds`, the profiles of the round that has them, the collections summed."""
+    if len(outs) == 1:
+        return outs[0]
+    out = {k: v for o in outs for k, v in o.items() if k not in ("ms", "min_ms", "max_ms", "times_ms", "per_step")}
+    times = [t for o in outs for t in o["times_ms"]]
+    out.update(ms=statistics.median(times), min_ms=min(times), max_ms=max(times), times_ms=times,
+               peak_gib=max(o["peak_gib"] for o in outs),
+               per_step={k: [v for o in outs for v in o["per_step"][k]] for k in outs[0]["per_step"]},
+               gc={"collections": {g: sum(o["gc"]["collections"][g] for o in outs) for g in ("gen0", "gen1", "gen2")},
+                   "ms": round(sum(o["gc"]["ms"] for o in outs), 3), "max_ms": max(o["gc"]["max_ms"] for o in outs)},
+               rounds=[{"ms": o["ms"], "gpu_state": o.get("gpu_state")} for o in outs])
+    out.pop("gpu_state", None)
+    return out
+
+
+def run_row(trainer, batch, row, args, step_gc: StepGc, label=None, extras=True) -> dict:
     torch.cuda.reset_peak_memory_stats()
     mode = row.split("-", 1)[0]
     stance = "force_eager" if mode == "eager" else "default"
@@ -207,11 +228,12 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None) -> dict:
         out = {"row": label or row, "ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                "times_ms": [round(t, 2) for t in times], "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
                "gc": gc_log.summary(), "per_step": step_log.last(len(times)), "gpu_state": gpu_state()}
-        if args.profile and label is None:
+        extras = extras and label is None
+        if args.profile and extras:
             out["profile"] = profile_steps(trainer, batch, args.profile)
-        if args.host_profile and label is None:
+        if args.host_profile and extras:
             out["host_profile"] = host_profile(trainer, batch, args.host_profile)
-        if args.stall_profile and label is None:
+        if args.stall_profile and extras:
             out["stalls"] = stall_profile(trainer, batch, args.stall_profile)
     print(f"  {out['row']}: {out['ms']:.1f} ms", flush=True)
     return out
@@ -233,6 +255,9 @@ def main() -> None:
                     help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>, of "
                          "max-autotune-no-cudagraphs autotune-<backend>; step-graph (train.cuda_graph=true, the "
                          "whole step one CUDA graph) stepgraph-<backend>")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="times the rows take turns (each round --iters steps per row): rows then meet the GPU at "
+                         "the same temperature and clock, which a single pass in a fixed order does not give")
     ap.add_argument("--heat-s", type=float, default=0.0,
                     help="seconds of steps before each mode's first row, so that every row runs at the clock the "
                          "GPU holds under this load (an H100 at its power cap slows as it warms)")
@@ -241,6 +266,8 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_train_step.py needs a CUDA GPU")
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: at least 1")
     if "step-graph" in args.compile_modes and args.warmup < 4:
         ap.error("--compile-modes step-graph needs --warmup 4 or more (3 eager steps, then the capture)")
     bad_algs.apply(args.bad_algs)
@@ -262,20 +289,27 @@ def main() -> None:
             steps = heat(functools.partial(trainer.train_step, batch, values), args.heat_s)
             trainer.settle_checks()
             heated[mode] = {"steps": steps, "seconds": args.heat_s, "gpu_state": gpu_state()}
+        rounds: dict[str, list[dict]] = {}  # row label -> its rounds, in the order the rows first ran
         with StepGc(cfg.train.gc_period) as step_gc:
-            for row in args.rows:
-                if mode != "default":  # eager rows once; compiled rows of another mode are named after it
-                    if row.startswith("eager"):
-                        continue
-                    row = row.replace("compiled-", MODE_ROW_PREFIX[mode])
-                set_row(trainer, row)
-                rows.append(run_row(trainer, batch, row, args, step_gc))
-                if row == "compiled-dense":
-                    for name in args.ablations:
-                        with _Ablation(trainer, name):
-                            rows.append(run_row(trainer, batch, row, args, step_gc,
-                                                label=f"compiled-dense, {name}"))
-                        rows.append(run_row(trainer, batch, row, args, step_gc, label="compiled-dense (again)"))
+            for turn in range(args.rounds):
+                last = turn == args.rounds - 1  # profiles once, after the last timed round
+                for row in args.rows:
+                    if mode != "default":  # eager rows once; compiled rows of another mode are named after it
+                        if row.startswith("eager"):
+                            continue
+                        row = row.replace("compiled-", MODE_ROW_PREFIX[mode])
+                    set_row(trainer, row)
+                    rounds.setdefault(row, []).append(run_row(trainer, batch, row, args, step_gc, extras=last))
+                    if row == "compiled-dense":
+                        for name in args.ablations:
+                            with _Ablation(trainer, name):
+                                label = f"compiled-dense, {name}"
+                                rounds.setdefault(label, []).append(run_row(trainer, batch, row, args, step_gc,
+                                                                            label=label))
+                            label = "compiled-dense (again)"
+                            rounds.setdefault(label, []).append(run_row(trainer, batch, row, args, step_gc,
+                                                                        label=label))
+        rows += [merge_rounds(outs) for outs in rounds.values()]
         set_row(trainer, "eager-dense")
         del trainer
         torch.cuda.empty_cache()

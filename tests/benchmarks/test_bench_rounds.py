@@ -1,0 +1,70 @@
+"""The step benchmark's `--rounds`: rows take turns, and each row's rounds merge into one row (CPU, timing faked)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from scripts import bench_train_step as B
+
+
+def a_round(times, gc_ms, gen1, mhz, profile=False):
+    out = {"row": "compiled-dense", "ms": sorted(times)[len(times) // 2], "min_ms": min(times), "max_ms": max(times),
+           "times_ms": times, "peak_gib": 30.0 + gc_ms, "per_step": {"host_ms": [1.0] * len(times),
+                                                                    "gc_ms": [gc_ms] * len(times)},
+           "gc": {"collections": {"gen0": 0, "gen1": gen1, "gen2": 0}, "ms": gc_ms, "max_ms": gc_ms},
+           "gpu_state": {"sm_mhz": mhz}}
+    if profile:
+        out["profile"] = {"busy_ms": 9.0}
+    return out
+
+
+def test_rounds_merge_into_one_row_by_hand():
+    merged = B.merge_rounds([a_round([10.0, 30.0, 20.0], 1.5, 1, 1800.0),
+                             a_round([40.0, 12.0], 4.0, 2, 1600.0, profile=True)])
+    assert merged["times_ms"] == [10.0, 30.0, 20.0, 40.0, 12.0]
+    assert merged["ms"] == 20.0 and merged["min_ms"] == 10.0 and merged["max_ms"] == 40.0  # over all five steps
+    assert merged["rounds"] == [{"ms": 20.0, "gpu_state": {"sm_mhz": 1800.0}},
+                                {"ms": 40.0, "gpu_state": {"sm_mhz": 1600.0}}]
+    assert merged["gc"] == {"collections": {"gen0": 0, "gen1": 3, "gen2": 0}, "ms": 5.5, "max_ms": 4.0}
+    assert merged["per_step"]["gc_ms"] == [1.5] * 3 + [4.0] * 2 and merged["peak_gib"] == 34.0
+    assert merged["profile"] == {"busy_ms": 9.0} and "gpu_state" not in merged
+    single = a_round([1.0], 0.0, 0, 1980.0)
+    assert B.merge_rounds([single]) is single  # one round: the row as it ran
+
+
+def test_rows_take_turns_and_profile_once(monkeypatch):
+    ran = []
+
+    def fake_run_row(trainer, batch, row, args, step_gc, label=None, extras=True):
+        ran.append((label or row, extras))
+        return a_round([float(len(ran))], 0.0, 0, 1900.0, profile=extras)
+
+    class FakeTrainer:
+        compiled, cfg = [], SimpleNamespace(train=SimpleNamespace(gc_period=0, batch_size_per_gpu=1))
+
+        def __init__(self, cfg, *a):
+            self.cfg, self.model = cfg, SimpleNamespace(train=lambda: None)
+
+    monkeypatch.setattr(B, "run_row", fake_run_row)
+    monkeypatch.setattr(B, "set_row", lambda trainer, row: None)
+    monkeypatch.setattr(B, "Trainer", FakeTrainer)
+    monkeypatch.setattr(B, "synthetic_batch", lambda cfg, device: None)
+    monkeypatch.setattr(B.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(B.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(B.torch.cuda, "get_device_name", lambda: "fake")
+    monkeypatch.setattr(B, "sparse_decisions", lambda: {})
+    monkeypatch.setattr(B, "_cusparselt_library", lambda: {})
+    monkeypatch.setattr(B, "print_table", lambda result: None)
+    monkeypatch.setattr("sys.argv", ["bench", "--rows", "compiled-dense", "compiled-cusparselt", "--rounds", "3",
+                                     "--iters", "1"])
+    B.main()
+    assert ran == [("compiled-dense", False), ("compiled-cusparselt", False)] * 2 + [
+        ("compiled-dense", True), ("compiled-cusparselt", True)]
+
+
+def test_rounds_below_one_are_refused(monkeypatch, capsys):
+    monkeypatch.setattr(B.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("sys.argv", ["bench", "--rounds", "0"])
+    with pytest.raises(SystemExit):
+        B.main()
+    assert "--rounds 0: at least 1" in capsys.readouterr().err
