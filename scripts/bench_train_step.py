@@ -43,7 +43,7 @@ from scripts.benchmarks import bad_algs  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_calls  # noqa: E402
 from scripts.benchmarks.gpu_state import gpu_state  # noqa: E402
-from scripts.benchmarks.timing import GcLog, StepLog, heat, time_steps  # noqa: E402
+from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
 from training.gc_control import StepGc  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
@@ -59,7 +59,7 @@ def profile_steps(trainer: Trainer, batch: dict, steps: int) -> dict:
     """Kernel time by category and GPU idle time per step (CUDA activity only)."""
     from torch.profiler import ProfilerActivity, profile
 
-    values = trainer.schedules.at(20_000)
+    values = trainer.schedules.at(MID_TRAINING_STEP)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -75,7 +75,7 @@ def stall_profile(trainer: Trainer, batch: dict, steps: int) -> dict:
     longest GPU idle gaps with what the host did meanwhile."""
     from torch.profiler import ProfilerActivity, profile
 
-    values = trainer.schedules.at(20_000)
+    values = trainer.schedules.at(MID_TRAINING_STEP)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -93,7 +93,7 @@ def host_profile(trainer: Trainer, batch: dict, steps: int, top: int = 45) -> di
     import pstats
     import time
 
-    values = trainer.schedules.at(20_000)
+    values = trainer.schedules.at(MID_TRAINING_STEP)
     torch.cuda.synchronize()
     prof = cProfile.Profile()
     t0 = time.perf_counter()
@@ -285,12 +285,19 @@ def main() -> None:
         compiled[mode] = trainer.compiled
         if args.heat_s:  # each mode's rows start from the clock the GPU holds under this load, not a cold one
             set_row(trainer, next((r for r in args.rows if not r.startswith("eager")), "compiled-dense"))
-            values = trainer.schedules.at(20_000)
+            values = trainer.schedules.at(MID_TRAINING_STEP)
             steps = heat(functools.partial(trainer.train_step, batch, values), args.heat_s)
             trainer.settle_checks()
             heated[mode] = {"steps": steps, "seconds": args.heat_s, "gpu_state": gpu_state()}
         rounds: dict[str, list[dict]] = {}  # row label -> its rounds, in the order the rows first ran
         with StepGc(cfg.train.gc_period) as step_gc:
+
+            run = functools.partial(run_row, trainer, batch, args=args, step_gc=step_gc)
+
+            def timed(row, label=None, extras=True):
+                out = run(row, label=label, extras=extras)
+                rounds.setdefault(out["row"], []).append(out)
+
             for turn in range(args.rounds):
                 last = turn == args.rounds - 1  # profiles once, after the last timed round
                 for row in args.rows:
@@ -299,16 +306,12 @@ def main() -> None:
                             continue
                         row = row.replace("compiled-", MODE_ROW_PREFIX[mode])
                     set_row(trainer, row)
-                    rounds.setdefault(row, []).append(run_row(trainer, batch, row, args, step_gc, extras=last))
+                    timed(row, extras=last)
                     if row == "compiled-dense":
                         for name in args.ablations:
                             with _Ablation(trainer, name):
-                                label = f"compiled-dense, {name}"
-                                rounds.setdefault(label, []).append(run_row(trainer, batch, row, args, step_gc,
-                                                                            label=label))
-                            label = "compiled-dense (again)"
-                            rounds.setdefault(label, []).append(run_row(trainer, batch, row, args, step_gc,
-                                                                        label=label))
+                                timed(row, label=f"compiled-dense, {name}")
+                            timed(row, label="compiled-dense (again)")
         rows += [merge_rounds(outs) for outs in rounds.values()]
         set_row(trainer, "eager-dense")
         del trainer

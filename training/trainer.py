@@ -36,7 +36,6 @@ from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
 from .gc_control import StepGc
-from .step_graph import build_step_graph
 from .numerics import apply_residual_dtype
 from .optim import build_optimizer, clip_per_module, set_hyperparameters
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
@@ -45,6 +44,7 @@ from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RU
 from .schedules import build_schedules
 from .sparsity_setup import sparsity_converter
 from .step_checks import StepChecks, on_sigterm
+from .step_graph import build_step_graph
 
 logger = logging.getLogger(__name__)
 

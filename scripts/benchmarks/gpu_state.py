@@ -18,8 +18,7 @@ def parse(line: str) -> dict | None:
     if len(parts) != len(FIELDS):
         return None
     try:
-        return {"sm_mhz": float(parts[0]), "temperature_c": float(parts[1]), "power_w": float(parts[2]),
-                "throttle_reasons": parts[3]}
+        return dict(zip(KEYS, [float(p) for p in parts[:3]] + [parts[3]]))
     except ValueError:
         return None
 

@@ -20,8 +20,8 @@ import torch
 
 from sparsity.backends.timing import device_only_ms, median_cuda_ms
 
-__all__ = ["GcLog", "StepLog", "device_only_ms", "graph_ms", "heat", "median_cuda_ms", "median_ms", "time_steps",
-           "wall_ms"]
+__all__ = ["MID_TRAINING_STEP", "GcLog", "StepLog", "device_only_ms", "graph_ms", "heat", "median_cuda_ms",
+           "median_ms", "time_steps", "wall_ms"]
 
 
 def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
@@ -59,7 +59,11 @@ def wall_ms(fn, warm: int = 3, iters: int = 20) -> float:
     return (time.perf_counter() - t) / iters * 1e3
 
 
-def time_steps(trainer, batch, warmup: int, iters: int, step: int = 20_000, after_step=None) -> list[float]:
+# the schedules' step every benchmark times at: mid-training in the ViT-L recipe (last layer unfrozen, lr > 0)
+MID_TRAINING_STEP = 20_000
+
+
+def time_steps(trainer, batch, warmup: int, iters: int, step: int = MID_TRAINING_STEP, after_step=None) -> list[float]:
     """CUDA-event milliseconds of `iters` training steps (`Trainer.train_step` on `batch`) after `warmup`, with the
     schedules' values at `step` (by default a mid-training point of the ViT-L recipe: last layer unfrozen, lr > 0).
     `after_step()`, if given, runs after every step, as the training loop's own work between steps does."""
