@@ -7,9 +7,10 @@ Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-de
 reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...), `step-graph`
 with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three
 steps per row run eagerly, the fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs at its
-power cap and slows as it warms, so rows run later in a fixed order run slower: `--heat-s 60` starts the rows warm
-and `--rounds N` lets the rows take turns N times (each row's steps of all rounds together); every row records the
-clock, temperature and power it ended at (`gpu_state`, per round in `rounds`).
+power cap and slows as it warms, so rows run later in a fixed order run slower: `--heat-s 60` compiles every row
+first and then runs 60 s of steps, so that the rows start warm, and `--rounds N` lets the rows take turns N times
+(each row's steps of all rounds together); every row records the clock, temperature and power it ended at
+(`gpu_state`, per round in `rounds`).
 `--ablations` adds compiled-dense rows with one of this step's choices undone (heads and losses left eager,
 foreach instead of fused AdamW, the two-pass EMA, the per-step host syncs of the earlier loop, Python's automatic
 garbage collection), each timed right after the baseline it is compared with. Every row runs with the config's
@@ -183,6 +184,28 @@ def set_row(trainer: Trainer, row: str) -> tuple[str, str]:
     return mode, backend
 
 
+def mode_rows(rows: list[str], mode: str) -> list[str]:
+    """The rows timed in one compile mode: eager rows in the default mode only, compiled rows named after the mode."""
+    if mode == "default":
+        return list(rows)
+    return [r.replace("compiled-", MODE_ROW_PREFIX[mode]) for r in rows if not r.startswith("eager")]
+
+
+def compile_then_heat(trainer: Trainer, batch, rows: list[str], warmup: int, seconds: float) -> dict:
+    """Every row's warm-up steps first (the compiles, during which the GPU idles and cools), then `seconds` of the
+    first compiled row's steps: the timed rounds start on a GPU at the clock it holds under this load."""
+    values = trainer.schedules.at(MID_TRAINING_STEP)
+    for row in rows:
+        set_row(trainer, row)
+        for _ in range(warmup):
+            trainer.train_step(batch, values)
+    trainer.settle_checks()
+    set_row(trainer, next((r for r in rows if not r.startswith("eager")), rows[0]))
+    steps = heat(functools.partial(trainer.train_step, batch, values), seconds)
+    trainer.settle_checks()
+    return {"steps": steps, "seconds": seconds, "gpu_state": gpu_state()}
+
+
 def in_place(dense_row: dict, row: dict) -> dict:
     """What the sparse phase changes in the GEMMs, from the two rows' kernel categories (ms per step)."""
     d, s = dense_row["profile"]["by_category_ms"], row["profile"]["by_category_ms"]
@@ -259,8 +282,9 @@ def main() -> None:
                     help="times the rows take turns (each round --iters steps per row): rows then meet the GPU at "
                          "the same temperature and clock, which a single pass in a fixed order does not give")
     ap.add_argument("--heat-s", type=float, default=0.0,
-                    help="seconds of steps before each mode's first row, so that every row runs at the clock the "
-                         "GPU holds under this load (an H100 at its power cap slows as it warms)")
+                    help="seconds of steps before each mode's first timed row, after every row's warm-up, so that "
+                         "every row runs at the clock the GPU holds under this load (an H100 at its power cap slows "
+                         "as it warms)")
     bad_algs.add_argument(ap)
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
     args = ap.parse_args()
@@ -283,12 +307,9 @@ def main() -> None:
         trainer.model.train()
         batch = synthetic_batch(cfg, device)
         compiled[mode] = trainer.compiled
+        rows_here = mode_rows(args.rows, mode)
         if args.heat_s:  # each mode's rows start from the clock the GPU holds under this load, not a cold one
-            set_row(trainer, next((r for r in args.rows if not r.startswith("eager")), "compiled-dense"))
-            values = trainer.schedules.at(MID_TRAINING_STEP)
-            steps = heat(functools.partial(trainer.train_step, batch, values), args.heat_s)
-            trainer.settle_checks()
-            heated[mode] = {"steps": steps, "seconds": args.heat_s, "gpu_state": gpu_state()}
+            heated[mode] = compile_then_heat(trainer, batch, rows_here, args.warmup, args.heat_s)
         rounds: dict[str, list[dict]] = {}  # row label -> its rounds, in the order the rows first ran
         with StepGc(cfg.train.gc_period) as step_gc:
 
@@ -300,11 +321,7 @@ def main() -> None:
 
             for turn in range(args.rounds):
                 last = turn == args.rounds - 1  # profiles once, after the last timed round
-                for row in args.rows:
-                    if mode != "default":  # eager rows once; compiled rows of another mode are named after it
-                        if row.startswith("eager"):
-                            continue
-                        row = row.replace("compiled-", MODE_ROW_PREFIX[mode])
+                for row in rows_here:
                     set_row(trainer, row)
                     timed(row, extras=last)
                     if row == "compiled-dense":

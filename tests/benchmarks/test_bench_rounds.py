@@ -68,3 +68,36 @@ def test_rounds_below_one_are_refused(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         B.main()
     assert "--rounds 0: at least 1" in capsys.readouterr().err
+
+
+def test_every_row_compiles_before_the_heat_and_the_heat_runs_the_first_compiled_row(monkeypatch):
+    """The first GPU run of --heat-s 60 --rounds 4 heated for one step: the 60 s went to compiling the first row, and
+    the later rows' compiles let the GPU cool before round 1. Now every row warms up first, then the heat runs."""
+    events, current = [], {}
+
+    class FakeTrainer:
+        schedules = SimpleNamespace(at=lambda step: {"step": step})
+
+        def train_step(self, batch, values):
+            events.append(("step", current["row"]))
+
+        def settle_checks(self):
+            events.append(("settle", None))
+
+    def fake_set_row(trainer, row):
+        current["row"] = row
+
+    monkeypatch.setattr(B, "set_row", fake_set_row)
+    monkeypatch.setattr(B, "gpu_state", lambda: {"sm_mhz": 1.0})
+    monkeypatch.setattr(B, "heat", lambda step, seconds: [step() for _ in range(3)] and 3)
+    out = B.compile_then_heat(FakeTrainer(), None, ["eager-dense", "compiled-dense", "compiled-auto"], 2, 60.0)
+    assert events == [("step", "eager-dense")] * 2 + [("step", "compiled-dense")] * 2 + [
+        ("step", "compiled-auto")] * 2 + [("settle", None)] + [("step", "compiled-dense")] * 3 + [("settle", None)]
+    assert out == {"steps": 3, "seconds": 60.0, "gpu_state": {"sm_mhz": 1.0}}
+
+
+def test_rows_of_a_mode_are_named_after_it_and_eager_rows_run_in_the_default_mode_only():
+    rows = ["eager-dense", "compiled-dense", "compiled-cusparselt"]
+    assert B.mode_rows(rows, "default") == rows
+    assert B.mode_rows(rows, "step-graph") == ["stepgraph-dense", "stepgraph-cusparselt"]
+    assert B.mode_rows(rows, "reduce-overhead") == ["graphs-dense", "graphs-cusparselt"]

@@ -31,12 +31,30 @@ def copy_state(src: Trainer, dst: Trainer) -> None:
         c.copy_(b)
 
 
-def assert_same_update(before, p, q, lr, where):
-    """The two steps moved the weights alike: compiled with the schedule as tensors (graph) or as floats (plain),
-    inductor's kernels round differently, and Adam turns that rounding into full-size steps of opposite sign where
-    a gradient is ~0; so: at most 1 entry in 1,000 off by > 1% of lr, the update's relative error below 1e-2
-    (compiled, a small update such as a qkv bias's differs by 0.2-0.4%; launched eagerly, the two are equal)."""
+def resolved_gradients(trainer) -> dict:
+    """Per parameter name, where its gradient (the student's, for a teacher's EMA copy) stands above rounding: Adam
+    divides by the gradient's running size, so where a gradient is rounding noise (the keys' bias, whose exact
+    gradient is 0 since softmax ignores a shift of the logits) two roundings give full-size steps of either sign."""
+    grads = {n: p.grad.float() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    out = {}
+    for name, p in trainer.model.named_parameters():
+        g = grads.get(name, grads.get(name.replace("teacher.", "student.", 1)))
+        out[name] = None if g is None else g.abs() >= 1e-2 * g.abs().max()
+    return out
+
+
+def assert_same_update(before, p, q, lr, resolved, where):
+    """The two steps moved the weights alike: compiled with the schedule as tensors and the masked patches padded
+    (graph) or as floats and unpadded (plain), inductor's kernels round differently; so the gradients agree to 1e-2,
+    and where a gradient is resolved (`resolved_gradients`) the update's relative error is below 1e-2 with at most
+    1 entry in 1,000 off by > 1% of lr (launched eagerly, the two are equal)."""
+    if p.grad is not None:
+        g, h = p.grad.float(), q.grad.float()
+        grad_rel = ((g - h).norm() / g.norm().clamp_min(1e-30)).item()
+        assert grad_rel <= 1e-2, f"{where}: gradient relative error {grad_rel:.2e}"
     dp, dq = (p - before).float(), (q - before).float()
+    if resolved is not None:
+        dp, dq = dp[resolved], dq[resolved]
     err = (dp - dq).abs()
     off = (err > 0.01 * lr).float().mean().item()
     rel = (err.norm() / dp.norm().clamp_min(1e-30)).item()
@@ -71,8 +89,9 @@ def test_replayed_step_equals_the_launched_step(tmp_path, compile, backend):
             step += 1
             for k in a[1]:
                 torch.testing.assert_close(b[1][k], a[1][k], rtol=1e-4, atol=1e-6, msg=f"{phase} {i}: {k}")
+            resolved = resolved_gradients(plain)
             for (name, p), q, p0 in zip(plain.model.named_parameters(), graphed.model.parameters(), before):
-                assert_same_update(p0, p, q, values["lr"], f"{phase} step {i}: {name}")
+                assert_same_update(p0, p, q, values["lr"], resolved[name], f"{phase} step {i}: {name}")
         assert graphed.step_graph.graph is not None
     assert graphed.step_graph.captures == 2  # one per phase
     plain.settle_checks(), graphed.settle_checks()
