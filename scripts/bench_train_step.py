@@ -242,12 +242,17 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None, extras=True)
     with torch.compiler.set_stance(stance):
         with GcLog() as gc_log:  # the row's steps collect as training's do (train.gc_period), and say when
             step_log = StepLog(gc_log)
+            resolve = trainer.checks.resolve_previous  # where the step waits for the GPU (the previous step's flags)
+            trainer.checks.resolve_previous = step_log.waiting(resolve)
 
             def after_step():
                 step_gc.step(next(steps))
                 step_log.mark()
 
-            times = time_steps(trainer, batch, args.warmup, args.iters, after_step=after_step)
+            try:
+                times = time_steps(trainer, batch, args.warmup, args.iters, after_step=after_step)
+            finally:
+                del trainer.checks.resolve_previous  # the instance's wrapper: the class's method again
         out = {"row": label or row, "ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                "times_ms": [round(t, 2) for t in times], "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
                "gc": gc_log.summary(), "per_step": step_log.last(len(times)), "gpu_state": gpu_state()}

@@ -6,7 +6,8 @@
     wall_ms(fn)           mean wall-clock milliseconds per fn() (host time: the GPU synchronised before and after)
     time_steps(trainer)   CUDA-event milliseconds of each of a trainer's steps, run back to back as training runs
     GcLog()               the Python garbage collections inside a `with` block: generation and host milliseconds
-    StepLog(gc_log)       per step: host milliseconds, the caching allocator's cudaMalloc calls and retries, GC ms
+    StepLog(gc_log)       per step: host milliseconds (and of them waiting for the GPU), cudaMalloc calls and
+                          retries of the caching allocator, GC ms
     heat(step, seconds)   call step() for that long: the GPU reaches the clock it will hold under this load
 """
 
@@ -115,31 +116,46 @@ class GcLog:
 
 class StepLog:
     """What happened on the host in each step, for finding the cause of a slow one: `mark()` after every step
-    records the host milliseconds since the previous mark, the caching allocator's new cudaMalloc calls and its
-    retries (a retry frees cached blocks, which synchronises the device), and the milliseconds of the collections
-    `gc_log` saw in between. `last(n)` gives the last n steps' values as lists aligned with the step times."""
+    records the host milliseconds since the previous mark, of them the milliseconds spent waiting for the GPU inside
+    functions wrapped by `waiting` (the trainer's read of the previous step's flags: a slow step with a long wait was
+    slow on the GPU, one with a short wait was a pause of the host), the caching allocator's new cudaMalloc calls
+    and its retries (a retry frees cached blocks, which synchronises the device), and the milliseconds of the
+    collections `gc_log` saw in between. `last(n)` gives the last n steps' values as lists aligned with the step
+    times."""
 
     def __init__(self, gc_log: GcLog):
         self.gc_log = gc_log
-        self.rows: list[tuple[float, int, int, float]] = []
+        self.rows: list[tuple[float, float, int, int, float]] = []
+        self._waited = 0.0
         self._last = self._now()
 
-    def _now(self) -> tuple[float, int, int, int]:
+    def _now(self) -> tuple[float, float, int, int, int]:
         stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
-        return (time.perf_counter(), stats.get("num_device_alloc", 0), stats.get("num_alloc_retries", 0),
-                len(self.gc_log.events))
+        return (time.perf_counter(), self._waited, stats.get("num_device_alloc", 0),
+                stats.get("num_alloc_retries", 0), len(self.gc_log.events))
+
+    def waiting(self, fn):
+        """`fn`, with the host time of its calls counted as waiting (per step: `wait_ms`)."""
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._waited += time.perf_counter() - start
+        return timed
 
     def mark(self) -> None:
         now = self._now()
-        (t0, alloc0, retry0, gc0), (t1, alloc1, retry1, gc1) = self._last, now
+        (t0, w0, alloc0, retry0, gc0), (t1, w1, alloc1, retry1, gc1) = self._last, now
         gc_ms = sum(ms for _, ms in self.gc_log.events[gc0:gc1])
-        self.rows.append(((t1 - t0) * 1e3, alloc1 - alloc0, retry1 - retry0, gc_ms))
+        self.rows.append(((t1 - t0) * 1e3, (w1 - w0) * 1e3, alloc1 - alloc0, retry1 - retry0, gc_ms))
         self._last = now
 
     def last(self, n: int) -> dict:
         rows = self.rows[-n:] if n else []
-        return {"host_ms": [round(r[0], 2) for r in rows], "cuda_mallocs": [r[1] for r in rows],
-                "alloc_retries": [r[2] for r in rows], "gc_ms": [round(r[3], 2) for r in rows]}
+        return {"host_ms": [round(r[0], 2) for r in rows], "wait_ms": [round(r[1], 2) for r in rows],
+                "cuda_mallocs": [r[2] for r in rows], "alloc_retries": [r[3] for r in rows],
+                "gc_ms": [round(r[4], 2) for r in rows]}
 
 
 def heat(step, seconds: float) -> int:

@@ -2,6 +2,7 @@
 to Python (`automatic-gc`), on the CPU."""
 
 import gc
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -55,8 +56,17 @@ def test_a_row_steps_the_collector_as_training_does_and_records_what_ran(monkeyp
 
     seen = []
 
+    class Checks:
+        def resolve_previous(self):
+            time.sleep(0.02)  # the wait for the GPU's previous step
+            return []
+
+    trainer = SimpleNamespace(checks=Checks())
+
     def fake_time_steps(trainer, batch, warmup, iters, after_step=None):
-        for _ in range(warmup + iters):
+        for i in range(warmup + iters):
+            if i == warmup + 1:  # the second timed step waits, the others do not
+                trainer.checks.resolve_previous()
             after_step()
         gc.collect(2)  # a full collection inside the row's steps
         return [10.0, 12.0, 11.0]
@@ -68,11 +78,14 @@ def test_a_row_steps_the_collector_as_training_does_and_records_what_ran(monkeyp
     monkeypatch.setattr(step_gc, "step", lambda step: seen.append(step))
     args = SimpleNamespace(warmup=2, iters=3, profile=0, host_profile=0, stall_profile=0)
     gc.disable()
-    out = B.run_row(None, None, "compiled-dense", args, step_gc)
+    out = B.run_row(trainer, None, "compiled-dense", args, step_gc)
     assert seen == [1, 2, 3, 4, 5]
     assert out["ms"] == 11.0 and out["max_ms"] == 12.0
     assert out["gc"]["collections"]["gen2"] == 1
     assert len(out["per_step"]["host_ms"]) == 3  # the timed steps' host record, aligned with their times
+    wait = out["per_step"]["wait_ms"]
+    assert wait[0] == 0.0 and wait[2] == 0.0 and 20.0 <= wait[1] <= out["per_step"]["host_ms"][1]
+    assert "resolve_previous" not in vars(trainer.checks)  # the wrapper is gone after the row
 
 
 def test_step_log_puts_each_collection_in_the_step_it_ran_in():
