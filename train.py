@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     from training.checkpoint import NoReadableCheckpoint
     from training.distributed import LaunchError, detect_launch, init_distributed, shutdown
     from training.resume import ResumeMismatch
-    from training.run_dir import RunDirInUse, RunDirProblem
+    from training.run_dir import RunDirProblem
+    from training.run_lock import RunDirInUse, lock
     from training.trainer import Trainer, TrainingDiverged
 
     try:
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
     run_lock = None
     try:
         if launch.rank == 0:
-            run_lock = run_dir.lock(output_dir)
+            run_lock = lock(output_dir)
             run_guard.usable_checkpoint_dir(run_dir.checkpoint_dir(output_dir))
             problem = (run_guard.appended_file_problem(output_dir) or run_guard.eval_dir_problem(output_dir)
                        or (run_guard.lost_checkpoints_problem(output_dir) if cfg.train.resume else ""))

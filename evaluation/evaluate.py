@@ -20,8 +20,8 @@ import torch
 from configs import ConfigError, load_config, to_yaml
 from data import build_dataset, make_eval_transform
 from models.atomic_io import atomic_write_text
-from training.run_dir import (BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, RunDirInUse, RunDirProblem,
-                              eval_result_name, lock)
+from training.run_dir import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, RunDirProblem, eval_result_name
+from training.run_lock import RunDirInUse, lock
 from training.run_guard import eval_dir_problem
 
 from .features import (EvalInputError, Features, PixelFeatures, cache_key, dataset_settings, extract, load_cached,
@@ -192,7 +192,7 @@ def writes_in_run_dir(run_dir: Path, eval_cfg) -> bool:
 
 def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     """Evaluate `run_dir` as `eval_cfg` (`configs.EvalConfig`) says; returns the record written to the JSON.
-    An evaluation that writes into the run directory holds its lock (`training.run_dir.lock`) throughout, as the
+    An evaluation that writes into the run directory holds its lock (`training.run_lock.lock`) throughout, as the
     trainer does: one writer at a time, so a trainer still running there, or a second evaluation, is refused
     (`EvalInputError`, naming the directory) before anything is read or written."""
     start = time.perf_counter()

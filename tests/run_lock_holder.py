@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-HOLD = ("import sys, time; sys.path.insert(0, sys.argv[2]); from training import run_dir; "
-        "held = run_dir.lock(sys.argv[1]); print('held', held.held, flush=True); time.sleep(600)")
+HOLD = ("import sys, time; sys.path.insert(0, sys.argv[2]); from training import run_lock; "
+        "held = run_lock.lock(sys.argv[1]); print('held', held.held, flush=True); time.sleep(600)")
 
 
 def hold_lock(run: Path) -> subprocess.Popen:

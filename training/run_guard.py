@@ -2,7 +2,7 @@
 
 The rules:
 
-- One writer. train.py's rank 0 takes the run-directory lock (`run_dir.lock`) before it reads or writes anything
+- One writer. train.py's rank 0 takes the run-directory lock (`run_lock.lock`) before it reads or writes anything
   there, whatever the command says: a run with nothing left to do and `train.resume=false` take it too, so a second
   command on a directory in use is refused (exit 1) and changes nothing. eval_linear.py holds the same lock while it
   writes into the run (`evaluation.evaluate.evaluate_run`). Only the lock holder removes stray

@@ -13,7 +13,7 @@ import torch
 from models import atomic_io
 from models.atomic_io import atomic_write_text, create_exclusively, temporary_base, tmp_path as temp_name
 from models.safe_io import DIGEST_MARKER, MissingDigest, digest_path, load_verified, save_verified
-from training import run_dir, run_guard
+from training import run_dir, run_guard, run_lock
 from training.checkpoint import CheckpointManager
 from training.run_dir import MetricsLog, RunDirProblem
 
@@ -182,7 +182,7 @@ def test_a_lock_file_that_is_not_a_regular_file_is_refused(run, outside, kind):
     else:
         os.mkfifo(lock)
     with pytest.raises(RunDirProblem, match=r"\.lock"):
-        run_dir.lock(run)  # (a FIFO: refused at once, never a hang)
+        run_lock.lock(run)  # (a FIFO: refused at once, never a hang)
     assert outside.read_text() == PRECIOUS and not target.exists()
 
 

@@ -9,24 +9,23 @@ import subprocess
 import sys
 
 import pytest
+from run_lock_holder import HOLD
 from train_runs import REPO, run_train, start_train, wait_for_step
 
-from training import run_dir
-from training.run_dir import RunDirInUse, read_metrics
-
-HOLD = ("import sys, time; sys.path.insert(0, sys.argv[2]); from training import run_dir; "
-        "held = run_dir.lock(sys.argv[1]); print('held', held.held, flush=True); time.sleep(600)")
+from training import run_dir, run_lock
+from training.run_dir import read_metrics
+from training.run_lock import RunDirInUse, lock
 
 
 def test_a_second_lock_is_refused_until_the_first_is_released(tmp_path):
-    first = run_dir.lock(tmp_path)
+    first = lock(tmp_path)
     assert first.held and (tmp_path / ".lock").exists()
     run_dir.write_status(tmp_path, run_dir.RUNNING, 12)
     with pytest.raises(RunDirInUse, match=r"in use by another process \(a trainer or an evaluation\) "
                                           r"\(its status.json: running at step 12"):
-        run_dir.lock(tmp_path)
+        lock(tmp_path)
     first.release()
-    again = run_dir.lock(tmp_path)
+    again = lock(tmp_path)
     assert again.held
     again.release()
 
@@ -37,11 +36,11 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "held True"
         with pytest.raises(RunDirInUse, match="choose another --output-dir"):
-            run_dir.lock(tmp_path)
+            lock(tmp_path)
     finally:
         holder.send_signal(signal.SIGKILL)  # nothing runs at exit: only the kernel can drop the lock
         holder.wait()
-    after = run_dir.lock(tmp_path)
+    after = lock(tmp_path)
     assert after.held
     after.release()
 
@@ -50,8 +49,8 @@ def test_a_file_system_without_flock_is_not_a_failure(tmp_path, monkeypatch):
     def no_flock(fd, op):
         raise OSError(errno.ENOSYS, "Function not implemented")
 
-    monkeypatch.setattr(run_dir.fcntl, "flock", no_flock)
-    unlocked = run_dir.lock(tmp_path)
+    monkeypatch.setattr(run_lock.fcntl, "flock", no_flock)
+    unlocked = lock(tmp_path)
     assert not unlocked.held and "Function not implemented" in unlocked.unsupported
 
 
