@@ -133,6 +133,7 @@ def loss_curve(ctx, cfg, steps: int, workdir: Path, workers: int) -> tuple[dict,
     """The global-batch loss and its KoLeo term over the first `steps` steps: the trainer's step on the real
     loader's batches."""
     from data import build_ssl_loader
+    from training.distributed import mean_over_ranks
     from training.trainer import Trainer
 
     trainer = Trainer(cfg, workdir, ctx)
@@ -146,7 +147,7 @@ def loss_curve(ctx, cfg, steps: int, workdir: Path, workers: int) -> tuple[dict,
         trainer.enter_phase(trainer.sparsity.phase_at(step))
         batch = loader.to_device(next(batches), ctx.device)
         loss, terms, _ = trainer.train_step(batch, trainer.schedules.at(step))
-        loss, terms = trainer.global_mean(loss, terms)
+        loss, terms = mean_over_ranks(loss, terms, trainer.ctx)
         losses.append(loss.item())
         koleo.append(terms["koleo_loss"].item())
     del batches, loader, trainer

@@ -207,6 +207,16 @@ def all_gather_objects(obj: Any, ctx: DistContext) -> list:
     return gathered
 
 
+def mean_over_ranks(loss: torch.Tensor, terms: dict, ctx: DistContext) -> tuple[torch.Tensor, dict]:
+    """A loss and its terms averaged over ranks (each a mean over its rank's batch): the global batch's values."""
+    if not ctx.is_distributed:
+        return loss, terms
+    values = torch.stack([loss, *terms.values()]).float()
+    torch.distributed.all_reduce(values)
+    values /= ctx.world_size
+    return values[0], dict(zip(terms, values[1:]))
+
+
 def check_replicas_identical(tensors: list[torch.Tensor], ctx: DistContext, what: str) -> None:
     """Raise if `tensors` differ between ranks (compared through float64 sums, one small collective).
 

@@ -17,6 +17,7 @@ is to the dtype the tensor already has. The parameters and the state dict are th
 one loads into the other (a resume still refuses a changed setting, as for any config key).
 """
 
+import logging
 from typing import Optional
 
 import torch
@@ -25,7 +26,21 @@ from torch import Tensor, nn
 
 from models.vision_transformer import DinoVisionTransformer, LayerScale
 
+logger = logging.getLogger(__name__)
+
 RESIDUAL_DTYPES = ("fp32", "amp")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def autocast_dtype(name: str, device: torch.device, warn: bool = True) -> torch.dtype:
+    """The dtype a run's autocast computes in for `train.amp_dtype=name`: that dtype on CUDA, float32 elsewhere
+    (autocast runs only on CUDA here), with a warning when that differs from the config (`warn`: rank 0 only)."""
+    dtype = AMP_DTYPES[name] if device.type == "cuda" else torch.float32
+    if dtype != AMP_DTYPES[name] and warn:
+        logger.warning("train.amp_dtype=%s is not used on %s: autocast runs only on CUDA here, so this run computes "
+                       "in float32 (config.yaml keeps the configured value; run_info.json and the start-up summary "
+                       "record the dtype used)", name, device.type)
+    return dtype
 
 
 def _autocast_dtype(t: Tensor) -> Optional[torch.dtype]:

@@ -34,9 +34,10 @@ from sparsity.converter import DENSE, SPARSE
 from . import run_dir, run_guard
 from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
-from .distributed import DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel
+from .distributed import (DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel,
+                          mean_over_ranks)
 from .gc_control import StepGc
-from .numerics import apply_residual_dtype
+from .numerics import apply_residual_dtype, autocast_dtype
 from .optim import build_optimizer, clip_per_module, set_hyperparameters
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
 from .resume import ResumeMismatch, check_resumable, check_same_config, nothing_left, restore_rng, sampler_state
@@ -47,9 +48,6 @@ from .step_checks import StepChecks, on_sigterm
 from .step_graph import build_step_graph
 
 logger = logging.getLogger(__name__)
-
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
 
 class TrainingDiverged(RuntimeError):
     """The loss or a gradient norm became NaN/inf; the last good checkpoint is kept."""
@@ -82,13 +80,8 @@ class Trainer:
         self.schedules = build_schedules(cfg, ctx.world_size)
         self.param_groups = self.model.get_params_groups()
         self.optimizer = build_optimizer(self.param_groups, cfg, self.device)
-        amp = AMP_DTYPES[cfg.train.amp_dtype] if self.device.type == "cuda" else torch.float32
-        self.amp_dtype = amp  # the dtype actually used: in the start-up summary and run_info.json
-        if amp != AMP_DTYPES[cfg.train.amp_dtype] and ctx.is_main:
-            logger.warning("train.amp_dtype=%s is not used on %s: autocast runs only on CUDA here, so this run "
-                           "computes in float32 (config.yaml keeps the configured value; run_info.json and the "
-                           "start-up summary record the dtype used)", cfg.train.amp_dtype, self.device.type)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=amp == torch.float16)
+        self.amp_dtype = autocast_dtype(cfg.train.amp_dtype, self.device, warn=ctx.is_main)  # the dtype used
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
         # the sparse-then-dense switch of the student backbone, and of the teacher's with sparsity.teacher=sparse (else
         # the teacher, an EMA of the dense master weights, runs dense), applied in one place: `enter_phase`
         self.sparsity = sparsity_converter(cfg)
@@ -288,15 +281,6 @@ class Trainer:
         finally:
             loader.close()  # however the loop ends: the data workers stop here, not at interpreter exit
 
-    def global_mean(self, loss: torch.Tensor, terms: dict) -> tuple[torch.Tensor, dict]:
-        """Loss terms averaged over ranks (each a mean over its rank's batch): the global batch's values."""
-        if not self.ctx.is_distributed:
-            return loss, terms
-        values = torch.stack([loss, *terms.values()]).float()
-        torch.distributed.all_reduce(values)
-        values /= self.ctx.world_size
-        return values[0], dict(zip(terms, values[1:]))
-
     def request_stop(self) -> None:
         """Stop at the next step boundary with a checkpoint (what SIGTERM does during `train`)."""
         self._stop_requested = True
@@ -391,7 +375,7 @@ class Trainer:
                         self.step % cfg.train.teacher_export_period == 0):
                     self.settle_checks()
                 if log_now:
-                    loss, terms = self.global_mean(loss, terms)
+                    loss, terms = mean_over_ranks(loss, terms, self.ctx)
                     elapsed = time.perf_counter() - window_start
                     record = self._metrics_record(loss, terms, values, norms,
                                                   self.global_batch * window_steps / max(elapsed, 1e-9))
