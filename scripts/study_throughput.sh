@@ -5,7 +5,7 @@
 #   scripts/study_throughput.sh N SECONDS MPS DATA_ROOT OUT_DIR [key=value ...]
 #
 # Starts N runs of configs/cifar10.yaml (seeds 0..N-1, the extra overrides on each), measures SECONDS of all of them training
-# (from 10 s after the last one printed its first step line), stops them, and prints one JSON line: each run's median
+# (from SETTLE_S seconds, default 10, after the last one printed its first step line), stops them, and prints one JSON line: each run's median
 # images/s over that window (up to the first run's last line) and their sum. MPS=1 starts the MPS control daemon for the measurement (pipe and log directories under OUT_DIR) and
 # stops it after. SECONDS counts from the first step line because start-up (imports, data, torch.compile: about 75 s
 # with a warm compile cache on one H200, more from a cold one) would otherwise eat a short window; stopping only after
@@ -13,6 +13,7 @@
 # process group) and can crash or stall the run. A run still alive 30 s after its SIGTERM is killed.
 set -u
 n=$1 seconds=$2 mps=$3 data=$4 out=$5
+settle=${SETTLE_S:-10}  # the runs' first steps after start-up (compiles, caches) stay out of the window
 shift 5
 mkdir -p "$out"
 if [ "$mps" = 1 ]; then
@@ -31,7 +32,7 @@ alive() { kill -0 "$1" 2>/dev/null; }
 for i in $(seq 0 $((n - 1))); do  # every run training (or gone: the summary below names a run without step lines)
   while alive "${pids[$i]}" && ! stepped "$out/run$i.log"; do sleep 1; done
 done
-sleep $((seconds + 10))
+sleep $((seconds + settle))
 kill -TERM "${pids[@]}" 2>/dev/null
 for _ in $(seq 30); do
   any=0
@@ -42,11 +43,11 @@ done
 kill -KILL "${pids[@]}" 2>/dev/null
 wait
 [ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control
-python - "$out" "$n" "$mps" <<'EOF'
+python - "$out" "$n" "$mps" "$settle" <<'EOF'
 import json, re, statistics, sys
 from datetime import datetime
 
-out, n, mps = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+out, n, mps, settle = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4])
 line = re.compile(r"^(\S+ \S+) INFO train: step +(\d+)/\d+ .*images/s ([\d.]+)")
 runs = []
 for i in range(n):
@@ -61,7 +62,7 @@ for i in range(n):
 if not all(runs):
     print(json.dumps({"runs": n, "mps": mps, "error": "a run printed no step line"}))
     sys.exit(1)
-start = max(r[0][0] for r in runs) + 10
+start = max(r[0][0] for r in runs) + settle
 end = min(r[-1][0] for r in runs)
 windows = [sum(start <= t <= end for t, _ in r) for r in runs]
 if not all(windows):

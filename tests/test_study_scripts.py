@@ -58,8 +58,10 @@ def workdir(tmp_path):
     return tmp_path
 
 
-def run_script(workdir, *args, timeout=120):
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+def run_script(workdir, *args, timeout=120, settle_s=2):
+    """`settle_s`: the throughput scripts' SETTLE_S (10 s by default), shortened here where the stand-in starts in 1 s."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "SETTLE_S": str(settle_s)}
     return subprocess.run(["bash", *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -71,6 +73,7 @@ def test_throughput_measures_the_window_after_every_run_started_and_stops_them(w
     assert summary["runs"] == 2 and summary["mps"] is False
     assert summary["images_per_s"] == [3000, 3100] and summary["total_images_per_s"] == 6100
     assert all(n >= 4 for n in summary["windows_per_run"])  # 3 s of 4 lines a second
+    assert 2 <= summary["window_s"] <= 4  # SECONDS long, from SETTLE_S after the last first step (1 s stamps)
     assert time.monotonic() - start < 60  # stopped after the window, not left to train on
     # each run got its seed and the overrides
     assert "train.seed=1" in (workdir / "out" / "run1" / "args.txt").read_text()
@@ -111,7 +114,7 @@ def test_throughput_rows_refuse_a_malformed_row_before_running_any(workdir, rows
 
 def test_throughput_rows_keep_the_summary_of_the_rows_done_when_stopped_mid_row(workdir):
     """The machine can go away during a long row: summary.json is rewritten after every row."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "SETTLE_S": "2"}
     proc = subprocess.Popen(["bash", "scripts/study_throughput_rows.sh", "data", "out", "a:1x1 b:2x60"], cwd=workdir,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
