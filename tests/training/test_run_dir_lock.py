@@ -5,12 +5,10 @@ if alone; a killed holder leaves no stale lock; a file system without flock give
 import errno
 import json
 import signal
-import subprocess
-import sys
 
 import pytest
-from run_lock_holder import HOLD
-from train_runs import REPO, run_train, start_train, wait_for_step
+from run_lock_holder import hold_lock
+from train_runs import run_train, start_train, wait_for_step
 
 from training import run_dir, run_lock
 from training.run_dir import read_metrics
@@ -31,10 +29,8 @@ def test_a_second_lock_is_refused_until_the_first_is_released(tmp_path):
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), str(REPO)], stdout=subprocess.PIPE,
-                              text=True)
+    holder = hold_lock(tmp_path)  # returns once the other process holds the lock
     try:
-        assert holder.stdout.readline().strip() == "held True"
         with pytest.raises(RunDirInUse, match="choose another --output-dir"):
             lock(tmp_path)
     finally:
