@@ -6,8 +6,9 @@
     wall_ms(fn)           mean wall-clock milliseconds per fn() (host time: the GPU synchronised before and after)
     time_steps(trainer)   CUDA-event milliseconds of each of a trainer's steps, run back to back as training runs
     GcLog()               the Python garbage collections inside a `with` block: generation and host milliseconds
-    StepLog(gc_log)       per step: host milliseconds (and of them waiting for the GPU), cudaMalloc calls and
-                          retries of the caching allocator, GC ms
+    StepLog(gc_log)       per step: host milliseconds (and of them waiting for the GPU), the thread's CPU
+                          milliseconds and context switches, cudaMalloc calls and retries of the caching allocator,
+                          GC ms
     heat(step, seconds)   call step() for that long: the GPU reaches the clock it will hold under this load
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import resource
 import time
 
 import torch
@@ -117,22 +119,23 @@ class GcLog:
 class StepLog:
     """What happened on the host in each step, for finding the cause of a slow one: `mark()` after every step
     records the host milliseconds since the previous mark, of them the milliseconds spent waiting for the GPU inside
-    functions wrapped by `waiting` (the trainer's read of the previous step's flags: a slow step with a long wait was
-    slow on the GPU, one with a short wait was a pause of the host), the caching allocator's new cudaMalloc calls
-    and its retries (a retry frees cached blocks, which synchronises the device), and the milliseconds of the
-    collections `gc_log` saw in between. `last(n)` gives the last n steps' values as lists aligned with the step
-    times."""
+    functions wrapped by `waiting` (the trainer's read of the previous step's flags), the calling thread's CPU
+    milliseconds and its voluntary / involuntary context switches (on Linux; a step whose wall time runs far past
+    its CPU time, with involuntary switches, was taken off the CPU by the OS), the caching allocator's new
+    cudaMalloc calls and its retries (a retry frees cached blocks, which synchronises the device), and the
+    milliseconds of the collections `gc_log` saw in between. `last(n)` gives the last n steps' values as lists
+    aligned with the step times."""
 
     def __init__(self, gc_log: GcLog):
         self.gc_log = gc_log
-        self.rows: list[tuple[float, float, int, int, float]] = []
+        self.rows: list[tuple] = []
         self._waited = 0.0
         self._last = self._now()
 
-    def _now(self) -> tuple[float, float, int, int, int]:
+    def _now(self) -> tuple:
         stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
-        return (time.perf_counter(), self._waited, stats.get("num_device_alloc", 0),
-                stats.get("num_alloc_retries", 0), len(self.gc_log.events))
+        return (time.perf_counter(), self._waited, time.thread_time(), *_thread_switches(),
+                stats.get("num_device_alloc", 0), stats.get("num_alloc_retries", 0), len(self.gc_log.events))
 
     def waiting(self, fn):
         """`fn`, with the host time of its calls counted as waiting (per step: `wait_ms`)."""
@@ -146,16 +149,27 @@ class StepLog:
 
     def mark(self) -> None:
         now = self._now()
-        (t0, w0, alloc0, retry0, gc0), (t1, w1, alloc1, retry1, gc1) = self._last, now
+        before, gc0, gc1 = self._last, self._last[-1], now[-1]
         gc_ms = sum(ms for _, ms in self.gc_log.events[gc0:gc1])
-        self.rows.append(((t1 - t0) * 1e3, (w1 - w0) * 1e3, alloc1 - alloc0, retry1 - retry0, gc_ms))
+        wall, wait, cpu, vol, invol, alloc, retry = (b - a for a, b in zip(before[:-1], now[:-1]))
+        self.rows.append((wall * 1e3, wait * 1e3, cpu * 1e3, vol, invol, alloc, retry, gc_ms))
         self._last = now
 
     def last(self, n: int) -> dict:
         rows = self.rows[-n:] if n else []
-        return {"host_ms": [round(r[0], 2) for r in rows], "wait_ms": [round(r[1], 2) for r in rows],
-                "cuda_mallocs": [r[2] for r in rows], "alloc_retries": [r[3] for r in rows],
-                "gc_ms": [round(r[4], 2) for r in rows]}
+        columns = ("host_ms", "wait_ms", "cpu_ms", "voluntary_switches", "involuntary_switches", "cuda_mallocs",
+                   "alloc_retries", "gc_ms")
+        return {name: [round(r[i], 2) if name.endswith("_ms") else r[i] for r in rows]
+                for i, name in enumerate(columns)}
+
+
+def _thread_switches() -> tuple[int, int]:
+    """The calling thread's voluntary and involuntary context switches so far (0, 0 where the OS has no per-thread
+    count)."""
+    if not hasattr(resource, "RUSAGE_THREAD"):
+        return 0, 0
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_nvcsw, usage.ru_nivcsw
 
 
 def heat(step, seconds: float) -> int:

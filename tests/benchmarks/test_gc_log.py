@@ -2,6 +2,7 @@
 to Python (`automatic-gc`), on the CPU."""
 
 import gc
+import sys
 import time
 from types import SimpleNamespace
 
@@ -106,3 +107,26 @@ def test_step_log_puts_each_collection_in_the_step_it_ran_in():
     assert rec["gc_ms"][1] == round(log.events[1][1] + log.events[2][1], 2)
     assert steps.last(3)["gc_ms"][0] == 0.0
     assert rec["cuda_mallocs"] == [0, 0] and rec["alloc_retries"] == [0, 0]  # no CUDA here: nothing allocated
+
+
+def test_step_log_tells_a_step_off_the_cpu_from_a_busy_one():
+    """A step that sleeps (off the CPU, as a host descheduled by the OS is) has wall time far past its CPU time and
+    a voluntary switch; a step that computes for 30 ms of CPU time records those 30 ms (its wall time at least
+    that)."""
+    from scripts.benchmarks.timing import StepLog
+
+    with GcLog() as log:
+        steps = StepLog(log)
+        time.sleep(0.05)
+        steps.mark()
+        end = time.thread_time() + 0.03
+        while time.thread_time() < end:
+            pass
+        steps.mark()
+    rec = steps.last(2)
+    (slept_wall, busy_wall), (slept_cpu, busy_cpu) = rec["host_ms"], rec["cpu_ms"]
+    assert slept_wall >= 49 and slept_cpu < 10
+    assert 29 <= busy_cpu <= busy_wall + 1
+    if sys.platform.startswith("linux"):  # per-thread switch counts exist there
+        assert rec["voluntary_switches"][0] >= 1
+    assert set(rec) >= {"involuntary_switches", "wait_ms", "gc_ms"}
