@@ -110,7 +110,7 @@ def test_step_log_puts_each_collection_in_the_step_it_ran_in():
 
 
 def test_step_log_tells_a_step_off_the_cpu_from_a_busy_one():
-    """A step that sleeps (off the CPU, as a host descheduled by the OS is) has wall time far past its CPU time and
+    """A step that sleeps (off the CPU, as a host waiting in the driver is) has wall time far past its CPU time and
     a voluntary switch; a step that computes for 30 ms of CPU time records those 30 ms (its wall time at least
     that)."""
     from scripts.benchmarks.timing import StepLog
