@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from .timing import capture_graphs
+
 SLEEP_CYCLES = 4_000_000_000  # ~2 s of GPU time at the H100's ~2 GHz: the queue fills long before it ends
 
 
@@ -34,15 +36,12 @@ def launches_before_block(limit: int = 50_000, block_s: float = 1e-3) -> int | N
 def graph_replay_launch_ms(kernels: int, replays: int = 4) -> list[float]:
     """Host milliseconds of each of `replays` launches of one graph of `kernels` kernels, queued behind a long one."""
     x = torch.zeros(1, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        x.add_(1)  # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def adds(_):
         for _ in range(kernels):
             x.add_(1)
+
+    (graph,) = capture_graphs(adds, sets=1, warm=1)
     graph.replay()
     torch.cuda.synchronize()
     torch.cuda._sleep(SLEEP_CYCLES)

@@ -3,6 +3,7 @@
     median_ms(fn, sets)   median of CUDA-event times of fn(i), i rotating over `sets` input sets (so that nothing is
                           served from L2), after warm-up
     graph_ms(step, sets)  the same for step(i) captured once per input set as a CUDA graph and replayed
+    capture_graphs(step, sets)  those graphs (warm-up on a side stream, then one capture per input set)
     wall_ms(fn)           mean wall-clock milliseconds per fn() (host time: the GPU synchronised before and after)
     time_steps(trainer)   CUDA-event milliseconds of each of a trainer's steps, run back to back as training runs
     GcLog()               the Python garbage collections inside a `with` block: generation and host milliseconds
@@ -23,8 +24,8 @@ import torch
 
 from sparsity.backends.timing import device_only_ms, median_cuda_ms
 
-__all__ = ["MID_TRAINING_STEP", "GcLog", "StepLog", "device_only_ms", "graph_ms", "heat", "median_cuda_ms",
-           "median_ms", "time_steps", "wall_ms"]
+__all__ = ["MID_TRAINING_STEP", "GcLog", "StepLog", "capture_graphs", "device_only_ms", "graph_ms", "heat",
+           "median_cuda_ms", "median_ms", "time_steps", "wall_ms"]
 
 
 def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
@@ -33,8 +34,9 @@ def median_ms(fn, sets: int = 1, warm: int = 5, reps: int = 30) -> float:
     return median_cuda_ms(lambda: fn(next(calls) % sets), warm, reps)
 
 
-def graph_ms(step, sets: int, warm: int = 3, reps: int = 30) -> float:
-    """Capture step(i) once per input set i, replay round-robin: median milliseconds per replay."""
+def capture_graphs(step, sets: int, warm: int = 3) -> list:
+    """step(i) captured once per input set i as a CUDA graph, after `warm` calls on a side stream (lazy set-up
+    outside the capture)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -47,6 +49,12 @@ def graph_ms(step, sets: int, warm: int = 3, reps: int = 30) -> float:
         with torch.cuda.graph(g):
             step(i)
         graphs.append(g)
+    return graphs
+
+
+def graph_ms(step, sets: int, warm: int = 3, reps: int = 30) -> float:
+    """Capture step(i) once per input set i, replay round-robin: median milliseconds per replay."""
+    graphs = capture_graphs(step, sets, warm)
     return median_ms(lambda i: graphs[i].replay(), sets, warm, reps)
 
 
