@@ -58,11 +58,15 @@ def workdir(tmp_path):
     return tmp_path
 
 
-def run_script(workdir, *args, timeout=120, settle_s=2):
-    """`settle_s`: the throughput scripts' SETTLE_S (10 s by default), shortened here where the stand-in starts in 1 s."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "SETTLE_S": str(settle_s)}
-    return subprocess.run(["bash", *args], cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+def script_env() -> dict:
+    """This Python first on PATH, and the throughput scripts' SETTLE_S (10 s by default) at 2 s: the stand-in starts
+    in 1 s."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "SETTLE_S": "2"}
+
+
+def run_script(workdir, *args, timeout=120):
+    return subprocess.run(["bash", *args], cwd=workdir, env=script_env(), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_throughput_measures_the_window_after_every_run_started_and_stops_them(workdir):
@@ -114,9 +118,8 @@ def test_throughput_rows_refuse_a_malformed_row_before_running_any(workdir, rows
 
 def test_throughput_rows_keep_the_summary_of_the_rows_done_when_stopped_mid_row(workdir):
     """The machine can go away during a long row: summary.json is rewritten after every row."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "SETTLE_S": "2"}
     proc = subprocess.Popen(["bash", "scripts/study_throughput_rows.sh", "data", "out", "a:1x1 b:2x60"], cwd=workdir,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while not (workdir / "out" / "b" / "run1.log").exists() and time.monotonic() < deadline:
