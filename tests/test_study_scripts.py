@@ -119,7 +119,8 @@ def test_throughput_rows_refuse_a_malformed_row_before_running_any(workdir, rows
 def test_throughput_rows_keep_the_summary_of_the_rows_done_when_stopped_mid_row(workdir):
     """The machine can go away during a long row: summary.json is rewritten after every row."""
     proc = subprocess.Popen(["bash", "scripts/study_throughput_rows.sh", "data", "out", "a:1x1 b:2x60"], cwd=workdir,
-                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while not (workdir / "out" / "b" / "run1.log").exists() and time.monotonic() < deadline:
