@@ -137,6 +137,20 @@ def validate(cfg: Config) -> None:
                                                      and cfg.sparsity.pruning != "soft_threshold"),
          f"sparsity.switch_weights=pruned needs sparsity.kind=weight and a masking sparsity.pruning, not kind="
          f"{cfg.sparsity.kind}, pruning={cfg.sparsity.pruning}"),
+        ((cfg.sparsity.pruned_grad == "ste" and cfg.sparsity.pruned_decay == 0) or cfg.sparsity.kind == "weight",
+         f"sparsity.pruned_grad={cfg.sparsity.pruned_grad} and sparsity.pruned_decay={cfg.sparsity.pruned_decay:g} "
+         f"apply to sparsity.kind=weight only, not {cfg.sparsity.kind}"),
+        (cfg.sparsity.pruned_decay == 0 or cfg.sparsity.pruning != "soft_threshold",
+         f"sparsity.pruned_decay={cfg.sparsity.pruned_decay:g} needs a masking sparsity.pruning, not soft_threshold "
+         "(S-STE shrinks the kept entries instead of masking)"),
+        (math.isfinite(cfg.sparsity.pruned_decay), "sparsity.pruned_decay must be a finite number"),
+        (1 - (1 - cfg.teacher.momentum_teacher) * cfg.momentum_scale >= 0,
+         f"teacher.momentum_reference_steps={cfg.teacher.momentum_reference_steps} with teacher.momentum_teacher="
+         f"{cfg.teacher.momentum_teacher:g} over {cfg.total_steps} steps gives a starting momentum 1 - (1 - "
+         f"{cfg.teacher.momentum_teacher:g}) x {cfg.teacher.momentum_reference_steps}/{cfg.total_steps} = "
+         f"{1 - (1 - cfg.teacher.momentum_teacher) * cfg.momentum_scale:.3g} < 0: at most "
+         f"{math.floor(cfg.total_steps / max(1 - cfg.teacher.momentum_teacher, 1e-12) * (1 + 1e-9))} steps for "
+         "this momentum"),
         (cfg.sparsity.weight_grad == "dense" or cfg.train.compile == "false",
          f"sparsity.weight_grad={cfg.sparsity.weight_grad} runs in eager mode only: set train.compile=false"),
     ]

@@ -14,6 +14,7 @@ from sparsity.backends import BACKENDS
 from sparsity.backends.settings import CSLT_PACK_MODES, CSLT_SEARCH_MODES, BackendSettings
 from sparsity.converter import KINDS
 from sparsity.mvue_grad import WEIGHT_GRADS
+from sparsity.pruned_entries import PRUNED_GRADS
 from sparsity.pruning import METHODS as PRUNING_METHODS
 
 from .fields import value
@@ -45,6 +46,10 @@ class TeacherConfig:
     warmup_teacher_temp: float = value(0.04, gt=0)
     teacher_temp: float = value(0.07, gt=0)
     warmup_teacher_temp_epochs: int = value(30, ge=0)
+    # > 0: the EMA's horizon 1/(1 - momentum) kept the same fraction of this run as in a run of this many steps with
+    # the schedule above (1 - momentum times momentum_reference_steps / total steps; e.g. 125000, the published
+    # ViT-L/16 run, for a short proxy of it) | 0: the schedule as configured (dinov2)
+    momentum_reference_steps: int = value(0, ge=0)
 
 
 @dataclass
@@ -144,6 +149,16 @@ class SparsityConfig:
     # kind=weight: the weight gradient dy^T @ x as is (dense) or from the MVUE 2:4-sparse dy^T (mvue24: unbiased,
     # sparsity/mvue_grad.py; eager only, needs train.compile=false)
     weight_grad: str = value("dense", choices=WEIGHT_GRADS)
+    # kind=weight: the gradient of the entries the 2:4 mask drops: ste (the dense straight-through gradient, the
+    # published recipe) | masked (none: AdamW's weight decay alone moves them) (sparsity/pruned_entries.py)
+    pruned_grad: str = value("ste", choices=PRUNED_GRADS)
+    # kind=weight, a masking pruning: in the sparse phase, after clipping and before AdamW, grad += pruned_decay *
+    # (1 - mask) * W (SR-STE's masked decay, on the gradient as Hu et al. 2024); 0 = off (the published recipe).
+    # metrics.jsonl's pruned_grad_to_weight is the strength at which the decay equals the gradient
+    pruned_decay: float = value(0.0, ge=0)
+    # per logged step, the student's mask flip rate, pruned share of |W| and the switch's loss jump (metrics.jsonl,
+    # sparsity_masks.jsonl, TensorBoard; training/sparsity_monitor.py): a few prunes per logged step, none per step
+    mask_stats: bool = True
     # How cuSPARSELt chooses a GEMM shape's algorithm, once per process (sparsity/backends/cusparselt/search.py):
     # sweep (every algorithm checked against the dense product and timed; ids known to crash are skipped, and where
     # no such list exists for the GPU and library version the default algorithm is used) | sweep_unsafe (the sweep
@@ -212,6 +227,12 @@ class Config:
     @property
     def total_steps(self) -> int:
         return self.optim.epochs * self.train.epoch_length
+
+    @property
+    def momentum_scale(self) -> float:
+        """What 1 - teacher momentum is multiplied by (`teacher.momentum_reference_steps`; 1 when it is 0)."""
+        reference = self.teacher.momentum_reference_steps
+        return reference / self.total_steps if reference else 1.0
 
     @property
     def sparse_steps(self) -> int:

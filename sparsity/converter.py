@@ -9,14 +9,14 @@ DDP/FSDP hooks and checkpoints never see the difference.
 `SparseThenDense(**values)` takes exactly the training config's `sparsity` keys (but `sparse_fraction`, which the
 caller turns into `sparse_steps`); the valid values of each are the tuples this package owns (`KINDS`,
 `sparsity.backends.BACKENDS`, `sparsity.pruning.METHODS`, `sparsity.backends.settings`,
-`sparsity.mvue_grad.WEIGHT_GRADS`). Converting also sets the backend settings the GEMM backends are built with
+`sparsity.mvue_grad.WEIGHT_GRADS`, `sparsity.pruned_entries.PRUNED_GRADS`). Converting also sets the backend settings the GEMM backends are built with
 (`configure_backends`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ from sparsity.block_sparse import BlockSparseLinear
 from sparsity.decisions import decisions
 from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
 from sparsity.mvue_grad import WEIGHT_GRADS
+from sparsity.pruned_entries import PRUNED_GRADS, check_pruned_decay, decay_pruned_grads
 from sparsity.pruning import check_method, prune
 from sparsity.swap import name_matcher, swap_linear_modules, swap_to_dense
 
@@ -57,16 +58,19 @@ class SparseThenDense:
 
     modules: regex over module names (full match), or a glob after "glob:"; kind: one of KINDS; backend: a GEMM
     backend name; pruning: a transposable 2:4 method; cslt_search, cslt_pack, fused_wgrad: `BackendSettings`;
-    weight_grad (kind weight): "dense" | "mvue24" (`sparsity.mvue_grad`); block_density, block_size (kind block):
-    the fraction of blocks kept, in (0, 1], and the block's side, which must divide both dims of every converted
-    weight. Errors name the `sparsity.` config key."""
+    weight_grad (kind weight): "dense" | "mvue24" (`sparsity.mvue_grad`); pruned_grad (kind weight): the pruned
+    entries' gradient, "ste" (the dense straight-through one) | "masked" (none); pruned_decay (kind weight, a masking
+    method): the masked decay's strength, applied by `decay_pruned` (`sparsity.pruned_entries`); block_density,
+    block_size (kind block): the fraction of blocks kept, in (0, 1], and the block's side, which must divide both
+    dims of every converted weight. Errors name the `sparsity.` config key."""
 
     name = "sparse_then_dense"
 
     def __init__(self, sparse_steps: int = 0, *, modules: str = DEFAULT_MODULES, kind: str = "weight",
                  backend: str = "auto", pruning: str = "tile_greedy", cslt_search: str = BackendSettings.cslt_search,
                  cslt_pack: str = BackendSettings.cslt_pack, fused_wgrad: bool = BackendSettings.fused_wgrad,
-                 weight_grad: str = "dense", block_density: float = 0.5, block_size: int = 32):
+                 weight_grad: str = "dense", pruned_grad: str = "ste", pruned_decay: float = 0.0,
+                 block_density: float = 0.5, block_size: int = 32):
         if kind not in KINDS:
             raise ValueError(f"sparsity.kind={kind!r} is not one of {', '.join(KINDS)}")
         check_backend_name(backend)
@@ -77,6 +81,15 @@ class SparseThenDense:
             raise ValueError(f"sparsity.weight_grad={weight_grad!r} is not one of {', '.join(WEIGHT_GRADS)}")
         if weight_grad != "dense" and kind != "weight":
             raise ValueError(f"sparsity.weight_grad={weight_grad} applies to sparsity.kind=weight only, not {kind}")
+        if pruned_grad not in PRUNED_GRADS:
+            raise ValueError(f"sparsity.pruned_grad={pruned_grad!r} is not one of {', '.join(PRUNED_GRADS)}")
+        if (pruned_grad != "ste" or pruned_decay) and kind != "weight":
+            raise ValueError(f"sparsity.pruned_grad and sparsity.pruned_decay apply to sparsity.kind=weight only, "
+                             f"not {kind}")
+        try:
+            pruned_decay = check_pruned_decay(pruned_decay, pruning)
+        except ValueError as e:
+            raise ValueError(f"sparsity.{e}") from None
         if not 0.0 < block_density <= 1.0:
             raise ValueError(f"sparsity.block_density={block_density} must be in (0, 1]")
         if int(block_size) != block_size or block_size < 1:
@@ -84,15 +97,19 @@ class SparseThenDense:
         self.sparse_steps = sparse_steps
         self.modules, self.kind, self.backend, self.pruning = modules, kind, backend, pruning
         self.weight_grad, self.block_density, self.block_size = weight_grad, float(block_density), int(block_size)
+        self.pruned_grad, self.pruned_decay = pruned_grad, pruned_decay
         self.settings = BackendSettings(cslt_search=cslt_search, cslt_pack=cslt_pack, fused_wgrad=fused_wgrad)
         self.phase = DENSE
         self.converted: List[str] = []
+        self._weight_sparse: List[SemiSparseLinear] = []  # the converted weight-sparse linears (decay_pruned)
 
     def _module_options(self) -> dict:
         if self.kind == "block":
             return {"density": self.block_density, "block_size": self.block_size}
         options = {"backend": self.backend, "pruning": self.pruning}
-        return {**options, "weight_grad": self.weight_grad} if self.kind == "weight" else options
+        if self.kind != "weight":
+            return options
+        return {**options, "weight_grad": self.weight_grad, "masked_grad": self.pruned_grad == "masked"}
 
     def check(self, models: Models) -> None:
         """Raise ConversionError (naming the config key) if `convert(models)` could not convert a selected linear;
@@ -123,14 +140,31 @@ class SparseThenDense:
             self.revert(models)
             raise
         self.converted = converted
+        self._weight_sparse = [m for model in _each(models) for m in model.modules() if isinstance(m, SemiSparseLinear)]
         self.phase = SPARSE
         return self.converted
 
     def revert(self, models: Models) -> List[str]:
         """Every sparse linear of `models` back to nn.Linear (same module objects and Parameters); returns names."""
         names = [name for model in _each(models) for name in swap_to_dense(model)]
+        self._weight_sparse = []
         self.phase = DENSE
         return names
+
+    def selected_linears(self, models: Models) -> Dict[str, nn.Linear]:
+        """The linears this converter selects in `models` (converted or not), by name (several models: each one's
+        names, which must not collide)."""
+        match = name_matcher(self.modules)
+        return {name: m for model in _each(models) for name, m in model.named_modules()
+                if isinstance(m, nn.Linear) and match(name)}
+
+    def decay_pruned(self, mask_dtype: Optional[torch.dtype] = None) -> int:
+        """In the sparse phase with `pruned_decay` > 0: grad += pruned_decay * (1 - mask) * W for every converted
+        weight-sparse linear with a gradient (`sparsity.pruned_entries.decay_pruned_grads`; `mask_dtype`: the dtype
+        the forward pruned in). Call after backward and clipping, before the optimizer step. Returns how many."""
+        if self.phase != SPARSE or not self.pruned_decay:
+            return 0
+        return decay_pruned_grads(self._weight_sparse, self.pruned_decay, mask_dtype)
 
     @torch.no_grad()
     def prune_weights(self, models: Models, mask_dtype: Optional[torch.dtype] = None) -> List[str]:
@@ -142,14 +176,12 @@ class SparseThenDense:
         if self.kind != "weight" or self.pruning == "soft_threshold":
             raise ConversionError(f"pruning the weights applies to sparsity.kind=weight with a masking method, not "
                                   f"kind={self.kind}, pruning={self.pruning}")
-        match = name_matcher(self.modules)
         names = []
         for model in _each(models):
-            for name, m in model.named_modules():
-                if isinstance(m, nn.Linear) and match(name):
-                    _, mask = prune(m.weight.to(mask_dtype or m.weight.dtype), self.pruning)
-                    m.weight.mul_(mask.to(m.weight.dtype))
-                    names.append(name)
+            for name, m in self.selected_linears(model).items():
+                _, mask = prune(m.weight.to(mask_dtype or m.weight.dtype), self.pruning)
+                m.weight.mul_(mask.to(m.weight.dtype))
+                names.append(name)
         return names
 
     # --------------------------------------------------------------------------------------------- the schedule
@@ -180,6 +212,8 @@ class SparseThenDense:
         if self.kind == "block":
             return f"block-sparse (density {self.block_density:g}, {self.block_size}x{self.block_size} blocks)"
         grad = f", weight gradient {self.weight_grad}" if self.weight_grad != "dense" else ""
+        grad += ", pruned entries get no gradient" if self.pruned_grad == "masked" else ""
+        grad += f", pruned entries decayed ({self.pruned_decay:g})" if self.pruned_decay else ""
         return f"2:4-sparse ({self.kind}, backend={self.backend}, pruning={self.pruning}{grad})"
 
     # --------------------------------------------------------------------------------------------- what it decided

@@ -147,7 +147,13 @@ def _open_tensorboard(log_dir: Path, purge_step: int):
     return SummaryWriter(log_dir=str(log_dir), purge_step=purge_step)
 
 
+SPARSITY_FIELDS = ("mask_flip_rate", "pruned_share", "pruned_grad_to_weight", "switch_loss_before",
+                   "switch_loss_after", "switch_loss_jump")  # training/sparsity_monitor.py
+
+
 def _tag(key: str) -> str:
+    if key in SPARSITY_FIELDS:
+        return f"sparsity/{key}"
     if key == "loss" or key.endswith("_loss"):
         return f"loss/{key}"
     if key.startswith("grad_norm_"):
@@ -206,3 +212,13 @@ class ProgressLog:
                     self.writer.add_scalar(_tag(key), number, step)
             if "phase" in record:
                 self.writer.add_scalar("train/sparse_phase", float(record["phase"] == "sparse"), step)
+
+    def scalars(self, prefix: str, step: int, groups: dict) -> None:
+        """TensorBoard scalars `prefix/<group>/<name>` from {group: {name: number or None}} (e.g. per layer)."""
+        if self.writer is None:
+            return
+        for group, values in groups.items():
+            for name, value in values.items():
+                number = _number(value)
+                if number is not None:
+                    self.writer.add_scalar(f"{prefix}/{group}/{name}", number, step)

@@ -7,6 +7,8 @@ A run directory (`train.py --output-dir`) holds:
     status.json                     what the run is doing or how it ended: running | finished | preempted | failed,
                                     at which step, why, and the steps it was resumed at (`write_status`)
     metrics.jsonl                   one JSON object per logged step, rank 0 (`MetricsLog`; `step` = steps done)
+    sparsity_masks.jsonl            per logged step, each 2:4 layer's mask flip rate, pruned share of |W| and
+                                    gradient-to-weight ratio of the pruned entries (`training.sparsity_monitor`)
     log.txt                         the log of every (re)start, for people (read only for runs older than status.json)
     sparsity_decisions.json         what the sparse backends decided by timing (`sparsity.decisions()`: auto's choice
                                     per GEMM shape, cuSPARSELt algorithms, weight-gradient path), rank 0
@@ -46,6 +48,7 @@ CONFIG = "config.yaml"
 RUN_INFO = "run_info.json"
 STATUS = "status.json"
 METRICS = "metrics.jsonl"
+SPARSITY_MASKS = "sparsity_masks.jsonl"  # per-layer mask statistics, one line per logged step (like metrics.jsonl)
 LOG = "log.txt"
 CHECKPOINTS = "checkpoints"
 TEACHER = "teacher_backbone.pth"
@@ -180,6 +183,8 @@ def without_timing(records: list[dict]) -> list[dict]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, dict):  # e.g. sparsity_masks.jsonl's value per layer
+        return {k: _plain(v) for k, v in value.items()}
     if hasattr(value, "item"):  # a tensor or numpy scalar
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):

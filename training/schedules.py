@@ -55,8 +55,9 @@ class Schedules:
 
 
 def build_schedules(cfg: Config, world_size: int) -> Schedules:
-    """The reference's `build_schedulers`: lr (warm-up + cosine), wd and momentum (cosine), teacher temperature
-    (linear warm-up then constant), last-layer lr = lr with the first `freeze_last_layer_epochs` zeroed."""
+    """The reference's `build_schedulers`: lr (warm-up + cosine), wd and momentum (cosine; its distance from 1 scaled
+    by `cfg.momentum_scale`), teacher temperature (linear warm-up then constant), last-layer lr = lr with the first
+    `freeze_last_layer_epochs` zeroed."""
     epoch = cfg.train.epoch_length
     total = cfg.total_steps
     peak_lr = scaled_lr(cfg, world_size)
@@ -67,7 +68,9 @@ def build_schedules(cfg: Config, world_size: int) -> Schedules:
         lr=lr,
         last_layer_lr=last_layer_lr,
         weight_decay=cosine_schedule(cfg.optim.weight_decay, cfg.optim.weight_decay_end, total),
-        momentum=cosine_schedule(cfg.teacher.momentum_teacher, cfg.teacher.final_momentum_teacher, total),
+        # teacher.momentum_reference_steps: 1 - m scaled so that the EMA's horizon is the same fraction of the run
+        momentum=1.0 - (1.0 - cosine_schedule(cfg.teacher.momentum_teacher, cfg.teacher.final_momentum_teacher, total))
+        * cfg.momentum_scale,
         teacher_temp=linear_then_constant(
             cfg.teacher.warmup_teacher_temp,
             cfg.teacher.teacher_temp,

@@ -7,8 +7,9 @@ from configs import Config
 from sparsity import SparseThenDense, build_converter
 
 # keys the trainer acts on itself, not the converter: the number of sparse steps comes from `sparse_fraction`,
-# `teacher` says which backbones it converts and `switch_weights` what it prunes at the switch
-TRAINER_KEYS = ("sparse_fraction", "teacher", "switch_weights")
+# `teacher` says which backbones it converts, `switch_weights` what it prunes at the switch and `mask_stats` whether
+# it logs the masks (sparsity_monitor.py)
+TRAINER_KEYS = ("sparse_fraction", "teacher", "switch_weights", "mask_stats")
 
 
 def sparsity_converter(cfg: Config, backend: Optional[str] = None) -> SparseThenDense:

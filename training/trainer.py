@@ -43,6 +43,7 @@ from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
 from .resume import ResumeMismatch, check_resumable, check_same_config, nothing_left, restore_rng, sampler_state
 from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RUNNING, MetricsLog
 from .schedules import build_schedules
+from .sparsity_monitor import SparsityMonitor
 from .sparsity_setup import sparsity_converter
 from .step_checks import StepChecks, on_sigterm
 from .step_graph import build_step_graph
@@ -88,6 +89,9 @@ class Trainer:
         self.sparse_targets = [self.model.student.backbone] + (
             [self.model.teacher.backbone] if cfg.sparsity.teacher == "sparse" else [])
         self.sparsity.check(self.sparse_targets)  # options the model cannot take fail now, naming the key
+        # the student's masks and the switch's loss jump, with each metrics line (rank 0; sparsity.mask_stats)
+        self.monitor = SparsityMonitor(self.sparsity, self.model.student.backbone, self.output_dir, cfg.total_steps,
+                                       cfg.train.log_period, self.amp_dtype, ctx.is_main and cfg.sparsity.mask_stats)
         self._decisions_written = ""  # the text of sparsity_decisions.json as last written
         # a checkpoint without its digest file is refused unless train.allow_unverified_checkpoints opts in
         self.checkpoints = CheckpointManager(run_dir.checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
@@ -262,6 +266,7 @@ class Trainer:
         self.scaler.scale(loss).backward()  # under DDP: gradients averaged over ranks as they become ready
         self.scaler.unscale_(self.optimizer)
         norms = self._clip_gradients()
+        self.sparsity.decay_pruned(self.amp_dtype)  # sparsity.pruned_decay: pulls the pruned entries towards 0
         if decay_weights is not None:
             decay_weights()
         self.scaler.step(self.optimizer)
@@ -320,6 +325,7 @@ class Trainer:
             self._record_status(RUNNING)
         # lines logged after the checkpoint are logged again; a fresh start in a used directory replaces the old log
         self.metrics.truncate_after(self.step)
+        self.monitor.truncate_after(self.step)
 
     def train(self) -> Path:
         """Run (or resume) to the end; return the exported teacher backbone path. status.json records the run's
@@ -366,6 +372,7 @@ class Trainer:
                 values = self.schedules.at(self.step)
                 batch = next(batches)
                 loss, terms, norms = self.train_step(batch, values)
+                self.monitor.observe_step(self.step, loss)
                 window_steps += 1
                 self.step += 1
                 step_gc.step(self.step)
@@ -379,6 +386,7 @@ class Trainer:
                     elapsed = time.perf_counter() - window_start
                     record = self._metrics_record(loss, terms, values, norms,
                                                   self.global_batch * window_steps / max(elapsed, 1e-9))
+                    record.update(self.monitor.record(self.step, self.sparsity.phase, progress))
                     self.metrics.write(record)
                     progress.log(record)
                     if self.sparsity.phase == SPARSE:
