@@ -7,8 +7,9 @@
 # PLAN: one run per line, "NAME START_DELAY_S [key=value ...]" (# comments allowed); each run starts START_DELAY_S
 # seconds after the driver (staggered starts line up one run alone, two, three, ... for the throughput table) and is
 # trained with `train.py --config CONFIG` (default configs/cifar10.yaml) and the line's overrides, then probed with
-# `eval_linear.py` (linear + k-NN on the final teacher) and k-NN on every intermediate teacher export, each also with
-# its MLPs pruned 2:4 (`prune_mlp=true`: the network a sparse phase computes). Everything a
+# `eval_linear.py` (linear + k-NN on the final teacher, then again with its MLPs the other way: pruned 2:4 where the
+# run ended dense, dense where it ended sparse) and k-NN on every intermediate teacher export, as it is and pruned
+# 2:4 (`prune_mlp=true`: the network a sparse phase computes). Everything a
 # run prints goes to RUNS_DIR/NAME.train.log / NAME.eval*.log; RUNS_DIR/driver.log says when each step started and
 # ended. A finished run is skipped by train.py itself, so rerunning the driver only does what is left.
 set -u
@@ -28,10 +29,14 @@ one_run() {
   fi
   say "trained $name"
   python eval_linear.py --run "$runs/$name" >"$runs/$name.eval.log" 2>&1 || say "FAILED eval $name"
-  # k-NN of the final teacher with its MLPs pruned 2:4 (the network a sparse phase computes; *_pruned_mlp.json),
-  # then of every intermediate export as it is and pruned
-  python eval_linear.py --run "$runs/$name" mode=knn prune_mlp=true \
-    >"$runs/$name.eval_pruned.log" 2>&1 || say "FAILED eval $name pruned"
+  # the final teacher probed the other way too: 2:4-pruned where the run ended dense (*_pruned_mlp.json: for a dense
+  # run, the one-shot-pruned floor), with dense MLPs where it ended sparse (*_dense_mlp.json); then k-NN of every
+  # intermediate export as it is and pruned
+  local other
+  other=$(python -c 'import json, sys; i = json.load(open(sys.argv[1]))
+print("false" if i["sparse_steps"] >= i["total_steps"] else "true")' "$runs/$name/run_info.json")
+  python eval_linear.py --run "$runs/$name" "prune_mlp=$other" \
+    >"$runs/$name.eval_other_mlp.log" 2>&1 || say "FAILED eval $name prune_mlp=$other"
   local export
   for export in "$runs/$name"/eval/step_*/teacher_backbone.pth; do
     [ -e "$export" ] || continue

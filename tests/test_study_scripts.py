@@ -20,6 +20,8 @@ args = sys.argv[1:]
 out = Path(args[args.index("--output-dir") + 1])
 out.mkdir(parents=True, exist_ok=True)
 (out / "args.txt").write_text(" ".join(args))
+sparse_steps = 7760 if "sparsity.sparse_fraction=1.0" in args else 0
+(out / "run_info.json").write_text('{"sparse_steps": %d, "total_steps": 7760}' % sparse_steps)
 if any(a == "fail=1" for a in args):
     sys.exit(1)
 if any(a == "silent=1" for a in args):  # dies during its start-up, before any step line
@@ -141,7 +143,8 @@ def test_throughput_with_a_run_that_dies_in_start_up_says_so_instead_of_waiting(
 
 def test_study_runs_trains_and_probes_each_run_and_reports_a_failure(workdir):
     plan = workdir / "plan.txt"
-    plan.write_text("# two runs, one that fails\n\nok_run 0 steps=3 train.seed=0\nbad_run 1 fail=1 train.seed=1\n")
+    plan.write_text("# three runs, one that fails\n\nok_run 0 steps=3 train.seed=0\nbad_run 1 fail=1 train.seed=1\n"
+                    "sparse_run 0 steps=2 train.seed=2 sparsity.sparse_fraction=1.0\n")
     result = run_script(workdir, "scripts/study_runs.sh", "plan.txt", "runs", "data")
     assert result.returncode == 0, result.stderr
     log = (workdir / "runs" / "driver.log").read_text()
@@ -153,7 +156,9 @@ def test_study_runs_trains_and_probes_each_run_and_reports_a_failure(workdir):
     assert "data.root=data" in args
     evals = (workdir / "runs" / "ok_run" / "evals.txt").read_text().splitlines()
     export = "checkpoint=runs/ok_run/eval/step_00000002/teacher_backbone.pth mode=knn"
-    assert evals == ["", "mode=knn prune_mlp=true", export, f"{export} prune_mlp=true"]
+    # the final teacher probed as the run ended, then the other way: pruned after a dense end, dense after a sparse one
+    assert evals == ["", "prune_mlp=true", export, f"{export} prune_mlp=true"]
+    assert (workdir / "runs" / "sparse_run" / "evals.txt").read_text().splitlines()[:2] == ["", "prune_mlp=false"]
     assert not (workdir / "runs" / "bad_run" / "evals.txt").exists()
 
 
