@@ -192,6 +192,9 @@ class TrainConfig:
     checkpoint_period: int = value(3750, ge=1)  # iterations between resumable checkpoints
     max_to_keep: int = value(3, ge=1)
     teacher_export_period: int = value(12500, ge=1)  # iterations between teacher backbone exports for evaluation
+    # at the end, the student backbone too (student_backbone.pth, the teacher's format): after a late switch the EMA
+    # teacher has barely moved, and the student is the network the dense steps trained
+    export_student: bool = False
     resume: bool = True
     # resume from a checkpoint that has no .sha256 beside it (written by an older version); logged when used
     allow_unverified_checkpoints: bool = False

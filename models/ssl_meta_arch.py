@@ -148,7 +148,18 @@ class SSLMetaArch(nn.Module):
 
     def teacher_backbone_state_dict(self) -> Dict[str, Tensor]:
         """The teacher backbone's weights in our (= reference non-chunked) names, detached, on their device."""
-        return {_ema_name(k): v.detach() for k, v in self.teacher["backbone"].state_dict().items()}
+        return self._backbone_state_dict("teacher")
+
+    def student_backbone_state_dict(self) -> Dict[str, Tensor]:
+        """The student backbone's, in the same names and form as the teacher's (its EMA counterpart's keys)."""
+        return self._backbone_state_dict("student")
+
+    def _backbone_state_dict(self, role: str) -> Dict[str, Tensor]:
+        state = {_ema_name(k): v.detach() for k, v in getattr(self, role)["backbone"].state_dict().items()}
+        if role == "student":  # the teacher's keys only: a 2:4 module's own state (S-STE's scale) is not exported
+            teacher_keys = {_ema_name(k) for k in self.teacher["backbone"].state_dict()}
+            state = {k: v for k, v in state.items() if k in teacher_keys}
+        return state
 
     def get_params_groups(self):
         """Fused AdamW groups for the student (see `models.param_groups.build_param_groups`)."""

@@ -15,6 +15,8 @@ A run directory (`train.py --output-dir`) holds:
     checkpoints/step_XXXXXXXX.pt    resumable checkpoints (+ `.sha256`; `.corrupt` once set aside as unreadable)
     eval/step_XXXXXXXX/teacher_backbone.pth   the periodic teacher exports
     teacher_backbone.pth            the final teacher, once trained to the end
+    student_backbone.pth            the final student backbone as well, with train.export_student=true (probe it with
+                                    eval_linear.py checkpoint=<run>/student_backbone.pth)
     eval_linear.json                its linear probe (`eval_linear.py`); the baselines in eval_linear_<name>.json
     jobs.json                       the Slurm launcher's job record (`slurm/sweep.py`), for launched runs
     .lock                           held (flock) by the training process of rank 0 while it runs (`run_lock`), whatever
@@ -52,6 +54,7 @@ SPARSITY_MASKS = "sparsity_masks.jsonl"  # per-layer mask statistics, one line p
 LOG = "log.txt"
 CHECKPOINTS = "checkpoints"
 TEACHER = "teacher_backbone.pth"
+STUDENT = "student_backbone.pth"  # the final student backbone, with train.export_student=true
 SPARSITY_DECISIONS = "sparsity_decisions.json"  # what the sparse backends decided by timing
 EVAL_DIR = "eval"
 LOCK = ".lock"

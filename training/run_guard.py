@@ -35,13 +35,14 @@ from models.atomic_io import temporary_base
 from models.safe_io import DIGEST_SUFFIX
 
 from .run_dir import (CHECKPOINTS, CONFIG, CORRUPT_SUFFIX, EVAL_DIR, FINISHED, LOG, METRICS, PREEMPTED, RUN_INFO,
-                      RUNNING, SPARSITY_DECISIONS, STATUS, TEACHER, RunDirProblem, checkpoint_step, is_eval_result_name,
-                      list_checkpoints, read_status)
+                      RUNNING, SPARSITY_DECISIONS, SPARSITY_MASKS, STATUS, STUDENT, TEACHER, RunDirProblem,
+                      checkpoint_step, is_eval_result_name, list_checkpoints, read_status)
 
 logger = logging.getLogger(__name__)
 
 # What the trainer writes at the top of a run directory and in each eval/step_XXXXXXXX/ (their temporaries are its own)
-TRAINER_FILES = {CONFIG, RUN_INFO, STATUS, METRICS, SPARSITY_DECISIONS, TEACHER, TEACHER + DIGEST_SUFFIX}
+TRAINER_FILES = {CONFIG, RUN_INFO, STATUS, METRICS, SPARSITY_DECISIONS, SPARSITY_MASKS, TEACHER,
+                 TEACHER + DIGEST_SUFFIX, STUDENT, STUDENT + DIGEST_SUFFIX}
 EXPORT_FILES = {TEACHER, TEACHER + DIGEST_SUFFIX}
 
 
@@ -185,13 +186,14 @@ SUPERSEDED_PREFIX = "superseded-"
 
 
 def previous_results(output_dir: Path) -> list[Path]:
-    """What a previous run left that a fresh start must not be read with: its final teacher (and digest), its
-    evaluation records (`run_dir.eval_result_name`) and `eval/` (teacher exports, feature caches, their records)."""
+    """What a previous run left that a fresh start must not be read with: its final teacher and student (and
+    digests), its evaluation records (`run_dir.eval_result_name`) and `eval/` (teacher exports, feature caches, their
+    records)."""
     try:
         entries = sorted(Path(output_dir).iterdir())
     except FileNotFoundError:
         return []
-    own = {TEACHER, TEACHER + DIGEST_SUFFIX, EVAL_DIR}
+    own = {TEACHER, TEACHER + DIGEST_SUFFIX, STUDENT, STUDENT + DIGEST_SUFFIX, EVAL_DIR}
     return [p for p in entries if p.name in own or is_eval_result_name(p.name)]
 
 

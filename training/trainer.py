@@ -178,13 +178,14 @@ class Trainer:
         barrier(self.ctx)
         return path
 
-    def export_teacher(self, path: Path) -> None:
-        """The teacher backbone alone, for linear probes and fine-tuning (loaded with weights_only=True)."""
+    def export_teacher(self, path: Path, role: str = "teacher") -> None:
+        """The teacher backbone alone (or the student's, `role`), for linear probes and fine-tuning (loaded with
+        weights_only=True)."""
         if self.ctx.is_main:
-            state = {"backbone": self.model.teacher_backbone_state_dict(), "step": self.step,
-                     "student_config": to_yaml(self.cfg)}
-            save_verified(state, path)
-            logger.info("exported teacher backbone to %s", path)
+            weights = (self.model.teacher_backbone_state_dict() if role == "teacher"
+                       else self.model.student_backbone_state_dict())
+            save_verified({"backbone": weights, "step": self.step, "student_config": to_yaml(self.cfg)}, path)
+            logger.info("exported %s backbone to %s", role, path)
 
     # ----------------------------------------------------------------- loop
     def _clip_gradients(self) -> dict:
@@ -406,4 +407,6 @@ class Trainer:
         if self.step > start_step:  # resumed at the last step (killed during the final export): only export
             self.save_checkpoint()
         if self.step >= total:
+            if cfg.train.export_student:  # first: the teacher's file is what says the run is finished
+                self.export_teacher(self.output_dir / run_dir.STUDENT, role="student")
             self.export_teacher(final)

@@ -135,3 +135,21 @@ def test_horizon_matched_momentum_by_hand():
 def test_refusals_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         _config(*overrides)
+
+
+def test_the_final_student_is_exported_for_the_probe(tmp_path):
+    from evaluation.features import load_teacher
+    from training.run_guard import previous_results
+
+    out = tmp_path / "run"
+    trainer = Trainer(_config("sparsity.sparse_fraction=0.5", "train.export_student=true"), out, CPU)
+    trainer.train()
+    backbone, step = load_teacher(trainer.cfg, out / "student_backbone.pth")  # what eval_linear.py loads
+    assert step == 16
+    student = trainer.model.student.backbone.state_dict()
+    loaded = backbone.state_dict()
+    assert loaded.keys() == student.keys()
+    assert all(torch.equal(loaded[k], student[k].cpu()) for k in loaded)
+    teacher, _ = load_teacher(trainer.cfg, out / "teacher_backbone.pth")
+    assert not torch.equal(teacher.state_dict()["blocks.0.mlp.fc1.weight"], loaded["blocks.0.mlp.fc1.weight"])
+    assert {p.name for p in previous_results(out)} >= {"student_backbone.pth", "teacher_backbone.pth"}
