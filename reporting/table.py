@@ -316,6 +316,7 @@ def _pp(value: Optional[float]) -> str:
 
 
 GAPS_PNG = "gaps_to_dense.png"
+MASKS_PNG = "masks.png"  # the student's 2:4 masks over training, where runs logged them
 DIFFERENCES_PNG = "loss_differences.png"  # one row of loss differences per dense reference
 
 
@@ -345,6 +346,7 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     from .gap_plot import plot_gaps  # matplotlib only when plotting
     from .loss_groups import plot_loss_differences
     from .loss_plots import plot_losses
+    from .mask_plots import plot_masks
     from .plots import plot_accuracy
 
     keys = differing_keys(runs)
@@ -378,4 +380,8 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
         paths.append(grouped)
     else:
         (out / DIFFERENCES_PNG).unlink(missing_ok=True)  # an earlier table's figure would describe other runs
+    if plot_masks(by_fraction, out / MASKS_PNG):
+        paths.append(out / MASKS_PNG)
+    else:
+        (out / MASKS_PNG).unlink(missing_ok=True)
     return paths

@@ -6,7 +6,8 @@ Reads each run's config.yaml, metrics.jsonl, log.txt, eval_linear.json and the b
 (eval_linear_random_init.json, eval_linear_pixels.json); writes table.md, table.csv, summary.json,
 top1_vs_sparsity.png and loss_curves.png into --out (and gaps_to_dense.png, each sparse configuration's gap to its
 dense runs, where there are several configurations; loss_differences.png, each run's loss minus its dense run's, a
-row per dense run, where there are several dense runs). Partial, failed or unevaluated runs are listed with their
+row per dense run, where there are several dense runs; masks.png, the student's 2:4 masks over training, where runs
+logged them). Partial, failed or unevaluated runs are listed with their
 state, never dropped. A path that does not exist is an error (exit 2; a typo must not yield a table of nothing),
 unless --allow-missing lists it as a missing run.
 

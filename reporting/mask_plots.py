@@ -1,0 +1,78 @@
+"""The mask figure of a 2:4 study (masks.png): for every run that logged them (training/sparsity_monitor.py), over the
+training steps, the student's MLP mask flip rate, the pruned entries' share of sum |W|, and the RMS of their
+gradient over the RMS of their weight. Dense runs (and dense phases) show the mask a 2:4 pruning of their weights
+would take: what the sparse runs' masks are compared with. A run's switch to dense is marked on its line.
+"""
+
+import math
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from training.run_dir import read_metrics
+
+from .figures import STYLE, palette, plt, save_with_legend_below
+
+FIELDS = (("mask_flip_rate", "mask flip rate (share of entries changed in 20 steps)", True),
+          ("pruned_share", "pruned entries' share of sum |W|", False),
+          ("pruned_grad_to_weight", "RMS gradient / RMS weight of the pruned entries", True))
+SMOOTH = 5  # logged values per centred moving average of the noisy flip rate and gradient ratio
+
+
+def mask_series(run_path) -> dict:
+    """{field: (steps, values)} of one run's metrics.jsonl (fields it never logged are absent)."""
+    records = read_metrics(Path(run_path) / "metrics.jsonl")
+    series = {}
+    for key, _, _ in FIELDS:
+        points = [(r["step"], r[key]) for r in records
+                  if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        if points:
+            series[key] = tuple(np.asarray(v, float) for v in zip(*points))
+    return series
+
+
+def _smooth(values: np.ndarray) -> np.ndarray:
+    if len(values) < 2 * SMOOTH:
+        return values
+    padded = np.pad(values, SMOOTH // 2, mode="edge")
+    return np.convolve(padded, np.ones(SMOOTH) / SMOOTH, mode="valid")
+
+
+def plot_masks(runs, path: Path, labels=None) -> bool:
+    """Draw the runs (duck-typed: `path`, `name`, `sparse_fraction`, `sparse_steps`) that logged mask statistics into
+    `path`; False (and nothing written) when none did."""
+    drawn = [(run, mask_series(run.path)) for run in runs]
+    drawn = [(i, run, s) for i, (run, s) in enumerate(drawn) if s]
+    if not drawn:
+        return False
+    colors = palette(len(drawn))
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(len(FIELDS), 1, figsize=(10, 3.2 * len(FIELDS)), sharex=True)
+        handles = []
+        for color, (i, run, series) in zip(colors, drawn):
+            dense = not run.sparse_fraction
+            label = labels[i] if labels else run.name
+            for ax, (key, _, smoothed) in zip(axes, FIELDS):
+                if key not in series:
+                    continue
+                steps, values = series[key]
+                line, = ax.plot(steps, _smooth(values) if smoothed else values, color="0.35" if dense else color,
+                                linestyle="--" if dense else "-", linewidth=1.2, label=label)
+                if run.sparse_steps and 0 < run.sparse_fraction < 1:
+                    at = np.searchsorted(steps, run.sparse_steps)
+                    if at < len(steps):
+                        ax.plot(steps[at], (_smooth(values) if smoothed else values)[at], marker="|",
+                                markersize=14, color=line.get_color())
+            handles.append(line)
+        for ax, (key, title, log) in zip(axes, FIELDS):
+            ax.set_title(title)
+            if log:
+                ax.set_yscale("log")
+            ax.grid(True, alpha=0.3)
+        axes[-1].set_xlabel("training step")
+        caption = ("Student MLP masks at every logged step (training/sparsity_monitor.py); flip rate and gradient "
+                   f"ratio smoothed over {SMOOTH} logged values. Dashed grey: dense runs, the mask a 2:4 pruning of "
+                   "their weights would take. | : a run's switch to dense.")
+        save_with_legend_below(fig, path, handles, ncol=2, caption=textwrap.fill(caption, 130))
+    return True
