@@ -7,7 +7,8 @@ linears are pruned as the forward prunes them (`sparsity.pruned_entries.MaskStat
 of sum |W|) and `pruned_grad_to_weight` (RMS of their gradient, as the optimizer received it, over RMS of their
 weight: the `sparsity.pruned_decay` at which the decay would equal it), and per layer into sparsity_masks.jsonl and
 TensorBoard. Dense phases and dense runs are measured too (the mask a 2:4 pruning of the weights would take), which
-is what the sparse phase is compared with.
+is what the sparse phase is compared with. The masks are those of the weights after the logged step's update (the
+next forward's), so with `sparsity.pruned_grad=masked` the few entries that flipped in that update show a gradient.
 
 The switch: the mean loss of rank 0's last `log_period` sparse steps and of its first `log_period` dense steps
 (`switch_loss_before`, `switch_loss_after`, `switch_loss_jump`, on the first line after both), summed on the device
