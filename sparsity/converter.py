@@ -9,8 +9,8 @@ DDP/FSDP hooks and checkpoints never see the difference.
 `SparseThenDense(**values)` takes exactly the training config's `sparsity` keys (but `sparse_fraction`, which the
 caller turns into `sparse_steps`); the valid values of each are the tuples this package owns (`KINDS`,
 `sparsity.backends.BACKENDS`, `sparsity.pruning.METHODS`, `sparsity.backends.settings`,
-`sparsity.mvue_grad.WEIGHT_GRADS`, `sparsity.pruned_entries.PRUNED_GRADS`). Converting also sets the backend settings the GEMM backends are built with
-(`configure_backends`).
+`sparsity.mvue_grad.WEIGHT_GRADS`, `sparsity.pruned_entries.PRUNED_GRADS`). Converting also sets the backend
+settings the GEMM backends are built with (`configure_backends`).
 """
 
 from __future__ import annotations
