@@ -148,7 +148,7 @@ def _open_tensorboard(log_dir: Path, purge_step: int):
 
 
 SPARSITY_FIELDS = ("mask_flip_rate", "pruned_share", "pruned_grad_to_weight", "switch_loss_before",
-                   "switch_loss_after", "switch_loss_jump")  # training/sparsity_monitor.py
+                   "switch_loss_after", "switch_loss_jump", "soft_threshold_scale_ratio")  # sparsity_monitor.py
 
 
 def _tag(key: str) -> str:

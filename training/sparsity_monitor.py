@@ -10,6 +10,9 @@ TensorBoard. Dense phases and dense runs are measured too (the mask a 2:4 prunin
 is what the sparse phase is compared with. The masks are those of the weights after the logged step's update (the
 next forward's), so with `sparsity.pruned_grad=masked` the few entries that flipped in that update show a gradient.
 
+With `sparsity.pruning=soft_threshold` (S-STE), `soft_threshold_scale_ratio`: the mean over layers of the frozen scale
+(computed once, when the layer was converted) over the scale that would fit the current weights.
+
 The switch: the mean loss of rank 0's last `log_period` sparse steps and of its first `log_period` dense steps
 (`switch_loss_before`, `switch_loss_after`, `switch_loss_jump`, on the first line after both), summed on the device
 step by step and read with that line. A run resumed inside those steps reports no jump.
@@ -25,7 +28,9 @@ import torch
 from torch import nn
 
 from sparsity import SparseThenDense
+from sparsity.modules import SCALE_BUFFER
 from sparsity.pruned_entries import MaskStats
+from sparsity.pruning import soft_threshold_scale
 
 from . import run_dir
 from .run_dir import FORMAT_KEY, METRICS_FORMAT, MetricsLog
@@ -91,7 +96,8 @@ class SparsityMonitor:
         weights = {name: m.weight for name, m in self.converter.selected_linears(self.student).items()}
         report = self.stats.update(weights)
         fields = {"mask_flip_rate": report.total_flip_rate, "pruned_share": report.total_pruned_share,
-                  "pruned_grad_to_weight": report.total_grad_to_weight, **self.switch.result()}
+                  "pruned_grad_to_weight": report.total_grad_to_weight, **self.switch.result(),
+                  "soft_threshold_scale_ratio": self._scale_ratio()}
         per_layer = {"flip_rate": report.flip_rate, "pruned_share": report.pruned_share,
                      "grad_to_weight": report.grad_to_weight}
         self.masks_log.write({"step": step, FORMAT_KEY: METRICS_FORMAT, "phase": phase, **per_layer})
@@ -102,3 +108,10 @@ class SparsityMonitor:
                         "(jump %+.4f)", fields["switch_loss_before"], self.switch.window,
                         fields["switch_loss_after"], self.switch.window, fields["switch_loss_jump"])
         return {k: v for k, v in fields.items() if v is not None}
+
+    @torch.no_grad()
+    def _scale_ratio(self) -> Optional[float]:
+        """S-STE's frozen scale over the one the current weights would give, averaged over the converted layers."""
+        ratios = [getattr(m, SCALE_BUFFER) / soft_threshold_scale(m.weight)
+                  for m in self.student.modules() if SCALE_BUFFER in m._buffers]
+        return float(torch.stack(ratios).mean()) if ratios else None

@@ -153,3 +153,21 @@ def test_the_final_student_is_exported_for_the_probe(tmp_path):
     teacher, _ = load_teacher(trainer.cfg, out / "teacher_backbone.pth")
     assert not torch.equal(teacher.state_dict()["blocks.0.mlp.fc1.weight"], loaded["blocks.0.mlp.fc1.weight"])
     assert {p.name for p in previous_results(out)} >= {"student_backbone.pth", "teacher_backbone.pth"}
+
+
+def test_s_ste_scale_drift_is_logged(tmp_path):
+    """The frozen S-STE scale against the one the trained weights would give: 1 at the first step's weights, then
+    what the weights' drift makes of it (by hand from the converted layers at the end)."""
+    from sparsity.modules import SCALE_BUFFER
+    from sparsity.pruning import soft_threshold_scale
+
+    out = tmp_path / "run"
+    trainer = Trainer(_config("sparsity.sparse_fraction=1.0", "sparsity.pruning=soft_threshold", "train.log_period=1",
+                              "train.max_steps=3"), out, CPU)
+    trainer.train()
+    lines = read_metrics(out / "metrics.jsonl")
+    assert all("soft_threshold_scale_ratio" in r for r in lines)
+    layers = [m for m in trainer.model.student.backbone.modules() if SCALE_BUFFER in m._buffers]
+    assert len(layers) == 24
+    want = sum(float(getattr(m, SCALE_BUFFER) / soft_threshold_scale(m.weight)) for m in layers) / 24
+    assert lines[-1]["soft_threshold_scale_ratio"] == pytest.approx(want, rel=1e-6)
