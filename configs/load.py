@@ -274,7 +274,8 @@ RESUMABLE_CHANGES = (
     "train.teacher_export_period", "train.resume", "train.allow_unverified_checkpoints", "train.batch_size_per_gpu",
     "train.compile", "train.compile_backend", "train.compile_mode", "train.gc_period", "train.cuda_graph", "data.root",
     "data.on_corrupt",
-    "sparsity.backend", "sparsity.cslt_search", "sparsity.cslt_pack", "sparsity.fused_wgrad",
+    "sparsity.backend", "sparsity.cslt_search", "sparsity.cslt_pack", "sparsity.fused_wgrad", "sparsity.mask_stats",
+    "train.export_student",
 )
 
 

@@ -25,7 +25,7 @@ from independent_reference import tile_mask  # pure torch, shares no code with s
 from tiny_run import TINY_MODEL_AND_DATA
 
 CPU = DistContext(0, 1, 0, torch.device("cpu"))
-EAGER = ["train.compile=false", "sparsity.backend=dense", "sparsity.pruning=tile_greedy"]
+EAGER = ["train.compile=false", "sparsity.backend=dense", "sparsity.pruning=tile_greedy", "sparsity.mask_stats=true"]
 
 
 def _config(*extra: str):
