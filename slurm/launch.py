@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # `python slurm/launch.py`: import the package fr
 from configs import ConfigError, scaled_lr, to_yaml  # noqa: E402
 from slurm.status import format_table  # noqa: E402
 from slurm.status import main as status_main  # noqa: E402
-from slurm.submit import Resources, SweepSubmitter  # noqa: E402
+from slurm.submit import Resources, SweepSubmitter, control_character_problem  # noqa: E402
 from slurm.sweep import plan_sweep  # noqa: E402
 from training.run_dir import RunDirProblem  # noqa: E402
 
@@ -142,8 +142,22 @@ def dry_run_header(args: argparse.Namespace, plans: list) -> str:
     ])
 
 
+def one_line_problem(args: argparse.Namespace, runs_dir: Path) -> str:
+    """The first text of the command line that would reach a job's sbatch file, or its command, with a control
+    character ('' if none): paths (as resolved), the partition, the extra sbatch and probe options, the overrides."""
+    texts = [("--config", str(args.config.resolve())), ("--runs-dir", str(runs_dir.resolve())),
+             ("--partition", args.partition or "")]
+    texts += [("--slurm-arg", f"{k}={v}") for k, v in args.slurm_arg] + [("--eval-arg", a) for a in args.eval_arg]
+    texts += [("override", o) for o in args.overrides]
+    return next((p for p in (control_character_problem(what, text) for what, text in texts) if p), "")
+
+
 def launch(args: argparse.Namespace) -> int:
     runs_dir = args.runs_dir or Path("runs") / f"{args.config.stem}-sweep"
+    problem = one_line_problem(args, runs_dir)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         plans = plan_sweep(args.config, args.sparse_fractions, runs_dir, args.overrides)
     except ConfigError as e:

@@ -7,6 +7,7 @@ would be submitted. `--local` runs the same job objects with submitit's LocalExe
 """
 
 import logging
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -80,9 +81,44 @@ def eval_parameters(res: Resources, name: str, after: Optional[str]) -> dict:
     return params
 
 
+# a newline (or any control character) in a text that reaches an sbatch file ends its line: the rest of an `#SBATCH`
+# option becomes a command line, and sbatch stops reading `#SBATCH` options there
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def control_character_problem(what: str, text: str) -> str:
+    """'' if `text` is one printable line, else a one-line refusal naming `what` (an option, a key)."""
+    found = CONTROL_CHARACTER.search(text)
+    if found is None:
+        return ""
+    return (f"{what}: {text!r} holds the control character {found.group()!r} (position {found.start()}): a text that "
+            "reaches an sbatch file must be one printable line")
+
+
+def _texts(params: dict):
+    """(parameter, text) for every text of submitit's Slurm parameters (dicts as key=value, lists item by item)."""
+    for key, value in params.items():
+        if isinstance(value, dict):
+            yield from ((key, f"{k}={v}") for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            yield from ((key, str(v)) for v in value)
+        else:
+            yield key, str(value)
+
+
+def check_one_line(params: dict, folder: Path) -> None:
+    """ValueError unless every text of the sbatch parameters (and the job folder) is one printable line."""
+    for what, text in [("folder", str(folder)), *_texts(params)]:
+        problem = control_character_problem(what, text)
+        if problem:
+            raise ValueError(problem)
+
+
 def sbatch_preview(params: dict, folder: Path) -> str:
-    """The sbatch file submitit would write for these parameters (its own formatter, nothing submitted)."""
-    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {folder}"
+    """The sbatch file submitit would write for these parameters (its own formatter and command, nothing
+    submitted)."""
+    check_one_line(params, folder)
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
     return _make_sbatch_string(command=command, folder=folder, **params)
 
 
@@ -107,6 +143,7 @@ class SweepSubmitter:
     # ------------------------------------------------------------------ executors
     def _executor(self, run_dir: Path, params: dict):
         folder = run_dir / "slurm" / "%j"
+        check_one_line(params, folder)
         if self.local:
             executor = submitit.LocalExecutor(folder=folder, max_num_timeout=self.res.max_num_timeout)
             executor.update_parameters(timeout_min=params["time"], gpus_per_node=params.get("gpus_per_node", 0),
@@ -132,11 +169,11 @@ class SweepSubmitter:
         folder = plan.run_dir.resolve() / "slurm" / "%j"
         parts = []
         if not plan.train_done:
-            parts.append(f"# train job ({plan.train_action}): {' '.join(self._train_job(plan).command())}\n"
+            parts.append(f"# train job ({plan.train_action}): {shlex.join(self._train_job(plan).command())}\n"
                          + sbatch_preview(train_parameters(self.res, train_name), folder))
         if self.evaluate and not plan.eval_done:
             after = None if plan.train_done else f"<job id of {train_name}>"
-            parts.append(f"# eval job: {' '.join(self._eval_job(plan).command())}\n"
+            parts.append(f"# eval job: {shlex.join(self._eval_job(plan).command())}\n"
                          + sbatch_preview(eval_parameters(self.res, eval_name, after), folder))
         return "\n".join(parts)
 
