@@ -50,6 +50,10 @@ def main(argv=None) -> int:
     except (EvalInputError, DatasetError, CorruptImageError) as e:
         logging.getLogger("eval_linear").error("%s", e)
         return 1
+    except KeyboardInterrupt:
+        logging.getLogger("eval_linear").error("interrupted (Ctrl-C): every file it wrote is whole (written "
+                                               "atomically); rerun the same command to finish")
+        return 130
     headline = {k: record[k] for k in ("output", "top1", "top5", "best_C", "solver", "seconds")}
     headline["knn_top1"] = {k: round(v["top1"], 2) for k, v in record["knn"].items()}
     print(json.dumps(headline))
@@ -57,4 +61,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C while the settings or the libraries load
+        print("interrupted (Ctrl-C): nothing was evaluated; rerun the same command", file=sys.stderr)
+        sys.exit(130)

@@ -142,6 +142,10 @@ def main(argv=None) -> int:
     except ConversionError as e:  # a sparsity option the model cannot take: refused before the first step
         log.error("config error: %s", e)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside the loop, or a second one in it (the first stops at a checkpoint)
+        log.error("interrupted (Ctrl-C): stopped at once, without a new checkpoint; rerun the same command to resume "
+                  "from the last one")
+        return 130
     except (DatasetError, CorruptImageError, TrainingDiverged, ResumeMismatch, NoReadableCheckpoint, CorruptFile,
             UnsafeFile, RunDirProblem) as e:
         log.error("%s: %s", type(e).__name__, e)
@@ -162,4 +166,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C before the run directory's log exists
+        print("interrupted (Ctrl-C) during start-up: nothing was trained; rerun the same command", file=sys.stderr)
+        sys.exit(130)

@@ -148,11 +148,12 @@ def init_worker(worker_id: int) -> None:
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """In each data worker: ignore SIGTERM and SIGUSR1/2. Slurm (preemption, time limit, `scontrol requeue`) signals
-    every process of the job, workers included; a worker killed by it makes the trainer's next batch raise before
-    the trainer, which handles the signal, can save its checkpoint. The trainer stops its workers itself when it
-    exits, and a worker whose trainer died exits on its own (PyTorch's watchdog)."""
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+    """In each data worker: ignore SIGTERM, SIGINT and SIGUSR1/2. Slurm (preemption, time limit, `scontrol requeue`)
+    signals every process of the job, and Ctrl-C every process of the terminal's foreground group, workers included;
+    a worker killed by it makes the trainer's next batch raise before the trainer, which handles the signal, can save
+    its checkpoint. The trainer stops its workers itself when it exits, and a worker whose trainer died exits on its
+    own (PyTorch's watchdog)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
 
 

@@ -85,17 +85,28 @@ class StepChecks:
         return out
 
 
+STOP_SIGNALS = {signal.SIGTERM: 143, signal.SIGINT: 130}  # the exit code of a run they stop: 128 + the signal
+
+
 @contextlib.contextmanager
-def on_sigterm(request_stop: Callable[[], None]):
-    """Inside the block SIGTERM only calls `request_stop` (the trainer's stop flag, agreed on over the ranks in the
-    step's flags): the loop stops at a step boundary after a checkpoint. Outside the main thread signals are left
-    alone (Python delivers them to the main thread only)."""
+def on_stop_signals(request_stop: Callable[[int], None]):
+    """Inside the block SIGTERM (Slurm's preemption, `kill`) and a first SIGINT (Ctrl-C) only call
+    `request_stop(signum)` (the trainer's stop flag, agreed on over the ranks in the step's flags): the loop stops at
+    a step boundary after a checkpoint. A second SIGINT interrupts at once (KeyboardInterrupt): the way out of a step
+    that does not end. Outside the main thread signals are left alone (Python delivers them to the main thread)."""
+
+    def handler(signum, frame):
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        request_stop(signum)
+
     try:
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: request_stop())
+        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -19,6 +19,7 @@ and per-module clipping in `optim.py`, the DDP wrapping in `distributed.py`, SIG
 
 import contextlib
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import Iterator
@@ -45,7 +46,7 @@ from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RU
 from .schedules import build_schedules
 from .sparsity_monitor import SparsityMonitor
 from .sparsity_setup import sparsity_converter
-from .step_checks import StepChecks, on_sigterm
+from .step_checks import STOP_SIGNALS, StepChecks, on_stop_signals
 from .step_graph import build_step_graph
 
 logger = logging.getLogger(__name__)
@@ -55,10 +56,11 @@ class TrainingDiverged(RuntimeError):
 
 
 class Preempted(SystemExit):
-    """SIGTERM received: a checkpoint was saved at a step boundary; rerunning the same command resumes."""
+    """SIGTERM or Ctrl-C received: a checkpoint was saved at a step boundary; rerunning the same command resumes.
+    The exit code is 128 + the signal (143 SIGTERM, 130 SIGINT; 143 on a rank stopped by another rank's signal)."""
 
-    def __init__(self, step: int):
-        super().__init__(143)
+    def __init__(self, step: int, signum: int = signal.SIGTERM):
+        super().__init__(STOP_SIGNALS[signum])
         self.step = step
 
 
@@ -102,8 +104,8 @@ class Trainer:
         self.loader = build_ssl_loader(cfg, rank=ctx.rank, world_size=ctx.world_size, dataset=self.dataset)
         self.step = 0
         self.corrupt_skipped = 0  # over all ranks
-        self._stop_requested = False  # set by SIGTERM on this rank
-        self._stop_agreed = False  # some rank got SIGTERM (agreed on in the per-step flag all-reduce)
+        self._stop_requested = 0  # the stop signal this rank received (SIGTERM, SIGINT), 0 = none
+        self._stop_agreed = False  # some rank got one (agreed on in the per-step flag all-reduce)
         self.checks = StepChecks(ctx)  # per-step flags, read one step late: no per-step host sync
         # train.cuda_graph: the step captured once per phase and replayed (step_graph.py); None = launched eagerly
         self.step_graph = build_step_graph(cfg.train.cuda_graph, ctx, self.optimizer, lambda batch, hyper: (
@@ -253,7 +255,7 @@ class Trainer:
             set_hyperparameters(self.optimizer, values)
             loss, terms, norms = self._compute_step(batch, values["teacher_temp"], values["momentum"])
         # this step's flags start on their way; the previous step's are read now (the GPU is still busy with this one)
-        self.checks.queue(self.step, loss, terms, norms, self._stop_requested, int(batch.corrupt_skipped))
+        self.checks.queue(self.step, loss, terms, norms, bool(self._stop_requested), int(batch.corrupt_skipped))
         self._apply_checks(self.checks.resolve_previous())
         return loss, terms, norms
 
@@ -287,9 +289,9 @@ class Trainer:
         finally:
             loader.close()  # however the loop ends: the data workers stop here, not at interpreter exit
 
-    def request_stop(self) -> None:
-        """Stop at the next step boundary with a checkpoint (what SIGTERM does during `train`)."""
-        self._stop_requested = True
+    def request_stop(self, signum: int = signal.SIGTERM) -> None:
+        """Stop at the next step boundary with a checkpoint (what SIGTERM and Ctrl-C do during `train`)."""
+        self._stop_requested = signum
 
     def _metrics_record(self, loss, terms: dict, values: dict, norms: dict, images_per_s: float) -> dict:
         """A metrics.jsonl line: `step` counts the steps done (as checkpoints do; see run_dir)."""
@@ -363,7 +365,7 @@ class Trainer:
         self.enter_phase(self.sparsity.phase_at(self.step))
         self.model.train()
         progress = ProgressLog(self.output_dir, self.step, last_step, enabled=self.ctx.is_main)
-        with on_sigterm(self.request_stop), contextlib.closing(self.batches()) as batches, progress, \
+        with on_stop_signals(self.request_stop), contextlib.closing(self.batches()) as batches, progress, \
                 StepGc(cfg.train.gc_period) as step_gc:
             # batches: lazy (the loader starts at the first next(), after any resume), closed however the loop ends;
             # the bar (a terminal only) is closed before any error is reported, so that the message is a line of its own
@@ -401,8 +403,10 @@ class Trainer:
                 if self._stop_agreed:
                     self.save_checkpoint()
                     progress.close()
-                    logger.warning("SIGTERM: checkpoint saved at step %d; rerun the same command to resume", self.step)
-                    raise Preempted(self.step)
+                    signum = self._stop_requested or signal.SIGTERM
+                    logger.warning("%s: checkpoint saved at step %d; rerun the same command to resume",
+                                   "SIGINT (Ctrl-C)" if signum == signal.SIGINT else "SIGTERM", self.step)
+                    raise Preempted(self.step, signum)
         self.settle_checks()
         if self.step > start_step:  # resumed at the last step (killed during the final export): only export
             self.save_checkpoint()

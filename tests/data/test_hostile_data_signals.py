@@ -1,6 +1,6 @@
 """Signals and blocking reads: a FIFO in the data tree can block nothing (never opened), and a SIGTERM that arrives
 while the data is being read stops the loop at the step boundary after it, as the trainer's handler agrees
-(`training/step_checks.on_sigterm`), with the data workers alive. Every case runs in a subprocess with a timeout, so
+(`training/step_checks.on_stop_signals`), with the data workers alive. Every case runs in a subprocess with a timeout, so
 a regression that blocks fails instead of hanging CI."""
 
 import os
@@ -30,7 +30,7 @@ def loop_script(root, workers: int, steps: int, extra=(), slow_s: float = 0.0, f
         from configs import load_config
         from data import build_ssl_loader
         from data.datasets import ImageFolderDataset
-        from training.step_checks import on_sigterm
+        from training.step_checks import on_stop_signals
 
         class SlowReads(ImageFolderDataset):  # a file system that blocks each read for a while
             def __getitem__(self, index):
@@ -43,7 +43,7 @@ def loop_script(root, workers: int, steps: int, extra=(), slow_s: float = 0.0, f
             os.remove(dataset.path({fifo_after_listing})); os.mkfifo(dataset.path({fifo_after_listing}))
         loader = build_ssl_loader(cfg, rank=0, world_size=1, dataset=dataset)
         stop, skipped = [], 0
-        with on_sigterm(lambda: stop.append(True)):
+        with on_stop_signals(lambda signum: stop.append(signum)):
             for step, batch in enumerate(loader):
                 skipped += int(batch.corrupt_skipped)
                 print("step", step, flush=True)
@@ -129,15 +129,16 @@ def wait_for_line(proc: subprocess.Popen, lines: queue.Queue, needle: str, timeo
     raise AssertionError(f"no {needle!r} within {timeout} s in {seen}")
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_sigterm_to_the_group_during_a_blocking_read_stops_at_the_next_step_boundary(tmp_path, workers):
-    """What Slurm does (SIGTERM to every process of the job) while the main process, or a data worker, is inside a
-    read that blocks for a while: the loop ends after the step in progress; no worker dies, nothing hangs."""
+@pytest.mark.parametrize("workers, sig", [(0, signal.SIGTERM), (2, signal.SIGTERM), (2, signal.SIGINT)])
+def test_a_stop_signal_to_the_group_during_a_blocking_read_stops_at_the_next_step_boundary(tmp_path, workers, sig):
+    """What Slurm does (SIGTERM to every process of the job), and Ctrl-C in a terminal (SIGINT to its foreground
+    group), while the main process, or a data worker, is inside a read that blocks for a while: the loop ends after
+    the step in progress; no worker dies, nothing hangs."""
     proc = start_in_own_group(loop_script(tree_with_fifos(tmp_path), workers, steps=1000, slow_s=0.25))
     try:
         lines = read_lines(proc)
         before = wait_for_line(proc, lines, "step 1")
-        os.killpg(proc.pid, signal.SIGTERM)  # lands inside a read (each takes 0.25 s of a 1 s step)
+        os.killpg(proc.pid, sig)  # lands inside a read (each takes 0.25 s of a 1 s step)
         proc.wait(timeout=HANG_S)
         out, err = "\n".join(before) + "\n" + rest(lines), proc.stderr.read()
     finally:

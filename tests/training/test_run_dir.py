@@ -209,3 +209,42 @@ def test_trainer_records_preemption_then_the_resumption(tmp_path, monkeypatch):
     status = run_dir.read_status(tmp_path)
     assert (status.state, status.step, status.resumed_at) == (FINISHED, 5, [trainer.step])
     assert read_run(tmp_path).status == "partial (step 5 of 16)"  # train.max_steps stopped it short of the schedule
+
+
+def _signal_in_step_3(trainer, monkeypatch, *signals):
+    forward = type(trainer.model).forward
+
+    def send(model, batch, teacher_temp):
+        if trainer.step == 2:
+            for sig in signals:
+                os.kill(os.getpid(), sig)
+        return forward(model, batch, teacher_temp)
+
+    monkeypatch.setattr(type(trainer.model), "forward", send)
+
+
+def test_ctrl_c_checkpoints_at_the_step_boundary_and_exits_130(tmp_path, monkeypatch):
+    """A first SIGINT is handled as SIGTERM (finish the step, checkpoint, stop; exit code 130), so Ctrl-C in a
+    terminal loses no steps; the rerun resumes there."""
+    overrides = TINY + ["train.max_steps=5"]
+    trainer = Trainer(load_config(None, overrides), tmp_path, CPU)
+    _signal_in_step_3(trainer, monkeypatch, signal.SIGINT)
+    handler_before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Preempted) as stop:
+        trainer.train()
+    assert stop.value.code == 130 and trainer.step >= 3
+    assert run_dir.read_status(tmp_path).state == PREEMPTED
+    assert run_dir.newest_checkpoint(tmp_path)[0] == trainer.step
+    assert signal.getsignal(signal.SIGINT) is handler_before  # the loop's handlers are gone with it
+    monkeypatch.undo()
+    Trainer(load_config(None, overrides), tmp_path, CPU).train()
+    assert run_dir.read_status(tmp_path).resumed_at == [trainer.step]
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path, monkeypatch):
+    trainer = Trainer(load_config(None, TINY + ["train.max_steps=5"]), tmp_path, CPU)
+    _signal_in_step_3(trainer, monkeypatch, signal.SIGINT, signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert trainer.step == 2  # inside step 3: no boundary reached, no checkpoint written for it
+    assert run_dir.read_status(tmp_path).state == "failed"
