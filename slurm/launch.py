@@ -43,7 +43,7 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
     if not 0.0 <= value <= 1.0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"sparsity.sparse_fraction={text} is out of range: must be >= 0 and <= 1")
-    return value
+    return value + 0.0  # -0 is 0
 
 
 def _split_overrides(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:

@@ -27,8 +27,10 @@ JOBS_FILE = "jobs.json"  # the launcher's record of the jobs it submitted for a 
 
 
 def run_name(fraction: float) -> str:
-    """sparse_0.70 (two decimals where they are exact, so names sort; more digits where needed)."""
-    return f"sparse_{fraction:.2f}" if round(fraction, 2) == fraction else f"sparse_{fraction:g}"
+    """sparse_0.70 (two decimals where they are exact, so names sort; every digit of the number where needed, so that
+    two fractions never share a directory); -0 is 0."""
+    fraction = fraction + 0.0
+    return f"sparse_{fraction:.2f}" if round(fraction, 2) == fraction else f"sparse_{fraction!r}"
 
 
 @dataclass
@@ -94,10 +96,16 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
             raise ConfigError("sparsity.sparse_fraction is set per run by --sparse-fractions; drop the override")
     if len(set(fractions)) != len(fractions):
         raise ConfigError(f"--sparse-fractions has duplicates: {list(fractions)}")
-    plans = []
+    plans, by_schedule = [], {}
     for fraction in fractions:
+        fraction = fraction + 0.0  # -0 is 0
         run_overrides = [*overrides, f"sparsity.sparse_fraction={fraction}"]
         cfg = load_config(config, run_overrides)
+        # a run is its schedule: two fractions that round to the same number of sparse steps are one run
+        twin = by_schedule.setdefault(cfg.sparse_steps, fraction)
+        if twin != fraction:
+            raise ConfigError(f"--sparse-fractions {twin!r} and {fraction!r} give the same schedule "
+                              f"({cfg.sparse_steps} sparse steps of {cfg.total_steps}): one run; drop one of them")
         run_dir = Path(runs_dir) / run_name(fraction)
         plan = RunPlan(fraction, run_dir, run_overrides, cfg, last_step(cfg))
         existing = run_dir / CONFIG

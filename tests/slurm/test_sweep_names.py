@@ -1,0 +1,34 @@
+"""A sweep's runs are its schedules: every fraction gets a directory of its own, -0 is 0, and two fractions that give
+the same number of sparse steps are one run, refused before anything is planned (in-process, no scheduler)."""
+
+import pytest
+
+from configs import ConfigError
+from slurm.launch import main
+from slurm.sweep import plan_sweep, run_name
+
+DEFAULT = "configs/default.yaml"  # 300 steps
+
+
+def test_names_are_distinct_and_minus_zero_is_zero():
+    assert run_name(-0.0) == run_name(0.0) == "sparse_0.00"
+    assert run_name(0.7) == "sparse_0.70"
+    assert run_name(0.3333333) == "sparse_0.3333333" and run_name(0.33333334) == "sparse_0.33333334"
+
+
+@pytest.mark.parametrize("fractions, message", [
+    ([0.3333333, 0.33333334], "0.3333333 and 0.33333334 give the same schedule (100 sparse steps of 300)"),
+    ([0.0, -0.0], "duplicates"),
+    ([0.5, 0.501], "0.5 and 0.501 give the same schedule (150 sparse steps of 300)"),
+])
+def test_fractions_of_one_schedule_are_refused(tmp_path, fractions, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_sweep(DEFAULT, fractions, tmp_path / "s", [])
+    assert not (tmp_path / "s").exists()
+
+
+def test_minus_zero_on_the_command_line_is_the_dense_run(tmp_path, capsys):
+    assert main(["--config", DEFAULT, "--sparse-fractions", "-0", "--runs-dir", str(tmp_path / "s"),
+                 "--gpus-per-node", "0", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sparse_0.00" in out and "sparse_-0" not in out
