@@ -127,11 +127,13 @@ def checkpoint_step(path: Path, suffix: str = "") -> Optional[int]:
 
 def list_checkpoints(directory: Path, suffix: str = "") -> list[tuple[int, Path]]:
     """(step, path) of the checkpoints in a checkpoints folder, oldest first; [] if there is no such folder.
-    `suffix=CORRUPT_SUFFIX`: those set aside as unreadable instead."""
+    `suffix=CORRUPT_SUFFIX`: those set aside as unreadable instead. Only regular files (or links to them): a FIFO or
+    a device named like a checkpoint is none, since opening it would block its reader."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted((step, p) for p in directory.iterdir() if (step := checkpoint_step(p, suffix)) is not None)
+    return sorted((step, p) for p in directory.iterdir()
+                  if (step := checkpoint_step(p, suffix)) is not None and p.is_file())
 
 
 def newest_checkpoint(run_dir: Path) -> Optional[tuple[int, Path]]:
