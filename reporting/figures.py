@@ -3,6 +3,8 @@ style, the palette and how a figure is saved with its caption."""
 
 import matplotlib
 
+from models.atomic_io import write_atomically
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -12,13 +14,20 @@ STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fo
 LEGEND_WIDTH = 80  # characters of a legend entry before it wraps
 
 
+def save_png(fig, path) -> None:
+    """Write the figure as a PNG the way every output is written (`models.atomic_io`: a temporary file renamed into
+    place, so a link planted at `path` is replaced, not written through, and a kill leaves the old figure), then free
+    it."""
+    write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=DPI, bbox_inches="tight"))
+    plt.close(fig)
+
+
 def save_with_caption(fig, path, caption: str, y: float) -> None:
     """Lay out, put `caption` (if any) in grey under the axes, write the PNG and free the figure."""
     fig.tight_layout()
     if caption:
         fig.text(0.01, y, caption, fontsize=9, ha="left", va="top", color="0.25")
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def save_with_legend_below(fig, path, handles, ncol: int, caption: str) -> None:
@@ -30,8 +39,7 @@ def save_with_legend_below(fig, path, handles, ncol: int, caption: str) -> None:
     bottom = legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
     if caption:
         fig.text(0.01, bottom - 0.01, caption, fontsize=9, ha="left", va="top", color="0.25")
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def palette(n: int) -> list:

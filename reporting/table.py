@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from models.atomic_io import atomic_write_text
+
 from . import published
 from .configurations import (common_values_note, config_key, config_label, config_order, dense_reference,
                              dense_reference_key, dense_references, differing_config, differing_keys, row_label,
@@ -334,13 +336,13 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "table.md", out / "table.csv", out / "summary.json", out / "top1_vs_sparsity.png",
              out / "loss_curves.png"]
-    paths[0].write_text("# Sparse-then-dense schedules\n\n" + markdown(rows, shown_means, baselines, notes))
+    atomic_write_text(paths[0], "# Sparse-then-dense schedules\n\n" + markdown(rows, shown_means, baselines, notes))
     write_csv(rows, shown_means, baselines, paths[1])
     summary = {"rows": [asdict(r) for r in rows], "schedule_means": [asdict(m) for m in shown_means],
                "baselines": [asdict(b) for b in baselines], "notes": notes,
                "published": {"source": published.SOURCE, "total_steps": published.TOTAL_STEPS,
                              "rows": [asdict(p) for p in published.ROWS]}}
-    paths[2].write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(paths[2], json.dumps(summary, indent=2) + "\n")
     if not plots:
         return paths[:3]
     from .gap_plot import plot_gaps  # matplotlib only when plotting

@@ -4,9 +4,12 @@ The rows are duck-typed (table.TableRow, ScheduleMean, BaselineRow), so this mod
 """
 
 import csv
+import io
 import math
 from pathlib import Path
 from typing import Optional
+
+from models.atomic_io import atomic_write_text
 
 from . import published
 from .run_logs import KNN_SHOWN_K
@@ -146,13 +149,14 @@ def write_csv(rows, means, baselines, path: Path) -> None:
                       "run": f"{b.key} ({b.run})", **{f"knn_top1_k{k}": b.knn.get(k) for k in knn_ks}})
     at = CSV_FIELDS.index("schedule") + 1
     fields = CSV_FIELDS[:at] + config_keys + CSV_FIELDS[at:] + [f"knn_top1_k{k}" for k in knn_ks]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        for line in lines:
-            config = line.get("differing_config") or {}
-            writer.writerow({name: _config_cell(config[name]) if name in config else _csv_value(line.get(name))
-                             for name in fields})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    for line in lines:
+        config = line.get("differing_config") or {}
+        writer.writerow({name: _config_cell(config[name]) if name in config else _csv_value(line.get(name))
+                         for name in fields})
+    atomic_write_text(path, text.getvalue())
 
 
 def _config_cell(value) -> str:

@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the comparison")
     args = parser.parse_args(argv)
     from configs import ConfigError
+    from models.atomic_io import atomic_write_text
     from reporting.compare import as_json, compare_runs, setting_changes
 
     for path in (args.candidate, args.baseline, args.spread):
@@ -57,10 +58,10 @@ def main(argv=None) -> int:
         print(f"{c.term}: mean |difference| {c.difference:.4f} (max {c.max_difference:.4f}) over {c.steps} logged "
               f"steps{spread}")
     if args.out is not None:
-        args.out.write_text(json.dumps({"candidate": str(args.candidate), "baseline": str(args.baseline),
-                                        "spread": str(args.spread) if args.spread else None, "window": args.window,
-                                        "changed": changed,
-                                        "terms": as_json(comparisons)}, indent=1) + "\n")
+        atomic_write_text(args.out, json.dumps({"candidate": str(args.candidate), "baseline": str(args.baseline),
+                                                "spread": str(args.spread) if args.spread else None,
+                                                "window": args.window, "changed": changed,
+                                                "terms": as_json(comparisons)}, indent=1) + "\n")
     return 1 if any(c.within_spread is False for c in comparisons) else 0
 
 

@@ -23,6 +23,7 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories, or folders holding them")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json too")
     args = parser.parse_args(argv)
+    from models.atomic_io import atomic_write_text
     from reporting.run_logs import find_run_dirs
     from reporting.switch import as_json, markdown, switch_rows
 
@@ -40,8 +41,8 @@ def main(argv=None) -> int:
     print(table, end="")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(table)
-        args.out.with_suffix(".json").write_text(json.dumps(as_json(rows), indent=1) + "\n")
+        atomic_write_text(args.out.with_suffix(".md"), table)
+        atomic_write_text(args.out.with_suffix(".json"), json.dumps(as_json(rows), indent=1) + "\n")
     return 0
 
 
