@@ -19,7 +19,7 @@ from submitit.slurm.slurm import _make_sbatch_string  # noqa: PLC2701 - the form
 
 from .jobs import REPO, EvalJob, TrainJob
 from .status import ACTIVE_STATES, query_states
-from .sweep import RunPlan, latest_job, record_job
+from .sweep import JOB_LOGS, RunPlan, latest_job, record_job
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class SweepSubmitter:
 
     # ------------------------------------------------------------------ executors
     def _executor(self, run_dir: Path, params: dict):
-        folder = run_dir / "slurm" / "%j"
+        folder = run_dir / JOB_LOGS / "%j"
         check_one_line(params, folder)
         if self.local:
             executor = submitit.LocalExecutor(folder=folder, max_num_timeout=self.res.max_num_timeout)
@@ -166,7 +166,7 @@ class SweepSubmitter:
     # ------------------------------------------------------------------ dry run
     def preview(self, plan: RunPlan) -> str:
         train_name, eval_name = self._names(plan)
-        folder = plan.run_dir.resolve() / "slurm" / "%j"
+        folder = plan.run_dir.resolve() / JOB_LOGS / "%j"
         parts = []
         if not plan.train_done:
             parts.append(f"# train job ({plan.train_action}): {shlex.join(self._train_job(plan).command())}\n"

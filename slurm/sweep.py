@@ -21,7 +21,9 @@ from configs import Config, ConfigError, load_config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
 from models.atomic_io import atomic_write_text
 from training import run_guard
-from training.run_dir import CONFIG, EVAL_RESULT, checkpoint_dir, last_step, newest_checkpoint
+from training.run_dir import CONFIG, EVAL_RESULT, RunDirProblem, checkpoint_dir, last_step, newest_checkpoint
+
+JOB_LOGS = "slurm"  # <run>/slurm/<job id>/: submitit's logs and pickles of the run's jobs
 
 JOBS_FILE = "jobs.json"  # the launcher's record of the jobs it submitted for a run (in the run directory)
 
@@ -122,6 +124,9 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
                 )
         # what the trainer and the submitter would refuse later, refused before anything is submitted
         run_guard.usable_checkpoint_dir(checkpoint_dir(run_dir))  # RunDirProblem naming the entry
+        if (run_dir / JOB_LOGS).is_symlink():  # submitit would write its logs and pickles through it
+            raise RunDirProblem(f"{run_dir / JOB_LOGS} is a symlink: the jobs' logs are the run's own directory; "
+                                "remove the link")
         read_jobs(run_dir)  # ValueError naming jobs.json
         newest = newest_checkpoint(run_dir)
         plan.done_steps = newest[0] if newest else 0

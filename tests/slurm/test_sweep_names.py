@@ -32,3 +32,16 @@ def test_minus_zero_on_the_command_line_is_the_dense_run(tmp_path, capsys):
                  "--gpus-per-node", "0", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "sparse_0.00" in out and "sparse_-0" not in out
+
+
+def test_a_planted_link_for_the_job_logs_is_refused(tmp_path, capsys):
+    """submitit writes each job's logs and pickles under <run>/slurm: a link there would put them elsewhere."""
+    run = tmp_path / "s" / "sparse_0.50"
+    run.mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (run / "slurm").symlink_to(tmp_path / "elsewhere")
+    assert main(["--config", DEFAULT, "--sparse-fractions", "0.5", "--runs-dir", str(tmp_path / "s"),
+                 "--gpus-per-node", "0", "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert f"{run / 'slurm'} is a symlink" in err and err.count("\n") == 1
+    assert list((tmp_path / "elsewhere").iterdir()) == []
