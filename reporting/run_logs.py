@@ -8,7 +8,6 @@ shows every run.
 """
 
 import dataclasses
-import json
 import math
 import os
 import statistics
@@ -19,6 +18,7 @@ from typing import Optional
 import torch
 
 from configs import ConfigError, load_config
+from models.json_text import parse_json
 from models.safe_io import recorded_digest
 from training.run_dir import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, PREEMPTED, TEACHER,
                               FAILED as RUN_FAILED,  # the state in status.json (FAILED below: a table row's)
@@ -306,7 +306,7 @@ def read_eval_record(path: Path) -> EvalRecord:
             record.status, record.reason = UNREADABLE, f"{path.name}: not a regular file"
         return record
     try:
-        result = json.loads(path.read_bytes())
+        result = parse_json(path.read_bytes())
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
         record.top1, record.top5 = _percentage(result.get("top1"), "top1"), _percentage(result.get("top5"), "top5")

@@ -19,7 +19,6 @@ Slurm signals every process of a job step (the whole tree), so the child would r
 default action kills a process: children start with USR2 ignored and are stopped only through `checkpoint()`.
 """
 
-import json
 import logging
 import os
 import signal
@@ -31,6 +30,7 @@ from typing import Optional
 
 import submitit
 
+from models.json_text import parse_json
 from training.run_dir import EVAL_RESULT, TEACHER
 
 logger = logging.getLogger(__name__)
@@ -162,4 +162,4 @@ class EvalJob(ScriptJob):
         path = self.run_dir / EVAL_RESULT
         if not path.exists():
             raise ChildFailed(f"eval_linear.py exited cleanly but wrote no {path}")
-        return json.loads(path.read_text())
+        return parse_json(path.read_bytes())

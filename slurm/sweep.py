@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 from configs import Config, ConfigError, load_config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
 from models.atomic_io import atomic_write_text
+from models.json_text import parse_json
 from training import run_guard
 from training.run_dir import CONFIG, EVAL_RESULT, RunDirProblem, checkpoint_dir, last_step, newest_checkpoint
 
@@ -50,7 +51,7 @@ def read_jobs(run_dir: Path) -> list[JobRecord]:
     if not path.is_file():  # a directory, a FIFO (whose read would block), a dangling link
         raise ValueError(f"{path}: not a regular file; move it away to start the record afresh")
     try:
-        return [JobRecord(**r) for r in json.loads(path.read_bytes().decode("utf-8"))]
+        return [JobRecord(**r) for r in parse_json(path.read_bytes())]
     except (OSError, ValueError, TypeError) as e:  # (json's and UTF-8's errors are ValueErrors)
         raise ValueError(f"{path}: unreadable job record ({e}); move it away to start the record afresh") from None
 

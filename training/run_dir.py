@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from models.atomic_io import atomic_write_text
+from models.json_text import parse_json
 
 CONFIG = "config.yaml"
 RUN_INFO = "run_info.json"
@@ -156,8 +157,8 @@ def steps_done(record: dict) -> int:
 def _parsed(line: str) -> Optional[dict]:
     """A metrics line's record, None for a line cut by a kill mid-write (or anything else that is not one)."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+        record = parse_json(line)
+    except ValueError:
         return None
     return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
 
@@ -266,7 +267,7 @@ def read_json(path: Path) -> Optional[dict]:
     if not Path(path).is_file():
         return None
     try:
-        value = json.loads(Path(path).read_text())
+        value = parse_json(Path(path).read_bytes())
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None

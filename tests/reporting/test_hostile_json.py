@@ -1,0 +1,60 @@
+"""A run's JSON files, however damaged or hostile (a 5,001-digit number, a 401-digit step, 100k nested brackets),
+are read by one parser (`models.json_text.parse_json`): every reader turns them into "unreadable" and goes on, and a
+table still tabulates the good runs beside the bad one. In-process, no training."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from models.json_text import parse_json
+from reporting.run_logs import read_eval_record, read_run
+from reporting.table import make_table
+from slurm.sweep import read_jobs
+from training.run_dir import read_metrics, read_status
+
+GOOD = Path(__file__).resolve().parents[2] / "results" / "cifar10" / "recipe" / "screen" / "dense_s2"
+HOSTILE = {
+    "long number": '{"step": 20, "loss": ' + "9" * 5001 + "}",
+    "long step": '{"step": ' + "9" * 401 + ', "loss": 1.0}',
+    "deep nesting": '{"step": 20, "loss": ' + "[" * 100_000 + "]" * 100_000 + "}",
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_the_parser_says_why_in_one_line(text):
+    with pytest.raises(ValueError) as e:
+        parse_json(text)
+    assert "\n" not in str(e.value) and len(str(e.value)) <= 200
+
+
+def _copy_good(path: Path) -> Path:
+    path.mkdir(parents=True)
+    for name in ("config.yaml", "metrics.jsonl", "eval_linear.json", "status.json", "log.txt"):
+        shutil.copy(GOOD / name, path / name)
+    return path
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_every_reader_skips_or_names_the_damage_and_the_table_keeps_the_good_runs(tmp_path, text):
+    bad = _copy_good(tmp_path / "runs" / "bad")
+    good = _copy_good(tmp_path / "runs" / "good")
+    with open(bad / "metrics.jsonl", "a") as f:
+        f.write(text + "\n")
+    (bad / "status.json").write_text(text)
+    (bad / "eval_linear.json").write_text(text)
+    (bad / "jobs.json").write_text(text)
+
+    lines = read_metrics(bad / "metrics.jsonl")
+    assert len(lines) == len(read_metrics(good / "metrics.jsonl"))  # the hostile line alone is skipped
+    assert read_status(bad).state != "finished" or read_status(bad).recorded is False
+    record = read_eval_record(bad / "eval_linear.json")
+    assert record.status == "unreadable" and record.reason.startswith("eval_linear.json: ")
+    with pytest.raises(ValueError, match="unreadable job record"):
+        read_jobs(bad)
+    assert read_run(bad).eval_status == "unreadable"
+    make_table([tmp_path / "runs"], tmp_path / "table", plots=False)
+    summary = json.loads((tmp_path / "table" / "summary.json").read_text())
+    by_run = {row["run"]: row for row in summary["rows"]}
+    assert by_run["good"]["top1"] == 71.37 and by_run["bad"]["top1"] is None
