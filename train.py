@@ -74,6 +74,7 @@ def main(argv=None) -> int:
     from training import run_guard
     from training.checkpoint import NoReadableCheckpoint
     from training.distributed import LaunchError, detect_launch, init_distributed, shutdown
+    from training.preflight import PretrainedWeightsError, check_model
     from training.resume import ResumeMismatch
     from training.run_dir import RunDirProblem
     from training.run_lock import RunDirInUse, lock
@@ -94,6 +95,11 @@ def main(argv=None) -> int:
     except (DatasetError, CorruptImageError) as e:
         print(f"data error: {e}", file=sys.stderr)
         return 1
+    try:
+        check_model(cfg)  # sparsity options and pretrained weights the model cannot take: before the run directory
+    except (ConversionError, PretrainedWeightsError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         output_dir = run_guard.resolve_run_dir(output_dir)  # once: a link re-pointed mid-run moves nothing

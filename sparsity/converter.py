@@ -16,6 +16,7 @@ settings the GEMM backends are built with (`configure_backends`).
 from __future__ import annotations
 
 import logging
+import re
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
@@ -27,7 +28,7 @@ from sparsity.decisions import decisions
 from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
 from sparsity.mvue_grad import WEIGHT_GRADS
 from sparsity.pruned_entries import PRUNED_GRADS, check_pruned_decay, decay_pruned_grads
-from sparsity.pruning import check_method, prune
+from sparsity.pruning import check_method, check_shape, prune
 from sparsity.swap import name_matcher, swap_linear_modules, swap_to_dense
 
 log = logging.getLogger(__name__)
@@ -112,17 +113,34 @@ class SparseThenDense:
         return {**options, "weight_grad": self.weight_grad, "masked_grad": self.pruned_grad == "masked"}
 
     def check(self, models: Models) -> None:
-        """Raise ConversionError (naming the config key) if `convert(models)` could not convert a selected linear;
-        checks without converting, so a run can refuse its config before it starts."""
-        if self.kind != "block":
-            return
-        match = name_matcher(self.modules)
-        for name, m in (item for model in _each(models) for item in model.named_modules()):
-            if isinstance(m, nn.Linear) and match(name) and (m.in_features % self.block_size
-                                                             or m.out_features % self.block_size):
-                raise ConversionError(f"sparsity.block_size={self.block_size} must divide both dims of every "
-                                      f"converted linear: {name} is (out, in) = ({m.out_features}, "
-                                      f"{m.in_features})")
+        """Raise ConversionError (naming the config key) if `convert(models)` would fail: `modules` not a valid
+        pattern, or (with sparse steps to run) selecting no linear of a model, or a selected linear of a shape the
+        kind and pruning cannot take. Checks without converting (a model on the meta device will do), so a run can
+        refuse its config before it starts."""
+        try:
+            selected = [self.selected_linears(model) for model in _each(models)]
+        except re.error as e:
+            raise ConversionError(f"sparsity.modules={self.modules!r} is not a valid regular expression "
+                                  f"({e})") from None
+        if self.sparse_steps > 0 and not all(selected):
+            raise ConversionError(f"sparsity.modules={self.modules!r} selects no nn.Linear of the model (full match of "
+                                  "the module name, e.g. blocks\\.\\d+\\.mlp\\.fc[12]; glob:PATTERN for a glob)")
+        for name, m in (item for found in selected for item in found.items()):
+            problem = self._shape_problem(m.out_features, m.in_features)
+            if problem:
+                raise ConversionError(f"{problem}: {name} is (out, in) = ({m.out_features}, {m.in_features})")
+
+    def _shape_problem(self, out_features: int, in_features: int) -> str:
+        if self.kind == "block":
+            if out_features % self.block_size or in_features % self.block_size:
+                return f"sparsity.block_size={self.block_size} must divide both dims of every converted linear"
+            return ""
+        shape = (out_features, in_features) if self.kind == "weight" else (4, in_features)
+        try:
+            check_shape(shape, self.pruning)
+        except ValueError as e:
+            return f"sparsity.pruning={self.pruning} ({e})"
+        return ""
 
     # --------------------------------------------------------------------------------------------- the converter
     def convert(self, models: Models) -> List[str]:
