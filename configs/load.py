@@ -342,6 +342,18 @@ def _same(old, new) -> bool:
     return old == new
 
 
+def saved_value_matches(saved_yaml: str, key: str, value, same: Optional[Callable] = None) -> bool:
+    """Whether `value` is what `key` held when `saved_yaml` (a run's config.yaml) was written: for a free-text value
+    saved as an interpolation (`to_yaml`), the fingerprint of the value it resolved to then; else the saved value,
+    compared by `same(saved, value)` if given (e.g. two spellings of one path). ConfigError for a YAML that cannot
+    be read."""
+    fingerprints = dict(FINGERPRINT.findall(saved_yaml))
+    if key in fingerprints:
+        return fingerprints[key] == _fingerprint(key, value)
+    leaves = _resolved_leaves(saved_yaml, "the saved config", Config)
+    return key in leaves and (_same(leaves[key], value) or (same is not None and bool(same(leaves[key], value))))
+
+
 def config_difference(old_yaml: str, new_yaml: str, allowed: Sequence[str] = (), schema: type = Config) -> list[str]:
     """'key: old -> new' for every resolved value of `new_yaml` that differs from `old_yaml`, except the `allowed`
     keys; a free-text interpolation whose value changed (its fingerprint, see `to_yaml`) names both fingerprints.

@@ -7,6 +7,7 @@ as `eval_cfg.mode` says, writes `<run>/eval_linear.json` atomically and appends 
 """
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from typing import Optional
 import torch
 
 from configs import ConfigError, load_config, to_yaml
+from configs.load import saved_value_matches
 from data import build_dataset, make_eval_transform
 from models.atomic_io import atomic_write_text
 from training.run_dir import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, RunDirProblem, eval_result_name
@@ -183,6 +185,43 @@ def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, devic
             "linear_precision": result.final.precision, "linear_seconds": round(result.seconds, 3)}
 
 
+DEFAULT_VAL_SPLIT = "val"  # where a run's probe reports, by convention (configs.eval_schema.EvalDataConfig)
+
+
+def other_data(run_dir: Path, run_cfg, eval_cfg) -> str:
+    """'' when the probe runs on the run's own data: its dataset, the data.root it was trained with (for a root given
+    as an interpolation, the fingerprint of the value it resolved to then, so that an environment pointing
+    elsewhere now is noticed), the training split as train_split and the default val split; else why not, in
+    words. Only a probe of the run's own data is the run's record (`eval_linear.json`)."""
+    data_cfg = resolve_data(run_cfg, eval_cfg.data)
+    if data_cfg.dataset != run_cfg.data.dataset:
+        return f"data.dataset={data_cfg.dataset}, the run trained on {run_cfg.data.dataset}"
+    if data_cfg.dataset == "imagenet_folder":
+        try:
+            same_root = saved_value_matches((run_dir / CONFIG).read_text(), "data.root", data_cfg.root,
+                                            same=lambda old, new: _real(old) == _real(new))
+        except (OSError, ConfigError):
+            same_root = False
+        if not same_root:
+            return f"data.root={data_cfg.root} is not the root the run was trained with"
+    if eval_cfg.data.train_split != run_cfg.data.split:
+        return f"data.train_split={eval_cfg.data.train_split}, the run trained on {run_cfg.data.split}"
+    if eval_cfg.data.val_split != DEFAULT_VAL_SPLIT:
+        return f"data.val_split={eval_cfg.data.val_split}, not {DEFAULT_VAL_SPLIT}"
+    return ""
+
+
+def _real(path) -> str:
+    return os.path.realpath(os.path.expanduser(str(path)))
+
+
+def data_suffix(run_cfg, eval_cfg) -> str:
+    """`_data_<8 hex>` naming an evaluation of other data (dataset, root, splits) apart from the run's own."""
+    data_cfg = resolve_data(run_cfg, eval_cfg.data)
+    what = json.dumps([data_cfg.dataset, data_cfg.root, eval_cfg.data.train_split, eval_cfg.data.val_split])
+    return "_data_" + hashlib.sha256(what.encode()).hexdigest()[:8]
+
+
 def writes_in_run_dir(run_dir: Path, eval_cfg) -> bool:
     """Whether this evaluation writes into the run directory (its result, or the feature cache under eval/)."""
     if eval_cfg.features.cache or not eval_cfg.output:
@@ -223,6 +262,10 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     checkpoint = None if baseline else Path(eval_cfg.checkpoint or run_dir / TEACHER)
     device = resolve_device(eval_cfg.device)
     mlp = resolve_mlp_pruning(eval_cfg.prune_mlp, run_cfg, has_model=baseline != PIXELS)
+    elsewhere = other_data(run_dir, run_cfg, eval_cfg)
+    if elsewhere:
+        logger.warning("evaluating other data than the run's own (%s): the result is named apart (%s), never the "
+                       "run's record", elsewhere, data_suffix(run_cfg, eval_cfg))
     what = {"random": "the untrained backbone (baseline)", "pixels": "raw pixels (baseline)"}.get(
         baseline, f"checkpoint {checkpoint}")
     logger.info("evaluating %s of run %s: %s on %s, MLP weights %s (%s)", what, run_dir,
@@ -234,7 +277,9 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
         "format": RESULT_FORMAT, "run": str(run_dir), "checkpoint": baseline or str(checkpoint),
         "checkpoint_step": feats["checkpoint_step"], "checkpoint_sha256": feats["checkpoint_sha256"],
         "mlp_weights": mlp.weights, "mode": eval_cfg.mode, "device": device.type, "precision": feats["precision"],
-        "transform": feats["transform"], "dataset": feats["dataset"], "train_dataset": feats["train_dataset"],
+        "transform": feats["transform"], "dataset": {**feats["dataset"], "own": not elsewhere,
+                                                     **({"other_because": elsewhere} if elsewhere else {})},
+        "train_dataset": feats["train_dataset"],
         "val_dataset": feats["val_dataset"],
         "n_train": len(train.y), "n_val": len(val.y), "n_classes": feats["n_classes"],
         "feature_dim": int(train.x.shape[1]), "features_cached": {"train": train.from_cache, "val": val.from_cache},
@@ -252,7 +297,8 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     record["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record["eval_config"] = to_yaml(eval_cfg)
     output = Path(eval_cfg.output) if eval_cfg.output else run_dir / default_output_name(
-        eval_cfg.mode, baseline, checkpoint, run_dir, record["checkpoint_step"], mlp.output_suffix)
+        eval_cfg.mode, baseline, checkpoint, run_dir, record["checkpoint_step"],
+        (data_suffix(run_cfg, eval_cfg) if elsewhere else "") + mlp.output_suffix)
     atomic_write_text(output, json.dumps(record, indent=1) + "\n")
     record["output"] = str(output)
     index = index_path(run_dir, eval_cfg.index)
@@ -262,19 +308,20 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
 
 
 def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional[Path], run_dir: Path,
-                        step: Optional[int], mlp_suffix: str = "") -> str:
+                        step: Optional[int], suffix: str = "") -> str:
     """`eval_linear.json` is the record of the final teacher's linear probe (what tables read); any other
     evaluation gets a name of its own, so it never replaces that record: `eval_knn*.json` for mode=knn,
     `*_random_init.json` for the untrained baseline (`baseline` "random"), `*_pixels.json` for the raw-pixel one,
-    `*_step_XXXXXXXX.json` (or `*_<file stem>.json`) for another checkpoint; `mlp_suffix` last (`_pruned_mlp` /
-    `_dense_mlp` when the MLPs are probed otherwise than the run's last step ran them: `MlpPruning.output_suffix`)."""
+    `*_step_XXXXXXXX.json` (or `*_<file stem>.json`) for another checkpoint; `suffix` last (`_data_<hash>` for
+    other data than the run's own, `other_data`; then `_pruned_mlp` / `_dense_mlp` when the MLPs are probed otherwise
+    than the run's last step ran them: `MlpPruning.output_suffix`)."""
     knn_only = mode == "knn"
     if baseline:
-        return eval_result_name(knn_only, BASELINES[baseline] + mlp_suffix)
+        return eval_result_name(knn_only, BASELINES[baseline] + suffix)
     if checkpoint is not None and checkpoint.resolve() != (run_dir / TEACHER).resolve():
         which = f"_step_{step:08d}" if step is not None else f"_{checkpoint.stem}"
-        return eval_result_name(knn_only, which + mlp_suffix)
-    return eval_result_name(knn_only, mlp_suffix)
+        return eval_result_name(knn_only, which + suffix)
+    return eval_result_name(knn_only, suffix)
 
 
 def index_path(run_dir: Path, setting: str) -> Optional[Path]:

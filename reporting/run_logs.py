@@ -309,6 +309,10 @@ def read_eval_record(path: Path) -> EvalRecord:
         result = parse_json(path.read_bytes())
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
+        dataset = result.get("dataset")
+        if isinstance(dataset, dict) and dataset.get("own") is False:  # written there through output=
+            raise ValueError(f"a probe of other data ({dataset.get('other_because', 'not the run data')}), not the "
+                             "run's record")
         record.top1, record.top5 = _percentage(result.get("top1"), "top1"), _percentage(result.get("top5"), "top5")
         record.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items()
                       if (top1 := _knn_top1(v)) is not None}

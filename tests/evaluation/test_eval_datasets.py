@@ -23,9 +23,12 @@ def test_digits_run_on_a_two_class_folder_end_to_end(tmp_path):
     tree = make_image_tree(tmp_path / "two", classes=2, n_train=6, n_val=3, size=18)
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "solver=torch", "linear.tol=1e-9", "linear.max_iter=500",
                              "data.dataset=imagenet_folder", f"data.root={tree}"]) == 0
-    record = json.loads((run / "eval_linear.json").read_text())
+    assert not (run / "eval_linear.json").exists()  # other data than the run's: named apart, never its record
+    (result,) = run.glob("eval_linear_data_*.json")
+    record = json.loads(result.read_text())
     assert (record["n_train"], record["n_val"], record["n_classes"]) == (12, 6, 2)
-    assert record["dataset"] == {"name": "imagenet_folder", "root": str(tree.resolve()), "from": "eval"}
+    assert record["dataset"] == {"name": "imagenet_folder", "root": str(tree.resolve()), "from": "eval", "own": False,
+                                 "other_because": "data.dataset=imagenet_folder, the run trained on digits"}
     for role, split in (("train", "train"), ("val", "val")):
         assert record[f"{role}_dataset"]["dataset"] == "imagenet_folder"
         assert record[f"{role}_dataset"]["root"] == str(tree.resolve())
