@@ -5,8 +5,6 @@ that points elsewhere now is noticed), its training split and the default val sp
 
 import json
 
-import pytest
-
 from eval_test_helpers import FAST_EVAL, make_image_tree, make_run_dir
 from reporting.run_logs import read_eval_record
 import eval_linear
