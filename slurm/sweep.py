@@ -22,7 +22,8 @@ from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
 from models.atomic_io import atomic_write_text
 from models.json_text import parse_json
 from training import run_guard
-from training.run_dir import CONFIG, EVAL_RESULT, RunDirProblem, checkpoint_dir, last_step, newest_checkpoint
+from training.run_dir import (CONFIG, EVAL_RESULT, RunDirProblem, checkpoint_dir, last_step, newest_checkpoint,
+                              nothing_left_at)
 
 JOB_LOGS = "slurm"  # <run>/slurm/<job id>/: submitit's logs and pickles of the run's jobs
 
@@ -79,7 +80,9 @@ class RunPlan:
 
     @property
     def train_done(self) -> bool:
-        return self.done_steps >= self.last_step
+        """train.py's own definition (`training.run_dir.nothing_left_at`): a checkpoint at the last step and, for a
+        full run, the final teacher exported; a run killed during that export is not done."""
+        return nothing_left_at(self.run_dir, self.done_steps, self.last_step, self.cfg.total_steps)
 
     @property
     def train_action(self) -> str:

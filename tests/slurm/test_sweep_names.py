@@ -45,3 +45,15 @@ def test_a_planted_link_for_the_job_logs_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{run / 'slurm'} is a symlink" in err and err.count("\n") == 1
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_run_killed_during_its_final_export_is_not_done(tmp_path):
+    """The launcher's "training done" is train.py's: a checkpoint at the last step and the final teacher."""
+    plan = plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0]
+    run = plan.run_dir
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / f"step_{plan.last_step:08d}.pt").write_bytes(b"x")
+    plan = plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0]
+    assert plan.done_steps == plan.last_step and not plan.train_done and plan.train_action.startswith("resume@")
+    (run / "teacher_backbone.pth").write_bytes(b"x")
+    assert plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0].train_done
