@@ -17,6 +17,7 @@ Exit status: 0 done, 1 bad run/checkpoint/dataset, 2 bad config.
 """
 
 import argparse
+import errno
 import json
 import logging
 import sys
@@ -54,6 +55,13 @@ def main(argv=None) -> int:
         logging.getLogger("eval_linear").error("interrupted (Ctrl-C): every file it wrote is whole (written "
                                                "atomically); rerun the same command to finish")
         return 130
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        logging.getLogger("eval_linear").error("no space left on the device of %s (%s%s): free some space, then "
+                                               "rerun the same command (every file written is whole)", args.run,
+                                               e.strerror or e, f", writing {e.filename}" if e.filename else "")
+        return 1
     headline = {k: record[k] for k in ("output", "top1", "top5", "best_C", "solver", "seconds")}
     headline["knn_top1"] = {k: round(v["top1"], 2) for k, v in record["knn"].items()}
     print(json.dumps(headline))
