@@ -98,13 +98,6 @@ def check_target(path: Path, key: str) -> None:
     if parent.exists() and not parent.is_dir():
         raise EvalInputError(f"{key}={path}: {parent} is not a directory")
     folder = next((p for p in (parent, *parent.parents) if p.exists()), Path("."))
-    try:
-        longest = os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        longest = 255
-    if len(path.name.encode()) > longest:
-        raise EvalInputError(f"{key}={path}: the file name is {len(path.name.encode())} bytes long, more than the "
-                             f"{longest} its file system takes")
     if not os.access(folder, os.W_OK):
         raise EvalInputError(f"{key}={path}: {folder} is not writable (a read-only file system or folder)")
 
