@@ -72,6 +72,8 @@ def _fake_progress(run_dir, cfg, steps, eval_done=False):
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     for step in steps:
         (run_dir / "checkpoints" / f"step_{step:08d}.pt").touch()
+    if steps and steps[-1] >= cfg.total_steps:  # trained to the end: train.py exports the final teacher last
+        (run_dir / "teacher_backbone.pth").touch()
     if steps:
         last = {"step": steps[-1] - 1, "phase": "dense", "loss": 1.0}
         (run_dir / "metrics.jsonl").write_text(json.dumps(last) + "\n")

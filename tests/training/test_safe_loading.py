@@ -35,8 +35,10 @@ def test_as_pretrained_weights(tmp_path):
     marker = tmp_path / "ran"
     evil = crafted(tmp_path / "evil.pth", marker)
     result = run_train(tmp_path / "run", f"student.pretrained_weights={evil}", check=False)
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    # refused while the config is checked, before the run directory exists (training/preflight.py)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "only arbitrary code could rebuild" in result.stderr and not marker.exists()
+    assert not (tmp_path / "run").exists()
 
 
 def test_as_the_checkpoint_to_evaluate(tmp_path, reference_run):
