@@ -59,6 +59,12 @@ def setup_logging(output_dir: Path, is_main: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
 
 
+def release(*locks) -> None:
+    for held in locks:
+        if held is not None:
+            held.release()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -113,18 +119,22 @@ def main(argv=None) -> int:
     # Rank 0 holds the run directory until it exits, whatever the command (a finished run with nothing to do, or
     # train.resume=false, included): a second trainer there would remove its temporary files and overwrite its
     # checkpoints and metrics (see training/run_guard.py for the rules).
-    run_lock = None
+    run_lock = checkpoints_lock = None
     try:
         if launch.rank == 0:
             run_lock = lock(output_dir)
-            run_guard.usable_checkpoint_dir(run_dir.checkpoint_dir(output_dir))
+            if run_guard.usable_checkpoint_dir(run_dir.checkpoint_dir(output_dir)):
+                # a `checkpoints` link to a folder elsewhere: that folder is this run's too, for as long as it runs
+                real = run_dir.checkpoint_dir(output_dir).resolve()
+                if real != output_dir / run_dir.CHECKPOINTS:
+                    checkpoints_lock = lock(real, otherwise="is the checkpoints folder shared with another run "
+                                                            "directory? give each run its own")
             problem = (run_guard.appended_file_problem(output_dir) or run_guard.eval_dir_problem(output_dir)
                        or (run_guard.lost_checkpoints_problem(output_dir) if cfg.train.resume else ""))
             if problem:
                 raise RunDirProblem(problem)
     except (RunDirInUse, RunDirProblem) as e:
-        if run_lock is not None:
-            run_lock.release()
+        release(checkpoints_lock, run_lock)
         print(f"--output-dir: {e}", file=sys.stderr)
         return 1
     ctx = init_distributed()
@@ -133,15 +143,14 @@ def main(argv=None) -> int:
     except RunDirProblem as e:
         print(f"--output-dir: {e}", file=sys.stderr)
         shutdown(ctx)
-        if run_lock is not None:
-            run_lock.release()
+        release(checkpoints_lock, run_lock)
         return 1
     log = logging.getLogger("train")
     if run_lock is not None and not run_lock.held:
         log.warning("cannot lock the run directory (%s): make sure no other trainer writes into it (stray "
                     "temporary files are left in place)", run_lock.unsupported)
-    elif run_lock is not None:
-        run_guard.remove_stray_temporaries(output_dir)  # the lock holder's alone: no one else writes these now
+    elif run_lock is not None:  # the lock holder's alone: no one else writes these now
+        run_guard.remove_stray_temporaries(output_dir, checkpoints=checkpoints_lock is None or checkpoints_lock.held)
     try:
         teacher = Trainer(cfg, output_dir, ctx, dataset=dataset).train()
         log.info("done: %s (metrics in %s)", teacher, output_dir / METRICS)
@@ -166,8 +175,7 @@ def main(argv=None) -> int:
         return 1
     finally:
         shutdown(ctx)
-        if run_lock is not None:
-            run_lock.release()
+        release(checkpoints_lock, run_lock)
     return 0
 
 

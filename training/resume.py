@@ -14,7 +14,7 @@ from configs.load import RESUMABLE_CHANGES, config_difference
 
 from .checkpoint import set_rng_state
 from .distributed import DistContext
-from .run_dir import TEACHER, nothing_left_at
+from .run_dir import TEACHER, nothing_left_at, read_status
 
 logger = logging.getLogger(__name__)
 
@@ -113,3 +113,18 @@ def nothing_left(cfg: Config, output_dir: Path, step: int, last_step: int, say: 
         logger.info("%s has reached train.max_steps=%d (of %d steps): nothing to do; raise "
                     "train.max_steps to continue it", output_dir, last_step, total)
     return True
+
+
+def own_run_id(state: dict, output_dir: Path, path) -> str:
+    """The identity of the run a resume continues: the checkpoint's, which must be the one the run directory's
+    status.json records. A checkpoint of another run (a `checkpoints` link shared by two run directories, or a
+    directory whose status.json was replaced) is a `ResumeMismatch`, never continued; checkpoints and status files
+    written before run ids existed are accepted."""
+    theirs = str(state.get("run_id") or "")
+    recorded = read_status(output_dir).run_id
+    if theirs and theirs != recorded:
+        raise ResumeMismatch(f"{path} belongs to run {theirs}, not to {output_dir} (its status.json records "
+                             f"{'run ' + recorded if recorded else 'no run'}): is its checkpoints folder another run's "
+                             "(a link two run directories share)? Give each run a checkpoints folder of its own, or "
+                             "start this one afresh with train.resume=false (the checkpoints found are then set aside)")
+    return theirs or recorded

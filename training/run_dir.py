@@ -38,6 +38,7 @@ import json
 import math
 import os
 import re
+import secrets
 import stat
 import time
 from dataclasses import asdict, dataclass, field
@@ -285,14 +286,21 @@ class RunStatus:
     resumed_at: list[int] = field(default_factory=list)  # steps the run was resumed at, in order
     time: str = ""
     recorded: bool = True
+    run_id: str = ""  # made at the run's fresh start; every checkpoint it writes carries it (`new_run_id`)
 
 
-def write_status(run_dir: Path, state: str, step: int, reason: str = "", resumed_at: Optional[list[int]] = None
-                 ) -> RunStatus:
+def new_run_id() -> str:
+    """A run's identity, made when it starts at step 0: 16 hex digits."""
+    return secrets.token_hex(8)
+
+
+def write_status(run_dir: Path, state: str, step: int, reason: str = "", resumed_at: Optional[list[int]] = None,
+                 run_id: str = "") -> RunStatus:
     """Record the run's state (rank 0: at start, finish, preemption and failure)."""
     if state not in (RUNNING, FINISHED, PREEMPTED, FAILED):
         raise ValueError(f"unknown run state {state!r}")
-    status = RunStatus(state, step, reason, list(resumed_at or []), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    status = RunStatus(state, step, reason, list(resumed_at or []), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       run_id=run_id)
     record = {k: v for k, v in asdict(status).items() if k != "recorded"}
     text = json.dumps(record, indent=1) + "\n"
     try:
@@ -342,7 +350,7 @@ def read_status(run_dir: Path) -> RunStatus:
     return RunStatus(state=str(record.get("state", "")), step=step if isinstance(step, int) else None,
                      reason=str(record.get("reason", "")),
                      resumed_at=[s for s in record.get("resumed_at") or [] if isinstance(s, int)],
-                     time=str(record.get("time", "")))
+                     time=str(record.get("time", "")), run_id=str(record.get("run_id", "")))
 
 
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<logger>\S+): (?P<message>.*)$")

@@ -152,12 +152,13 @@ def _trainer_temporary(folder: str, name: str) -> bool:
     return base in (EXPORT_FILES if folder == EVAL_DIR else TRAINER_FILES)
 
 
-def remove_stray_temporaries(run_dir: Path) -> list[Path]:
+def remove_stray_temporaries(run_dir: Path, checkpoints: bool = True) -> list[Path]:
     """Remove the temporary files that trainers killed mid-write left (the lock holder only: a live writer's file
-    would go too). Only names the trainer writes, in the run directory, `checkpoints/` and `eval/step_*/`; a stray
-    symlink is removed as a link (its target is never touched); directories are left. Returns what was removed."""
+    would go too). Only names the trainer writes, in the run directory, `checkpoints/` (unless `checkpoints` is
+    False: a linked folder whose lock this process does not hold) and `eval/step_*/`; a stray symlink is removed as a
+    link (its target is never touched); directories are left. Returns what was removed."""
     run_dir = Path(run_dir)
-    folders = [("", run_dir), (CHECKPOINTS, run_dir / CHECKPOINTS)]
+    folders = [("", run_dir)] + ([(CHECKPOINTS, run_dir / CHECKPOINTS)] if checkpoints else [])
     evals = run_dir / EVAL_DIR
     if evals.is_dir() and not evals.is_symlink():
         folders += [(EVAL_DIR, p) for p in sorted(evals.iterdir()) if p.is_dir() and not p.is_symlink()]
@@ -200,19 +201,32 @@ def previous_results(output_dir: Path) -> list[Path]:
 def set_aside_results(output_dir: Path) -> Optional[Path]:
     """Move `previous_results` into a new `superseded-<UTC time>/` folder of the run directory (renames within the
     directory: nothing is copied or lost); returns that folder, or None when there was nothing to move."""
-    found = previous_results(output_dir)
+    return _set_aside(previous_results(output_dir), Path(output_dir))
+
+
+def set_aside_checkpoints(directory: Path) -> Optional[Path]:
+    """At a fresh start, an earlier run's checkpoints (and their digests, and those set aside as corrupt) into a new
+    `superseded-<UTC time>/` folder of the checkpoints folder itself (a rename, also where it lives on another
+    disk); returns that folder, or None when there were none."""
+    directory = Path(directory)
+    found = [p for _, p in list_checkpoints(directory) + list_checkpoints(directory, CORRUPT_SUFFIX)]
+    found += [p.with_name(p.name + DIGEST_SUFFIX) for p in found if p.with_name(p.name + DIGEST_SUFFIX).exists()]
+    return _set_aside(found, directory)
+
+
+def _set_aside(found: list[Path], parent: Path) -> Optional[Path]:
     if not found:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     for n in range(1000):
-        dest = Path(output_dir) / f"{SUPERSEDED_PREFIX}{stamp}{'' if n == 0 else f'-{n}'}"
+        dest = parent / f"{SUPERSEDED_PREFIX}{stamp}{'' if n == 0 else f'-{n}'}"
         try:
             dest.mkdir()
             break
         except FileExistsError:
             continue
     else:
-        raise RunDirProblem(f"{output_dir}: cannot make a folder for the previous run's results (too many "
+        raise RunDirProblem(f"{parent}: cannot make a folder for the previous run's files (too many "
                             f"{SUPERSEDED_PREFIX}{stamp}* folders)")
     for path in found:
         os.rename(path, dest / path.name)

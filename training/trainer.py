@@ -41,7 +41,8 @@ from .gc_control import StepGc
 from .numerics import apply_residual_dtype, autocast_dtype
 from .optim import build_optimizer, clip_per_module, set_hyperparameters
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
-from .resume import ResumeMismatch, check_resumable, check_same_config, nothing_left, restore_rng, sampler_state
+from .resume import (ResumeMismatch, check_resumable, check_same_config, nothing_left, own_run_id, restore_rng,
+                     sampler_state)
 from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RUNNING, MetricsLog
 from .schedules import build_schedules
 from .sparsity_monitor import SparsityMonitor
@@ -112,6 +113,7 @@ class Trainer:
             self._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights)))
         self._student_params = None  # per student module, for clipping (see _clip_gradients)
         self._resumed_at: list[int] = []  # steps this run was resumed at, for status.json
+        self.run_id = ""  # this run's identity (status.json, every checkpoint): made at a fresh start
 
     # ----------------------------------------------------------------- state
     def state_dict(self, rng_per_rank: list[dict]) -> dict:
@@ -119,6 +121,7 @@ class Trainer:
         sampler = self.loader.state_dict()  # at the batches trained on (the workers' prefetch runs ahead)
         return {
             "step": self.step,
+            "run_id": self.run_id,
             "phase": self.sparsity.phase,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -163,6 +166,7 @@ class Trainer:
                                  f"rank: {found}): is the run directory on a file system every node shares?")
         if state is None:
             return False
+        self.run_id = own_run_id(state, self.output_dir, self.checkpoints.path_for(state["step"]))
         self.load_state_dict(state)
         logger.info("resumed at step %d (%s phase)", self.step, self.sparsity.phase)
         return True
@@ -307,7 +311,7 @@ class Trainer:
         if not self.ctx.is_main:
             return
         try:
-            run_dir.write_status(self.output_dir, state, self.step, reason[:2000], self._resumed_at)
+            run_dir.write_status(self.output_dir, state, self.step, reason[:2000], self._resumed_at, self.run_id)
         except OSError as e:
             logger.warning("could not record the run's status (%s) in %s: %s", state, self.output_dir, e)
 
@@ -318,6 +322,10 @@ class Trainer:
             if not resumed and (aside := run_guard.set_aside_results(self.output_dir)) is not None:
                 logger.warning("starting at step 0 in a directory that held a previous run's teacher or evaluations: "
                                "moved them to %s (never read as this run's)", aside)
+            if not resumed and (aside := run_guard.set_aside_checkpoints(self.checkpoints.directory)) is not None:
+                logger.warning("starting at step 0 beside an earlier run's checkpoints: moved them to %s (never "
+                               "resumed as this run's)", aside)
+            self.run_id = self.run_id or run_dir.new_run_id()
             previous = run_dir.read_status(self.output_dir)
             self._resumed_at = run_dir.resumed_history(previous, self.step, resumed)
             run_dir.write_config(self.output_dir, to_yaml(self.cfg))
