@@ -1,7 +1,7 @@
-"""Signals and blocking reads: a FIFO in the data tree can block nothing (never opened), and a SIGTERM that arrives
-while the data is being read stops the loop at the step boundary after it, as the trainer's handler agrees
-(`training/step_checks.on_stop_signals`), with the data workers alive. Every case runs in a subprocess with a timeout, so
-a regression that blocks fails instead of hanging CI."""
+"""Signals and blocking reads: a FIFO in the data tree can block nothing (never opened), and a SIGTERM (or Ctrl-C)
+that arrives while the data is being read stops the loop at the step boundary after it, as the trainer's handler
+agrees (`training/step_checks.on_stop_signals`), with the data workers alive. Every case runs in a subprocess with a
+timeout, so a regression that blocks fails instead of hanging CI."""
 
 import os
 import queue

@@ -5,7 +5,6 @@ stops before any training."""
 
 import os
 
-import pytest
 import torch
 
 import train
