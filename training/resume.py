@@ -119,12 +119,21 @@ def own_run_id(state: dict, output_dir: Path, path) -> str:
     """The identity of the run a resume continues: the checkpoint's, which must be the one the run directory's
     status.json records. A checkpoint of another run (a `checkpoints` link shared by two run directories, or a
     directory whose status.json was replaced) is a `ResumeMismatch`, never continued; checkpoints and status files
-    written before run ids existed are accepted."""
+    written before run ids existed are accepted, and so is a run id where status.json records none and the
+    checkpoint lies in the run directory's own folder (not a link to elsewhere)."""
     theirs = str(state.get("run_id") or "")
     recorded = read_status(output_dir).run_id
+    if theirs and not recorded and _own_folder(output_dir, path):
+        return theirs  # a run directory copied or restored without its status.json: its checkpoints are its own
     if theirs and theirs != recorded:
         raise ResumeMismatch(f"{path} belongs to run {theirs}, not to {output_dir} (its status.json records "
                              f"{'run ' + recorded if recorded else 'no run'}): is its checkpoints folder another run's "
                              "(a link two run directories share)? Give each run a checkpoints folder of its own, or "
                              "start this one afresh with train.resume=false (the checkpoints found are then set aside)")
     return theirs or recorded
+
+
+def _own_folder(output_dir: Path, checkpoint) -> bool:
+    """Whether `checkpoint` lies in a folder inside `output_dir` itself, no link leading elsewhere."""
+    folder = Path(checkpoint).parent
+    return not folder.is_symlink() and folder.resolve().parent == Path(output_dir).resolve()
