@@ -21,8 +21,9 @@ from configs import Config, ConfigError, load_config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
 from models.atomic_io import atomic_write_text
 from models.json_text import parse_json
+from models.safe_io import CorruptFile, verify
 from training import run_guard
-from training.run_dir import (CONFIG, EVAL_RESULT, RunDirProblem, checkpoint_dir, last_step, newest_checkpoint,
+from training.run_dir import (CONFIG, EVAL_RESULT, RunDirProblem, checkpoint_dir, last_step, list_checkpoints,
                               nothing_left_at)
 
 JOB_LOGS = "slurm"  # <run>/slurm/<job id>/: submitit's logs and pickles of the run's jobs
@@ -91,6 +92,21 @@ class RunPlan:
         return f"resume@{self.done_steps}" if self.done_steps else "new"
 
 
+def _resumable_step(run_dir: Path, last: int) -> int:
+    """The step train.py would resume from, as far as "done" depends on it: a checkpoint at the last step counts
+    only if it matches its digest (train.py sets a damaged one aside and resumes from the one before); earlier ones
+    are taken by name (train.py checks them when it resumes), so a status does not hash every checkpoint."""
+    for step, path in reversed(list_checkpoints(checkpoint_dir(run_dir))):
+        if step < last:
+            return step
+        try:
+            verify(path)
+        except (CorruptFile, OSError):
+            continue
+        return step
+    return 0
+
+
 def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrides: Sequence[str]) -> list[RunPlan]:
     """Resolve every run's config (raising ConfigError before anything is submitted) and read its progress
     (`RunDirProblem` or ValueError, naming the entry, for a saved run whose `checkpoints` or `jobs.json` is unusable).
@@ -132,8 +148,7 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
             raise RunDirProblem(f"{run_dir / JOB_LOGS} is a symlink: the jobs' logs are the run's own directory; "
                                 "remove the link")
         read_jobs(run_dir)  # ValueError naming jobs.json
-        newest = newest_checkpoint(run_dir)
-        plan.done_steps = newest[0] if newest else 0
+        plan.done_steps = _resumable_step(run_dir, plan.last_step)
         plan.eval_done = (run_dir / EVAL_RESULT).exists()
         plans.append(plan)
     return plans

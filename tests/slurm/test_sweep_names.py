@@ -57,3 +57,21 @@ def test_a_run_killed_during_its_final_export_is_not_done(tmp_path):
     assert plan.done_steps == plan.last_step and not plan.train_done and plan.train_action.startswith("resume@")
     (run / "teacher_backbone.pth").write_bytes(b"x")
     assert plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0].train_done
+
+
+def test_a_damaged_last_checkpoint_is_not_done(tmp_path):
+    """A truncated copy of the last checkpoint beside its digest: train.py sets it aside and resumes from the one
+    before, so the launcher must not call training done (and submit only a probe that finds no new teacher)."""
+    from models.safe_io import save_verified
+
+    plan = plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0]
+    run = plan.run_dir
+    (run / "checkpoints").mkdir(parents=True)
+    save_verified({"step": 3}, run / "checkpoints" / "step_00000003.pt")
+    last = run / "checkpoints" / f"step_{plan.last_step:08d}.pt"
+    save_verified({"step": plan.last_step, "weights": list(range(1000))}, last)
+    (run / "teacher_backbone.pth").write_bytes(b"x")
+    assert plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0].train_done
+    last.write_bytes(last.read_bytes()[:100])  # truncated, its digest kept
+    plan = plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0]
+    assert (plan.done_steps, plan.train_done, plan.train_action) == (3, False, "resume@3")
