@@ -26,6 +26,7 @@ from training.run_dir import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, PR
                               checkpoint_dir, is_run_dir, list_checkpoints, metrics_by_steps_done, read_status)
 
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
+DUPLICATE = "duplicate"  # a copy of another run directory of the table (the same run id): never a second seed
 STALE = "stale"  # an evaluation of another teacher than the run's current one (the run was trained again since)
 KNN_SHOWN_K = 20  # the k-NN column of the table; dinov2's usual headline k (all k stay in the CSV)
 # total first, then the terms ssl_meta_arch logs; any other "*_loss" key found follows these
@@ -90,6 +91,7 @@ class RunSummary(EvalResults):
     sparse_steps: Optional[int] = None
     global_batch: Optional[int] = None
     seed: Optional[int] = None
+    run_id: str = ""  # status.json's: made at the run's fresh start, kept by every copy of the directory
     # every key of the resolved config, flattened ({"student.arch": "vit_small", ...}); None if unreadable
     config: Optional[dict] = field(default=None, repr=False)
     # progress and timing (from metrics.jsonl and the checkpoints)
@@ -367,7 +369,23 @@ def read_run(run_dir: Path, name: Optional[str] = None) -> RunSummary:
     _read_metrics(run, run_dir)
     _training_status(run, run_dir)
     _read_eval(run, run_dir)
+    run.run_id = read_status(run_dir).run_id
     return run
+
+
+def mark_duplicates(runs: list[RunSummary]) -> list[RunSummary]:
+    """A run directory copied (or restored twice) carries its original's run id: the first by name stays, every
+    other copy becomes a `DUPLICATE` row naming it, so that one training run is never averaged as two seeds.
+    Runs written before run ids existed carry none and are not compared."""
+    first: dict[str, RunSummary] = {}
+    for run in sorted(runs, key=lambda r: (r.name, r.path)):
+        if not run.run_id:
+            continue
+        original = first.setdefault(run.run_id, run)
+        if original is not run:
+            run.train_status = DUPLICATE
+            run.reason = f"a copy of {original.name} (run id {run.run_id}): counted once"
+    return runs
 
 
 def find_run_dirs(paths: list[Path], max_depth: int = 3) -> list[Path]:

@@ -28,7 +28,7 @@ from .configurations import (common_values_note, config_key, config_label, confi
                              dense_reference_key, dense_references, differing_config, differing_keys, row_label,
                              short_labels, short_row_label)
 from .intervals import wilson_interval
-from .run_logs import COMPLETE, RunSummary, find_run_dirs, read_run
+from .run_logs import COMPLETE, DUPLICATE, RunSummary, find_run_dirs, mark_duplicates, read_run
 from .table_format import markdown, write_csv
 
 BASELINE_LABELS = {"random_init": "random-init network", "pixels": "raw pixels (logistic regression)"}
@@ -325,7 +325,7 @@ DIFFERENCES_PNG = "loss_differences.png"  # one row of loss differences per dens
 def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = ()) -> list[Path]:
     """Read the runs under `run_paths` and write the table, CSV, JSON summary and (unless `plots` is False) the
     plots into `out`; returns the paths written. `extra_notes` are added to the table's notes."""
-    runs = [read_run(path) for path in find_run_dirs(run_paths)]
+    runs = mark_duplicates([read_run(path) for path in find_run_dirs(run_paths)])
     folder = runs_folder(runs)  # the CSV's and JSON's paths are relative to it: no path of this machine in them
     rows = build_rows(runs, folder)
     means = schedule_means(rows)
@@ -365,7 +365,7 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
         (out / GAPS_PNG).unlink(missing_ok=True)  # an earlier table's figure would describe other runs
     by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
                                               config_order(differing[id(r)]), r.seed or 0, r.name))
-    drawn = [r for r in by_fraction if r.loss_curve]
+    drawn = [r for r in by_fraction if r.loss_curve and r.train_status != DUPLICATE]
     references = dense_references(runs, keys)  # a loss curve is compared with the dense run of its own seed only
     labels = [short_row_label(r.sparse_fraction, short_of[config_label(differing[id(r)])]) for r in drawn] if keys \
         else None
