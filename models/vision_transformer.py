@@ -127,6 +127,14 @@ class Block(nn.Module):
         out = self._ffn_branch_2d(torch.cat(flat, dim=0) if len(flat) > 1 else flat[0])
         return [o.view(x.shape) for o, x in zip(out.split([f.shape[0] for f in flat], dim=0), xs)]
 
+    def mlp_rows(self, batches: Sequence[Tuple[int, int]], training: bool) -> int:
+        """The rows of the (tokens, dim) matrix the MLP gets in `forward_list` for crop batches of (images, tokens
+        each): the kept subsets' tokens when drop-path samples subsets. For config checks without tensors (a pruning
+        of the MLP's input that needs a row multiple)."""
+        if training and self.sample_drop_ratio > 0.0:
+            return sum(max(int(b * (1 - self.sample_drop_ratio)), 1) * n for b, n in batches)
+        return sum(b * n for b, n in batches)
+
     def forward_list(self, x_list: List[Tensor]) -> List[Tensor]:
         rate = self.sample_drop_ratio
         if self.training and rate > 0.0:
@@ -253,6 +261,15 @@ class DinoVisionTransformer(nn.Module):
         assert (h0, w0) == tuple(patch_pos_embed.shape[-2:])
         patch_pos_embed = patch_pos_embed.permute(0, 2, 3, 1).reshape(1, -1, dim)
         return torch.cat((class_pos_embed.unsqueeze(0), patch_pos_embed), dim=1).to(previous_dtype)
+
+    def tokens_per_image(self, img_size: int) -> int:
+        """Class token, registers and patches of a square `img_size` image."""
+        return 1 + self.num_register_tokens + (img_size // self.patch_size) ** 2
+
+    def mlp_rows(self, crops: Sequence[Tuple[int, int]], training: bool) -> List[int]:
+        """Per block, the rows the MLP gets in the list forward of crop batches of (images, image size)."""
+        batches = [(images, self.tokens_per_image(size)) for images, size in crops if images]
+        return [blk.mlp_rows(batches, training) for blk in self.blocks]
 
     def prepare_tokens_with_masks(self, x: Tensor, masks: Optional[Tensor] = None) -> Tensor:
         B, _, h, w = x.shape

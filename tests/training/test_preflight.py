@@ -19,6 +19,10 @@ def _cases(tmp_path):
     return [
         ("sparsity.modules=blocks[", "sparsity.modules='blocks[' is not a valid regular expression"),
         ("sparsity.modules=nothing_matches", "selects no nn.Linear of the model"),
+        # batch 3, drop path 0.2: the MLPs get int(6 * 0.8) = 4 of the 6 global crops, 1 + (16 // 8) ** 2 = 5
+        # tokens each, and int(12 * 0.8) = 9 of the 12 local crops (1 + 1 tokens): 4 * 5 + 9 * 2 = 38 rows, no 4x4 tiles
+        ("sparsity.kind=activation train.batch_size_per_gpu=3 crops.local_crops_number=4",
+         "the student's blocks get 38 (train.batch_size_per_gpu=3"),
         (f"student.pretrained_weights={tmp_path}/missing.pth", "missing.pth: no such file"),
         (f"student.pretrained_weights={tmp_path}/a_dir", "a_dir: not a regular file"),
         (f"student.pretrained_weights={tmp_path}/a_fifo.pth", "a_fifo.pth: not a regular file"),
@@ -30,8 +34,27 @@ def _cases(tmp_path):
 def test_model_config_problems_are_one_line_before_the_run_directory(tmp_path, capsys):
     for override, message in _cases(tmp_path):
         run = tmp_path / "run"
-        code = train.main(["--output-dir", str(run), *TINY_MODEL_AND_DATA, "sparsity.sparse_fraction=0.5", override])
+        code = train.main(["--output-dir", str(run), *TINY_MODEL_AND_DATA, "sparsity.sparse_fraction=0.5",
+                           *override.split()])
         err = capsys.readouterr().err
         assert code == 2, (override, err[-2000:])
         assert err.startswith("config error: ") and message in err and err.count("\n") == 1, (override, err)
         assert not run.exists(), override
+
+
+def test_activation_rows_follow_the_forward_and_rowwise_takes_any_count():
+    """The row counts the check computes are the ones the MLP gets (a hooked forward of the same crops), and rowwise
+    pruning, which takes any number of rows, passes the same config."""
+    from configs import load_config
+    from models.vision_transformer import build_backbone
+    from training.preflight import check_activation_rows
+
+    overrides = [*TINY_MODEL_AND_DATA, "sparsity.kind=activation", "train.batch_size_per_gpu=3",
+                 "crops.local_crops_number=4", "sparsity.sparse_fraction=0.5"]
+    cfg = load_config(None, [*overrides, "sparsity.pruning=rowwise"])
+    check_activation_rows(cfg, build_backbone(cfg.student, img_size=cfg.crops.global_crops_size))
+    backbone = build_backbone(cfg.student, img_size=cfg.crops.global_crops_size).train()
+    seen = []
+    backbone.blocks[0].mlp.fc1.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+    backbone.forward_features([torch.zeros(6, 3, 16, 16), torch.zeros(12, 3, 8, 8)])
+    assert seen == [backbone.mlp_rows([(6, 16), (12, 8)], training=True)[0]] == [38]
