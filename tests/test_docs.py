@@ -62,7 +62,7 @@ def broken_links(path: Path) -> list[str]:
 def test_the_slug_is_githubs():
     assert slug("Result tables: `make_table.py`") == "result-tables-make_tablepy"
     assert slug("The trainer's sparsity options") == "the-trainers-sparsity-options"
-    assert slug("The whole ViT-L/16 DINOv2 step on one H100") == "the-whole-vitl16-dinov2-step-on-one-h100"
+    assert slug("The whole ViT-L/16 DINOv2 step on one H100") == "the-whole-vit-l16-dinov2-step-on-one-h100"
 
 
 def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path):
