@@ -43,8 +43,15 @@ def test_the_pattern_finds_tool_words_and_leaves_others():
         assert not TOOL_WORDS.search(fine), fine
 
 
-def test_readme_and_notes_speak_to_users():
-    docs = [RESULTS.parent / "README.md", *sorted(RESULTS.rglob("*.md"))]
+def test_readme_docs_and_notes_speak_to_users():
+    docs = [RESULTS.parent / "README.md", *sorted((RESULTS.parent / "docs").glob("*.md")),
+            *sorted(RESULTS.rglob("*.md"))]
     found = {str(p.relative_to(RESULTS.parent)): [m.group(0) for m in TOOL_WORDS.finditer(p.read_text())]
              for p in docs}
     assert not {k: v for k, v in found.items() if v}, found
+
+
+def test_readme_and_docs_hold_no_machine_path():
+    pages = [RESULTS.parent / "README.md", *sorted((RESULTS.parent / "docs").glob("*.md"))]
+    found = {p.name: machine_paths(p.read_text()) for p in pages}
+    assert not {k: v for k, v in found.items() if v}, f"absolute paths of a machine: {found}"

@@ -54,7 +54,7 @@ class WeightsSeenInForward:
 # keep their 1, 3 and 1 epochs), a metrics line per step. Nothing else differs from the shipped default.
 SHORT = ["optim.epochs=4", "train.epoch_length=10", "train.log_period=1"]
 # The terms the default learns through in a short run: the DINO CLS terms rise to their uniform-prediction value
-# while the teacher temperature warms up (README), iBOT and KoLeo fall.
+# while the teacher temperature warms up (docs/embedded-default.md), iBOT and KoLeo fall.
 LEARNING_TERMS = ("ibot_loss", "koleo_loss")
 
 
