@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 DPI = 150
 STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9, "xtick.labelsize": 9,
-         "ytick.labelsize": 9}
+         "ytick.labelsize": 9, "axes.spines.top": False, "axes.spines.right": False}
 LEGEND_WIDTH = 80  # characters of a legend entry before it wraps
 
 
@@ -42,6 +42,18 @@ def save_with_legend_below(fig, path, handles, ncol: int, caption: str) -> None:
     save_png(fig, path)
 
 
+# Okabe & Ito's colour-blind-safe set, strongest contrast on white first (its yellow last); Paul Tol's "muted" set
+# (also colour-blind-safe) where more series are drawn; beyond 10, tab20, where no palette stays safe
+OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+TOL_MUTED = ("#332288", "#CC6677", "#117733", "#88CCEE", "#882255", "#44AA99", "#DDCC77", "#AA4499", "#999933",
+             "#888888")
+
+
 def palette(n: int) -> list:
-    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    """n distinct colours: colour-blind-safe up to 10."""
+    if n <= len(OKABE_ITO):
+        return list(OKABE_ITO[:n])
+    if n <= len(TOL_MUTED):
+        return list(TOL_MUTED[:n])
+    cmap = plt.get_cmap("tab20")
     return [cmap(i % cmap.N) for i in range(n)]

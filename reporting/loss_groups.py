@@ -49,7 +49,7 @@ def differences_figure(groups: dict, label_of: dict):
                 ax.set_title(TERM_TITLES.get(term, term.replace("_", " ")))
             if row == len(groups) - 1:
                 ax.set_xlabel("training step")
-        axes[row][0].set_ylabel(f"Δ loss against\n{textwrap.fill(name, 28)}")
+        axes[row][0].set_ylabel(f"Δ loss against\n{textwrap.fill(name, 30)}")
         axes[row][-1].legend(handles=_legend(members_runs, keys, colors, base_seed), loc="center left",
                              bbox_to_anchor=(1.03, 0.5), frameon=False, fontsize=8)
     notes = ["Each panel: a sparse run's loss minus its dense run's (the 0% sparse run of the same configuration "
@@ -61,14 +61,18 @@ def differences_figure(groups: dict, label_of: dict):
     return fig, axes, notes
 
 
-def plot_loss_differences(runs, references, labels, group_names, path: Path, note: str = "") -> Optional[Path]:
+def plot_loss_differences(runs, references, labels, group_names, path: Path, note: str = "",
+                          setting: str = "") -> Optional[Path]:
     """Write the figure as a PNG where the compared runs fall into two or more groups; None (and nothing written)
-    otherwise, since loss_plots' difference panels then say the same."""
+    otherwise, since loss_plots' difference panels then say the same. `setting`: what the runs share, for the
+    title."""
     groups = groups_of(runs, references, group_names)
     if len(groups) < 2:
         return None
     with plt.rc_context(STYLE):
         fig, _, notes = differences_figure(groups, {id(r): label for r, label in zip(runs, labels)})
+        fig.suptitle("Training loss of each sparse run minus its dense run's, one row per dense run"
+                     + (f" ({setting})" if setting else ""), fontsize=12)
         width = round(fig.get_figwidth() * 15)
         caption = "\n".join(textwrap.fill(line, width) for line in [*notes, note] if line)
         save_with_caption(fig, path, caption, y=-0.005)

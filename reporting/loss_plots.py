@@ -173,11 +173,14 @@ def loss_figure(runs, labels=None, references=None) -> LossFigure:
     return figure
 
 
-def plot_losses(runs, path: Path, labels=None, references=None, note: str = "") -> Path:
+def plot_losses(runs, path: Path, labels=None, references=None, note: str = "", setting: str = "") -> Path:
     """Write `loss_figure` as a PNG with its notes (and `note`) as the caption: the legend beside the panels (or in a
-    spare cell), or under them where `labels` name the runs."""
+    spare cell), or under them where `labels` name the runs. `setting`: what the runs share, for the title."""
     with plt.rc_context(STYLE):
         figure = loss_figure(runs, labels, references)
+        what = "each schedule" if labels is None else "each configuration and schedule"
+        figure.fig.suptitle(f"Training loss of {what}" + (f", {setting}" if setting else "")
+                            + (", and its difference to the dense run" if figure.differences else ""), fontsize=12)
         width = round(figure.fig.get_figwidth() * 15)  # characters of 9-point text across the figure
         caption = "\n".join(textwrap.fill(line, width) for line in [*figure.notes, note] if line)
         if labels is None:

@@ -17,6 +17,8 @@ from .figures import STYLE, palette, plt, save_with_legend_below
 FIELDS = (("mask_flip_rate", "mask flip rate (share of entries changed in 20 steps)", True),
           ("pruned_share", "pruned entries' share of sum |W|", False),
           ("pruned_grad_to_weight", "RMS gradient / RMS weight of the pruned entries", True))
+Y_LABELS = {"mask_flip_rate": "flips per entry\nper 20 steps", "pruned_share": "share of Σ|W|",
+            "pruned_grad_to_weight": "RMS grad / RMS weight"}
 SMOOTH = 5  # logged values per centred moving average of the noisy flip rate and gradient ratio
 
 
@@ -39,19 +41,21 @@ def _smooth(values: np.ndarray) -> np.ndarray:
     return np.convolve(padded, np.ones(SMOOTH) / SMOOTH, mode="valid")
 
 
-def plot_masks(runs, path: Path, labels=None) -> bool:
+def plot_masks(runs, path: Path, labels=None, setting: str = "") -> bool:
     """Draw the runs (duck-typed: `path`, `name`, `sparse_fraction`, `sparse_steps`) that logged mask statistics into
-    `path`; False (and nothing written) when none did."""
+    `path`, named by `labels` (one per run; default: the run folders' names); False (and nothing written) when none
+    did. `setting`: what the runs share, for the title."""
     drawn = [(run, mask_series(run.path)) for run in runs]
     drawn = [(i, run, s) for i, (run, s) in enumerate(drawn) if s]
     if not drawn:
         return False
-    colors = palette(len(drawn))
+    sparse = [i for i, run, _ in drawn if run.sparse_fraction]  # dense runs are drawn grey: no colour of their own
+    colors = dict(zip(sparse, palette(len(sparse))))
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(len(FIELDS), 1, figsize=(10, 3.2 * len(FIELDS)), sharex=True)
         handles = []
-        for color, (i, run, series) in zip(colors, drawn):
-            dense = not run.sparse_fraction
+        for i, run, series in drawn:
+            dense, color = not run.sparse_fraction, colors.get(i, "0.35")
             label = labels[i] if labels else run.name
             for ax, (key, _, smoothed) in zip(axes, FIELDS):
                 if key not in series:
@@ -67,10 +71,12 @@ def plot_masks(runs, path: Path, labels=None) -> bool:
             handles.append(line)
         for ax, (key, title, log) in zip(axes, FIELDS):
             ax.set_title(title)
+            ax.set_ylabel(Y_LABELS[key])
             if log:
                 ax.set_yscale("log")
             ax.grid(True, alpha=0.3)
         axes[-1].set_xlabel("training step")
+        fig.suptitle("The student's 2:4 MLP masks over training" + (f", {setting}" if setting else ""), fontsize=12)
         caption = ("Student MLP masks at every logged step (training/sparsity_monitor.py); flip rate and gradient "
                    f"ratio smoothed over {SMOOTH} logged values. Dashed grey: dense runs, the mask a 2:4 pruning of "
                    "their weights would take. | : a run's switch to dense.")

@@ -1,14 +1,15 @@
-"""PNG figures of a sparse-then-dense study (matplotlib, Agg backend: no display needed).
+"""The accuracy figure of a sparse-then-dense study (top1_vs_sparsity.png; matplotlib, Agg backend).
 
-- `plot_accuracy`: linear-probe and k-NN top-1 against the share of sparse steps, mean over seeds with the seed
-  spread as error bars (one seed: the 95% Wilson interval over the validation images), the dense run and the
-  baselines (untrained network, raw pixels) as horizontal lines. Where the runs differ in config keys other than the
-  schedule (a row's `config_label`), one series per combination of those keys, coloured and named in the legend.
-  The published ViT-L/16 ImageNet-1k numbers: on the same axes when the runs are that setting, else their Δ to dense
-  in a panel of their own (a small model on another dataset has another scale; the shape is what compares).
-The loss curves: `loss_plots.py`.
+What a paper prints: the top-1 change against the dense run (pp) over the share of steps trained 2:4-sparse, ours
+and the published ViT-L/16 ImageNet-1k numbers on one axis (the same quantity, so the shapes compare), one panel per
+metric (linear probe; k-NN beside it on the same scale, which the published table does not have). Each
+configuration is one series against its own dense run (the table's per-run Δ: a seed's run minus that seed's dense
+run), so every series' reference is the line at 0, labelled once; each configuration's dense top-1 is in its legend
+entry. Error bars: half the range over seeds (each seed a hollow marker), or for a single seed the 95% Wilson
+interval of its accuracy over the validation images. The baselines (untrained network, raw pixels) are in the
+caption: as a Δ they lie tens of pp away.
 
-Rows and runs are duck-typed (table.TableRow, run_logs.RunSummary): this module imports nothing from table.py.
+Rows are duck-typed (table.TableRow): this module imports nothing from table.py.
 """
 
 import math
@@ -19,16 +20,17 @@ from pathlib import Path
 from matplotlib.lines import Line2D
 
 from . import published
-from .figures import LEGEND_WIDTH, STYLE, palette, plt, save_with_caption, save_with_legend_below
+from .figures import LEGEND_WIDTH, STYLE, palette, plt, save_with_legend_below
 from .intervals import wilson_interval
+from .names import PUBLISHED_NAME
 from .run_logs import KNN_SHOWN_K
 
-X_LABEL = "steps trained 2:4-sparse before switching to dense (%)"
-PUBLISHED_COLOR = "0.35"
-SERIES = (("top1", "linear probe", "C0", "o"), ("knn_top1", "k-NN", "C1", "s"))
-BASELINE_STYLES = {"random_init": (0, (6, 2, 1, 2)), "pixels": (0, (2, 2))}
-MULTI_STYLES = {"top1": "-", "knn_top1": "--"}  # several configurations: colour = configuration, line = metric
-MULTI_BASELINE_COLORS = {"top1": "0.2", "knn_top1": "0.55"}
+X_LABEL = "steps trained 2:4-sparse before switching to dense (% of all steps)"
+Y_LABEL = "top-1 change against the dense run (pp)"
+PUBLISHED_COLOR = "0.15"
+# (Δ key, accuracy key, panel title, marker)
+METRICS = (("delta_top1", "top1", "Linear probe", "o"), ("delta_knn_top1", "knn_top1", "k-NN", "s"))
+DODGE = 3.0  # pp of share: the widest sideways spread of configurations drawn at the same schedule
 
 
 def _share(row) -> float:
@@ -38,50 +40,39 @@ def _share(row) -> float:
     return 100.0 * row.sparse_fraction
 
 
-def _by_share(rows, key: str) -> list[tuple[float, float, float, list]]:
-    """[(share %, mean, half range or 0, values)] over the rows (seeds) of each schedule that have `key`."""
-    return _points(_groups(rows, key))
-
-
-def _groups(rows, key: str) -> list[tuple[float, list, list]]:
-    """[(share %, values, validation sizes)] per schedule, in share order, of the rows (seeds) that have `key`."""
-    groups: dict[float, tuple[list, list]] = {}
+def _groups(rows, key: str, accuracy_key: str = "") -> list[tuple[float, list, list, list]]:
+    """[(share %, values, validation sizes, accuracies)] per schedule, in share order, of the rows (seeds) whose `key`
+    is finite; `accuracy_key` names the accuracy behind a Δ (for its Wilson interval; default: `key` itself)."""
+    groups: dict[float, tuple[list, list, list]] = {}
     for r in rows:
         value = getattr(r, key)
         if value is not None and math.isfinite(value):
-            values, sizes = groups.setdefault(round(_share(r), 6), ([], []))
+            values, sizes, accuracies = groups.setdefault(round(_share(r), 6), ([], [], []))
             values.append(value)
             sizes.append(getattr(r, "n_val", None))
-    return [(x, values, sizes) for x, (values, sizes) in sorted(groups.items())]
-
-
-def _points(groups) -> list[tuple[float, float, float, list]]:
-    return [(x, statistics.fmean(v), (max(v) - min(v)) / 2, v) for x, v, _ in groups]
+            accuracies.append(getattr(r, accuracy_key or key))
+    return [(x, *lists) for x, lists in sorted(groups.items())]
 
 
 def _error_bars(groups) -> tuple[list, list, set]:
     """Per schedule, (below, above) its mean: half the range over seeds where there are several, else the Wilson
-    interval of the single run's accuracy over its validation images (none where that size is unknown).
-    Returns the two lists and which kinds were drawn ({"seeds", "wilson"})."""
+    interval of the single run's accuracy over its validation images, moved onto its value (none where that size is
+    unknown, and none at 0% sparse, the reference itself). Returns the two lists and the kinds drawn."""
     below, above, kinds = [], [], set()
-    for _, values, sizes in groups:
+    for x, values, sizes, *rest in groups:
+        accuracy = rest[0][0] if rest else values[0]
         if len(values) > 1:
             low = high = (max(values) - min(values)) / 2
             kinds.add("seeds")
-        elif sizes[0]:
-            interval = wilson_interval(values[0], sizes[0])
-            low, high = values[0] - interval[0], interval[1] - values[0]
+        elif sizes[0] and x != 0.0 and accuracy is not None:
+            interval = wilson_interval(accuracy, sizes[0])
+            low, high = accuracy - interval[0], interval[1] - accuracy
             kinds.add("wilson")
         else:
             low = high = 0.0
         below.append(low)
         above.append(high)
     return below, above, kinds
-
-
-def _knn_label(rows) -> str:
-    ks = {r.knn_k for r in rows if getattr(r, "knn_k", None) is not None}
-    return f"k-NN (k={ks.pop() if len(ks) == 1 else KNN_SHOWN_K})" if len(ks) <= 1 else "k-NN (k nearest to 20)"
 
 
 def _configurations(rows) -> list[tuple[str, list]]:
@@ -93,188 +84,137 @@ def _configurations(rows) -> list[tuple[str, list]]:
     return list(groups.items())
 
 
-def _ours(ax, rows, names: dict) -> tuple[list[float], set, list, int]:
-    """One series per configuration (`_configurations`): `_one_configuration` or `_configurations_apart`. Returns
-    every value drawn, the kinds of error bar drawn, the legend handles of what was drawn and the number of
-    configurations left out (nothing evaluated)."""
-    configurations = _configurations(rows)
-    if len(configurations) > 1:
-        return _configurations_apart(ax, configurations, names)
-    drawn, kinds = _one_configuration(ax, rows)
-    handles = ax.get_legend_handles_labels()[0]
-    if any(x == 0.0 for x, *_ in _by_share(rows, "top1") + _by_share(rows, "knn_top1")):
-        handles.append(Line2D([], [], color="0.3", ls=":", label="dense run (0% sparse)"))
-    return drawn, kinds, handles, 0
+def _name(names: dict, label: str) -> str:
+    name = names.get(label, label)
+    return getattr(name, "full", name) or "this study"
 
 
-def _series(ax, groups, color, marker: str, offset: float, **style) -> tuple:
-    """One metric of one configuration: the means with their error bars (`_error_bars`) at share + `offset`, and each
-    seed as a small hollow marker where there are several. Returns (shares, means, per-share values, bar kinds)."""
-    xs, means, _, values = zip(*_points(groups))
+def _dense_mean(rows, key: str):
+    values = [getattr(r, key) for r in rows if r.sparse_fraction == 0.0 and getattr(r, key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def _legend_name(name: str, rows) -> str:
+    """The configuration's name with its dense top-1, the absolute scale the Δ axes leave out."""
+    dense = [(what, v) for what, key in (("linear", "top1"), ("k-NN", "knn_top1"))
+             if (v := _dense_mean(rows, key)) is not None]
+    text = name + (" (dense: " + ", ".join(f"{v:.1f}% {what}" for what, v in dense) + ")" if dense else "")
+    return textwrap.fill(text, LEGEND_WIDTH)
+
+
+def _draw_series(ax, groups, color, marker: str, offset: float) -> set:
+    """One configuration's means with error bars at share + `offset`, each seed a small hollow marker. Returns the
+    kinds of error bar drawn."""
+    xs = [x + offset for x, *_ in groups]
+    means = [statistics.fmean(values) for _, values, *_ in groups]
     below, above, kinds = _error_bars(groups)
-    shifted = [x + offset for x in xs]
-    ax.errorbar(shifted, means, yerr=[below, above] if any(below + above) else None, color=color, capsize=3,
-                zorder=3, **style)
-    for x, v in zip(shifted, values):
-        if len(v) > 1:
-            ax.plot([x] * len(v), v, marker, ms=4, mfc="none", mec=color, alpha=0.7, zorder=2)
-    return xs, means, values, kinds
+    ax.errorbar(xs, means, yerr=[below, above] if any(below + above) else None, fmt=marker + "-", color=color,
+                lw=1.6, ms=6, capsize=3, zorder=3)
+    for x, (_, values, *_) in zip(xs, groups):
+        if len(values) > 1:
+            ax.plot([x] * len(values), values, marker, ms=4, mfc="none", mec=color, alpha=0.8, zorder=2)
+    return kinds
 
 
-def _configurations_apart(ax, configurations, names: dict) -> tuple[list[float], set, list, int]:
-    """Per configuration with an evaluated run one colour, per metric one line style (linear probe solid, k-NN
-    dashed); the configurations' points spread sideways by up to 3 pp of share so that equal schedules do not hide
-    each other. A dotted line at the dense mean where the configuration has sparse schedules too. The legend names a
-    configuration `names[label]` where given."""
-    shown = [(label, rows) for label, rows in configurations if any(_groups(rows, key) for key, *_ in SERIES)]
-    n = len(shown)
-    step = min(1.0, 6.0 / max(n - 1, 1))
-    drawn, kinds, handles, dense_lines = [], set(), [], False
-    for i, ((label, rows), color) in enumerate(zip(shown, palette(n))):
-        offset = (i - (n - 1) / 2) * step
-        for key, _, _, marker in SERIES:
-            groups = _groups(rows, key)
-            if not groups:
-                continue
-            xs, means, values, drawn_kinds = _series(ax, groups, color, marker, offset, fmt=marker + MULTI_STYLES[key],
-                                                     lw=1.4, ms=5)
-            kinds |= drawn_kinds
-            if xs[0] == 0.0 and len(xs) > 1:
-                ax.axhline(means[0], color=color, ls=":", lw=0.9, zorder=1)
-                dense_lines = True
-            drawn += list(means) + [y for v in values for y in v]
-        for r in rows:
-            if r.status != "complete" and r.top1 is not None:
-                ax.annotate(r.status.split(" (")[0], (_share(r) + offset, r.top1), fontsize=7, xytext=(4, -10),
-                            textcoords="offset points", color=color)
-        handles.append(Line2D([], [], color=color, lw=2.5, label=textwrap.fill(names.get(label, label), LEGEND_WIDTH)))
-    handles += [Line2D([], [], color="0.3", marker=marker, ls=MULTI_STYLES[key],
-                       label=_knn_label([r for _, rows in configurations for r in rows]) if key == "knn_top1"
-                       else label) for key, label, _, marker in SERIES]
-    if dense_lines:
-        handles.append(Line2D([], [], color="0.3", ls=":", label="dense run (0% sparse)"))
-    if not drawn:
-        ax.text(0.5, 0.5, "no evaluated runs yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
-    return drawn, kinds, handles, len(configurations) - n
-
-
-def _one_configuration(ax, rows) -> tuple[list[float], set]:
-    """Mean over seeds, each seed as a small hollow marker, error bars as `_error_bars` says; the dense mean as a
-    dotted line. Returns every value drawn (for the baselines' scale check) and the kinds of error bar drawn."""
-    drawn, kinds = [], set()
-    for key, label, color, marker in SERIES:
-        groups = _groups(rows, key)
-        if not groups:
-            continue
-        label = _knn_label(rows) if key == "knn_top1" else label
-        xs, means, values, drawn_kinds = _series(ax, groups, color, marker, 0.0, fmt=marker + "-", lw=1.6, ms=6,
-                                                 label=label)
-        kinds |= drawn_kinds
-        if xs[0] == 0.0:
-            ax.axhline(means[0], color=color, ls=":", lw=1.0, zorder=1)
-        drawn += list(means) + [y for v in values for y in v]
-    for r in rows:
-        if r.status != "complete" and r.top1 is not None:
-            ax.annotate(r.status, (_share(r), r.top1), fontsize=7, xytext=(4, -12), textcoords="offset points")
-    if not drawn:
-        ax.text(0.5, 0.5, "no evaluated runs yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
-    return drawn, kinds
-
-
-def _baselines(ax, baselines, drawn: list[float], several: bool = False) -> list[str]:
-    """Each baseline's linear and k-NN top-1 as horizontal lines (grey where `several` configurations take the
-    colours), if they fit without squashing the runs' scale; returns caption lines for those left out."""
-    low, high = (min(drawn), max(drawn)) if drawn else (0.0, 100.0)
-    span = max(high - low, 5.0)
-    off_scale = []
-    for b in baselines:
-        pairs = [(v, MULTI_BASELINE_COLORS[key] if several else c)
-                 for (key, _, c, _), v in zip(SERIES, (b.top1, b.knn_top1)) if v is not None]
-        fits = all(max(high, v) - min(low, v) <= 3.0 * span for v, _ in pairs)
-        if not fits:
-            off_scale.append(f"{b.label}: " + ", ".join(
-                f"{name} {v:.1f}%" for (v, _), name in zip(pairs, ("linear", "k-NN") if b.top1 is not None
-                                                           else ("k-NN",))))
-            continue
-        for v, color in pairs:
-            ax.axhline(v, color=color, ls=BASELINE_STYLES.get(b.key, "--"), lw=1.2, alpha=0.8, zorder=1)
-    return off_scale
-
-
-def _legend_below(ax, handles=None, ncol: int = 3) -> None:
-    handles = handles if handles is not None else ax.get_legend_handles_labels()[0]
-    if handles:
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, frameon=False)
-
-
-def _axes(ax, title: str, ylabel: str) -> None:
-    ax.set_title(title)
-    ax.set_xlabel(X_LABEL)
-    ax.set_ylabel(ylabel)
-    ax.set_xlim(-4, 104)
-    ax.set_xticks(range(0, 101, 10))
-    ax.grid(True, alpha=0.3)
-    ax.margins(y=0.12)
-
-
-def _published(ax, delta: bool):
-    """The published curve (top-1, or its Δ to the published dense run); returns its line for a legend."""
+def _published(ax) -> Line2D:
     xs = [100.0 * p.step_fraction for p in published.ROWS]
-    ys = [p.delta_top1 if delta else p.top1 for p in published.ROWS]
-    line, = ax.plot(xs, ys, "D-", color=PUBLISHED_COLOR, ms=6, label=f"published ({published.SHORT_SOURCE})",
-                    zorder=2)
-    ax.annotate('published "40%" row:\n40k of 125k steps', (xs[1], ys[1]), fontsize=8, xytext=(6, 8),
-                textcoords="offset points", color=PUBLISHED_COLOR)
+    ys = [p.delta_top1 for p in published.ROWS]
+    line, = ax.plot(xs, ys, "D--", color=PUBLISHED_COLOR, ms=5, lw=1.2, zorder=4, label=PUBLISHED_NAME)
     return line
 
 
-def plot_accuracy(rows, path: Path, baselines=(), setting: str = "", names=None, note: str = "") -> Path:
-    """Same setting as the published table: one panel, ours and published top-1. Otherwise two panels: this sweep's
-    top-1, then the published Δ to dense on its own axes. `setting`: what the runs are, for the title; `names`:
-    {config_label: shorter legend name} where several configurations are drawn, `note` the caption line it needs."""
+def _baselines(baselines) -> str:
+    """The baselines' absolute top-1, for the caption: as a Δ they sit tens of pp away and would flatten the runs."""
+    parts = [f"{b.label} " + ", ".join(f"{what} {v:.1f}%" for what, v in (("linear", b.top1), ("k-NN", b.knn_top1))
+                                       if v is not None) for b in baselines]
+    return ("Baselines (absolute top-1): " + "; ".join(parts) + ".") if parts else ""
+
+
+def _label_zero(ax) -> None:
+    """The line every series is measured from, named at its right end (above it: sparse schedules lose, so the
+    space above 0 is the emptiest)."""
+    ax.axhline(0.0, color="0.3", lw=0.9, zorder=1)
+    ax.annotate("Δ = 0: the dense run", (1.0, 0.0), xycoords=("axes fraction", "data"), xytext=(-3, 3),
+                textcoords="offset points", ha="right", va="bottom", fontsize=8, color="0.3")
+
+
+def accuracy_figure(rows, baselines=(), setting: str = "", names=None, note: str = ""):
+    """(figure, legend handles, caption) of `plot_accuracy`. `names`: {config label: name (str or
+    names.PaperName)}; `setting`: what the runs are (title); `note`: a caption line."""
+    names = names or {}
     ours = [r for r in rows if r.sparse_fraction is not None]
-    same_setting = any(r.published_top1 is not None for r in rows)
+    configurations = [(label, rs) for label, rs in _configurations(ours)
+                      if any(_groups(rs, key) for key, *_ in METRICS)]
+    shown = {label for label, _ in configurations}
+    undrawn = [_name(names, label) for label, _ in _configurations(ours) if label not in shown]
+    metrics = [m for m in METRICS if any(_groups(rs, m[0]) for _, rs in configurations)] or METRICS[:1]
+    ks = {r.knn_k for r in ours if getattr(r, "knn_k", None) is not None}
+    fig, panel_list = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics) + 0.6, 4.6), sharey=True,
+                                   squeeze=False)
+    axes = {m[0]: ax for m, ax in zip(metrics, panel_list[0])}
+    n = len(configurations)
+    step = min(1.0, 2 * DODGE / max(n - 1, 1))
+    kinds, handles = set(), []
+    for i, ((label, rs), color) in enumerate(zip(configurations, palette(n))):
+        offset = (i - (n - 1) / 2) * step
+        for key, accuracy_key, _, marker in metrics:
+            groups = _groups(rs, key, accuracy_key)
+            if groups:
+                kinds |= _draw_series(axes[key], groups, color, marker, offset)
+        for r in rs:
+            if r.status != "complete" and r.delta_top1 is not None and "delta_top1" in axes:
+                axes["delta_top1"].annotate(r.status.split(" (")[0], (_share(r) + offset, r.delta_top1), fontsize=7,
+                                            xytext=(4, -10), textcoords="offset points", color=color)
+        handles.append(Line2D([], [], color=color, marker="o", lw=1.6, label=_legend_name(_name(names, label), rs)))
+    if "delta_top1" in axes:
+        handles.append(_published(axes["delta_top1"]))
+    for key, _, title, _ in metrics:
+        ax = axes[key]
+        if key == "delta_knn_top1":
+            title += f" (k={ks.pop()})" if len(ks) == 1 else f" (k nearest to {KNN_SHOWN_K})"
+        ax.set_title(title)
+        ax.set_xlabel(X_LABEL if len(metrics) == 1 else textwrap.fill(X_LABEL, 40))
+        ax.set_xlim(-5, 105)
+        ax.set_xticks(range(0, 101, 20))
+        ax.grid(True, alpha=0.3)
+        _label_zero(ax)
+    panel_list[0][0].set_ylabel(Y_LABEL)
+    if not configurations:
+        panel_list[0][0].text(0.5, 0.5, "no evaluated runs yet", ha="center", va="center", color="0.4",
+                              transform=panel_list[0][0].transAxes)
+    fig.suptitle("Top-1 change from training 2:4-sparse first, against the dense run\n"
+                 + (f"ours: {setting}; " if setting else "") + f"published: {published.SHORT_SOURCE}",
+                 fontsize=11)
+    if any(len(values) > 1 for _, rs in configurations for _, values, *_ in _groups(rs, "delta_top1")):
+        handles.append(Line2D([], [], ls="", marker="o", ms=4, mfc="none", mec="0.3", label="one seed"))
+    return fig, handles, _caption(ours, kinds, _baselines(baselines), undrawn, note, n > 1)
+
+
+def _caption(ours, kinds: set, baselines: str, undrawn: list, note: str, several: bool) -> str:
+    lines = ["Δ: a run's top-1 minus the dense (0% sparse) run's of the same configuration and seed. The published "
+             "\"40%\" row ran 40k of 125k steps sparse and is drawn at 32%."]
+    if several:
+        lines.append(f"Configurations at the same schedule are drawn side by side, up to {DODGE:g} pp apart.")
+    if "seeds" in kinds:
+        lines.append("Error bars: half the range over seeds (hollow markers: the single seeds).")
+    if "wilson" in kinds:
+        sizes = " or ".join(f"{n:,}" for n in sorted({r.n_val for r in ours if getattr(r, "n_val", None)}))
+        lines.append(("Error bars of single-seed schedules" if "seeds" in kinds else "Error bars (one seed per "
+                      "schedule)") + f": 95% Wilson interval of the accuracy over the {sizes} validation images, "
+                     "the evaluation's sampling error; run-to-run variation is not shown.")
+    if baselines:
+        lines.append(baselines)
+    if undrawn:
+        lines.append("Not drawn, no evaluated run with a dense run to compare with: " + "; ".join(undrawn) + ".")
+    if note:
+        lines.append(note)
+    return "\n".join(textwrap.fill(line, 150) for line in lines)
+
+
+def plot_accuracy(rows, path: Path, baselines=(), setting: str = "", names=None, note: str = "") -> Path:
+    """Write `accuracy_figure` as a PNG, legend and caption under the panels."""
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(1, 1 if same_setting else 2, figsize=(7.5 if same_setting else 13, 5.2),
-                                 squeeze=False, gridspec_kw=None if same_setting else {"width_ratios": (1.25, 1)})
-        ax = axes[0][0]
-        several = len(_configurations(ours)) > 1
-        drawn, error_kinds, handles, undrawn = _ours(ax, ours, names or {})
-        off_scale = _baselines(ax, baselines, drawn, several)
-        handles += [Line2D([], [], color="0.3", ls=BASELINE_STYLES.get(b.key, "--"), label=b.label)
-                    for b in baselines if not any(line.startswith(b.label) for line in off_scale)]
-        if same_setting:
-            handles.append(_published(ax, delta=False))
-            _axes(ax, "Top-1 vs share of sparse steps: this study and published", "top-1 accuracy (%)")
-        else:
-            _axes(ax, f"This study: {setting}" if setting else "This study", "top-1 accuracy (%)")
-            ref = axes[0][1]
-            ref.axhline(0.0, color="0.6", lw=0.8)
-            _published(ref, delta=True)
-            _axes(ref, f"Published: {published.SHORT_SOURCE}", "top-1 change vs the dense run (pp)")
-        if not several:
-            _legend_below(ax, handles, ncol=3)
-        caption = []
-        if several:
-            caption.append("One colour per configuration (the values of the config keys in which the runs differ); "
-                           "solid: linear probe, dashed: k-NN. Configurations at the same share are drawn side by "
-                           "side, up to 3 pp apart." + (f" Not drawn: {undrawn} configuration(s) without an "
-                                                        "evaluated run." if undrawn else ""))
-            if note:
-                caption.append(note)
-        if "seeds" in error_kinds:
-            caption.append("Error bars: half the range over seeds (hollow markers: the single seeds).")
-        if "wilson" in error_kinds:
-            sizes = sorted({r.n_val for r in ours if getattr(r, "n_val", None)})
-            images = " or ".join(f"{n:,}" for n in sizes)
-            caption.append(("Error bars of single-seed schedules" if "seeds" in error_kinds else "Error bars (one "
-                            "seed per schedule)") + f": 95% Wilson interval of the accuracy over the {images} "
-                           "validation images, the evaluation's sampling error; run-to-run variation is not shown.")
-        if off_scale:
-            caption.append("Baselines off the scale, not drawn: " + "; ".join(off_scale) + ".")
-        if several:
-            two_columns = not same_setting and sum(len(h.get_label()) > 30 for h in handles) > 2
-            save_with_legend_below(fig, path, handles, ncol=2 if two_columns else 1, caption="\n".join(caption))
-        else:
-            save_with_caption(fig, path, "\n".join(caption), y=-0.02)
+        fig, handles, caption = accuracy_figure(rows, baselines, setting, names, note)
+        ncol = 1 if any(len(h.get_label()) > 45 for h in handles) else 2
+        save_with_legend_below(fig, path, handles, ncol=ncol, caption=caption)
     return Path(path)

@@ -24,15 +24,13 @@ from typing import Optional, Sequence
 from models.atomic_io import atomic_write_text
 
 from . import published
-from .configurations import (common_values_note, config_key, config_label, config_order, dense_reference,
-                             dense_reference_key, dense_references, differing_config, differing_keys, row_label,
-                             short_labels, short_row_label)
+from .configurations import (config_key, config_label, config_order, dense_reference, dense_reference_key,
+                             dense_references, differing_config, differing_keys, row_label)
 from .intervals import wilson_interval
-from .run_logs import COMPLETE, DUPLICATE, RunSummary, find_run_dirs, mark_duplicates, read_run
+from .run_logs import COMPLETE, RunSummary, find_run_dirs, mark_duplicates, read_run
 from .table_format import markdown, write_csv
 
 BASELINE_LABELS = {"random_init": "random-init network", "pixels": "raw pixels (logistic regression)"}
-ARCH_NAMES = {"vit_tiny": "ViT-Ti", "vit_small": "ViT-S", "vit_base": "ViT-B", "vit_large": "ViT-L"}
 
 
 def is_published_setting(run: RunSummary) -> bool:
@@ -137,16 +135,6 @@ class BaselineRow:
     best_C: Optional[float]
     knn: dict = field(default_factory=dict)
     path: str = ""  # relative to the folder holding the runs
-
-
-def setting_label(runs: list[RunSummary]) -> str:
-    """"ViT-S/4, cifar10, 9,700 steps" when every run read has the same setting, else ""."""
-    settings = {(r.arch, r.patch_size, r.dataset, r.data_root, r.total_steps) for r in runs if r.arch}
-    if len(settings) != 1:
-        return ""
-    arch, patch, dataset, root, steps = settings.pop()
-    data = "digits" if dataset == "digits" else Path(root.rstrip("/")).name or dataset
-    return f"{ARCH_NAMES.get(arch, arch)}/{patch}, {data}, {steps:,} steps"
 
 
 def _difference(value: Optional[float], reference: Optional[float]) -> Optional[float]:
@@ -345,45 +333,6 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     atomic_write_text(paths[2], json.dumps(summary, indent=2) + "\n")
     if not plots:
         return paths[:3]
-    from .gap_plot import plot_gaps  # matplotlib only when plotting
-    from .loss_groups import plot_loss_differences
-    from .loss_plots import plot_losses
-    from .mask_plots import plot_masks
-    from .plots import plot_accuracy
+    from .table_figures import draw_figures  # matplotlib only when plotting
 
-    keys = differing_keys(runs)
-    differing = {id(run): differing_config(run, keys) for run in runs}
-    configs = list({config_label(c): c for c in differing.values()}.values())
-    shorts, common = short_labels(configs) if keys else ([], {})
-    short_of = {config_label(c): short for c, short in zip(configs, shorts)}
-    note = common_values_note(common) if keys else ""
-    plot_accuracy(rows, paths[3], baselines=baselines, setting=setting_label(runs), note=note,
-                  names={label: short or "the most common values" for label, short in short_of.items()})
-    if plot_gaps(rows, out / GAPS_PNG, setting=setting_label(runs)):  # several sparse configurations only
-        paths.append(out / GAPS_PNG)
-    else:
-        (out / GAPS_PNG).unlink(missing_ok=True)  # an earlier table's figure would describe other runs
-    by_fraction = sorted(runs, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
-                                              config_order(differing[id(r)]), r.seed or 0, r.name))
-    drawn = [r for r in by_fraction if r.loss_curve and r.train_status != DUPLICATE]
-    references = dense_references(runs, keys)  # a loss curve is compared with the dense run of its own seed only
-    labels = [short_row_label(r.sparse_fraction, short_of[config_label(differing[id(r)])]) for r in drawn] if keys \
-        else None
-    same_seed = [dense_reference(r, references, keys, same_seed=True) for r in drawn]
-    # several dense references (models, lengths): the differences get a figure of their own, a row per reference
-    groups = [short_row_label(0.0, short_of[config_label(differing[id(ref)])]) if keys and ref is not None else ""
-              for ref in same_seed]
-    grouped = plot_loss_differences(drawn, same_seed, labels or [""] * len(drawn), groups, out / DIFFERENCES_PNG,
-                                    note=note)
-    pointer = f"Each run's loss minus its dense run's: {DIFFERENCES_PNG}, a row per dense run." if grouped else ""
-    plot_losses(drawn, paths[4], labels=labels, note="\n".join(n for n in (note, pointer) if n),
-                references=None if grouped else same_seed)
-    if grouped:
-        paths.append(grouped)
-    else:
-        (out / DIFFERENCES_PNG).unlink(missing_ok=True)  # an earlier table's figure would describe other runs
-    if plot_masks(by_fraction, out / MASKS_PNG):
-        paths.append(out / MASKS_PNG)
-    else:
-        (out / MASKS_PNG).unlink(missing_ok=True)
-    return paths
+    return paths[:3] + draw_figures(runs, rows, baselines, out)

@@ -8,7 +8,7 @@ import pytest
 
 from reporting import plots
 from reporting.intervals import wilson_interval
-from reporting.plots import _error_bars, _groups, plot_accuracy
+from reporting.plots import _error_bars, _groups
 
 
 @pytest.mark.parametrize("percent, n, expected", [
@@ -22,10 +22,13 @@ def test_wilson_interval_hand_computed(percent, n, expected):
     assert low == pytest.approx(expected[0], abs=0.02) and high == pytest.approx(expected[1], abs=0.02)
 
 
-def _row(fraction, top1, knn, seed=0, n_val=360):
+def _row(fraction, top1, knn, seed=0, n_val=360, dense=(None, None)):
+    """A table row; `dense`: the (linear, k-NN) top-1 of its dense run, for its Δ."""
+    delta, delta_knn = (None if d is None else v - d for v, d in zip((top1, knn), dense))
     return SimpleNamespace(run=f"sparse_{fraction}_{seed}", sparse_fraction=fraction, total_steps=100,
                            sparse_steps=int(100 * fraction), top1=top1, knn_top1=knn, seed=seed, n_val=n_val,
-                           status="complete", knn_k=20, published_top1=None)
+                           status="complete", knn_k=20, published_top1=None, delta_top1=delta,
+                           delta_knn_top1=delta_knn, config_label="")
 
 
 def test_seeds_give_half_ranges_single_runs_wilson_and_unknown_sizes_none():
@@ -39,11 +42,23 @@ def test_seeds_give_half_ranges_single_runs_wilson_and_unknown_sizes_none():
     assert kinds == {"seeds", "wilson"}
 
 
-def test_the_caption_says_which_error_bars_are_drawn(tmp_path, monkeypatch):
-    captions = []
-    monkeypatch.setattr(plots, "save_with_caption", lambda fig, path, caption, y: captions.append(caption))
-    plot_accuracy([_row(0.0, 88.0, 53.0), _row(0.5, 85.0, 57.0)], tmp_path / "a.png")
-    assert "95% Wilson interval of the accuracy over the 360 validation images" in captions[-1]
-    assert "one seed per schedule" in captions[-1] and "half the range" not in captions[-1]
-    plot_accuracy([_row(0.0, 88.0, 53.0), _row(0.0, 86.0, 52.0, seed=1)], tmp_path / "b.png")
-    assert "half the range over seeds" in captions[-1] and "Wilson" not in captions[-1]
+def test_a_single_seeds_delta_carries_the_wilson_interval_of_its_accuracy():
+    # 85.0 against a dense 88.0: Δ -3.0, and the bar is the Wilson interval of 85% over 360 images, moved onto -3.0
+    rows = [_row(0.0, 88.0, 53.0, dense=(88.0, 53.0)), _row(0.5, 85.0, 57.0, dense=(88.0, 53.0))]
+    below, above, kinds = _error_bars(_groups(rows, "delta_top1", "top1"))
+    low, high = wilson_interval(85.0, 360)
+    assert (below[0], above[0]) == (0.0, 0.0)  # the dense run is the reference itself
+    assert (below[1], above[1]) == pytest.approx((85.0 - low, high - 85.0)) and kinds == {"wilson"}
+
+
+def test_the_caption_says_which_error_bars_are_drawn():
+    _, _, caption = plots.accuracy_figure([_row(0.0, 88.0, 53.0, dense=(88.0, 53.0)),
+                                           _row(0.5, 85.0, 57.0, dense=(88.0, 53.0))])
+    assert "95% Wilson interval of the accuracy over the 360 validation images" in caption.replace("\n", " ")
+    assert "one seed per schedule" in caption and "half the range" not in caption
+    _, _, caption = plots.accuracy_figure([_row(0.0, 88.0, 53.0, dense=(88.0, 53.0)),
+                                           _row(0.0, 86.0, 52.0, seed=1, dense=(86.0, 52.0)),
+                                           _row(0.5, 85.0, 57.0, dense=(88.0, 53.0)),
+                                           _row(0.5, 84.0, 50.0, seed=1, dense=(86.0, 52.0))])
+    assert "half the range over seeds" in caption and "Wilson" not in caption
+    plots.plt.close("all")

@@ -103,8 +103,8 @@ def test_a_gap_far_beyond_the_others_is_cut_at_the_axis_not_flattening_them(tmp_
     seen = {}
     real = gap_plot._cut_axis
 
-    def spy(ax, drawn):
-        real(ax, drawn)
+    def spy(ax, drawn, positions):
+        real(ax, drawn, positions)
         seen["xlim"] = ax.get_xlim()
         seen["texts"] = [t.get_text() for t in ax.texts]
 
@@ -121,11 +121,12 @@ def test_short_row_labels():
 
 
 def test_the_figures_name_configurations_by_what_differs(study, tmp_path, monkeypatch):
-    """make_table hands the accuracy and loss figures the short names and the caption line with the common values."""
-    from reporting import loss_plots, plots
+    """make_table hands every figure a paper's names of the configurations (model, then the options that differ
+    from the most common ones) and the caption line with the common options, never config keys."""
+    from reporting import table_figures
 
     seen = {}
-    real_accuracy, real_losses = plots.plot_accuracy, loss_plots.plot_losses
+    real_accuracy, real_losses = table_figures.plot_accuracy, table_figures.plot_losses
 
     def accuracy(*args, **kwargs):
         seen["names"], seen["accuracy_note"] = kwargs["names"], kwargs["note"]
@@ -135,12 +136,14 @@ def test_the_figures_name_configurations_by_what_differs(study, tmp_path, monkey
         seen["labels"], seen["loss_note"] = kwargs["labels"], kwargs["note"]
         return real_losses(*args, **kwargs)
 
-    monkeypatch.setattr(plots, "plot_accuracy", accuracy)
-    monkeypatch.setattr(loss_plots, "plot_losses", losses)
+    monkeypatch.setattr(table_figures, "plot_accuracy", accuracy)
+    monkeypatch.setattr(table_figures, "plot_losses", losses)
     make_table([study], tmp_path / "out")
-    # three configurations: arch x teacher (vit_tiny/dense: 4 runs, vit_tiny/sparse: 1, vit_small/dense: 1)
-    assert sorted(seen["names"].values()) == ["arch=vit_small", "teacher=sparse", "the most common values"]
-    assert seen["accuracy_note"] == seen["loss_note"] == (
-        "Unlabelled values are the most common ones: arch=vit_tiny, teacher=dense.")
-    assert sorted(seen["labels"]) == ["70% sparse", "70% sparse", "70% sparse · arch=vit_small",
-                                      "70% sparse · teacher=sparse", "dense", "dense"]
+    # three configurations: arch x teacher (vit_tiny/dense: 4 runs, vit_tiny/sparse: 1, vit_small/dense: 1); the
+    # embedded default trains a patch-8 ViT for 10 epochs
+    assert sorted(name.full for name in seen["names"].values()) == [
+        "ViT-S/8, 10 epochs", "ViT-Ti/8, 10 epochs", "ViT-Ti/8, 10 epochs · 2:4-sparse teacher"]
+    assert seen["accuracy_note"] == seen["loss_note"] == "Options not named are the most common ones: dense teacher."
+    tiny = "ViT-Ti/8, 10 epochs"
+    assert sorted(seen["labels"]) == ["70% sparse · ViT-S/8, 10 epochs", f"70% sparse · {tiny}", f"70% sparse · {tiny}",
+                                      f"70% sparse · {tiny} · 2:4-sparse teacher", f"dense · {tiny}", f"dense · {tiny}"]
