@@ -1,6 +1,6 @@
 """Dump cuSPARSELt's compressed 2:4 layout for known inputs (GPU), to reverse-engineer it on a CPU.
 
-    python -m scripts.benchmarks.probe_layout --out $OUT/layout_dump.pt     # from the repository root
+    python -m scripts.experiments.probes.probe_layout --out $OUT/layout_dump.pt     # from the repository root
 
 For each accepted shape, dtype and orientation ("row": A (m x k) row-major, 2:4 along k, as W in the forward GEMM;
 "col": A (m x k) column-major, 2:4 along k, as W^T in the input-gradient GEMM) the library compressor

@@ -1,7 +1,8 @@
 """KoLeo of the class tokens of a freshly initialised backbone, per residual-stream numerics: does a low-precision
 residual stream (`train.residual_dtype=amp`) change what KoLeo sees at the start of training, and is LayerScale why?
 
-    python scripts/koleo_at_init.py --images data/cifar10/train --arch vit_large --size 112 --layerscale 1e-5 1e-1
+    python scripts/experiments/koleo_at_init.py --images data/cifar10/train --arch vit_large --size 112 \
+        --layerscale 1e-5 1e-1
 
 Reads --count images evenly spaced over the sorted paths under --images (e.g. a prepared CIFAR-10 split),
 builds one backbone per LayerScale init (seed 0) and evaluates it on CPU under autocast as `fp32` (bf16 matmuls, fp32
@@ -17,10 +18,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 CASES = (("fp32", "bfloat16"), ("amp", "bfloat16"), ("amp", "float16"))
 

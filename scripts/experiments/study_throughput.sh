@@ -2,7 +2,7 @@
 # Images/s of N CIFAR-10 training runs sharing one GPU, optionally under CUDA MPS (kernels of different processes run
 # at once instead of time-sliced): how many runs a study should put on a GPU (results/cifar10/NOTES.md).
 #
-#   scripts/study_throughput.sh N SECONDS MPS DATA_ROOT OUT_DIR [key=value ...]
+#   scripts/experiments/study_throughput.sh N SECONDS MPS DATA_ROOT OUT_DIR [key=value ...]
 #
 # Starts N runs of configs/cifar10.yaml (seeds 0..N-1, the extra overrides on each), measures SECONDS of all of them training
 # (from SETTLE_S seconds, default 10, after the last one printed its first step line), stops them, and prints one JSON line: each run's median
@@ -11,6 +11,15 @@
 # with a warm compile cache on one H200, more from a cold one) would otherwise eat a short window; stopping only after
 # that line also keeps the SIGTERM out of torch.compile's start-up, where it kills inductor's compile workers (same
 # process group) and can crash or stall the run. A run still alive 30 s after its SIGTERM is killed.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }  # the comment above
+die() { echo "$(basename "$0"): $*" >&2; usage >&2; exit 2; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+is_count() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
+[ $# -ge 5 ] || die "expected at least 5 arguments, got $#"
+is_count "$1" || die "N $1: expected a number of runs > 0"
+is_count "$2" || die "SECONDS $2: expected a whole number of seconds > 0"
+[ "$3" = 0 ] || [ "$3" = 1 ] || die "MPS $3: expected 0 or 1"
+for a in "${@:6}"; do [[ $a == *=* ]] || die "$a: expected key=value"; done
 set -u
 n=$1 seconds=$2 mps=$3 data=$4 out=$5
 settle=${SETTLE_S:-10}  # the runs' first steps after start-up (compiles, caches) stay out of the window

@@ -4,11 +4,13 @@ Some algorithms of cuSPARSELt 0.8.0 on sm90 crash the CUDA context for fp16 (ill
 in-process check can recover from. This script writes a line before and after each attempt; a driver loop restarts
 it after the last attempted id when it dies:
 
-    s=0; while :; do python3 -m scripts.benchmarks.probe_algs --dtype fp16 --kind fwd --out f.jsonl --start $s && break;
-         s=$(( $(python3 -m scripts.benchmarks.probe_algs --last f.jsonl) + 1 )); done
+    p=scripts.experiments.probes.probe_algs
+    s=0; while :; do python3 -m $p --dtype fp16 --kind fwd --out f.jsonl --start $s && break;
+         s=$(( $(python3 -m $p --last f.jsonl) + 1 )); done
 
 (from the repository root). `scripts/benchmarks/bad_algs.py` reads the file back (which ids crashed, which gave wrong
-results); `scripts/bench_cslt_versions.py` runs this loop for every GEMM of the ViT-L MLPs and each library version.
+results); `scripts/experiments/cslt_versions.py` runs this loop for every GEMM of the ViT-L MLPs and each library
+version.
 """
 
 from __future__ import annotations

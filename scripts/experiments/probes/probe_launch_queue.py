@@ -1,7 +1,7 @@
 """Probe (GPU): how far can the host run ahead of the GPU? Behind a long kernel, count the launches the host queues
 before a launch blocks (the driver's queue is full), and time the launches of a CUDA graph of as many kernels.
 
-    python -m scripts.benchmarks.probe_launch_queue     # from the repository root
+    python -m scripts.experiments.probes.probe_launch_queue     # from the repository root
 
 A launched training step (the ViT-L step: ~4,300 kernels) can only be as far ahead of the GPU as that queue holds;
 a host pause longer than the queued GPU work leaves the GPU idle, and the step is slow. A graph replay is queued as
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .timing import capture_graphs
+from scripts.benchmarks.timing import capture_graphs
 
 SLEEP_CYCLES = 4_000_000_000  # ~2 s of GPU time at the H100's ~2 GHz: the queue fills long before it ends
 

@@ -1,7 +1,7 @@
 """Probe (GPU): does cuSPARSELt accept bf16 A/B with an fp32 C/D, i.e. could the input-gradient GEMM write dx in
 fp32 and save the cast of fc1's dx (0.067 ms at 32k tokens, results/bench/NOTES.md §10)?
 
-    python -m scripts.benchmarks.probe_cslt_fp32_out     # from the repository root
+    python -m scripts.experiments.probes.probe_cslt_fp32_out     # from the repository root
 
 H100, cuSPARSELt 0.8.0 (run 12): "D=fp32: refused: cuSPARSELtError (10)" (NOT_SUPPORTED), bf16 D fine.
 """
@@ -12,7 +12,7 @@ from sparsity.backends import get_backend
 from sparsity.backends.cusparselt.compressor import OperandLayout, structured_descriptor
 from sparsity.backends.cusparselt.library import OP_N, OP_T, ORDER_COL, ORDER_ROW, handle, lib
 
-from .timing import wall_ms
+from scripts.benchmarks.timing import wall_ms
 
 
 def main():

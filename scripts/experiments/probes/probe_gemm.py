@@ -1,6 +1,6 @@
 """First look at the cached-plan cuSPARSELt GEMMs on the GPU: correctness, layouts, padding rules, graph capture.
 
-    python -m scripts.benchmarks.probe_gemm --out $OUT/gemm_probe.json     # from the repository root
+    python -m scripts.experiments.probes.probe_gemm --out $OUT/gemm_probe.json     # from the repository root
 """
 
 from __future__ import annotations

@@ -2,16 +2,22 @@
 # The throughput rows of the CIFAR-10 study on one GPU, one after the other, and how the aggregate of several runs
 # compares with one run alone measured on the same machine (results/cifar10/NOTES.md):
 #
-#   scripts/study_throughput_rows.sh DATA_ROOT OUT_DIR ROWS [key=value ...]
+#   scripts/experiments/study_throughput_rows.sh DATA_ROOT OUT_DIR ROWS [key=value ...]
 #
 # ROWS: space-separated NAME:NxSECONDS[:mps][:key=value...], e.g. "warm:1x30 a:1x300 b:1x300 c:2x180 d:4x180:mps
-# g:1x180:train.compile_mode=reduce-overhead"; each row is one scripts/study_throughput.sh (N runs, SECONDS of all of
+# g:1x180:train.compile_mode=reduce-overhead"; each row is one scripts/experiments/study_throughput.sh (N runs, SECONDS of all of
 # them training, under CUDA MPS with ":mps", the row's own overrides after the common ones), its runs in OUT_DIR/NAME,
 # its JSON line appended to OUT_DIR/rows.jsonl with the row's name and overrides. A row named "warm" only fills the
 # compile cache and is left out of the comparison. Then OUT_DIR/summary.json: the baseline single-run rows' images/s
 # (one run, no overrides of its own: each row's median, and its windows' min and max), and every other row's total
 # (several runs, or one run set up differently) against each baseline row and against their mean, so that a ratio is
 # never quoted against one lucky or unlucky single run. The common overrides go to every run.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }  # the comment above
+die() { echo "$(basename "$0"): $*" >&2; usage >&2; exit 2; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+[ $# -ge 3 ] || die "expected at least 3 arguments, got $#"
+[ -n "$3" ] || die "ROWS is empty"
+for a in "${@:4}"; do [[ $a == *=* ]] || die "$a: expected key=value"; done
 set -u
 data=$1 out=$2 rows=$3
 shift 3

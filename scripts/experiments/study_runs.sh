@@ -2,7 +2,7 @@
 # Several training runs on one GPU at once, each probed as soon as it finishes: the driver of the CIFAR-10 ablations
 # (results/cifar10/NOTES.md). Small runs are host-bound, so runs sharing a GPU add up to more images/s than one run.
 #
-#   scripts/study_runs.sh PLAN RUNS_DIR DATA_ROOT [CONFIG]
+#   scripts/experiments/study_runs.sh PLAN RUNS_DIR DATA_ROOT [CONFIG]
 #
 # PLAN: one run per line, "NAME START_DELAY_S [key=value ...]" (# comments allowed); each run starts START_DELAY_S
 # seconds after the driver (staggered starts line up one run alone, two, three, ... for the throughput table) and is
@@ -12,8 +12,14 @@
 # 2:4 (`prune_mlp=true`: the network a sparse phase computes). Everything a
 # run prints goes to RUNS_DIR/NAME.train.log / NAME.eval*.log; RUNS_DIR/driver.log says when each step started and
 # ended. A finished run is skipped by train.py itself, so rerunning the driver only does what is left.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }  # the comment above
+die() { echo "$(basename "$0"): $*" >&2; usage >&2; exit 2; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+[ $# -ge 3 ] && [ $# -le 4 ] || die "expected 3 or 4 arguments, got $#"
+[ -f "$1" ] || die "PLAN $1: no such file"
 set -u
 plan=$1 runs=$2 data=$3 config=${4:-configs/cifar10.yaml}
+[ -f "$config" ] || die "CONFIG $config: no such file"
 mkdir -p "$runs"
 say() { echo "$(date -u +%FT%TZ) $*" >>"$runs/driver.log"; }
 
