@@ -9,7 +9,8 @@ builds one backbone per LayerScale init (seed 0) and evaluates it on CPU under a
 residual stream) and as `amp` in bf16 and in fp16 (the reference's param_dtype choices), all from the same weights.
 Prints one line and writes one JSON line (--out) per case: KoLeo of the batch's class tokens and the median
 nearest-neighbour distance between them. With LayerScale at 1e-5 each block adds ~1e-5 of the stream, below bf16's
-resolution, so the class tokens of different images differ less in bf16 than in fp32 (results/bench/NOTES.md, 13).
+resolution, so the class tokens of different images differ less in bf16 than in fp32 (results/bench/NOTES.md,
+"What do the reference's numerics cost?").
 """
 
 import argparse

@@ -1,5 +1,6 @@
 """Probe (GPU): does cuSPARSELt accept bf16 A/B with an fp32 C/D, i.e. could the input-gradient GEMM write dx in
-fp32 and save the cast of fc1's dx (0.067 ms at 32k tokens, results/bench/NOTES.md §10)?
+fp32 and save the cast of fc1's dx (0.067 ms at 32k tokens, results/bench/NOTES.md,
+"Fused weight gradient, host path, complete re-run (runs 10-14, 2026-11-23)")?
 
     python -m scripts.experiments.probes.probe_cslt_fp32_out     # from the repository root
 
