@@ -21,7 +21,8 @@ class AddToRows(torch.autograd.Function):
     once. Backward is index_add's: x's gradient passes through untouched, the residual's is the gradient's rows
     times `scale`. Written out because autograd's own backward of a gather-add-scatter zeroes the rows of x's
     gradient and adds them back (two more passes over the stream per call, +15 ms of a compiled ViT-L step on one
-    H100, results/bench/NOTES.md, section 14)."""
+    H100, results/bench/NOTES.md, "The gather-add-scatter of stochastic depth and its
+    backward, measured (2026-11-26)")."""
 
     @staticmethod
     def forward(x: Tensor, rows: Tensor, residual: Tensor, scale: float) -> Tensor:
@@ -44,9 +45,10 @@ def add_to_subset(x: Tensor, brange: Tensor, residual: Tensor, scale: float) -> 
     """`x` with `scale * residual` added to its rows `brange`: the reference's `torch.index_add(x, 0, brange, residual,
     alpha=scale)`. The indices come from randperm, so they are unique and a gather-add-scatter computes the same sums
     without atomics; torch.compile lowers an index_add of a bf16 residual stream to ATen's bf16 atomic kernel, 12 ms of
-    a ViT-L step on one H100 (results/bench/NOTES.md, section 13). The sum is rounded once, from at least fp32.
-    An fp32 stream keeps index_add, which inductor fuses with atomics (fast, and the same fp32 sums), until the
-    hand-written backward is timed against it on the GPU (section 14)."""
+    a ViT-L step on one H100 (results/bench/NOTES.md, "What do the reference's numerics cost?"). The sum is rounded
+    once, from at least fp32. An fp32 stream keeps index_add, which inductor fuses with atomics (fast, and the same
+    fp32 sums), until the hand-written backward is timed against it on the GPU (same report, "The hand-written
+    stochastic-depth backward, timed (2026-11-26)")."""
     if x.dtype in (torch.float32, torch.float64):
         return torch.index_add(x, 0, brange, residual.to(x.dtype), alpha=scale)
     return AddToRows.apply(x, brange, residual, scale)

@@ -1,6 +1,6 @@
 """Does the data path keep up with the GPU step? The loader alone against the training step alone, one process.
 
-    python scripts/bench_data_path.py --config configs/cifar10.yaml data.root=/data/cifar10 \
+    python -m scripts.bench_data_path --config configs/cifar10.yaml data.root=/data/cifar10 \
         --out results/cifar10/bench/data_path_vit_tiny.json
 
 Rows: `loader-workers` (the per-image PIL augmentation in `--workers` data workers, the reference path),
@@ -22,19 +22,16 @@ the augmentation alone 16.2 ms of GPU per 512 images.
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from configs import load_config  # noqa: E402
-from data import build_ssl_loader, build_training_dataset  # noqa: E402
-from scripts.benchmarks.timing import time_steps  # noqa: E402
-from training.distributed import DistContext  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
+from configs import load_config
+from data import build_ssl_loader, build_training_dataset
+from scripts.benchmarks.timing import time_steps
+from training.distributed import DistContext
+from training.trainer import Trainer
 
 
 def time_loader(cfg, device, batches: int, warmup: int, num_workers: int, to_device: bool = True) -> dict:

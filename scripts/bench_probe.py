@@ -44,11 +44,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from evaluation.logreg import (INEXACT_PRECISIONS, MATMUL_MODES, PRECISIONS, SklearnLBFGS,  # noqa: E402
+from evaluation.logreg import (INEXACT_PRECISIONS, MATMUL_MODES, PRECISIONS, SklearnLBFGS,
                                       TorchLBFGS, c_grid, objective_and_grad, topk_accuracy)
-from evaluation.probe import best_C, holdout_split  # noqa: E402
+from evaluation.probe import best_C, holdout_split
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # written before measuring (module docstring): float32_3xtf32 on an H100, bf16 features

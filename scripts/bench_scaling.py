@@ -1,7 +1,7 @@
 """Weak scaling of DINOv2 training on one host: 1, 2, 4 GPUs, data parallel (DDP over NCCL), in one command.
 
-    python scripts/bench_scaling.py --gpus 1 2 4                      # writes results/bench/scaling_<gpu>.json/.png
-    python scripts/bench_scaling.py --cpu --gpus 1 2 --models small --iters 2 ...   # gloo smoke mode (tests)
+    python -m scripts.bench_scaling --gpus 1 2 4                      # writes results/bench/scaling_<gpu>.json/.png
+    python -m scripts.bench_scaling --cpu --gpus 1 2 --models small --iters 2 ...   # gloo smoke mode (tests)
 
 For each N it starts N processes (torch.multiprocessing), which run the trainer's real step (`Trainer.train_step`:
 student + teacher forward, backward with DDP's bucketed gradient all-reduce, per-module clipping, AdamW, EMA) on a
@@ -34,11 +34,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from PIL import Image
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from configs import load_config
+from scripts.benchmarks.batch import synthetic_batch
 
-from configs import load_config  # noqa: E402
-from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 MODELS = {  # name -> (config, description)
     "small": ("configs/default.yaml", "embedded default: vit_tiny/8, 32/16 px crops, 1024 prototypes"),

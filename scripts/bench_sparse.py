@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark 2:4 sparse training kernels against dense, side by side in one run (GPU).
 
-    python3 scripts/bench_sparse.py --out results/bench/sparse_h100.json --md results/bench/sparse_h100.md
+    python3 -m scripts.bench_sparse --out results/bench/sparse_h100.json --md results/bench/sparse_h100.md
 
 Shapes: the ViT-L MLP linears, fc1 1024->4096 and fc2 4096->1024, at 16384, 32768 and 58496 tokens; bf16 and fp16.
 Rows (`op`):
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
@@ -32,11 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from scripts.benchmarks import bad_algs  # noqa: E402
-from scripts.benchmarks.sparse_results import fmt_table, merge_runs, write_json  # noqa: E402
-from scripts.benchmarks.timing import graph_ms, median_ms, wall_ms  # noqa: E402
+from scripts.benchmarks import bad_algs
+from scripts.benchmarks.sparse_results import fmt_table, merge_runs, write_json
+from scripts.benchmarks.timing import graph_ms, median_ms, wall_ms
 
 SHAPES = [(1024, 4096), (4096, 1024)]  # (in, out): fc1, fc2
 TOKENS = [16384, 32768, 58496]

@@ -1,6 +1,6 @@
 """Time whole DINOv2 training steps on one GPU, eager and compiled, dense and 2:4-sparse, in one process.
 
-    python scripts/bench_train_step.py --config configs/vitl16_imagenet.yaml --out results/bench/train_step.json
+    python -m scripts.bench_train_step --config configs/vitl16_imagenet.yaml --out results/bench/train_step.json
 
 Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-dense` (the baseline of every ratio),
 `compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`. `--compile-modes default
@@ -36,18 +36,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from configs import load_config  # noqa: E402
-from configs.schema import COMPILE_MODES  # noqa: E402
-from scripts.benchmarks import bad_algs  # noqa: E402
-from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
-from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_calls  # noqa: E402
-from scripts.benchmarks.gpu_state import gpu_state  # noqa: E402
-from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps  # noqa: E402
-from training.distributed import DistContext  # noqa: E402
-from training.gc_control import StepGc  # noqa: E402
-from training.trainer import Trainer  # noqa: E402
+from configs import load_config
+from configs.schema import COMPILE_MODES
+from scripts.benchmarks import bad_algs
+from scripts.benchmarks.batch import synthetic_batch
+from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_calls
+from scripts.benchmarks.gpu_state import gpu_state
+from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps
+from training.distributed import DistContext
+from training.gc_control import StepGc
+from training.trainer import Trainer
 
 # `step-graph`: compile_mode=default with train.cuda_graph=true, the whole step replayed as one CUDA graph
 BENCH_MODES = (*COMPILE_MODES, "step-graph")

@@ -25,11 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from training.terminal import Progress  # noqa: E402  (torch-free)
+from training.terminal import Progress  # torch-free
 
 # CIFAR-10 label order; sorted() of these names is the same order, which the folder dataset relies on
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")

@@ -4,7 +4,8 @@
 
 Prints a Markdown table: the switch step and `sparsity.switch_weights`, the share of the switch-time EMA teacher still
 in the final teacher, the k-NN of the teacher exported at the switch probed dense and 2:4-pruned, and the final
-teacher's linear / k-NN as trained and its k-NN in the other mode (scripts/study_runs.sh writes all these probes).
+teacher's linear / k-NN as trained and its k-NN in the other mode (scripts/experiments/study_runs.sh writes all these
+probes).
 With --out, also OUT.md and OUT.json. Exit 2 when no run can be read.
 """
 
@@ -13,9 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 def main(argv=None) -> int:

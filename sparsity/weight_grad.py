@@ -4,7 +4,8 @@ computed by the same cuBLASLt call (epilogue BGRADB or BGRADA), both written str
 
 Why: under autocast the stock backward of a linear layer runs the weight-gradient GEMM in bf16, casts dW to the
 fp32 master dtype, reduces dy for the bias gradient and casts db: four kernels and four host-side ops. Here it is one
-call; on the H100 (cuBLASLt 13, results/bench/NOTES.md §4) the bias gradient still runs as a separate cuBLASLt
+call; on the H100 (cuBLASLt 13, results/bench/NOTES.md, "Linear forward + backward and the MLP
+block") the bias gradient still runs as a separate cuBLASLt
 reduction kernel (`globalKernelBgradAB`), so the gain is the casts and the launches, not the read of dy. It wins
 for fc2 of a ViT-L MLP (out = 1024: 0.39 vs 0.43 ms at 32k tokens) and loses for fc1 (out = 4096: 0.48-0.50 vs
 0.48 ms), which is why every shape is timed against the torch ops before it is used.

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+DRIVER_DIR = REPO / "scripts" / "experiments"
 
 FAKE_TRAIN = r'''
 import signal, sys, time
@@ -52,9 +53,11 @@ with open(run / "evals.txt", "a") as f:
 
 @pytest.fixture
 def workdir(tmp_path):
-    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "experiments").mkdir(parents=True)
     for name in ("study_runs.sh", "study_throughput.sh", "study_throughput_rows.sh"):
-        shutil.copy(REPO / "scripts" / name, tmp_path / "scripts" / name)
+        shutil.copy(DRIVER_DIR / name, tmp_path / "scripts" / "experiments" / name)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "cifar10.yaml").write_text("")  # study_runs.sh's default config must exist
     (tmp_path / "train.py").write_text(FAKE_TRAIN)
     (tmp_path / "eval_linear.py").write_text(FAKE_EVAL)
     return tmp_path
@@ -73,7 +76,7 @@ def run_script(workdir, *args, timeout=120):
 
 def test_throughput_measures_the_window_after_every_run_started_and_stops_them(workdir):
     start = time.monotonic()
-    result = run_script(workdir, "scripts/study_throughput.sh", "2", "3", "0", "data", "out")
+    result = run_script(workdir, "scripts/experiments/study_throughput.sh", "2", "3", "0", "data", "out")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["runs"] == 2 and summary["mps"] is False
@@ -86,7 +89,7 @@ def test_throughput_measures_the_window_after_every_run_started_and_stops_them(w
 
 
 def test_throughput_rows_compare_several_runs_with_every_single_run_of_the_same_machine(workdir):
-    result = run_script(workdir, "scripts/study_throughput_rows.sh", "data", "out",
+    result = run_script(workdir, "scripts/experiments/study_throughput_rows.sh", "data", "out",
                         "warm:1x1 a:1x2 b:1x2 c:2x2 g:1x2:train.compile_mode=reduce-overhead", "common=1")
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in (workdir / "out" / "rows.jsonl").read_text().splitlines()]
@@ -113,14 +116,15 @@ def test_throughput_rows_compare_several_runs_with_every_single_run_of_the_same_
 
 @pytest.mark.parametrize("rows", ["a:1", "a:x2", "a:1x2:mpss", "a:0x2"])
 def test_throughput_rows_refuse_a_malformed_row_before_running_any(workdir, rows):
-    result = run_script(workdir, "scripts/study_throughput_rows.sh", "data", "out", f"ok:1x1 {rows}")
+    result = run_script(workdir, "scripts/experiments/study_throughput_rows.sh", "data", "out", f"ok:1x1 {rows}")
     assert result.returncode == 2 and "row '" in result.stderr
     assert not (workdir / "out").exists()
 
 
 def test_throughput_rows_keep_the_summary_of_the_rows_done_when_stopped_mid_row(workdir):
     """The machine can go away during a long row: summary.json is rewritten after every row."""
-    proc = subprocess.Popen(["bash", "scripts/study_throughput_rows.sh", "data", "out", "a:1x1 b:2x60"], cwd=workdir,
+    proc = subprocess.Popen(["bash", "scripts/experiments/study_throughput_rows.sh", "data", "out", "a:1x1 b:2x60"],
+                            cwd=workdir,
                             env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -136,7 +140,7 @@ def test_throughput_rows_keep_the_summary_of_the_rows_done_when_stopped_mid_row(
 
 
 def test_throughput_with_a_run_that_dies_in_start_up_says_so_instead_of_waiting(workdir):
-    result = run_script(workdir, "scripts/study_throughput.sh", "1", "2", "0", "data", "out", "silent=1")
+    result = run_script(workdir, "scripts/experiments/study_throughput.sh", "1", "2", "0", "data", "out", "silent=1")
     assert result.returncode == 1
     assert json.loads(result.stdout.strip().splitlines()[-1])["error"] == "a run printed no step line"
 
@@ -145,7 +149,7 @@ def test_study_runs_trains_and_probes_each_run_and_reports_a_failure(workdir):
     plan = workdir / "plan.txt"
     plan.write_text("# three runs, one that fails\n\nok_run 0 steps=3 train.seed=0\nbad_run 1 fail=1 train.seed=1\n"
                     "sparse_run 0 steps=2 train.seed=2 sparsity.sparse_fraction=1.0\n")
-    result = run_script(workdir, "scripts/study_runs.sh", "plan.txt", "runs", "data")
+    result = run_script(workdir, "scripts/experiments/study_runs.sh", "plan.txt", "runs", "data")
     assert result.returncode == 0, result.stderr
     log = (workdir / "runs" / "driver.log").read_text()
     assert "start ok_run (steps=3 train.seed=0)" in log and "trained ok_run" in log and "done ok_run" in log
@@ -174,7 +178,7 @@ def _driver(path: Path, done: bool) -> Path:
 def test_study_wait_returns_when_every_driver_is_done_and_reports(tmp_path):
     done1, done2 = _driver(tmp_path / "t1", True), _driver(tmp_path / "t2", True)
     start = time.monotonic()
-    out = subprocess.run(["bash", str(REPO / "scripts" / "study_wait.sh"), "60", str(done1), str(done2)],
+    out = subprocess.run(["bash", str(DRIVER_DIR / "study_wait.sh"), "60", str(done1), str(done2)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and time.monotonic() - start < 10
     assert out.stdout.count("a: 2026-11-26 09:50:00,000 INFO train: step 7740/7760") == 2
@@ -185,7 +189,41 @@ def test_study_wait_returns_when_every_driver_is_done_and_reports(tmp_path):
 def test_study_wait_gives_up_after_its_limit(tmp_path):
     done, running = _driver(tmp_path / "t1", True), _driver(tmp_path / "t2", False)
     start = time.monotonic()
-    out = subprocess.run(["bash", str(REPO / "scripts" / "study_wait.sh"), "3", str(done), str(running)],
+    out = subprocess.run(["bash", str(DRIVER_DIR / "study_wait.sh"), "3", str(done), str(running)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and 3 <= time.monotonic() - start < 15
     assert out.stdout.rstrip().endswith("still running after 3 s")
+
+
+DRIVERS = ("study_runs.sh", "study_collect.sh", "study_throughput.sh", "study_throughput_rows.sh", "study_wait.sh")
+
+
+@pytest.mark.parametrize("name", DRIVERS)
+def test_every_driver_answers_help_with_its_usage(name):
+    out = subprocess.run(["bash", str(DRIVER_DIR / name), "--help"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and out.stderr == ""
+    assert f"scripts/experiments/{name} " in out.stdout  # the usage line, from the comment at the top
+    assert not out.stdout.startswith("#!") and "set -" not in out.stdout
+
+
+@pytest.mark.parametrize("name, args, says", [
+    ("study_runs.sh", [], "expected 3 or 4 arguments, got 0"),
+    ("study_runs.sh", ["no_plan.txt", "runs", "data"], "PLAN no_plan.txt: no such file"),
+    ("study_collect.sh", ["runs"], "expected 2 arguments, got 1"),
+    ("study_throughput.sh", ["2", "3", "0", "data"], "expected at least 5 arguments, got 4"),
+    ("study_throughput.sh", ["two", "3", "0", "data", "out"], "N two: expected a number of runs > 0"),
+    ("study_throughput.sh", ["2", "3", "yes", "data", "out"], "MPS yes: expected 0 or 1"),
+    ("study_throughput.sh", ["2", "3", "0", "data", "out", "seed"], "seed: expected key=value"),
+    ("study_throughput_rows.sh", ["data", "out"], "expected at least 3 arguments, got 2"),
+    ("study_wait.sh", ["600"], "expected MAX_SECONDS and at least one RUNS_DIR, got 1 argument(s)"),
+    ("study_wait.sh", ["10m", "runs"], "MAX_SECONDS 10m: expected a whole number of seconds > 0"),
+])
+def test_every_driver_refuses_wrong_arguments_with_its_usage_before_any_work(tmp_path, name, args, says):
+    out = subprocess.run(["bash", str(DRIVER_DIR / name), *args], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and out.stdout == ""
+    first, *usage = out.stderr.splitlines()
+    assert first == f"{name}: {says}"
+    assert any(f"scripts/experiments/{name} " in line for line in usage)
+    assert list(tmp_path.iterdir()) == []  # nothing made: no output folder, no driver log

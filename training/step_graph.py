@@ -2,7 +2,7 @@
 clipping, AdamW and the EMA teacher update are captured once per sparsity phase and replayed every step, so the host
 launches one graph instead of ~4,300 kernels and its pauses no longer leave the GPU idle. That pays where the step
 is host-bound (small models); a ViT-L step on an H100 is power-bound instead, and gains nothing from it
-(results/bench/NOTES.md, section 22).
+(results/bench/NOTES.md, "Does one CUDA graph of the whole step help?").
 
 What a replay cannot repeat is moved out of Python values into device memory, written before each replay:
 - the schedules' values: one device buffer (`ScheduleTensors`) holding every parameter group's lr and weight decay,

@@ -1,14 +1,12 @@
-"""What the benchmarks (`scripts/bench_*.py`) share, and the GPU probes that found the facts the library relies on.
+"""What the benchmarks (`scripts/bench_*.py`, run from the repository root as `python -m scripts.bench_<name>`) share.
 
-Shared:
-    timing      CUDA-event medians (the library's `sparsity.backends.timing`, plus rotation over input sets and
-                CUDA-graph replay), and the training-step timer
-    batch       `synthetic_batch`: one multi-crop batch of the loader's shapes (real collate, random pixels)
-    profiling   kernel time by category and GPU idle time from a torch.profiler run
+    timing          CUDA-event medians (the library's `sparsity.backends.timing`, plus rotation over input sets and
+                    CUDA-graph replay), and the training-step timer
+    batch           `synthetic_batch`: one multi-crop batch of the loader's shapes (real collate, random pixels)
+    profiling       kernel time by category and GPU idle time from a torch.profiler run
+    gpu_state       clocks, temperature and throttle reasons a row ended in
+    sparse_results  `bench_sparse.py`'s Markdown table, and several of its runs merged into one result
+    bad_algs        cuSPARSELt algorithm ids that crash a library version, handed to the sweep (`--bad-algs`)
 
-Probes (run from the repository root as `python -m scripts.benchmarks.<name>`, on a GPU):
-    probe_layout         dump cuSPARSELt's compressed layout for known inputs (-> sparsity/packing/layout.py)
-    probe_gemm           first look at the cached-plan GEMMs: correctness, layouts, padding rules, graph capture
-    probe_algs           every cuSPARSELt algorithm id of a GEMM, surviving crashes (-> search.BAD_ALGS)
-    probe_cslt_fp32_out  does cuSPARSELt write an fp32 D from bf16 operands (no)
+The one-off GPU probes that found the facts the library relies on are in `scripts/experiments/probes/`.
 """

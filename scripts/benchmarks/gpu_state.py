@@ -1,7 +1,7 @@
 """The GPU's clock, temperature and power, read with nvidia-smi: a ViT-L step holds an H100 at its 700 W cap, where
 the driver lowers the SM clock as the chip warms (1,980 -> ~1,680 MHz), so rows timed later in a cold run are slower
-for that alone (results/bench/NOTES.md, 22). Rows record the state they ended in; `--heat-s` in the step benchmark
-brings the GPU to its steady state before the first row."""
+for that alone (results/bench/NOTES.md, "Does one CUDA graph of the whole step help?"). Rows record the state they
+ended in; `--heat-s` in the step benchmark brings the GPU to its steady state before the first row."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The results of `scripts/bench_sparse.py`: its Markdown table, and several runs merged into one result (GPU-free).
 
-    python scripts/bench_sparse.py --merge RUN_JSON_OR_LOG... --out merged.json --md merged.md
+    python -m scripts.bench_sparse --merge RUN_JSON_OR_LOG... --out merged.json --md merged.md
 """
 
 from __future__ import annotations

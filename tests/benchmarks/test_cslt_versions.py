@@ -1,6 +1,6 @@
 """CPU tests of the cuSPARSELt version comparison: reading the algorithm probes back (which ids crashed, gave wrong
 results), the crash-restart loop, the bad-algorithm list handed to the sweep, the library picked from a wheel, and the
-side-by-side table (scripts/bench_cslt_versions.py, scripts/benchmarks/bad_algs.py)."""
+side-by-side table (scripts/experiments/cslt_versions.py, scripts/benchmarks/bad_algs.py)."""
 
 import json
 import os
@@ -14,8 +14,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: scripts.benchmarks
 
-from scripts import bench_cslt_versions as V  # noqa: E402
 from scripts.benchmarks import bad_algs  # noqa: E402
+from scripts.experiments import cslt_versions as V  # noqa: E402
 from sparsity.backends.cusparselt import library, search  # noqa: E402
 
 TAG = dict(dtype="fp16", kind="fwd", out_features=4096, in_features=1024, tokens=4096)
@@ -209,6 +209,6 @@ def test_a_relative_out_dir_is_the_callers_not_the_repository_roots(tmp_path, mo
     monkeypatch.setattr(V, "gemm_table", lambda records, out_dir: [])
     monkeypatch.setattr(V, "write_markdown", lambda records, table, path: path.write_text("table\n"))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["bench_cslt_versions.py", "--lib", "0.8.0=bundled", "--out-dir", "rel"])
+    monkeypatch.setattr(sys, "argv", ["cslt_versions.py", "--lib", "0.8.0=bundled", "--out-dir", "rel"])
     V.main()
     assert seen == [tmp_path / "rel"] and (tmp_path / "rel" / "versions.json").exists()

@@ -26,7 +26,7 @@ def _bench_module():
 
 @pytest.mark.slow
 def test_cpu_smoke_run_writes_rows_curves_and_plot(tmp_path):
-    cmd = [sys.executable, str(REPO / "scripts" / "bench_scaling.py"), "--cpu", "--gpus", "1", "2", "--models", "small",
+    cmd = [sys.executable, "-m", "scripts.bench_scaling", "--cpu", "--gpus", "1", "2", "--models", "small",
            "--small-batches", "4", "--warmup", "1", "--iters", "2", "--curve-steps", "3", "--curve-batch", "4",
            "--curve-workers", "0", "--out", str(tmp_path), *TINY_MODEL]
     result = subprocess.run(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,

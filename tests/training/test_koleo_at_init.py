@@ -1,4 +1,5 @@
-"""scripts/koleo_at_init.py: the KoLeo-at-initialisation probe of the residual-stream numerics, on CPU at ViT-Ti size."""
+"""scripts/experiments/koleo_at_init.py: the KoLeo-at-initialisation probe of the residual-stream numerics, on CPU at
+ViT-Ti size."""
 
 import json
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from scripts.koleo_at_init import main
+from scripts.experiments.koleo_at_init import main
 
 
 @pytest.fixture

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Several training runs on one GPU at once, each probed as soon as it finishes: the driver of the CIFAR-10 ablations
+# (results/cifar10/NOTES.md). Small runs are host-bound, so runs sharing a GPU add up to more images/s than one run.
+#
+#   scripts/experiments/study_runs.sh PLAN RUNS_DIR DATA_ROOT [CONFIG]
+#
+# PLAN: one run per line, "NAME START_DELAY_S [key=value ...]" (# comments allowed); each run starts START_DELAY_S
+# seconds after the driver (staggered starts line up one run alone, two, three, ... for the throughput table) and is
+# trained with `train.py --config CONFIG` (default configs/cifar10.yaml) and the line's overrides, then probed with
+# `eval_linear.py` (linear + k-NN on the final teacher, then again with its MLPs the other way: pruned 2:4 where the
+# run ended dense, dense where it ended sparse) and k-NN on every intermediate teacher export, as it is and pruned
+# 2:4 (`prune_mlp=true`: the network a sparse phase computes). Everything a
+# run prints goes to RUNS_DIR/NAME.train.log / NAME.eval*.log; RUNS_DIR/driver.log says when each step started and
+# ended. A finished run is skipped by train.py itself, so rerunning the driver only does what is left.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }  # the comment above
+die() { echo "$(basename "$0"): $*" >&2; usage >&2; exit 2; }
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+[ $# -ge 3 ] && [ $# -le 4 ] || die "expected 3 or 4 arguments, got $#"
+[ -f "$1" ] || die "PLAN $1: no such file"
+set -u
+plan=$1 runs=$2 data=$3 config=${4:-configs/cifar10.yaml}
+[ -f "$config" ] || die "CONFIG $config: no such file"
+mkdir -p "$runs"
+say() { echo "$(date -u +%FT%TZ) $*" >>"$runs/driver.log"; }
+
+one_run() {
+  local name=$1 delay=$2
+  shift 2
+  sleep "$delay"
+  say "start $name ($*)"
+  if ! python train.py --config "$config" --output-dir "$runs/$name" "data.root=$data" "$@" \
+      >"$runs/$name.train.log" 2>&1; then
+    say "FAILED training $name"
+    return
+  fi
+  say "trained $name"
+  python eval_linear.py --run "$runs/$name" >"$runs/$name.eval.log" 2>&1 || say "FAILED eval $name"
+  # the final teacher probed the other way too: 2:4-pruned where the run ended dense (*_pruned_mlp.json: for a dense
+  # run, the one-shot-pruned floor), with dense MLPs where it ended sparse (*_dense_mlp.json); then k-NN of every
+  # intermediate export as it is and pruned
+  local other
+  other=$(python -c 'import json, sys; i = json.load(open(sys.argv[1]))
+print("false" if i["sparse_steps"] >= i["total_steps"] else "true")' "$runs/$name/run_info.json")
+  python eval_linear.py --run "$runs/$name" "prune_mlp=$other" \
+    >"$runs/$name.eval_other_mlp.log" 2>&1 || say "FAILED eval $name prune_mlp=$other"
+  # the final student, where the run exported it (train.export_student=true): eval_linear_student_backbone.json
+  if [ -e "$runs/$name/student_backbone.pth" ]; then
+    python eval_linear.py --run "$runs/$name" "checkpoint=$runs/$name/student_backbone.pth" \
+      >"$runs/$name.eval_student.log" 2>&1 || say "FAILED eval $name student"
+  fi
+  local export
+  for export in "$runs/$name"/eval/step_*/teacher_backbone.pth; do
+    [ -e "$export" ] || continue
+    local step
+    step=$(basename "$(dirname "$export")")
+    python eval_linear.py --run "$runs/$name" "checkpoint=$export" mode=knn \
+      >"$runs/$name.eval_$step.log" 2>&1 || say "FAILED eval $name $step"
+    python eval_linear.py --run "$runs/$name" "checkpoint=$export" mode=knn prune_mlp=true \
+      >"$runs/$name.eval_${step}_pruned.log" 2>&1 || say "FAILED eval $name $step pruned"
+  done
+  say "done $name"
+}
+
+while read -r name delay overrides; do
+  case "$name" in '' | '#'*) continue ;; esac
+  # shellcheck disable=SC2086  # the overrides are words
+  one_run "$name" "$delay" $overrides &
+done <"$plan"
+wait
+say "all done"
