@@ -2,8 +2,13 @@
 
 import os
 
-import pytest
-import torch
+# Idle OpenMP threads sleep instead of spinning: on a machine whose cores are shared (two CI cores, a second torch
+# process), spinning threads of one process starve the others and every small op waits for a descheduled thread.
+# Read once, when torch loads libgomp, so before the import; subprocesses (train.py, eval_linear.py) inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     # Must be set before any @triton.jit decorator runs, i.e. before sparsity's kernel modules are imported.
