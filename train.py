@@ -1,6 +1,6 @@
 """DINOv2 pre-training with sparse-then-dense 2:4 MLP schedules.
 
-    python train.py [--config FILE] [--output-dir DIR] [key=value ...]
+    python train.py [--config FILE] [--output-dir DIR] [key=value ...]   (options and key=value in any order)
     torchrun --nproc_per_node=8 train.py --config configs/vitl16_imagenet.yaml data.root=/datasets/imagenet
 
 Without --config it runs the embedded default (a small ViT on scikit-learn's digits, a few minutes on a CPU).
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from configs import DEFAULT_CONFIG, ConfigError, load_config
+from configs.command_line import parse_command_line
 from training import run_dir
 from training.run_dir import LOG, METRICS
 
@@ -26,7 +27,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, default=None,
                         help="run directory (default: runs/<config name>-<date>-<time>)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.seed=1")
-    return parser.parse_args(argv)
+    return parse_command_line(parser, argv)  # options and overrides in any order
 
 
 def output_dir_problem(output_dir: Path) -> str:

@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
+from configs.command_line import parse_command_line  # noqa: E402
 from data import build_ssl_loader, build_training_dataset  # noqa: E402
 from scripts.benchmarks.timing import time_steps  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
@@ -97,7 +98,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    args = parse_command_line(ap)  # options and overrides in any order
     device = torch.device("cuda")
     base = list(args.overrides)
     result = {"device_name": torch.cuda.get_device_name(), "config": str(args.config), "overrides": base,

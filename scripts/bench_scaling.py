@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from configs import load_config  # noqa: E402
+from configs.command_line import parse_command_line  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 
 MODELS = {  # name -> (config, description)
@@ -64,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench")
     ap.add_argument("--plot-only", type=Path, default=None, help="redraw the PNG of an existing JSON and exit")
     ap.add_argument("overrides", nargs="*", help="config overrides for every model, e.g. train.amp_dtype=fp16")
-    args = ap.parse_args(argv)
+    args = parse_command_line(ap, argv)  # options and overrides in any order
     if 1 not in args.gpus:
         ap.error("--gpus must include 1: efficiencies are relative to one GPU")
     return args

@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from configs import load_config  # noqa: E402
+from configs.command_line import parse_command_line  # noqa: E402
 from configs.schema import COMPILE_MODES  # noqa: E402
 from scripts.benchmarks import bad_algs  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
@@ -292,7 +293,7 @@ def main() -> None:
                          "as it warms)")
     bad_algs.add_argument(ap)
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
-    args = ap.parse_args()
+    args = parse_command_line(ap)  # options and overrides in any order
     if not torch.cuda.is_available():
         sys.exit("bench_train_step.py needs a CUDA GPU")
     if args.rounds < 1:

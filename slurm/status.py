@@ -163,7 +163,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs-dir", type=Path, required=True,
                         help="the sweep folder given to the launcher, or one run directory")
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     try:
         rows = sweep_rows(args.runs_dir)
     except (FileNotFoundError, ValueError) as e:
