@@ -9,7 +9,7 @@ from training import run_dir
 
 def duration(seconds: float) -> str:
     """41.2s, 2m 05s, 1h 02m 03s."""
-    if seconds < 60:
+    if round(seconds, 1) < 60:
         return f"{seconds:.1f}s"
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
