@@ -195,8 +195,8 @@ def pixel_probe_note(train: Features, val: Features, eval_cfg) -> str:
     lin = eval_cfg.linear
     return (f"probing raw pixels: {train.x.shape[1]} features per image (3 x crop x crop), {len(train.y)} train and "
             f"{len(val.y)} val images, {lin.n_c} values of C then one refit, each fit up to linear.max_iter="
-            f"{lin.max_iter} iterations: this takes far longer than a network's features (tens of minutes for the "
-            "digits on two CPU cores); a line per fit follows")
+            f"{lin.max_iter} iterations: far longer than a network's features (on a CPU, the weakly regularised fits "
+            "of large C take minutes each); a line per fit follows")
 
 
 DEFAULT_VAL_SPLIT = "val"  # where a run's probe reports, by convention (configs.eval_schema.EvalDataConfig)
