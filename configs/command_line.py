@@ -51,7 +51,8 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str],
         elif pending:
             others.append(token)
             pending -= 1
-        elif token == "--":
+        elif token == "--":  # kept: argparse reads what follows as positionals too
+            others.append(token)
             positional_only = True
             collecting = False
         elif token.startswith("-") and len(token) > 1 and not _looks_negative(parser, token):
