@@ -33,7 +33,8 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "
 
 
 def test_help_and_a_config_typo_do_not_import_torch():
-    result = subprocess.run([sys.executable, "-c", NO_TORCH], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", NO_TORCH], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout  # no torch, no sparsity
     assert "unknown config key 'student.arhc'" in result.stderr and "valid keys in student: arch" in result.stderr
