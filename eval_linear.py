@@ -1,6 +1,6 @@
 """Linear-probe and k-NN evaluation of a finished run's teacher (the dinov2 logistic-regression protocol).
 
-    python eval_linear.py --run DIR [--config EVAL.yaml] [key=value ...]
+    python eval_linear.py --run DIR [--config EVAL.yaml] [key=value ...]   (options and key=value in any order)
     python eval_linear.py --run runs/default-20261122-101500                      # embedded default (digits)
     python eval_linear.py --run runs/vitl16 data.root=/datasets/imagenet solver=torch
     python eval_linear.py --run DIR mode=knn          # k-NN only; features come from the cache when unchanged
@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from configs import ConfigError, load_eval_config
+from configs.command_line import parse_command_line
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -31,7 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--run", type=Path, required=True, help="run directory written by train.py")
     parser.add_argument("--config", type=Path, default=None, help="optional YAML of evaluation settings")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="evaluation settings, e.g. solver=torch")
-    return parser.parse_args(argv)
+    return parse_command_line(parser, argv)  # options and overrides in any order
 
 
 def main(argv=None) -> int:

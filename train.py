@@ -1,6 +1,6 @@
 """DINOv2 pre-training with sparse-then-dense 2:4 MLP schedules.
 
-    python train.py [--config FILE] [--output-dir DIR] [key=value ...]
+    python train.py [--config FILE] [--output-dir DIR] [key=value ...]   (options and key=value in any order)
     torchrun --nproc_per_node=8 train.py --config configs/vitl16_imagenet.yaml data.root=/datasets/imagenet
 
 Without --config it runs the embedded default (a small ViT on scikit-learn's digits, a few minutes on a CPU).
@@ -16,8 +16,12 @@ import time
 from pathlib import Path
 
 from configs import DEFAULT_CONFIG, ConfigError, load_config
+from configs.command_line import parse_command_line
 from training import run_dir
-from training.run_dir import LOG, METRICS
+from training.closing_lines import closing_lines
+from training.run_dir import LOG
+
+EVAL_SCRIPT = Path(__file__).resolve().with_name("eval_linear.py")  # the next command after a run
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -26,7 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, default=None,
                         help="run directory (default: runs/<config name>-<date>-<time>)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.seed=1")
-    return parser.parse_args(argv)
+    return parse_command_line(parser, argv)  # options and overrides in any order
 
 
 def output_dir_problem(output_dir: Path) -> str:
@@ -66,6 +70,7 @@ def release(*locks) -> None:
 
 
 def main(argv=None) -> int:
+    started = time.monotonic()
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -152,8 +157,10 @@ def main(argv=None) -> int:
     elif run_lock is not None:  # the lock holder's alone: no one else writes these now
         run_guard.remove_stray_temporaries(output_dir, checkpoints=checkpoints_lock is None or checkpoints_lock.held)
     try:
-        teacher = Trainer(cfg, output_dir, ctx, dataset=dataset).train()
-        log.info("done: %s (metrics in %s)", teacher, output_dir / METRICS)
+        Trainer(cfg, output_dir, ctx, dataset=dataset).train()
+        if ctx.is_main:  # the final loss, this command's time and the next command to type
+            for line in closing_lines(output_dir, cfg, time.monotonic() - started, EVAL_SCRIPT):
+                log.info("%s", line)
     except ConversionError as e:  # a sparsity option the model cannot take: refused before the first step
         log.error("config error: %s", e)
         return 2

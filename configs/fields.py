@@ -12,7 +12,9 @@ schema is loaded (`load.py`, `eval_schema.py`).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -28,6 +30,35 @@ def _too_large(v: Any) -> bool:
     if isinstance(v, list):
         return any(map(_too_large, v))
     return isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT_MAX
+
+
+class LazyChoices(collections.abc.Sequence):
+    """The tuple `name` of `module`, imported on first use: the schema takes the `sparsity` library's choices (which
+    import torch) without importing them, so that `--help` and a config typo answer at once."""
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+        self._values: tuple | None = None
+
+    def _get(self) -> tuple:
+        if self._values is None:
+            self._values = tuple(getattr(importlib.import_module(self.module), self.name))
+        return self._values
+
+    def __getitem__(self, i):
+        return self._get()[i]
+
+    def __contains__(self, v) -> bool:
+        return v in self._get()
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return f"LazyChoices({self.module}.{self.name})"
 
 
 @dataclass(frozen=True)
@@ -95,6 +126,8 @@ def check_fields(cfg: Any, prefix: str = "") -> Optional[str]:
         if _too_large(v):
             within = f"{rng.describe()} and " if rng is not None and rng.choices is None else ""
             return f"{key}={v!r} is out of range: must be {within}at most {INT_MAX} in absolute value"
+        if rng is not None and isinstance(rng.choices, LazyChoices) and v == f.default:
+            continue  # a default is one of its choices (a test holds it so): no need to import their library
         if rng is not None and not rng.accepts(v):
             if rng.choices is not None:
                 return f"{key}={v!r} is not one of {', '.join(str(c) for c in rng.choices)}"

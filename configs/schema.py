@@ -3,21 +3,24 @@
 Defaults are the reference DINOv2 values (`ssl_default_config.yaml`); YAML files in this folder and command-line
 dotlists only override them. Every key is declared here, so a typo or a wrong type is an error, and every number and
 choice declares its valid range (`value(default, ...)`, `fields.py`), so a meaningless value is an error naming the
-key and the range (see `load.py`). The choices of the `sparsity` section are the tuples the `sparsity` library owns,
-imported here (never listed twice).
+key and the range (see `load.py`). The choices of the `sparsity` section are the tuples the `sparsity` library owns
+(never listed twice), imported only when a value is checked against them (`LazyChoices`): the library imports torch,
+which `train.py --help` and a misspelt key do not need. The cuSPARSELt defaults are `BackendSettings`' (a test
+holds them equal).
 """
 
 from dataclasses import dataclass, field
 from typing import List
 
-from sparsity.backends import BACKENDS
-from sparsity.backends.settings import CSLT_PACK_MODES, CSLT_SEARCH_MODES, BackendSettings
-from sparsity.converter import KINDS
-from sparsity.mvue_grad import WEIGHT_GRADS
-from sparsity.pruned_entries import PRUNED_GRADS
-from sparsity.pruning import METHODS as PRUNING_METHODS
+from .fields import LazyChoices, value
 
-from .fields import value
+BACKENDS = LazyChoices("sparsity.backends", "BACKENDS")
+CSLT_PACK_MODES = LazyChoices("sparsity.backends.settings", "CSLT_PACK_MODES")
+CSLT_SEARCH_MODES = LazyChoices("sparsity.backends.settings", "CSLT_SEARCH_MODES")
+KINDS = LazyChoices("sparsity.converter", "KINDS")
+WEIGHT_GRADS = LazyChoices("sparsity.mvue_grad", "WEIGHT_GRADS")
+PRUNED_GRADS = LazyChoices("sparsity.pruned_entries", "PRUNED_GRADS")
+PRUNING_METHODS = LazyChoices("sparsity.pruning", "METHODS")
 
 ARCHS = ("vit_tiny", "vit_small", "vit_base", "vit_large")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # inductor's modes (train.compile_mode)
@@ -163,14 +166,14 @@ class SparsityConfig:
     # sweep (every algorithm checked against the dense product and timed; ids known to crash are skipped, and where
     # no such list exists for the GPU and library version the default algorithm is used) | sweep_unsafe (the sweep
     # there too) | library (cusparseLtMatmulSearch, checked) | none (the library's default)
-    cslt_search: str = value(BackendSettings.cslt_search, choices=CSLT_SEARCH_MODES)
+    cslt_search: str = value("sweep", choices=CSLT_SEARCH_MODES)  # BackendSettings.cslt_search
     # How W is compressed for cuSPARSELt (sparsity/backends/cusparselt/packing.py): auto (the fused Triton packer
     # where its byte layout is validated or a start-up probe matches the library's, else the library compressor) |
     # triton (no check) | library (cusparseLtSpMMACompress2, slower)
-    cslt_pack: str = value(BackendSettings.cslt_pack, choices=CSLT_PACK_MODES)
+    cslt_pack: str = value("auto", choices=CSLT_PACK_MODES)  # BackendSettings.cslt_pack
     # The weight gradient of a 2:4 layer as one cuBLASLt call that also reduces the bias gradient and writes fp32
     # (sparsity/weight_grad.py; eager CUDA only, timed against the torch ops per shape and used where faster)
-    fused_wgrad: bool = BackendSettings.fused_wgrad
+    fused_wgrad: bool = True  # BackendSettings.fused_wgrad
     block_density: float = value(0.5, gt=0, le=1)  # kind=block: fraction of the weight's blocks kept and trained
     block_size: int = value(32, ge=1)  # kind=block: side of a block; must divide both dims of every converted linear
 

@@ -175,17 +175,28 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
     return out
 
 
-def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, device: torch.device) -> dict:
+def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, device: torch.device,
+                 every_fit: bool = False) -> dict:
     lin = eval_cfg.linear
     solver = build_solver(eval_cfg.solver, lin.max_iter, lin.tol, lin.history_size, lin.precision)
     probe_device = device if solver.name == "torch" else torch.device("cpu")
     Cs = c_grid(lin.c_min_power, lin.c_max_power, lin.n_c)
     result = run_probe(solver, train.x.to(probe_device), train.y.to(probe_device), val.x.to(probe_device),
                        val.y.to(probe_device), n_classes=n_classes, Cs=Cs, holdout_fraction=lin.holdout_fraction,
-                       seed=lin.seed)
+                       seed=lin.seed, every_fit=every_fit)
     return {"top1": result.top1, "top5": result.top5, "best_C": result.best_C, "C_curve": result.C_curve,
             "final_loss": result.final.loss, "final_n_iter": result.final.n_iter, "solver": solver.name,
             "linear_precision": result.final.precision, "linear_seconds": round(result.seconds, 3)}
+
+
+def pixel_probe_note(train: Features, val: Features, eval_cfg) -> str:
+    """What a raw-pixel probe is about to do, and why it takes long: many more features than a network's, and the
+    weakly regularised fits (large C) of raw pixels run up to the iteration limit."""
+    lin = eval_cfg.linear
+    return (f"probing raw pixels: {train.x.shape[1]} features per image (3 x crop x crop), {len(train.y)} train and "
+            f"{len(val.y)} val images, {lin.n_c} values of C then one refit, each fit up to linear.max_iter="
+            f"{lin.max_iter} iterations: far longer than a network's features (on a CPU, the weakly regularised fits "
+            "of large C take minutes each); a line per fit follows")
 
 
 DEFAULT_VAL_SPLIT = "val"  # where a run's probe reports, by convention (configs.eval_schema.EvalDataConfig)
@@ -290,7 +301,9 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
         "top1": None, "top5": None, "best_C": None, "C_curve": [], "solver": None, "knn": {},
     }
     if eval_cfg.mode in ("linear", "both"):
-        record.update(linear_probe(train, val, feats["n_classes"], eval_cfg, device))
+        if baseline == PIXELS:
+            logger.info(pixel_probe_note(train, val, eval_cfg))
+        record.update(linear_probe(train, val, feats["n_classes"], eval_cfg, device, every_fit=baseline == PIXELS))
     if eval_cfg.mode in ("knn", "both"):
         knn = knn_classify(train.x.to(device), train.y, val.x, val.y, eval_cfg.knn.ks, eval_cfg.knn.temperature,
                            n_classes=feats["n_classes"], batch_size=eval_cfg.knn.batch_size)

@@ -41,11 +41,11 @@ def holdout_split(n: int, fraction: float, seed: int) -> tuple[Tensor, Tensor]:
 
 
 def sweep_C(solver, X_fit: Tensor, y_fit: Tensor, X_hold: Tensor, y_hold: Tensor, n_classes: int,
-            Cs: list[float], progress: bool = True) -> tuple[list[dict], dict[float, LogRegFit]]:
+            Cs: list[float], progress: bool = True, every: float = 0.1) -> tuple[list[dict], dict[float, LogRegFit]]:
     """Fit each C (small to large, each warm-started from the previous fit when the solver can use it) and score
-    the hold-out. Returns the curve and the fits by C."""
+    the hold-out. Returns the curve and the fits by C. `every`: the share of the fits between progress lines."""
     curve, fits, previous = [], {}, None
-    for C in track(sorted(Cs), f"C sweep ({solver.name})", "fits", enabled=progress, say=logger.info):
+    for C in track(sorted(Cs), f"C sweep ({solver.name})", "fits", enabled=progress, every=every, say=logger.info):
         fit = solver.fit(X_fit, y_fit, n_classes, C, init=previous)
         acc = topk_accuracy(X_hold, y_hold, fit, ks=(1,))
         curve.append({"C": C, "holdout_top1": acc[1], "loss": fit.loss, "n_iter": fit.n_iter,
@@ -63,16 +63,19 @@ def best_C(curve: list[dict]) -> float:
 
 def run_probe(solver, train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor, *,
               n_classes: Optional[int] = None, Cs: Optional[list[float]] = None, holdout_fraction: float = 0.1,
-              seed: int = 0, progress: bool = True) -> ProbeResult:
-    """The whole protocol: hold-out split, C sweep, refit on all train features with the best C, val top-1/top-5."""
+              seed: int = 0, progress: bool = True, every_fit: bool = False) -> ProbeResult:
+    """The whole protocol: hold-out split, C sweep, refit on all train features with the best C, val top-1/top-5.
+    `every_fit`: a progress line per fit of the sweep (slow fits, e.g. on raw pixels), not per tenth of it."""
     start = time.perf_counter()
     Cs = c_grid() if Cs is None else Cs
     n_classes = n_classes or int(max(train_y.max(), val_y.max())) + 1
     fit_idx, hold_idx = holdout_split(len(train_y), holdout_fraction, seed)
     fit_idx, hold_idx = fit_idx.to(train_x.device), hold_idx.to(train_x.device)
     curve, fits = sweep_C(solver, train_x[fit_idx], train_y[fit_idx], train_x[hold_idx], train_y[hold_idx],
-                          n_classes, Cs, progress)
+                          n_classes, Cs, progress, every=1 / len(Cs) if every_fit else 0.1)
     chosen = best_C(curve)
+    if progress:  # one more fit, on all the train features: as long as one of the sweep's
+        logger.info("refitting the best C %.3g on all %d train features", chosen, len(train_y))
     final = solver.fit(train_x, train_y, n_classes, chosen, init=fits[chosen])
     acc = topk_accuracy(val_x, val_y, final, ks=(1, 5))
     logger.info("best C %.3g: val top-1 %.2f%%, top-5 %.2f%%", chosen, acc[1], acc[5])

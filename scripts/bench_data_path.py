@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from configs import load_config
+from configs.command_line import parse_command_line
 from data import build_ssl_loader, build_training_dataset
 from scripts.benchmarks.timing import time_steps
 from training.distributed import DistContext
@@ -94,7 +95,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    args = parse_command_line(ap)  # options and overrides in any order
     device = torch.device("cuda")
     base = list(args.overrides)
     result = {"device_name": torch.cuda.get_device_name(), "config": str(args.config), "overrides": base,

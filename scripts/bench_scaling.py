@@ -35,6 +35,7 @@ import torch.multiprocessing as mp
 from PIL import Image
 
 from configs import load_config
+from configs.command_line import parse_command_line
 from scripts.benchmarks.batch import synthetic_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench")
     ap.add_argument("--plot-only", type=Path, default=None, help="redraw the PNG of an existing JSON and exit")
     ap.add_argument("overrides", nargs="*", help="config overrides for every model, e.g. train.amp_dtype=fp16")
-    args = ap.parse_args(argv)
+    args = parse_command_line(ap, argv)  # options and overrides in any order
     if 1 not in args.gpus:
         ap.error("--gpus must include 1: efficiencies are relative to one GPU")
     return args
@@ -270,7 +271,8 @@ def plot(result: dict, png: Path) -> None:
     device = "GPU" if result["gpu"] != "cpu" else "CPU rank"
     for model, b in series:
         pts = sorted((r["gpus"], r["efficiency"]) for r in rows if (r["model"], r["per_gpu_batch"]) == (model, b))
-        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", label=f"{_series_name(model)}, {b} images/{device}")
+        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-",
+                label=f"{_series_name(model)}, {b} images/{device}")
     ax.axhline(90, color="gray", ls=":", lw=1, label="90% (target)")
     where = "CPU, gloo" if result["gpu"] == "cpu" else result["gpu"]
     ax.set(xlabel=f"{device}s (data parallel)", ylabel="weak-scaling efficiency (%)",

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from configs import load_config
+from configs.command_line import parse_command_line
 from configs.schema import COMPILE_MODES
 from scripts.benchmarks import bad_algs
 from scripts.benchmarks.batch import synthetic_batch
@@ -290,7 +291,7 @@ def main() -> None:
                          "as it warms)")
     bad_algs.add_argument(ap)
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
-    args = ap.parse_args()
+    args = parse_command_line(ap)  # options and overrides in any order
     if not torch.cuda.is_available():
         sys.exit("bench_train_step.py needs a CUDA GPU")
     if args.rounds < 1:

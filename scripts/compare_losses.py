@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 
+from configs.command_line import parse_command_line  # noqa: E402
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -26,7 +28,7 @@ def main(argv=None) -> int:
     parser.add_argument("--spread", type=Path, default=None, help="the baseline's setting with another seed")
     parser.add_argument("--window", type=int, default=10, help="logged points per moving average (default 10)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the comparison")
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)  # options before or after the runs
     from configs import ConfigError
     from models.atomic_io import atomic_write_text
     from reporting.compare import as_json, compare_runs, setting_changes

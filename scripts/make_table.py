@@ -1,6 +1,6 @@
 """Tabulate sparse-then-dense runs: one row per run, shaped like the published 2:4 DINOv2 table.
 
-    python scripts/make_table.py RUN_DIR_OR_PARENT... [--out results/NAME]
+    python scripts/make_table.py RUN_DIR_OR_PARENT... [--out DIR]       (default DIR: runs/table)
 
 Reads each run's config.yaml, metrics.jsonl, log.txt, eval_linear.json and the baselines' results
 (eval_linear_random_init.json, eval_linear_pixels.json); writes table.md, table.csv, summary.json,
@@ -27,16 +27,20 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from configs.command_line import parse_command_line  # noqa: E402
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories, or folders holding them")
-    parser.add_argument("--out", type=Path, default=Path("results/table"), help="output folder (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("runs/table"),
+                        help="output folder (default: %(default)s; the committed tables under results/ are rewritten "
+                             "only when named here)")
     parser.add_argument("--no-plots", action="store_true", help="write the table, CSV and summary only")
     parser.add_argument("--note", action="append", default=[], help="a line added to the table's notes (repeatable)")
     parser.add_argument("--allow-missing", action="store_true",
                         help="list paths that do not exist as missing runs instead of stopping")
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)  # run folders after options too
     absent = [path for path in args.runs if not path.exists()]
     if absent and not args.allow_missing:
         for path in absent:

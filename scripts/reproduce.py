@@ -14,7 +14,8 @@ steps, then dense) with `train.py`, evaluates each with `eval_linear.py` (linear
 training, evaluates the baselines on the dense run (`checkpoint=random`: the untrained network; `checkpoint=pixels`:
 logistic regression on raw pixels), then writes the table, CSV, summary and plots with `scripts/make_table.py`.
 Runs are named as the Slurm sweep names them (sparse_0.70); other seeds add a suffix (sparse_0.70_seed1) and get
-`train.seed=S`. Without --config: runs/default and results/default; with it: runs/<config name>, results/<...>.
+`train.seed=S`. Runs go to runs/default (with --config: runs/<config name>), the table and plots to its table/
+folder; the committed results/ are rewritten only with an explicit --out (e.g. --out results/default).
 
 Rerunning is cheap: finished runs are skipped, interrupted ones resume from their newest checkpoint (train.py's own
 resume), a run is re-evaluated only when its eval_linear.json is missing or older than its teacher export, and a
@@ -41,6 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from configs import ConfigError, load_config  # noqa: E402
+from configs.command_line import parse_command_line  # noqa: E402
 from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS  # noqa: E402
 from reporting.run_logs import COMPLETE, read_run  # noqa: E402
 from reporting.table import make_table  # noqa: E402
@@ -196,7 +198,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--runs-dir", type=Path, default=None,
                         help="where the runs go (default: runs/default, or runs/<config name> with --config)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="where the table and plots go (default: results/default, or results/<config name>)")
+                        help="where the table and plots go (default: RUNS_DIR/table; the committed results/<name> "
+                             "only when named here)")
     parser.add_argument("--fractions", type=parse_fractions, default=list(PUBLISHED_FRACTIONS),
                         help="comma-separated sparse fractions (default: the published table's seven)")
     parser.add_argument("--extra-seeds", type=parse_seeds, default=[], metavar="S[,S...]",
@@ -214,12 +217,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py config overrides")
     parser.add_argument("--eval", dest="eval_overrides", nargs="*", default=[], metavar="key=value",
                         help="eval_linear.py overrides")
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv, key_value_options=["--eval"])  # any order; --eval k=v... its own
     if args.jobs < 1:
         parser.error("--parallel must be >= 1")
     name = args.config.stem if args.config else "default"
     args.runs_dir = args.runs_dir or Path("runs") / name
-    args.out = args.out or Path("results") / name
+    args.out = args.out or args.runs_dir / "table"  # user output stays under runs/, never in the committed results/
     return args
 
 

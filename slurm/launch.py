@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # `python slurm/launch.py`: import the package fr
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from configs import ConfigError, scaled_lr, to_yaml  # noqa: E402
+from configs.command_line import parse_command_line  # noqa: E402
 from slurm.status import format_table  # noqa: E402
 from slurm.status import main as status_main  # noqa: E402
 from slurm.submit import Resources, SweepSubmitter, control_character_problem  # noqa: E402
@@ -44,29 +45,6 @@ def _fraction(text: str) -> float:
     if not 0.0 <= value <= 1.0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"sparsity.sparse_fraction={text} is out of range: must be >= 0 and <= 1")
     return value + 0.0  # -0 is 0
-
-
-def _split_overrides(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
-    """(options, key=value overrides): every key=value that is not the value of an option is an override, wherever
-    it stands, so that `--sparse-fractions 0 0.5 data.root=/d` (a list option followed by an override) keeps the
-    override instead of reading it as a fraction."""
-    options, overrides = [], []
-    takes_value = False
-    for token in argv:
-        if takes_value:
-            options.append(token)
-            takes_value = False
-        elif token.startswith("-"):
-            name = token.split("=", 1)[0]
-            actions = [a for s, a in parser._option_string_actions.items() if s == name] or [
-                a for s, a in parser._option_string_actions.items() if s.startswith(name)]  # abbreviations
-            takes_value = "=" not in token and len(actions) == 1 and actions[0].nargs is None
-            options.append(token)
-        elif "=" in token:
-            overrides.append(token)
-        else:
-            options.append(token)
-    return options, overrides
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -105,9 +83,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     mode.add_argument("--local", action="store_true",
                       help="run the same jobs here with submitit's local executor, one run after the other")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="training config overrides for every run")
-    options, overrides = _split_overrides(p, sys.argv[1:] if argv is None else list(argv))
-    args = p.parse_intermixed_args(options)  # options may follow the key=value overrides
-    args.overrides = [*overrides, *args.overrides]
+    # every key=value is an override wherever it stands, also right after --sparse-fractions' list
+    args = parse_command_line(p, argv)
     for name in ("nodes", "cpus_per_task", "cpu_tasks_per_node", "timeout_min", "max_num_timeout", "eval_timeout_min"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -136,9 +113,9 @@ def dry_run_header(args: argparse.Namespace, plans: list) -> str:
         f"--- global batch {global_batch} = {args.nodes} node(s) x {per_node} {devices} x "
         f"{cfg.train.batch_size_per_gpu} images (train.batch_size_per_gpu); peak lr {scaled_lr(cfg, world):.6g} "
         f"(optim.base_lr {cfg.optim.base_lr:g} for 1024 images, scaled by {cfg.optim.scaling_rule})",
-        f"note: the lr scaling follows the global batch: on another number of nodes x GPUs than the recipe was "
-        f"written for, keep its global batch by changing train.batch_size_per_gpu, or the runs train with another "
-        f"lr and sample order than the recipe's",
+        "note: the lr scaling follows the global batch: on another number of nodes x GPUs than the recipe was "
+        "written for, keep its global batch by changing train.batch_size_per_gpu, or the runs train with another "
+        "lr and sample order than the recipe's",
     ])
 
 

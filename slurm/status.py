@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from configs import ConfigError, load_config  # noqa: E402
+from configs.command_line import parse_command_line  # noqa: E402
 from reporting.run_logs import COMPLETE, MISSING, read_eval_record  # noqa: E402
 from slurm.sweep import JOBS_FILE, JobRecord, read_jobs  # noqa: E402
 from training.run_dir import (CONFIG, EVAL_RESULT, METRICS, RUNNING, last_step, metrics_by_steps_done,  # noqa: E402
@@ -163,7 +164,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs-dir", type=Path, required=True,
                         help="the sweep folder given to the launcher, or one run directory")
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     try:
         rows = sweep_rows(args.runs_dir)
     except (FileNotFoundError, ValueError) as e:

@@ -168,8 +168,11 @@ def test_dry_run_of_the_cifar_sweep(reproduce, tmp_path, monkeypatch, capsys):
 
 def test_defaults_follow_the_config_and_a_bad_override_stops_early(reproduce, capsys):
     args = reproduce.parse_args(["--config", "configs/cifar10.yaml"])
-    assert (args.runs_dir, args.out) == (Path("runs/cifar10"), Path("results/cifar10"))
-    assert reproduce.parse_args([]).runs_dir == Path("runs/default")
+    assert (args.runs_dir, args.out) == (Path("runs/cifar10"), Path("runs/cifar10/table"))
+    args = reproduce.parse_args([])
+    assert (args.runs_dir, args.out) == (Path("runs/default"), Path("runs/default/table"))  # never results/ by default
+    assert reproduce.parse_args(["--runs-dir", "elsewhere"]).out == Path("elsewhere/table")
+    assert reproduce.parse_args(["--out", "results/default"]).out == Path("results/default")
     assert reproduce.main(["--dry-run", "train.batchsize=3"]) == 2
     assert "unknown config key 'train.batchsize'" in capsys.readouterr().err
     assert reproduce.main(["--dry-run", "--extra-seeds", "0"]) == 2

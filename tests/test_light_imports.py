@@ -1,0 +1,73 @@
+"""`train.py --help` and a config typo answer without importing torch: the schema reads the `sparsity` library's
+choices only when a value is checked against them (configs.fields.LazyChoices), and never listed twice."""
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from configs import ConfigError, load_config
+from configs.fields import LazyChoices, schema_ranges
+from configs.schema import Config, SparsityConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+# In a fresh interpreter: the help of both entry points, then a misspelt key of each; torch must not be imported.
+NO_TORCH = """
+import contextlib, io, sys
+import eval_linear, train
+for main, argv in ((train.main, ["--help"]), (eval_linear.main, ["--help"])):
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        try:
+            main(argv)
+        except SystemExit as e:
+            assert e.code == 0, e.code
+    assert "key=value" in out.getvalue()
+assert train.main(["student.arhc=vit_tiny"]) == 2
+assert train.main(["optim.base_lr=-1"]) == 2
+assert eval_linear.main(["--run", "nowhere", "solvr=torch"]) == 2
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "sparsity"))))
+"""
+
+
+def test_help_and_a_config_typo_do_not_import_torch():
+    result = subprocess.run([sys.executable, "-c", NO_TORCH], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout  # no torch, no sparsity
+    assert "unknown config key 'student.arhc'" in result.stderr and "valid keys in student: arch" in result.stderr
+    assert "optim.base_lr=-1.0 is out of range" in result.stderr and "unknown config key 'solvr'" in result.stderr
+
+
+def test_the_lazy_choices_are_the_sparsity_librarys_own():
+    from sparsity.backends import BACKENDS
+    from sparsity.backends.settings import CSLT_PACK_MODES, CSLT_SEARCH_MODES, BackendSettings
+    from sparsity.converter import KINDS
+    from sparsity.mvue_grad import WEIGHT_GRADS
+    from sparsity.pruned_entries import PRUNED_GRADS
+    from sparsity.pruning import METHODS
+
+    ranges = schema_ranges(SparsityConfig, "sparsity.")
+    owned = {"sparsity.kind": KINDS, "sparsity.backend": BACKENDS, "sparsity.pruning": METHODS,
+             "sparsity.weight_grad": WEIGHT_GRADS, "sparsity.pruned_grad": PRUNED_GRADS,
+             "sparsity.cslt_search": CSLT_SEARCH_MODES, "sparsity.cslt_pack": CSLT_PACK_MODES}
+    assert {k for k, r in schema_ranges(Config).items() if isinstance(r.choices, LazyChoices)} == set(owned)
+    for key, choices in owned.items():
+        assert tuple(ranges[key].choices) == tuple(choices), key
+    # the defaults the schema writes out (it cannot import BackendSettings) are BackendSettings' own
+    defaults = SparsityConfig()
+    assert (defaults.cslt_search, defaults.cslt_pack, defaults.fused_wgrad) == dataclasses.astuple(BackendSettings())
+    for f in dataclasses.fields(SparsityConfig):  # a default is never checked against its lazy choices: it must be one
+        rng = f.metadata.get("range")
+        if rng is not None and isinstance(rng.choices, LazyChoices):
+            assert f.default in rng.choices, f.name
+
+
+def test_a_value_outside_lazy_choices_is_refused_naming_them():
+    with pytest.raises(ConfigError, match=r"sparsity.kind='dense' is not one of weight, activation, block"):
+        load_config(None, ["sparsity.kind=dense"])
+    with pytest.raises(ConfigError, match=r"sparsity.pruning='greedy' is not one of tile_greedy, "):
+        load_config(None, ["sparsity.pruning=greedy"])
+    assert load_config(None, ["sparsity.kind=block"]).sparsity.kind == "block"

@@ -1,0 +1,49 @@
+"""The last lines `train.py` prints: where the run ended, its final loss, how long this command took, and the next
+command to type. Torch-free: read from the run directory (metrics.jsonl, the exported teacher) and the config."""
+
+import shlex
+from pathlib import Path
+
+from training import run_dir
+
+
+def duration(seconds: float) -> str:
+    """41.2s, 2m 05s, 1h 02m 03s."""
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def shown_path(path: Path) -> str:
+    """`path` as a user types it: relative to the working directory when it lies inside it, quoted for a shell."""
+    path = Path(path)
+    try:
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    except (OSError, ValueError):
+        pass
+    return shlex.quote(str(path))
+
+
+def closing_lines(output_dir: Path, cfg, elapsed_s: float, eval_script: Path = Path("eval_linear.py")) -> list[str]:
+    """What a finished `train.py` says last: the step reached and this command's time, the final logged loss, the
+    files, then the next command (the linear probe once the teacher is exported; else how to continue)."""
+    output_dir = Path(output_dir)
+    metrics = output_dir / run_dir.METRICS
+    records = [r for r in run_dir.metrics_by_steps_done(metrics) if isinstance(r.get("loss"), (int, float))]
+    last, total = run_dir.last_step(cfg), cfg.total_steps
+    reached = records[-1]["step"] if records else last
+    loss = f"final loss {records[-1]['loss']:.4f} (step {reached})" if records else "no loss logged"
+    teacher = output_dir / run_dir.TEACHER
+    lines = [f"done: step {reached} of {total} in {duration(elapsed_s)}; {loss}"]
+    run = shown_path(output_dir)
+    if teacher.is_file():
+        lines.append(f"teacher: {shown_path(teacher)}; metrics: {shown_path(metrics)}")
+        lines.append(f"next: python {shown_path(eval_script)} --run {run}   (linear probe and k-NN of the teacher)")
+    else:  # stopped at train.max_steps: no final teacher yet
+        lines.append(f"stopped at train.max_steps={last} of {total} steps: no final teacher yet; metrics: "
+                     f"{shown_path(metrics)}")
+        lines.append(f"next: rerun the same command with a larger train.max_steps (0: the whole schedule) to continue "
+                     f"{run} from its last checkpoint")
+    return lines
