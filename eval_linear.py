@@ -20,11 +20,18 @@ import argparse
 import errno
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from configs import ConfigError, load_eval_config
 from configs.command_line import parse_command_line
+
+# Idle OpenMP threads sleep instead of spinning. Read once, when torch loads its OpenMP runtime, so it is set before
+# anything imports torch (the imports above do not: tests/test_light_imports.py). On shared cores (a second torch
+# process, two CI cores) spinning threads starve the other processes and wait on descheduled ones: the embedded
+# default ran ~5x slower beside a busy neighbour without it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -21,6 +21,12 @@ from training import run_dir
 from training.closing_lines import closing_lines
 from training.run_dir import LOG
 
+# Idle OpenMP threads sleep instead of spinning. Read once, when torch loads its OpenMP runtime, so it is set before
+# anything imports torch (the imports above do not: tests/test_light_imports.py). On shared cores (a second torch
+# process, two CI cores) spinning threads starve the other processes and wait on descheduled ones: the embedded
+# default ran ~5x slower beside a busy neighbour without it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 EVAL_SCRIPT = Path(__file__).resolve().with_name("eval_linear.py")  # the next command after a run
 
 

@@ -1,7 +1,9 @@
-"""`train.py --help` and a config typo answer without importing torch: the schema reads the `sparsity` library's
+"""`train.py --help` and a config typo answer without importing torch (and the entry points set OpenMP's passive
+waits before anything loads it): the schema reads the `sparsity` library's
 choices only when a value is checked against them (configs.fields.LazyChoices), and never listed twice."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +18,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 # In a fresh interpreter: the help of both entry points, then a misspelt key of each; torch must not be imported.
 NO_TORCH = """
-import contextlib, io, sys
+import contextlib, io, os, sys
+assert "OMP_WAIT_POLICY" not in os.environ
 import eval_linear, train
+assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"  # set by the entry points, before anything loads torch
 for main, argv in ((train.main, ["--help"]), (eval_linear.main, ["--help"])):
     with contextlib.redirect_stdout(io.StringIO()) as out:
         try:
@@ -33,8 +37,9 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "
 
 
 def test_help_and_a_config_typo_do_not_import_torch():
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # (the test session sets it too)
     result = subprocess.run([sys.executable, "-c", NO_TORCH], cwd=REPO, capture_output=True, text=True, timeout=120,
-                            check=False)
+                            check=False, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", result.stdout  # no torch, no sparsity
     assert "unknown config key 'student.arhc'" in result.stderr and "valid keys in student: arch" in result.stderr
