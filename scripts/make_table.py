@@ -23,11 +23,9 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from configs.command_line import parse_command_line
 
-from configs.command_line import parse_command_line  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def main(argv=None) -> int:

@@ -37,18 +37,16 @@ from typing import Optional
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from configs import ConfigError, load_config
+from configs.command_line import parse_command_line
+from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS
+from reporting.run_logs import COMPLETE, read_run
+from reporting.table import make_table
+from slurm.sweep import run_name  # (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
+from training.run_dir import BASELINE_RESULTS, EVAL_RESULT, TEACHER
+from training.terminal import track
 
-from configs import ConfigError, load_config  # noqa: E402
-from configs.command_line import parse_command_line  # noqa: E402
-from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS  # noqa: E402
-from reporting.run_logs import COMPLETE, read_run  # noqa: E402
-from reporting.table import make_table  # noqa: E402
-from slurm.sweep import run_name  # noqa: E402  (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
-from training.run_dir import BASELINE_RESULTS, EVAL_RESULT, TEACHER  # noqa: E402
-from training.terminal import track  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TRAIN_SCRIPT, EVAL_SCRIPT = REPO / "train.py", REPO / "eval_linear.py"
 # eval_linear.py's checkpoint= value of each baseline -> the result file it writes (what run_logs reads)
