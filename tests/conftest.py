@@ -19,6 +19,15 @@ from configs.torch_env import ensure_torchvision_importable  # noqa: E402
 ensure_torchvision_importable()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """One process, one test at a time, where the GPU is in play: GPU tests time kernels and fill its memory, so
+    workers sharing one GPU would disturb each other (pyproject.toml spreads CPU runs over workers)."""
+    if hasattr(config.option, "numprocesses") and (torch.cuda.is_available()
+                                                    or "gpu" in (config.option.markexpr or "").replace("not gpu", "")):
+        config.option.numprocesses = 0
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

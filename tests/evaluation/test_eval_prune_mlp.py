@@ -23,6 +23,8 @@ sys.path.insert(0, str(REPO / "tests" / "sparsity"))
 import eval_linear  # noqa: E402
 from independent_reference import tile_mask  # noqa: E402  (pure torch, nothing from this repository)
 
+pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
+
 MLP_SUFFIXES = (".mlp.fc1", ".mlp.fc2")
 # LayerScale off: at its init (1e-5) the MLPs barely move the residual stream, and pruning them would change the
 # features too little for a test to tell pruned from dense

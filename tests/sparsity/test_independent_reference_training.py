@@ -48,6 +48,8 @@ from reference_runs import (  # tests/sparsity/reference_runs.py: the two runs a
     swap_reference_at,
 )
 
+pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return run_pair(tmp_path_factory.mktemp("independent_reference"))

@@ -25,6 +25,8 @@ from training.trainer import Trainer
 from independent_reference import tile_mask  # pure torch, shares no code with sparsity/
 from tiny_run import TINY_MODEL_AND_DATA
 
+pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
+
 SWITCH_STEP = 8  # of 16: sparse_fraction 0.5
 
 

@@ -7,6 +7,8 @@ first set-up line trains (and CI with it)."""
 import dataclasses
 import json
 
+import pytest
+
 import torch
 from torch import nn
 
@@ -16,6 +18,8 @@ from training.distributed import DistContext
 from training.trainer import Trainer
 from sparsity import SemiSparseLinear
 from sparsity.backends.dense import DenseSparseWeight
+
+pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
 
 
 def _is_transposable_24(w: torch.Tensor) -> bool:

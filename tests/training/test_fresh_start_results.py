@@ -6,12 +6,16 @@ resume keeps them."""
 import json
 import sys
 
+import pytest
+
 from train_runs import REPO, run_train
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
 from models.safe_io import recorded_digest  # noqa: E402
 from reporting.run_logs import STALE, read_run  # noqa: E402
+
+pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
 
 FAST_EVAL = ["linear.n_c=3", "linear.max_iter=30", "features.num_workers=0", "knn.ks=[5]", "mode=both"]
 

@@ -6,10 +6,14 @@ never written through; a run directory given through a symlink is resolved once.
 import os
 import signal
 
+import pytest
+
 from run_lock_holder import hold_lock
 from train_runs import run_train, start_train, wait_for_step
 
 from training.run_dir import read_metrics
+
+pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
 
 PRECIOUS = "a file outside the run, which no run may change\n"
 

@@ -10,6 +10,8 @@ from training.run_dir import read_metrics, without_timing
 
 from train_runs import run_train, start_train, wait_for_step
 
+pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
+
 SWITCH_STEP = 8  # TINY: 16 steps, sparse_fraction 0.5
 
 

@@ -2,7 +2,10 @@
 between two starts of a run is refused naming the key and both values, before anything is written; the same LR
 resumes. config.yaml holds the resolved value, so nothing later depends on the environment."""
 
+import pytest
 from train_runs import run_train
+
+pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
 
 
 def test_an_interpolated_lr_that_changed_between_starts_is_refused(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ from sparsity import SemiSparseLinear, swap_linear_modules, swap_to_dense
 
 COMPILED = ["train.compile=true", "train.compile_backend=aot_eager"]
 CPU = DistContext(0, 1, 0, torch.device("cpu"))
-pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+pytestmark = [pytest.mark.usefixtures("fresh_dynamo"), pytest.mark.slow]  # compiles for tens of seconds per test
 
 
 def test_compile_setting_resolution():
