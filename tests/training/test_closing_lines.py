@@ -51,7 +51,7 @@ def test_the_reference_run_ends_on_these_lines(reference_run, reference_stderr):
     """train.py's real output (a subprocess shared by the tests of this folder): the last three lines."""
     last = [re.sub(r"^\S+ \S+ INFO train: ", "", line) for line in reference_stderr.strip().splitlines()[-3:]]
     loss = metrics_by_steps_done(reference_run / METRICS)[-1]["loss"]
-    assert re.fullmatch(rf"done: step 16 of 16 in \d+(\.\d|m \d\ds); final loss {loss:.4f} \(step 16\)", last[0]), last
+    assert re.fullmatch(rf"done: step 16 of 16 in \d+(\.\ds|m \d\ds); final loss {loss:.4f} \(step 16\)", last[0]), last
     assert last[1] == f"teacher: {reference_run / TEACHER}; metrics: {reference_run / METRICS}"
     assert last[2] == f"next: python eval_linear.py --run {reference_run}   (linear probe and k-NN of the teacher)"
     assert last == [re.sub(r"^\S+ \S+ INFO train: ", "", line)
