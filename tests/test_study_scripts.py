@@ -54,7 +54,7 @@ with open(run / "evals.txt", "a") as f:
 @pytest.fixture
 def workdir(tmp_path):
     (tmp_path / "scripts" / "experiments").mkdir(parents=True)
-    for name in ("study_runs.sh", "study_throughput.sh", "study_throughput_rows.sh"):
+    for name in ("arguments.sh", "study_runs.sh", "study_throughput.sh", "study_throughput_rows.sh"):
         shutil.copy(DRIVER_DIR / name, tmp_path / "scripts" / "experiments" / name)
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "cifar10.yaml").write_text("")  # study_runs.sh's default config must exist

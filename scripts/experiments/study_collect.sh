@@ -3,9 +3,7 @@
 # configs, eval JSONs):
 #
 #   scripts/experiments/study_collect.sh RUNS_DIR ARCHIVE.tar.gz
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }  # the comment above
-die() { echo "$(basename "$0"): $*" >&2; usage >&2; exit 2; }
-case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+. "$(dirname "$0")/arguments.sh"  # usage, die, is_count; -h/--help prints the comment above
 [ $# -eq 2 ] || die "expected 2 arguments, got $#"
 [ -d "$1" ] || die "RUNS_DIR $1: no such folder"
 [[ $2 == *.tar.gz ]] || die "ARCHIVE $2: expected a name ending in .tar.gz"

@@ -12,9 +12,7 @@
 # 2:4 (`prune_mlp=true`: the network a sparse phase computes). Everything a
 # run prints goes to RUNS_DIR/NAME.train.log / NAME.eval*.log; RUNS_DIR/driver.log says when each step started and
 # ended. A finished run is skipped by train.py itself, so rerunning the driver only does what is left.
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }  # the comment above
-die() { echo "$(basename "$0"): $*" >&2; usage >&2; exit 2; }
-case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+. "$(dirname "$0")/arguments.sh"  # usage, die, is_count; -h/--help prints the comment above
 [ $# -ge 3 ] && [ $# -le 4 ] || die "expected 3 or 4 arguments, got $#"
 [ -f "$1" ] || die "PLAN $1: no such file"
 set -u

@@ -11,10 +11,7 @@
 # with a warm compile cache on one H200, more from a cold one) would otherwise eat a short window; stopping only after
 # that line also keeps the SIGTERM out of torch.compile's start-up, where it kills inductor's compile workers (same
 # process group) and can crash or stall the run. A run still alive 30 s after its SIGTERM is killed.
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }  # the comment above
-die() { echo "$(basename "$0"): $*" >&2; usage >&2; exit 2; }
-case "${1:-}" in -h | --help) usage; exit 0 ;; esac
-is_count() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
+. "$(dirname "$0")/arguments.sh"  # usage, die, is_count; -h/--help prints the comment above
 [ $# -ge 5 ] || die "expected at least 5 arguments, got $#"
 is_count "$1" || die "N $1: expected a number of runs > 0"
 is_count "$2" || die "SECONDS $2: expected a whole number of seconds > 0"

@@ -12,9 +12,7 @@
 # (one run, no overrides of its own: each row's median, and its windows' min and max), and every other row's total
 # (several runs, or one run set up differently) against each baseline row and against their mean, so that a ratio is
 # never quoted against one lucky or unlucky single run. The common overrides go to every run.
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }  # the comment above
-die() { echo "$(basename "$0"): $*" >&2; usage >&2; exit 2; }
-case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+. "$(dirname "$0")/arguments.sh"  # usage, die, is_count; -h/--help prints the comment above
 [ $# -ge 3 ] || die "expected at least 3 arguments, got $#"
 [ -n "$3" ] || die "ROWS is empty"
 for a in "${@:4}"; do [[ $a == *=* ]] || die "$a: expected key=value"; done

@@ -6,10 +6,7 @@
 # Checks every 10 s whether each RUNS_DIR/driver.log says "all done"; returns as soon as all do (exit 0) or when
 # MAX_SECONDS have passed (exit 1: some still running). Then prints each run's last step line (cut to 100 characters)
 # and each driver's events other than starts (trained, done, FAILED ...), so one short command both waits and reports.
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }  # the comment above
-die() { echo "$(basename "$0"): $*" >&2; usage >&2; exit 2; }
-case "${1:-}" in -h | --help) usage; exit 0 ;; esac
-is_count() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
+. "$(dirname "$0")/arguments.sh"  # usage, die, is_count; -h/--help prints the comment above
 [ $# -ge 2 ] || die "expected MAX_SECONDS and at least one RUNS_DIR, got $# argument(s)"
 is_count "$1" || die "MAX_SECONDS $1: expected a whole number of seconds > 0"
 for d in "${@:2}"; do [ -d "$d" ] || die "RUNS_DIR $d: no such folder"; done
