@@ -9,9 +9,14 @@ from torch import Tensor
 SUBSET_DROP_PATH_MIN_RATE = 0.1  # single-tensor forward: above this rate, drop by batch subset (reference)
 
 
+def kept_samples(batch: int, rate: float) -> int:
+    """How many of `batch` samples a residual branch runs on at drop-path `rate` (the reference's subset size)."""
+    return max(int(batch * (1 - rate)), 1)
+
+
 def batch_subset(batch: int, rate: float, device) -> Tuple[Tensor, int, float]:
     """The reference's `get_branges_scales`: kept sample indices, their count and the residual scale."""
-    keep = max(int(batch * (1 - rate)), 1)
+    keep = kept_samples(batch, rate)
     brange = torch.randperm(batch, device=device)[:keep]
     return brange, keep, batch / keep
 

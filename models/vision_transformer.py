@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn.init import trunc_normal_
 
 from configs.torch_env import ensure_torchvision_importable
-from models.stochastic_depth import SUBSET_DROP_PATH_MIN_RATE, add_to_subset, batch_subset
+from models.stochastic_depth import SUBSET_DROP_PATH_MIN_RATE, add_to_subset, batch_subset, kept_samples
 
 ensure_torchvision_importable()
 
@@ -132,7 +132,7 @@ class Block(nn.Module):
         each): the kept subsets' tokens when drop-path samples subsets. For config checks without tensors (a pruning
         of the MLP's input that needs a row multiple)."""
         if training and self.sample_drop_ratio > 0.0:
-            return sum(max(int(b * (1 - self.sample_drop_ratio)), 1) * n for b, n in batches)
+            return sum(kept_samples(b, self.sample_drop_ratio) * n for b, n in batches)
         return sum(b * n for b, n in batches)
 
     def forward_list(self, x_list: List[Tensor]) -> List[Tensor]:

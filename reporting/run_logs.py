@@ -262,6 +262,7 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
     log) recorded: failed with its reason, or partial (preempted, or still running / killed)."""
     finished = run.total_steps is not None and run.steps_done >= run.total_steps
     status = read_status(run_dir)
+    run.run_id = status.run_id  # what a copy of the directory keeps: `mark_duplicates`
     if finished and ((run_dir / TEACHER).is_file() or status.state == RUN_FINISHED):
         run.train_status = COMPLETE
         return
@@ -369,7 +370,6 @@ def read_run(run_dir: Path, name: Optional[str] = None) -> RunSummary:
     _read_metrics(run, run_dir)
     _training_status(run, run_dir)
     _read_eval(run, run_dir)
-    run.run_id = read_status(run_dir).run_id
     return run
 
 
