@@ -1,0 +1,86 @@
+"""Atomic file writes, torch-free (so the run-directory readers and the Slurm launcher use them without torch).
+
+`write_atomically(path, write)`: `write(f)` into a temporary file beside `path`, fsync, rename over `path`, fsync the
+directory. A kill at any moment leaves either the old file or the new one, never a truncated one. `rundir.torch_files`
+builds its checksummed torch writes on it; everything else a run writes (config, metrics rewrites, run info and
+status, eval results, the Slurm job record) goes through `atomic_write_text`.
+
+The temporary file is `<name>.<pid>.<random>.tmp`, created exclusively (O_CREAT | O_EXCL | O_NOFOLLOW): a name
+planted in the directory (a symlink pointing elsewhere, another writer's file) is never opened, so nothing outside
+the directory is ever written through it, and two writers never share one. The rename replaces whatever `path` is,
+a symlink included (the link goes, its target is not touched). A stray temporary file (a writer killed before its
+rename; `<name>.tmp` for versions before this one) is recognised by `temporary_base` and removed only by whoever
+holds the directory (`rundir.guard.remove_stray_temporaries`, under the run-directory lock).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import BinaryIO, Callable, Optional
+
+TMP_SUFFIX = ".tmp"
+# <base>.<pid>.<hex>.tmp (this version) or <base>.tmp (older ones): the base is the file being written
+_TEMPORARY = re.compile(r"^(?P<base>.+?)(?:\.\d+\.[0-9a-f]{8,})?\.tmp$")
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tmp_path(path: Path | str) -> Path:
+    """A fresh temporary name for a write of `path`, beside it: `<name>.<pid>.<random>.tmp`."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}{TMP_SUFFIX}")
+
+
+def temporary_base(name: str) -> Optional[str]:
+    """The name of the file a temporary file was writing (`step_00000008.pt` for `step_00000008.pt.123.ab12cd34ef56.tmp`
+    or the older `step_00000008.pt.tmp`), None for a name that is not a temporary file."""
+    match = _TEMPORARY.match(name)
+    return match.group("base") if match else None
+
+
+def create_exclusively(path: Path) -> BinaryIO:
+    """`path` opened for writing, created now by this call: FileExistsError if anything is there already (a file, a
+    directory, a symlink, dangling or not), never a write through a link."""
+    fd = os.open(path, _CREATE, 0o666)  # the umask applies, as for open()
+    return os.fdopen(fd, "wb")
+
+
+def write_atomically(path: Path | str, write: Callable[[BinaryIO], None],
+                     before_rename: Optional[Callable[[], None]] = None) -> None:
+    """`write(f)` into a temporary file created exclusively beside `path`, fsync, `before_rename()`, rename over
+    `path` (replacing it, or the link it is: never writing through one), fsync the directory. On an error the
+    temporary file is removed; a kill leaves it (a stray, see the module docstring)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path(path)
+    f = create_exclusively(tmp)
+    try:
+        with f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # ours (created exclusively above), so removing it touches no one else's file
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+    write_atomically(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
