@@ -41,7 +41,7 @@ one_run() {
 print("false" if i["sparse_steps"] >= i["total_steps"] else "true")' "$runs/$name/run_info.json")
   python eval_linear.py --run "$runs/$name" "prune_mlp=$other" \
     >"$runs/$name.eval_other_mlp.log" 2>&1 || say "FAILED eval $name prune_mlp=$other"
-  # the final student, where the run exported it (train.export_student=true): eval_linear_student_backbone.json
+  # the final student, where the run exported it (train.export_student=true): eval_linear_student_backbone_step_<last step>.json
   if [ -e "$runs/$name/student_backbone.pth" ]; then
     python eval_linear.py --run "$runs/$name" "checkpoint=$runs/$name/student_backbone.pth" \
       >"$runs/$name.eval_student.log" 2>&1 || say "FAILED eval $name student"
