@@ -51,14 +51,14 @@ def main(argv=None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # the data and model stack (torchvision, timm) is imported only now, so a config error above is reported at once
-    from data import CorruptImageError, DatasetError
-    from evaluation import EvalInputError, evaluate_run
+    from evaluation import evaluate_run
+    from rundir.errors import CommandError
 
     try:
         record = evaluate_run(args.run, eval_cfg)
-    except (EvalInputError, DatasetError, CorruptImageError) as e:
+    except CommandError as e:  # a run, checkpoint, dataset or output that cannot be used: one line
         logging.getLogger("eval_linear").error("%s", e)
-        return 1
+        return e.exit_code
     except KeyboardInterrupt:
         logging.getLogger("eval_linear").error("interrupted (Ctrl-C): every file it wrote is whole (written "
                                                "atomically); rerun the same command to finish")

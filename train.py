@@ -17,9 +17,10 @@ from pathlib import Path
 
 from configs import DEFAULT_CONFIG, ConfigError, load_config
 from configs.command_line import parse_command_line
-from training import run_dir
+from rundir.layout import LOG
+from rundir.metrics import open_append
+from rundir.status import DISK_FULL
 from training.closing_lines import closing_lines
-from training.run_dir import LOG
 
 # Idle OpenMP threads sleep instead of spinning. Read once, when torch loads its OpenMP runtime, so it is set before
 # anything imports torch (the imports above do not: tests/test_light_imports.py). On shared cores (a second torch
@@ -54,10 +55,10 @@ def output_dir_problem(output_dir: Path) -> str:
 
 
 class _RunLogHandler(logging.FileHandler):
-    """log.txt, never opened through a symlink planted in its place (`run_dir.open_append` refuses one)."""
+    """log.txt, never opened through a symlink planted in its place (`open_append` refuses one)."""
 
     def _open(self):
-        return run_dir.open_append(Path(self.baseFilename))
+        return open_append(Path(self.baseFilename))
 
 
 def setup_logging(output_dir: Path, is_main: bool) -> None:
@@ -69,10 +70,10 @@ def setup_logging(output_dir: Path, is_main: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
 
 
-def release(*locks) -> None:
-    for held in locks:
-        if held is not None:
-            held.release()
+def refuse(prefix: str, error: Exception, exit_code: int = 0) -> int:
+    """A refusal before the run's log exists: one line on stderr; the error's exit code unless one is given."""
+    print(f"{prefix}: {error}", file=sys.stderr)
+    return exit_code or getattr(error, "exit_code", 1)
 
 
 def main(argv=None) -> int:
@@ -81,27 +82,21 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+        return refuse("config error", e)
 
     # the data and model stack (torchvision, timm) is imported only now, so a config error above is reported at once
-    from data import CorruptImageError, DatasetError, build_training_dataset
-    from models.safe_io import CorruptFile, UnsafeFile  # (MissingDigest is a CorruptFile)
-    from sparsity.converter import ConversionError
-    from training import run_guard
-    from training.checkpoint import NoReadableCheckpoint
-    from training.distributed import LaunchError, detect_launch, init_distributed, shutdown
-    from training.preflight import PretrainedWeightsError, check_model
-    from training.resume import ResumeMismatch
-    from training.run_dir import RunDirProblem
-    from training.run_lock import RunDirInUse, lock
-    from training.trainer import Trainer, TrainingDiverged
+    from data import build_training_dataset
+    from rundir.claim import claim
+    from rundir.errors import CommandError, UsageError
+    from rundir.guard import resolve_run_dir
+    from training.distributed import detect_launch, init_distributed, shutdown
+    from training.preflight import check_model
+    from training.trainer import Trainer
 
     try:
         launch = detect_launch(os.environ)
-    except LaunchError as e:
-        print(f"launch error: {e}", file=sys.stderr)
-        return 2
+    except CommandError as e:
+        return refuse("launch error", e)
     if args.output_dir is None and launch.world_size > 1:
         # A time-stamped default would differ between ranks that start in different seconds.
         print("--output-dir is required when training on several processes (a directory all nodes share)",
@@ -109,77 +104,56 @@ def main(argv=None) -> int:
         return 2
     try:
         dataset = build_training_dataset(cfg)  # a wrong data.root is reported now, before the run directory exists
-    except (DatasetError, CorruptImageError) as e:
-        print(f"data error: {e}", file=sys.stderr)
-        return 1
+    except CommandError as e:
+        return refuse("data error", e)
     try:
         check_model(cfg)  # sparsity options and pretrained weights the model cannot take: before the run directory
-    except (ConversionError, PretrainedWeightsError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    except CommandError as e:
+        return refuse("config error", e)
     output_dir = args.output_dir or Path("runs") / f"{args.config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        output_dir = run_guard.resolve_run_dir(output_dir)  # once: a link re-pointed mid-run moves nothing
-    except RunDirProblem as e:
-        print(f"--output-dir: {e}", file=sys.stderr)
-        return 2
+        output_dir = resolve_run_dir(output_dir)  # once: a link re-pointed mid-run moves nothing
+    except CommandError as e:
+        return refuse("--output-dir", e, exit_code=2)
     problem = output_dir_problem(output_dir)
     if problem:
         print(f"--output-dir {output_dir}: {problem}", file=sys.stderr)
         return 2
     # Rank 0 holds the run directory until it exits, whatever the command (a finished run with nothing to do, or
     # train.resume=false, included): a second trainer there would remove its temporary files and overwrite its
-    # checkpoints and metrics (see training/run_guard.py for the rules).
-    run_lock = checkpoints_lock = None
+    # checkpoints and metrics (the rules: rundir/guard.py).
     try:
-        if launch.rank == 0:
-            run_lock = lock(output_dir)
-            if run_guard.usable_checkpoint_dir(run_dir.checkpoint_dir(output_dir)):
-                # a `checkpoints` link to a folder elsewhere: that folder is this run's too, for as long as it runs
-                real = run_dir.checkpoint_dir(output_dir).resolve()
-                if real != output_dir / run_dir.CHECKPOINTS:
-                    checkpoints_lock = lock(real, otherwise="is the checkpoints folder shared with another run "
-                                                            "directory? give each run its own")
-            problem = (run_guard.appended_file_problem(output_dir) or run_guard.eval_dir_problem(output_dir)
-                       or (run_guard.lost_checkpoints_problem(output_dir) if cfg.train.resume else ""))
-            if problem:
-                raise RunDirProblem(problem)
-    except (RunDirInUse, RunDirProblem) as e:
-        release(checkpoints_lock, run_lock)
-        print(f"--output-dir: {e}", file=sys.stderr)
-        return 1
+        claimed = claim(output_dir, resume=cfg.train.resume) if launch.rank == 0 else None
+    except CommandError as e:
+        return refuse("--output-dir", e)
     ctx = init_distributed()
     try:
         setup_logging(output_dir, ctx.is_main)
-    except RunDirProblem as e:
-        print(f"--output-dir: {e}", file=sys.stderr)
+    except CommandError as e:
         shutdown(ctx)
-        release(checkpoints_lock, run_lock)
-        return 1
+        if claimed is not None:
+            claimed.release()
+        return refuse("--output-dir", e)
     log = logging.getLogger("train")
-    if run_lock is not None and not run_lock.held:
+    if claimed is not None and not claimed.held:
         log.warning("cannot lock the run directory (%s): make sure no other trainer writes into it (stray "
-                    "temporary files are left in place)", run_lock.unsupported)
-    elif run_lock is not None:  # the lock holder's alone: no one else writes these now
-        run_guard.remove_stray_temporaries(output_dir, checkpoints=checkpoints_lock is None or checkpoints_lock.held)
+                    "temporary files are left in place)", claimed.unsupported)
+    elif claimed is not None:  # the lock holder's alone: no one else writes these now
+        claimed.remove_strays()
     try:
         Trainer(cfg, output_dir, ctx, dataset=dataset).train()
         if ctx.is_main:  # the final loss, this command's time and the next command to type
             for line in closing_lines(output_dir, cfg, time.monotonic() - started, EVAL_SCRIPT):
                 log.info("%s", line)
-    except ConversionError as e:  # a sparsity option the model cannot take: refused before the first step
-        log.error("config error: %s", e)
-        return 2
     except KeyboardInterrupt:  # Ctrl-C outside the loop, or a second one in it (the first stops at a checkpoint)
         log.error("interrupted (Ctrl-C): stopped at once, without a new checkpoint; rerun the same command to resume "
                   "from the last one")
         return 130
-    except (DatasetError, CorruptImageError, TrainingDiverged, ResumeMismatch, NoReadableCheckpoint, CorruptFile,
-            UnsafeFile, RunDirProblem) as e:
-        log.error("%s: %s", type(e).__name__, e)
-        return 1
+    except CommandError as e:  # a diverged run, a checkpoint or dataset that cannot be used, a config refused late
+        log.error("%s: %s", "config error" if isinstance(e, UsageError) else type(e).__name__, e)
+        return e.exit_code
     except OSError as e:
-        if e.errno not in run_dir.DISK_FULL:
+        if e.errno not in DISK_FULL:
             raise
         # every write is atomic: the last checkpoint is whole, the half-written file was removed
         log.error("no space left on the device of %s (%s%s): free some space, then rerun the same command; it "
@@ -188,7 +162,8 @@ def main(argv=None) -> int:
         return 1
     finally:
         shutdown(ctx)
-        release(checkpoints_lock, run_lock)
+        if claimed is not None:
+            claimed.release()
     return 0
 
 

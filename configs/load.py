@@ -18,6 +18,8 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from rundir.errors import UsageError
+
 from .fields import check_fields
 from .schema import Config
 
@@ -28,8 +30,8 @@ DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 MAX_TOTAL_STEPS = 10_000_000
 
 
-class ConfigError(ValueError):
-    """A config that cannot be used as written."""
+class ConfigError(UsageError, ValueError):
+    """A config that cannot be used as written (exit status 2)."""
 
 
 def _section_keys(full_key: str, schema: type = Config) -> str:

@@ -17,16 +17,18 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
+from rundir.errors import CommandError
+
 from .tree import DataNotes, NotRegularFile, TreeReport, list_classes, open_regular, printable, scan_image_tree
 
 logger = logging.getLogger(__name__)
 
 
-class DatasetError(FileNotFoundError):
+class DatasetError(CommandError, FileNotFoundError):
     """A dataset that cannot be built as configured; the message says what was expected."""
 
 
-class CorruptImageError(OSError):
+class CorruptImageError(CommandError, OSError):
     """An image file that cannot be decoded. `path` and `reason` say which and why.
 
     Raised in a DataLoader worker, only its text reaches the main process, where PyTorch rebuilds the exception from

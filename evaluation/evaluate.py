@@ -21,10 +21,11 @@ import torch
 from configs import ConfigError, load_config, to_yaml
 from configs.load import saved_value_matches
 from data import build_dataset, make_eval_transform
-from models.atomic_io import atomic_write_text
-from training.run_dir import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, RunDirProblem, eval_result_name
-from training.run_lock import RunDirInUse, lock
-from training.run_guard import eval_dir_problem
+from rundir.atomic import atomic_write_text
+from rundir.errors import RunDirInUse, RunDirProblem
+from rundir.guard import eval_dir_problem
+from rundir.layout import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, eval_result_name
+from rundir.lock import lock
 
 from .features import (EvalInputError, Features, PixelFeatures, cache_key, dataset_settings, extract, load_cached,
                        load_teacher, resolve_data, save_cached, transform_settings, weights_digest)
@@ -245,7 +246,7 @@ def writes_in_run_dir(run_dir: Path, eval_cfg) -> bool:
 
 def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     """Evaluate `run_dir` as `eval_cfg` (`configs.EvalConfig`) says; returns the record written to the JSON.
-    An evaluation that writes into the run directory holds its lock (`training.run_lock.lock`) throughout, as the
+    An evaluation that writes into the run directory holds its lock (`rundir.lock.lock`) throughout, as the
     trainer does: one writer at a time, so a trainer still running there, or a second evaluation, is refused
     (`EvalInputError`, naming the directory) before anything is read or written."""
     start = time.perf_counter()
@@ -328,15 +329,18 @@ def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional
     """`eval_linear.json` is the record of the final teacher's linear probe (what tables read); any other
     evaluation gets a name of its own, so it never replaces that record: `eval_knn*.json` for mode=knn,
     `*_random_init.json` for the untrained baseline (`baseline` "random"), `*_pixels.json` for the raw-pixel one,
-    `*_step_XXXXXXXX.json` (or `*_<file stem>.json`) for another checkpoint; `suffix` last (`_data_<hash>` for
+    `*_step_XXXXXXXX.json` for a teacher export (`eval/step_XXXXXXXX/teacher_backbone.pth`), `*_<file stem>_step_X...`
+    (or `*_<file stem>.json` without a recorded step) for any other checkpoint, so the final student and a teacher
+    export of the same step never share a record; `suffix` last (`_data_<hash>` for
     other data than the run's own, `other_data`; then `_pruned_mlp` / `_dense_mlp` when the MLPs are probed otherwise
     than the run's last step ran them: `MlpPruning.output_suffix`)."""
     knn_only = mode == "knn"
     if baseline:
         return eval_result_name(knn_only, BASELINES[baseline] + suffix)
     if checkpoint is not None and checkpoint.resolve() != (run_dir / TEACHER).resolve():
-        which = f"_step_{step:08d}" if step is not None else f"_{checkpoint.stem}"
-        return eval_result_name(knn_only, which + suffix)
+        which = "" if checkpoint.name == TEACHER else f"_{checkpoint.stem}"
+        which += f"_step_{step:08d}" if step is not None else ""
+        return eval_result_name(knn_only, (which or f"_{checkpoint.stem}") + suffix)
     return eval_result_name(knn_only, suffix)
 
 

@@ -22,8 +22,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from models.checkpoint_conversion import load_backbone_weights
-from models.safe_io import CorruptFile, UnsafeFile, file_digest, load_verified, save_verified
 from models.vision_transformer import build_backbone
+from rundir.digests import CorruptFile, UnsafeFile, file_digest
+from rundir.errors import CommandError
+from rundir.torch_files import load_verified, save_verified
 from training.terminal import track
 
 logger = logging.getLogger(__name__)
@@ -31,7 +33,7 @@ logger = logging.getLogger(__name__)
 CACHE_FORMAT = 1  # bump when the stored layout or the extraction itself changes
 
 
-class EvalInputError(ValueError):
+class EvalInputError(CommandError, ValueError):
     """A run directory, checkpoint or dataset that cannot be evaluated as given."""
 
 

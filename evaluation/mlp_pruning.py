@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from rundir.status import last_step
 from sparsity import SparseThenDense
 from sparsity.converter import SPARSE
-from training.run_dir import last_step
 from training.sparsity_setup import sparsity_converter
 
 from .features import EvalInputError

@@ -30,8 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from configs.torch_env import ensure_torchvision_importable
-
-from .safe_io import load_verified
+from rundir.torch_files import load_verified
 
 ensure_torchvision_importable()  # before timm, which imports torchvision (see configs/torch_env.py)
 
@@ -56,8 +55,8 @@ def _is_tensor_dict(obj: Any) -> bool:
 
 def load_checkpoint_file(path) -> Any:
     """The object in a checkpoint file, on CPU: weights-only (tensors, numbers, plain containers and the few classes
-    `models.safe_io.ALLOWED_GLOBALS` lists), digest-checked where one was recorded; never a full unpickle, which would
-    run whatever code the file names (`UnsafeFile`, naming it)."""
+    `rundir.torch_files.ALLOWED_GLOBALS` lists), digest-checked where one was recorded; never a full unpickle, which
+    would run whatever code the file names (`UnsafeFile`, naming it)."""
     return load_verified(path)
 
 

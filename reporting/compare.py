@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from configs.load import RESUMABLE_CHANGES, SEED_KEY, config_difference, read_config_text
-from training.run_dir import CONFIG, METRICS, metrics_by_steps_done
+from rundir.layout import CONFIG, METRICS
+from rundir.metrics import metrics_by_steps_done
 
 TOTAL = "loss"
 

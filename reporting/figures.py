@@ -3,7 +3,7 @@ style, the palette and how a figure is saved with its caption."""
 
 import matplotlib
 
-from models.atomic_io import write_atomically
+from rundir.atomic import write_atomically
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -15,7 +15,7 @@ LEGEND_WIDTH = 80  # characters of a legend entry before it wraps
 
 
 def save_png(fig, path) -> None:
-    """Write the figure as a PNG the way every output is written (`models.atomic_io`: a temporary file renamed into
+    """Write the figure as a PNG the way every output is written (`rundir.atomic`: a temporary file renamed into
     place, so a link planted at `path` is replaced, not written through, and a kill leaves the old figure), then free
     it."""
     write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=DPI, bbox_inches="tight"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.run_dir import read_metrics
+from rundir.metrics import read_metrics
 
 from .figures import STYLE, palette, plt, save_with_legend_below
 

@@ -1,7 +1,7 @@
 """Read one training run directory (as written by `train.py`) into a `RunSummary`: its schedule, how far it got,
 how long each phase took, and its evaluation.
 
-The files and their readers are `training.run_dir`'s (config.yaml, metrics.jsonl, checkpoints, status.json,
+The files and their readers are `rundir`'s (config.yaml, metrics.jsonl, checkpoints, status.json,
 teacher_backbone.pth, eval_linear.json and the baselines' results: the untrained network and raw pixels). Anything
 may be missing or cut short: the summary then says so in `status` instead of raising, so a table of many runs always
 shows every run.
@@ -18,12 +18,12 @@ from typing import Optional
 import torch
 
 from configs import ConfigError, load_config
-from models.json_text import parse_json
-from models.safe_io import recorded_digest
-from training.run_dir import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, PREEMPTED, TEACHER,
-                              FAILED as RUN_FAILED,  # the state in status.json (FAILED below: a table row's)
-                              FINISHED as RUN_FINISHED,
-                              checkpoint_dir, is_run_dir, list_checkpoints, metrics_by_steps_done, read_status)
+from rundir.digests import recorded_digest
+from rundir.json_files import parse_json
+from rundir.layout import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, TEACHER, checkpoint_dir, is_run_dir,
+                           list_checkpoints)
+from rundir.metrics import metrics_by_steps_done
+from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED, read_status
 
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
 DUPLICATE = "duplicate"  # a copy of another run directory of the table (the same run id): never a second seed

@@ -24,7 +24,7 @@ import numpy as np
 from configs import ConfigError, load_config
 from evaluation.evaluate import default_output_name
 from evaluation.mlp_pruning import probe_suffix, run_ended_sparse
-from training.run_dir import CONFIG, EVAL_RESULT, teacher_export_path
+from rundir.layout import CONFIG, EVAL_RESULT, teacher_export_path
 from training.schedules import build_schedules
 
 from .run_logs import COMPLETE, read_eval_record

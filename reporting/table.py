@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from models.atomic_io import atomic_write_text
+from rundir.atomic import atomic_write_text
 
 from . import published
 from .configurations import (config_key, config_label, config_order, dense_reference, dense_reference_key,

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from models.atomic_io import atomic_write_text
+from rundir.atomic import atomic_write_text
 
 from . import published
 from .run_logs import KNN_SHOWN_K

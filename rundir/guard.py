@@ -34,23 +34,8 @@ from typing import Optional
 from .atomic import temporary_base
 from .digests import DIGEST_SUFFIX
 from .errors import RunDirProblem
-from .layout import (
-    CHECKPOINTS,
-    CONFIG,
-    CORRUPT_SUFFIX,
-    EVAL_DIR,
-    LOG,
-    METRICS,
-    RUN_INFO,
-    SPARSITY_DECISIONS,
-    SPARSITY_MASKS,
-    STATUS,
-    STUDENT,
-    TEACHER,
-    checkpoint_step,
-    is_eval_result_name,
-    list_checkpoints,
-)
+from .layout import (CHECKPOINTS, CONFIG, CORRUPT_SUFFIX, EVAL_DIR, LOG, METRICS, RUN_INFO, SPARSITY_DECISIONS,
+                     SPARSITY_MASKS, STATUS, STUDENT, TEACHER, checkpoint_step, is_eval_result_name, list_checkpoints)
 from .status import FINISHED, PREEMPTED, RUNNING, read_status
 
 logger = logging.getLogger(__name__)
@@ -203,8 +188,8 @@ SUPERSEDED_PREFIX = "superseded-"
 
 def previous_results(output_dir: Path) -> list[Path]:
     """What a previous run left that a fresh start must not be read with: its final teacher and student (and
-    digests), its evaluation records (`rundir.layout.eval_result_name`) and `eval/` (teacher exports, feature caches, their
-    records)."""
+    digests), its evaluation records (`rundir.layout.eval_result_name`) and `eval/` (teacher exports, feature caches,
+    their records)."""
     try:
         entries = sorted(Path(output_dir).iterdir())
     except FileNotFoundError:

@@ -19,14 +19,15 @@ A run directory (`train.py --output-dir`) holds:
                                     eval_linear.py checkpoint=<run>/student_backbone.pth)
     eval_linear.json                its linear probe (`eval_linear.py`); the baselines in eval_linear_<name>.json
     jobs.json                       the Slurm launcher's job record (`slurm/sweep.py`), for launched runs
-    .lock                           held (flock) by the training process of rank 0 while it runs (`rundir.lock`), whatever
-                                    the command (a finished run, `train.resume=false`), and by eval_linear.py while
-                                    it writes here: see `rundir.guard`
+    .lock                           held (flock) by the training process of rank 0 while it runs (`rundir.lock`),
+                                    whatever the command (a finished run, `train.resume=false`), and by eval_linear.py
+                                    while it writes here: see `rundir.guard`
 
 Steps are counted as steps done everywhere: a checkpoint's number, the teacher export's and status's `step`, and
 (since metrics format 2) a metrics line's `step`; a run's last line says `"step": total_steps`. Lines written
-before carry no `format` key and counted from 0; `rundir.metrics.steps_done` reads both, so older run directories stay readable
-(`results/` holds some), and so does their status, inferred from `log.txt` where no `status.json` exists.
+before carry no `format` key and counted from 0; `rundir.metrics.steps_done` reads both, so older run directories
+stay readable (`results/` holds some), and so does their status, inferred from `log.txt` where no `status.json`
+exists.
 
 Torch-free: the tables (`reporting`) and `slurm/launch.py status` read run directories without importing torch.
 Every write is atomic (`rundir.atomic`), except the metrics line appended per logged step (a line cut by a kill

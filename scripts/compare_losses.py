@@ -17,7 +17,6 @@ import json
 import sys
 from pathlib import Path
 
-
 from configs.command_line import parse_command_line  # noqa: E402
 
 
@@ -30,8 +29,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the comparison")
     args = parse_command_line(parser, argv)  # options before or after the runs
     from configs import ConfigError
-    from models.atomic_io import atomic_write_text
     from reporting.compare import as_json, compare_runs, setting_changes
+    from rundir.atomic import atomic_write_text
 
     for path in (args.candidate, args.baseline, args.spread):
         if path is not None and not (path / "metrics.jsonl").is_file():

@@ -47,9 +47,13 @@ def main(argv=None) -> int:
         return 2
 
     from reporting.table import make_table  # after the checks above: a wrong path is reported without importing torch
+    from rundir.errors import CommandError
 
     try:
         written = make_table(args.runs, args.out, plots=not args.no_plots, extra_notes=args.note)
+    except CommandError as e:  # an output that cannot be written where --out says (named in the message)
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

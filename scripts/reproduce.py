@@ -42,8 +42,8 @@ from configs.command_line import parse_command_line
 from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS
 from reporting.run_logs import COMPLETE, read_run
 from reporting.table import make_table
+from rundir.layout import BASELINE_RESULTS, EVAL_RESULT, TEACHER
 from slurm.sweep import run_name  # (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
-from training.run_dir import BASELINE_RESULTS, EVAL_RESULT, TEACHER
 from training.terminal import track
 
 REPO = Path(__file__).resolve().parent.parent

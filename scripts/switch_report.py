@@ -14,7 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-
 from configs.command_line import parse_command_line  # noqa: E402
 
 
@@ -23,9 +22,9 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories, or folders holding them")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.json too")
     args = parse_command_line(parser, argv)  # run folders after options too
-    from models.atomic_io import atomic_write_text
     from reporting.run_logs import find_run_dirs
     from reporting.switch import as_json, markdown, switch_rows
+    from rundir.atomic import atomic_write_text
 
     missing = [p for p in args.runs if not p.exists()]
     if missing:

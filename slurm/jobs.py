@@ -30,8 +30,8 @@ from typing import Optional
 
 import submitit
 
-from models.json_text import parse_json
-from training.run_dir import EVAL_RESULT, TEACHER
+from rundir.json_files import parse_json
+from rundir.layout import EVAL_RESULT, TEACHER
 
 logger = logging.getLogger(__name__)
 

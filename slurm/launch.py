@@ -21,11 +21,13 @@ if __package__ in (None, ""):  # `python slurm/launch.py`: import the package fr
 
 from configs import ConfigError, scaled_lr, to_yaml  # noqa: E402
 from configs.command_line import parse_command_line  # noqa: E402
-from slurm.status import format_table  # noqa: E402
-from slurm.status import main as status_main  # noqa: E402
+from rundir.errors import CommandError  # noqa: E402
+from slurm.status import (
+    format_table,  # noqa: E402
+    main as status_main,  # noqa: E402
+)
 from slurm.submit import Resources, SweepSubmitter, control_character_problem  # noqa: E402
 from slurm.sweep import plan_sweep  # noqa: E402
-from training.run_dir import RunDirProblem  # noqa: E402
 
 REFERENCE_FRACTIONS = [0.0, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0]
 
@@ -140,9 +142,9 @@ def launch(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    except (ValueError, RunDirProblem) as e:  # an existing run's entries the sweep cannot use (named in the message)
+    except CommandError as e:  # an existing run's entries the sweep cannot use (named in the message)
         print(f"run directory: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     res = Resources(partition=args.partition, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                     cpus_per_task=args.cpus_per_task, cpu_tasks_per_node=args.cpu_tasks_per_node,
                     timeout_min=args.timeout_min,

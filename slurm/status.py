@@ -4,7 +4,7 @@ DIR is the sweep folder, or one run directory (then that run alone).
 One line per run directory: steps done of the run's total (with how the run ended, when it did: finished,
 preempted, failed, as the trainer recorded it), the sparsity phase of the last logged step, the newest checkpoint,
 the latest training and evaluation jobs with their Slurm state, and the linear-probe result. Progress comes from the
-run directory (`training.run_dir`: metrics.jsonl, checkpoints/, status.json, eval_linear.json), job states from
+run directory (`rundir`: metrics.jsonl, checkpoints/, status.json, eval_linear.json), job states from
 `sacct` (with `squeue` as a fallback where accounting is off), so it works for runs launched by hand as well.
 """
 
@@ -20,9 +20,11 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 from configs import ConfigError, load_config  # noqa: E402
 from configs.command_line import parse_command_line  # noqa: E402
 from reporting.run_logs import COMPLETE, MISSING, read_eval_record  # noqa: E402
+from rundir.errors import RunDirProblem  # noqa: E402
+from rundir.layout import CONFIG, EVAL_RESULT, METRICS, newest_checkpoint  # noqa: E402
+from rundir.metrics import metrics_by_steps_done  # noqa: E402
+from rundir.status import RUNNING, last_step, read_status  # noqa: E402
 from slurm.sweep import JOBS_FILE, JobRecord, read_jobs  # noqa: E402
-from training.run_dir import (CONFIG, EVAL_RESULT, METRICS, RUNNING, last_step, metrics_by_steps_done,  # noqa: E402
-                              newest_checkpoint, read_status)
 
 # Job states after which Slurm may still run the job (a requeued job is PENDING again).
 ACTIVE_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
@@ -90,7 +92,7 @@ def _latest_jobs(run_dir: Path) -> Optional[dict[str, Optional[JobRecord]]]:
     """The latest recorded job of each kind, from one read of jobs.json; None when it cannot be read."""
     try:
         jobs = read_jobs(run_dir)
-    except ValueError:
+    except RunDirProblem:
         return None
     return {kind: next((j for j in reversed(jobs) if j.kind == kind), None) for kind in JOB_KINDS}
 

@@ -19,12 +19,13 @@ from typing import Optional, Sequence
 
 from configs import Config, ConfigError, load_config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
-from models.atomic_io import atomic_write_text
-from models.json_text import parse_json
-from models.safe_io import CorruptFile, verify
-from training import run_guard
-from training.run_dir import (CONFIG, EVAL_RESULT, RunDirProblem, checkpoint_dir, last_step, list_checkpoints,
-                              nothing_left_at)
+from rundir.atomic import atomic_write_text
+from rundir.digests import CorruptFile, verify
+from rundir.errors import RunDirProblem
+from rundir.guard import usable_checkpoint_dir
+from rundir.json_files import parse_json
+from rundir.layout import CONFIG, EVAL_RESULT, checkpoint_dir, list_checkpoints
+from rundir.status import last_step, nothing_left_at
 
 JOB_LOGS = "slurm"  # <run>/slurm/<job id>/: submitit's logs and pickles of the run's jobs
 
@@ -51,11 +52,11 @@ def read_jobs(run_dir: Path) -> list[JobRecord]:
     if not os.path.lexists(path):
         return []
     if not path.is_file():  # a directory, a FIFO (whose read would block), a dangling link
-        raise ValueError(f"{path}: not a regular file; move it away to start the record afresh")
+        raise RunDirProblem(f"{path}: not a regular file; move it away to start the record afresh")
     try:
         return [JobRecord(**r) for r in parse_json(path.read_bytes())]
     except (OSError, ValueError, TypeError) as e:  # (json's and UTF-8's errors are ValueErrors)
-        raise ValueError(f"{path}: unreadable job record ({e}); move it away to start the record afresh") from None
+        raise RunDirProblem(f"{path}: unreadable job record ({e}); move it away to start the record afresh") from None
 
 
 def record_job(run_dir: Path, kind: str, job_id: str, cluster: str) -> None:
@@ -81,7 +82,7 @@ class RunPlan:
 
     @property
     def train_done(self) -> bool:
-        """train.py's own definition (`training.run_dir.nothing_left_at`): a checkpoint at the last step and, for a
+        """train.py's own definition (`rundir.status.nothing_left_at`): a checkpoint at the last step and, for a
         full run, the final teacher exported; a run killed during that export is not done."""
         return nothing_left_at(self.run_dir, self.done_steps, self.last_step, self.cfg.total_steps)
 
@@ -109,7 +110,7 @@ def _resumable_step(run_dir: Path, last: int) -> int:
 
 def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrides: Sequence[str]) -> list[RunPlan]:
     """Resolve every run's config (raising ConfigError before anything is submitted) and read its progress
-    (`RunDirProblem` or ValueError, naming the entry, for a saved run whose `checkpoints` or `jobs.json` is unusable).
+    (`RunDirProblem`, naming the entry, for a saved run whose `checkpoints` or `jobs.json` is unusable).
 
     An existing run whose config.yaml differs from the newly resolved config is an error naming the keys: resuming
     it with other settings would silently mix two experiments."""
@@ -143,11 +144,11 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
                     "and overrides to resume it, or pick a new --runs-dir for the new settings"
                 )
         # what the trainer and the submitter would refuse later, refused before anything is submitted
-        run_guard.usable_checkpoint_dir(checkpoint_dir(run_dir))  # RunDirProblem naming the entry
+        usable_checkpoint_dir(checkpoint_dir(run_dir))  # RunDirProblem naming the entry
         if (run_dir / JOB_LOGS).is_symlink():  # submitit would write its logs and pickles through it
             raise RunDirProblem(f"{run_dir / JOB_LOGS} is a symlink: the jobs' logs are the run's own directory; "
                                 "remove the link")
-        read_jobs(run_dir)  # ValueError naming jobs.json
+        read_jobs(run_dir)  # RunDirProblem naming jobs.json
         plan.done_steps = _resumable_step(run_dir, plan.last_step)
         plan.eval_done = (run_dir / EVAL_RESULT).exists()
         plans.append(plan)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-HOLD = ("import sys, time; sys.path.insert(0, sys.argv[2]); from training import run_lock; "
+HOLD = ("import sys, time; sys.path.insert(0, sys.argv[2]); from rundir import lock as run_lock; "
         "held = run_lock.lock(sys.argv[1]); print('held', held.held, flush=True); time.sleep(600)")
 
 

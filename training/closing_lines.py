@@ -4,7 +4,9 @@ command to type. Torch-free: read from the run directory (metrics.jsonl, the exp
 import shlex
 from pathlib import Path
 
-from training import run_dir
+from rundir.layout import METRICS, TEACHER
+from rundir.metrics import metrics_by_steps_done
+from rundir.status import last_step
 
 
 def duration(seconds: float) -> str:
@@ -30,12 +32,12 @@ def closing_lines(output_dir: Path, cfg, elapsed_s: float, eval_script: Path = P
     """What a finished `train.py` says last: the step reached and this command's time, the final logged loss, the
     files, then the next command (the linear probe once the teacher is exported; else how to continue)."""
     output_dir = Path(output_dir)
-    metrics = output_dir / run_dir.METRICS
-    records = [r for r in run_dir.metrics_by_steps_done(metrics) if isinstance(r.get("loss"), (int, float))]
-    last, total = run_dir.last_step(cfg), cfg.total_steps
+    metrics = output_dir / METRICS
+    records = [r for r in metrics_by_steps_done(metrics) if isinstance(r.get("loss"), (int, float))]
+    last, total = last_step(cfg), cfg.total_steps
     reached = records[-1]["step"] if records else last
     loss = f"final loss {records[-1]['loss']:.4f} (step {reached})" if records else "no loss logged"
-    teacher = output_dir / run_dir.TEACHER
+    teacher = output_dir / TEACHER
     lines = [f"done: step {reached} of {total} in {duration(elapsed_s)}; {loss}"]
     run = shown_path(output_dir)
     if teacher.is_file():

@@ -23,6 +23,8 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from rundir.errors import UsageError
+
 logger = logging.getLogger(__name__)
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -31,8 +33,8 @@ _NON_TASK_STEPS = {"batch", "extern", "interactive", "4294967294", "4294967295",
 _PORT_BASE, _PORT_SPAN = 20_000, 40_000
 
 
-class LaunchError(RuntimeError):
-    """The environment describes a distributed launch that cannot be used as is."""
+class LaunchError(UsageError, RuntimeError):
+    """The environment describes a distributed launch that cannot be used as is (exit status 2)."""
 
 
 @dataclass(frozen=True)

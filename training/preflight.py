@@ -9,24 +9,28 @@ import torch
 
 from configs import Config
 from models.checkpoint_conversion import load_backbone_weights
-from models.safe_io import CorruptFile, UnsafeFile
 from models.vision_transformer import build_backbone
+from rundir.digests import CorruptFile, UnsafeFile
 from sparsity.converter import ConversionError
 from sparsity.pruning import check_shape
 
-from .sparsity_setup import sparsity_converter
+from .sparsity_setup import ModelConfigError, check_sparsity, sparsity_converter
 
 
-class PretrainedWeightsError(ValueError):
+class PretrainedWeightsError(ModelConfigError):
     """`student.pretrained_weights` cannot be loaded into the model (the message names the key and the file)."""
 
 
 def check_model(cfg: Config) -> None:
-    """ConversionError (a `sparsity.` key the model cannot take) or PretrainedWeightsError, before any work."""
+    """`ModelConfigError` (a `sparsity.` key the model cannot take: the library's ConversionError as this command's
+    refusal) or `PretrainedWeightsError`, before any work."""
     with torch.device("meta"):
         backbone = build_backbone(cfg.student, img_size=cfg.crops.global_crops_size)
-    sparsity_converter(cfg).check(backbone)
-    check_activation_rows(cfg, backbone)
+    check_sparsity(sparsity_converter(cfg), backbone)
+    try:
+        check_activation_rows(cfg, backbone)
+    except ConversionError as e:
+        raise ModelConfigError(str(e)) from None
     if cfg.student.pretrained_weights:
         check_pretrained_weights(cfg, Path(cfg.student.pretrained_weights))
 

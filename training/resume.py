@@ -11,15 +11,16 @@ from omegaconf import OmegaConf
 
 from configs import Config, ConfigError, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference
+from rundir.errors import CommandError
+from rundir.layout import TEACHER
+from rundir.status import nothing_left_at, read_status
 
-from .checkpoint import set_rng_state
 from .distributed import DistContext
-from .run_dir import TEACHER, nothing_left_at, read_status
 
 logger = logging.getLogger(__name__)
 
 
-class ResumeMismatch(RuntimeError):
+class ResumeMismatch(CommandError, RuntimeError):
     """The checkpoint cannot be continued with this run's processes, batch size or config."""
 
 
@@ -85,6 +86,20 @@ def check_same_config(state: dict, cfg: Config, output_dir: Path) -> None:
             f"{output_dir} was trained with another config ({'; '.join(changed)}). Resume it with the "
             f"same settings (these may change: {', '.join(RESUMABLE_CHANGES)}), or start a new run in another "
             "--output-dir")
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
 
 
 def restore_rng(rng_per_rank: list[dict], ctx: DistContext, seed: int, step: int) -> None:

@@ -27,13 +27,12 @@ from typing import Optional
 import torch
 from torch import nn
 
+from rundir.layout import SPARSITY_MASKS
+from rundir.metrics import FORMAT_KEY, METRICS_FORMAT, MetricsLog
 from sparsity import SparseThenDense
 from sparsity.modules import SCALE_BUFFER
 from sparsity.pruned_entries import MaskStats
 from sparsity.pruning import soft_threshold_scale
-
-from . import run_dir
-from .run_dir import FORMAT_KEY, METRICS_FORMAT, MetricsLog
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class SparsityMonitor:
         self.enabled = enabled and converter.kind == "weight"
         self.converter, self.student = converter, student
         self.stats = MaskStats(converter.pruning, mask_dtype)
-        self.masks_log = MetricsLog(Path(output_dir) / run_dir.SPARSITY_MASKS, enabled=self.enabled)
+        self.masks_log = MetricsLog(Path(output_dir) / SPARSITY_MASKS, enabled=self.enabled)
         sparse = converter.sparse_steps
         window = min(log_period, sparse, total_steps - sparse) if 0 < sparse < total_steps else 0
         self.switch = SwitchLoss(sparse, window)

@@ -4,12 +4,27 @@ import dataclasses
 from typing import Optional
 
 from configs import Config
+from rundir.errors import UsageError
 from sparsity import SparseThenDense, build_converter
+from sparsity.converter import ConversionError
 
 # keys the trainer acts on itself, not the converter: the number of sparse steps comes from `sparse_fraction`,
 # `teacher` says which backbones it converts, `switch_weights` what it prunes at the switch and `mask_stats` whether
 # it logs the masks (sparsity_monitor.py)
 TRAINER_KEYS = ("sparse_fraction", "teacher", "switch_weights", "mask_stats")
+
+
+class ModelConfigError(UsageError, ValueError):
+    """A config the model cannot take (a `sparsity.` key, `student.pretrained_weights`): the command's refusal,
+    exit status 2. The library's own `ConversionError` becomes one where training checks the model."""
+
+
+def check_sparsity(converter: SparseThenDense, modules) -> None:
+    """`converter.check(modules)`, a sparsity option the model cannot take refused as a `ModelConfigError`."""
+    try:
+        converter.check(modules)
+    except ConversionError as e:
+        raise ModelConfigError(str(e)) from None
 
 
 def sparsity_converter(cfg: Config, backend: Optional[str] = None) -> SparseThenDense:

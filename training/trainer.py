@@ -13,8 +13,9 @@ resume on another number of processes provided the global batch (processes x `tr
 same: the schedules are indexed by step, and a step is one global batch.
 
 Split by concern, so that this module is the loop: the rules for continuing from a checkpoint are in `resume.py`,
-the run directory's files (names, metrics lines, status.json) in `run_dir.py`, AdamW, its per-group schedule values
-and per-module clipping in `optim.py`, the DDP wrapping in `distributed.py`, SIGTERM in `step_checks.py`.
+the run directory's files (names, metrics lines, status.json, checkpoints) in the `rundir` package, AdamW, its
+per-group schedule values and per-module clipping in `optim.py`, the DDP wrapping in `distributed.py`, SIGTERM in
+`step_checks.py`.
 """
 
 import contextlib
@@ -28,12 +29,18 @@ import torch
 
 from configs import Config, to_yaml
 from data import SSLBatch, build_ssl_loader, build_training_dataset
-from models.safe_io import save_verified
 from models.ssl_meta_arch import SSLMetaArch
+from rundir.checkpoints import CheckpointManager
+from rundir.errors import CommandError
+from rundir.guard import set_aside_checkpoints, set_aside_results
+from rundir.layout import (METRICS, STUDENT, TEACHER, checkpoint_dir, teacher_export_path, write_config, write_run_info,
+                           write_sparsity_decisions)
+from rundir.metrics import FORMAT_KEY, METRICS_FORMAT, MetricsLog
+from rundir.status import (FAILED, FINISHED, PREEMPTED, RUNNING, last_step, new_run_id, read_status, resumed_history,
+                           write_status)
+from rundir.torch_files import save_verified
 from sparsity.converter import DENSE, SPARSE
 
-from . import run_dir, run_guard
-from .checkpoint import CheckpointManager, rng_state
 from .compile import compile_model, compile_wanted
 from .distributed import (DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel,
                           mean_over_ranks)
@@ -42,17 +49,16 @@ from .numerics import apply_residual_dtype, autocast_dtype
 from .optim import build_optimizer, clip_per_module, set_hyperparameters
 from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
 from .resume import (ResumeMismatch, check_resumable, check_same_config, nothing_left, own_run_id, restore_rng,
-                     sampler_state)
-from .run_dir import FAILED, FINISHED, FORMAT_KEY, METRICS_FORMAT, PREEMPTED, RUNNING, MetricsLog
+                     rng_state, sampler_state)
 from .schedules import build_schedules
 from .sparsity_monitor import SparsityMonitor
-from .sparsity_setup import sparsity_converter
+from .sparsity_setup import check_sparsity, sparsity_converter
 from .step_checks import STOP_SIGNALS, StepChecks, on_stop_signals
 from .step_graph import build_step_graph
 
 logger = logging.getLogger(__name__)
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(CommandError, RuntimeError):
     """The loss or a gradient norm became NaN/inf; the last good checkpoint is kept."""
 
 
@@ -91,16 +97,16 @@ class Trainer:
         self.sparsity = sparsity_converter(cfg)
         self.sparse_targets = [self.model.student.backbone] + (
             [self.model.teacher.backbone] if cfg.sparsity.teacher == "sparse" else [])
-        self.sparsity.check(self.sparse_targets)  # options the model cannot take fail now, naming the key
+        check_sparsity(self.sparsity, self.sparse_targets)  # options the model cannot take fail now, naming the key
         # the student's masks and the switch's loss jump, with each metrics line (rank 0; sparsity.mask_stats)
         self.monitor = SparsityMonitor(self.sparsity, self.model.student.backbone, self.output_dir, cfg.total_steps,
                                        cfg.train.log_period, self.amp_dtype, ctx.is_main and cfg.sparsity.mask_stats)
         self._decisions_written = ""  # the text of sparsity_decisions.json as last written
         # a checkpoint without its digest file is refused unless train.allow_unverified_checkpoints opts in
-        self.checkpoints = CheckpointManager(run_dir.checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
+        self.checkpoints = CheckpointManager(checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
                                              writer=ctx.is_main,
                                              allow_missing_digest=cfg.train.allow_unverified_checkpoints)
-        self.metrics = MetricsLog(self.output_dir / run_dir.METRICS, enabled=ctx.is_main)
+        self.metrics = MetricsLog(self.output_dir / METRICS, enabled=ctx.is_main)
         # the data stream; its position is the loader's sampler state, saved in checkpoints and restored from them
         self.loader = build_ssl_loader(cfg, rank=ctx.rank, world_size=ctx.world_size, dataset=self.dataset)
         self.step = 0
@@ -243,7 +249,7 @@ class Trainer:
         choice per GEMM shape, cuSPARSELt plans and packing, the weight-gradient path); rank 0, atomically, only
         when it changed (decisions are made at the first steps of each shape)."""
         if self.ctx.is_main:
-            self._decisions_written = run_dir.write_sparsity_decisions(self.output_dir, self.sparsity.decisions(),
+            self._decisions_written = write_sparsity_decisions(self.output_dir, self.sparsity.decisions(),
                                                                        unless=self._decisions_written)
 
     def train_step(self, batch: SSLBatch, values: dict) -> tuple[torch.Tensor, dict, dict]:
@@ -311,7 +317,7 @@ class Trainer:
         if not self.ctx.is_main:
             return
         try:
-            run_dir.write_status(self.output_dir, state, self.step, reason[:2000], self._resumed_at, self.run_id)
+            write_status(self.output_dir, state, self.step, reason[:2000], self._resumed_at, self.run_id)
         except OSError as e:
             logger.warning("could not record the run's status (%s) in %s: %s", state, self.output_dir, e)
 
@@ -319,20 +325,20 @@ class Trainer:
         """What a (re)start writes before the first step: config.yaml, run_info.json (and the start-up summary),
         status.json (running), and metrics.jsonl cut back to the checkpoint."""
         if self.ctx.is_main:
-            if not resumed and (aside := run_guard.set_aside_results(self.output_dir)) is not None:
+            if not resumed and (aside := set_aside_results(self.output_dir)) is not None:
                 logger.warning("starting at step 0 in a directory that held a previous run's teacher or evaluations: "
                                "moved them to %s (never read as this run's)", aside)
-            if not resumed and (aside := run_guard.set_aside_checkpoints(self.checkpoints.directory)) is not None:
+            if not resumed and (aside := set_aside_checkpoints(self.checkpoints.directory)) is not None:
                 logger.warning("starting at step 0 beside an earlier run's checkpoints: moved them to %s (never "
                                "resumed as this run's)", aside)
-            self.run_id = self.run_id or run_dir.new_run_id()
-            previous = run_dir.read_status(self.output_dir)
-            self._resumed_at = run_dir.resumed_history(previous, self.step, resumed)
-            run_dir.write_config(self.output_dir, to_yaml(self.cfg))
+            self.run_id = self.run_id or new_run_id()
+            previous = read_status(self.output_dir)
+            self._resumed_at = resumed_history(previous, self.step, resumed)
+            write_config(self.output_dir, to_yaml(self.cfg))
             info = run_info(self.cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype,
                             bool(self.compiled), self.step, last_step)
             log_run_info(info, self.output_dir)
-            run_dir.write_run_info(self.output_dir, info)
+            write_run_info(self.output_dir, info)
             self._record_status(RUNNING)
         # lines logged after the checkpoint are logged again; a fresh start in a used directory replaces the old log
         self.metrics.truncate_after(self.step)
@@ -341,16 +347,16 @@ class Trainer:
     def train(self) -> Path:
         """Run (or resume) to the end; return the exported teacher backbone path. status.json records the run's
         state from its start on (a refusal to resume, raised before, leaves the directory as it was)."""
-        last_step = run_dir.last_step(self.cfg)
-        final = self.output_dir / run_dir.TEACHER
+        last = last_step(self.cfg)
+        final = self.output_dir / TEACHER
         if self.ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.resume_if_possible()  # refuses another config before anything is written
-        if resumed and nothing_left(self.cfg, self.output_dir, self.step, last_step, say=self.ctx.is_main):
+        if resumed and nothing_left(self.cfg, self.output_dir, self.step, last, say=self.ctx.is_main):
             return final
-        self._start(resumed, last_step)
+        self._start(resumed, last)
         try:
-            self._run(resumed, last_step, final)
+            self._run(resumed, last, final)
         except Preempted:
             self._record_status(PREEMPTED)
             raise
@@ -366,7 +372,7 @@ class Trainer:
         start_step = self.step
         if resumed and self.step % cfg.train.teacher_export_period == 0 and 0 < self.step < total:
             # the checkpoint of an export step is written first: a kill during that export is redone from it
-            path = run_dir.teacher_export_path(self.output_dir, self.step)
+            path = teacher_export_path(self.output_dir, self.step)
             if self.ctx.is_main and not path.exists():
                 logger.warning("redoing the teacher export of step %d, which did not finish", self.step)
                 self.export_teacher(path)
@@ -407,7 +413,7 @@ class Trainer:
                     self.save_checkpoint()
                     self._record_status(RUNNING)  # status.json's step follows the checkpoints
                 if self.step % cfg.train.teacher_export_period == 0 and self.step < total:
-                    self.export_teacher(run_dir.teacher_export_path(self.output_dir, self.step))
+                    self.export_teacher(teacher_export_path(self.output_dir, self.step))
                 if self._stop_agreed:
                     self.save_checkpoint()
                     progress.close()
@@ -420,5 +426,5 @@ class Trainer:
             self.save_checkpoint()
         if self.step >= total:
             if cfg.train.export_student:  # first: the teacher's file is what says the run is finished
-                self.export_teacher(self.output_dir / run_dir.STUDENT, role="student")
+                self.export_teacher(self.output_dir / STUDENT, role="student")
             self.export_teacher(final)

@@ -9,8 +9,9 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 
+from rundir.torch_files import load_verified
+
 from eval_test_helpers import FAST_EVAL, REPO, make_folder_run, make_image_tree, make_run_dir
-from models.safe_io import load_verified
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
@@ -59,8 +60,8 @@ def test_bad_dataset_name_exits_2(tmp_path, capsys):
 
 
 def test_pixel_baseline(tmp_path):
-    from data import build_dataset, make_eval_transform
     from configs import load_config
+    from data import build_dataset, make_eval_transform
 
     run = make_folder_run(tmp_path, checkpoint="none")  # no model is needed, nor loaded
     index = tmp_path / "index.jsonl"

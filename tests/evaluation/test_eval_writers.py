@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+
 from eval_test_helpers import FAST_EVAL, REPO, make_image_tree, make_run_dir
 from run_lock_holder import hold_lock
 
@@ -138,7 +139,8 @@ def test_a_feature_cache_folder_planted_as_a_link_is_refused_and_nothing_written
 def test_a_teacher_export_whose_digest_is_lost_or_wrong_is_refused(tmp_path, caplog, damage):
     """The run's exports carry a SHA-256 digest file (this version writes one for each): without it, or with a
     byte of the export changed, the evaluation refuses in one line instead of probing another teacher."""
-    from models.safe_io import digest_path, load_verified, save_verified
+    from rundir.digests import digest_path
+    from rundir.torch_files import load_verified, save_verified
 
     run = make_run_dir(tmp_path / "runs" / "tiny")
     export = run / "eval" / "step_00000008" / "teacher_backbone.pth"

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from reporting.run_logs import read_run
-from training.run_dir import list_checkpoints, newest_checkpoint
+from rundir.layout import list_checkpoints, newest_checkpoint
 
 RUN = Path(__file__).resolve().parents[2] / "results" / "cifar10" / "recipe" / "screen" / "dense_s2"
 

@@ -14,6 +14,7 @@ import pytest
 from configs.schema import SparsityConfig
 from reporting.run_logs import read_run
 from reporting.table import build_rows, make_table, schedule_means
+
 from reporting_runs import eval_result, make_run
 
 TEACHER = "sparsity.teacher"  # dense | sparse: the EMA teacher in the sparse phase
@@ -246,7 +247,7 @@ def test_csv_and_json_paths_are_relative_to_the_folder_of_the_runs(tmp_path):
 def test_a_published_run_without_weights_is_complete_when_its_status_says_finished(tmp_path):
     """Committed results carry no weights: a run trained to the end whose status.json says finished (written after
     the final export) is complete without teacher_backbone.pth; one still 'running' at the last step is not."""
-    from training.run_dir import FINISHED, RUNNING, write_status
+    from rundir.status import FINISHED, RUNNING, write_status
 
     published = make_run(tmp_path, "published", 0.0)
     (published / "teacher_backbone.pth").unlink()

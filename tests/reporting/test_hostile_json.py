@@ -1,5 +1,5 @@
 """A run's JSON files, however damaged or hostile (a 5,001-digit number, a 401-digit step, 100k nested brackets),
-are read by one parser (`models.json_text.parse_json`): every reader turns them into "unreadable" and goes on, and a
+are read by one parser (`rundir.json_files.parse_json`): every reader turns them into "unreadable" and goes on, and a
 table still tabulates the good runs beside the bad one. In-process, no training."""
 
 import json
@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from models.json_text import parse_json
 from reporting.run_logs import read_eval_record, read_run
 from reporting.table import make_table
+from rundir.errors import RunDirProblem
+from rundir.json_files import parse_json
+from rundir.metrics import read_metrics
+from rundir.status import read_status
 from slurm.sweep import read_jobs
-from training.run_dir import read_metrics, read_status
 
 GOOD = Path(__file__).resolve().parents[2] / "results" / "cifar10" / "recipe" / "screen" / "dense_s2"
 HOSTILE = {
@@ -51,7 +53,7 @@ def test_every_reader_skips_or_names_the_damage_and_the_table_keeps_the_good_run
     assert read_status(bad).state != "finished" or read_status(bad).recorded is False
     record = read_eval_record(bad / "eval_linear.json")
     assert record.status == "unreadable" and record.reason.startswith("eval_linear.json: ")
-    with pytest.raises(ValueError, match="unreadable job record"):
+    with pytest.raises(RunDirProblem, match="unreadable job record"):
         read_jobs(bad)
     assert read_run(bad).eval_status == "unreadable"
     make_table([tmp_path / "runs"], tmp_path / "table", plots=False)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from models import atomic_io
 from reporting.table import make_table
+from rundir import atomic as atomic_io
 
 RUNS = Path(__file__).resolve().parents[2] / "results" / "cifar10" / "recipe" / "screen"
 OUTPUTS = ("table.md", "table.csv", "summary.json", "top1_vs_sparsity.png", "loss_curves.png", "masks.png")

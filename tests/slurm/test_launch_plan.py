@@ -12,7 +12,7 @@ import pytest
 import submitit
 
 from configs import ConfigError, load_config, to_yaml
-from training.run_dir import read_metrics
+from rundir.metrics import read_metrics
 from slurm.jobs import ScriptJob
 from slurm.status import format_table, run_row
 from slurm.sweep import plan_sweep, record_job

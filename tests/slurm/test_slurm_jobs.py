@@ -19,7 +19,7 @@ import pytest
 import submitit
 import torch
 
-from training.run_dir import read_metrics, steps_done, without_timing
+from rundir.metrics import read_metrics, steps_done, without_timing
 
 from launcher_helpers import (CPU_JOB, REPO, SLURM_TIMEOUT_S, TINY, TOTAL_STEPS, job_ids, job_state, launch, slurm_logs,
                               wait_for)

@@ -62,7 +62,7 @@ def test_a_run_killed_during_its_final_export_is_not_done(tmp_path):
 def test_a_damaged_last_checkpoint_is_not_done(tmp_path):
     """A truncated copy of the last checkpoint beside its digest: train.py sets it aside and resumes from the one
     before, so the launcher must not call training done (and submit only a probe that finds no new teacher)."""
-    from models.safe_io import save_verified
+    from rundir.torch_files import save_verified
 
     plan = plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0]
     run = plan.run_dir

@@ -16,8 +16,8 @@ import torch
 
 from configs import load_config
 from configs.load import ConfigError
+from rundir.metrics import read_metrics
 from training.distributed import DistContext
-from training.run_dir import read_metrics
 from training.schedules import build_schedules
 from training.trainer import Trainer
 
@@ -139,7 +139,7 @@ def test_refusals_name_the_key(overrides, message):
 
 def test_the_final_student_is_exported_for_the_probe(tmp_path):
     from evaluation.features import load_teacher
-    from training.run_guard import previous_results
+    from rundir.guard import previous_results
 
     out = tmp_path / "run"
     trainer = Trainer(_config("sparsity.sparse_fraction=0.5", "train.export_student=true"), out, CPU)

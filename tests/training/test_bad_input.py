@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from configs import load_config
+from rundir.metrics import read_metrics
 from training.distributed import DistContext
-from training.run_dir import read_metrics
 from training.trainer import Trainer, TrainingDiverged
 
 from train_runs import TINY, run_train

@@ -9,10 +9,10 @@ import textwrap
 
 import torch
 
-from models.safe_io import save_verified
-from training import run_guard
-from training.checkpoint import CheckpointManager
-from training.run_dir import MetricsLog, read_metrics, without_timing
+from rundir.checkpoints import CheckpointManager
+from rundir.guard import remove_stray_temporaries
+from rundir.metrics import MetricsLog, read_metrics, without_timing
+from rundir.torch_files import save_verified
 
 
 def test_history_is_bounded_and_latest_loads(tmp_path):
@@ -41,7 +41,7 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
         f"""
         import sys, torch
         sys.path.insert(0, {os.getcwd()!r})
-        from models.safe_io import save_verified
+        from rundir.torch_files import save_verified
         print("start", flush=True)
         save_verified({{"step": 2, "w": torch.randn(64, 1024, 1024)}}, __import__("pathlib").Path({str(manager.path_for(2))!r}))
         """
@@ -62,7 +62,7 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
     run = tmp_path.parent / f"{tmp_path.name}-run"
     run.mkdir()
     tmp_path.rename(run / "checkpoints")
-    assert [p.name for p in run_guard.remove_stray_temporaries(run)] == [tmp.name]
+    assert [p.name for p in remove_stray_temporaries(run)] == [tmp.name]
     assert not list((run / "checkpoints").glob("*.tmp"))
 
 

@@ -5,8 +5,9 @@ import json
 import re
 
 from configs import load_config
+from rundir.layout import METRICS, TEACHER
+from rundir.metrics import metrics_by_steps_done
 from training.closing_lines import closing_lines, duration
-from training.run_dir import METRICS, TEACHER, metrics_by_steps_done
 
 TINY_STEPS = ["optim.epochs=4", "train.epoch_length=4"]  # 16 steps
 

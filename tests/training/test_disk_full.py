@@ -8,11 +8,12 @@ import logging
 import os
 
 import pytest
-from train_runs import TINY, run_train
 
-import models.atomic_io as atomic_io
-import models.safe_io as safe_io
-from models.safe_io import verify
+import rundir.atomic as atomic_io
+import rundir.torch_files as safe_io
+from rundir.digests import verify
+
+from train_runs import TINY, run_train
 
 
 def disk_full(path=None):

@@ -14,9 +14,10 @@ import sys
 
 import pytest
 import torch
-from train_runs import REPO, TINY, run_train
 
-from training.run_dir import read_metrics
+from rundir.metrics import read_metrics
+
+from train_runs import REPO, TINY, run_train
 
 STEPS = 8
 SAME_GLOBAL_BATCH = [

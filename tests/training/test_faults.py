@@ -8,11 +8,12 @@ import signal
 
 import pytest
 import torch
-from train_runs import run_train, start_train, wait_for_step
 
-import models.atomic_io as atomic_io
-import models.safe_io as safe_io
-from training.run_dir import MetricsLog, read_metrics, without_timing
+import rundir.atomic as atomic_io
+import rundir.torch_files as safe_io
+from rundir.metrics import MetricsLog, read_metrics, without_timing
+
+from train_runs import run_train, start_train, wait_for_step
 
 FLIP = 4096
 
@@ -47,8 +48,9 @@ def test_sigterm_to_the_process_group_with_data_workers_saves_and_resumes(refere
 
 
 def test_a_kill_inside_an_atomic_write_keeps_the_previous_file(tmp_path, monkeypatch):
-    """metrics.jsonl rewritten on resume, config.yaml, checkpoints and exports all go through safe_io: a kill between
-    writing the temporary file and renaming it leaves the previous content (and never an empty file)."""
+    """metrics.jsonl rewritten on resume, config.yaml, checkpoints and exports are all written atomically
+    (`rundir.atomic`): a kill between writing the temporary file and renaming it leaves the previous content (and
+    never an empty file)."""
     metrics = MetricsLog(tmp_path / "metrics.jsonl")
     for step in range(5):
         metrics.write({"step": step, "loss": 1.0})

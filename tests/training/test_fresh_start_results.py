@@ -12,8 +12,8 @@ from train_runs import REPO, run_train
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
-from models.safe_io import recorded_digest  # noqa: E402
 from reporting.run_logs import STALE, read_run  # noqa: E402
+from rundir.digests import recorded_digest  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
 
@@ -52,7 +52,7 @@ def test_resume_false_over_an_evaluated_run_sets_the_old_results_aside(tmp_path)
 
 
 def test_set_aside_moves_only_a_previous_runs_results_and_never_reuses_a_folder(tmp_path):
-    from training.run_guard import set_aside_results
+    from rundir.guard import set_aside_results
 
     run = tmp_path / "run"
     (run / "eval" / "step_00000008").mkdir(parents=True)

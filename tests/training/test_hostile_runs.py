@@ -8,10 +8,10 @@ import signal
 
 import pytest
 
+from rundir.metrics import read_metrics
+
 from run_lock_holder import hold_lock
 from train_runs import run_train, start_train, wait_for_step
-
-from training.run_dir import read_metrics
 
 pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
 

@@ -10,12 +10,18 @@ import threading
 import pytest
 import torch
 
-from models import atomic_io
-from models.atomic_io import atomic_write_text, create_exclusively, temporary_base, tmp_path as temp_name
-from models.safe_io import DIGEST_MARKER, MissingDigest, digest_path, load_verified, save_verified
-from training import run_dir, run_guard, run_lock
-from training.checkpoint import CheckpointManager
-from training.run_dir import MetricsLog, RunDirProblem
+import rundir.guard as run_guard
+import rundir.lock as run_lock
+from rundir import atomic as atomic_io
+from rundir.atomic import atomic_write_text, create_exclusively, temporary_base, tmp_path as temp_name
+from rundir.checkpoints import CheckpointManager
+from rundir.digests import MissingDigest, digest_path
+from rundir.errors import RunDirProblem
+from rundir.guard import (eval_dir_problem, lost_checkpoints_problem, remove_stray_temporaries, resolve_run_dir,
+                          usable_checkpoint_dir)
+from rundir.metrics import MetricsLog, open_append
+from rundir.status import RUNNING, read_status, write_status
+from rundir.torch_files import DIGEST_MARKER, load_verified, save_verified
 
 PRECIOUS = "a file outside the run, which no run may change\n"
 
@@ -51,9 +57,9 @@ def test_a_symlink_planted_at_the_old_temporary_name_is_never_written_through(ru
 
 def test_a_destination_that_is_a_symlink_is_replaced_not_written_through(run, outside):
     (run / "status.json").symlink_to(outside)
-    run_dir.write_status(run, run_dir.RUNNING, 3)
+    write_status(run, RUNNING, 3)
     assert outside.read_text() == PRECIOUS
-    assert not (run / "status.json").is_symlink() and run_dir.read_status(run).step == 3
+    assert not (run / "status.json").is_symlink() and read_status(run).step == 3
 
 
 def test_temporary_files_are_created_exclusively_with_unique_names(run, outside):
@@ -126,7 +132,7 @@ def test_only_the_trainers_own_strays_are_removed_and_links_only_as_links(run, o
     for p in foreign:
         p.write_text("someone else's")
     (run / "checkpoints" / "step_00000009.pt.tmp").mkdir()  # a directory is never removed
-    removed = run_guard.remove_stray_temporaries(run)
+    removed = remove_stray_temporaries(run)
     assert sorted(removed) == sorted(trainer_strays)
     assert not any(os.path.lexists(p) for p in trainer_strays)
     assert all(p.read_text() == "someone else's" for p in foreign)
@@ -138,7 +144,7 @@ def test_stray_removal_does_not_follow_a_symlinked_eval_folder(run, tmp_path):
     elsewhere.mkdir(parents=True)
     (elsewhere / "teacher_backbone.pth.tmp").write_text("not in this run")
     (run / "eval").symlink_to(elsewhere.parent)
-    assert run_guard.remove_stray_temporaries(run) == []
+    assert remove_stray_temporaries(run) == []
     assert (elsewhere / "teacher_backbone.pth.tmp").read_text() == "not in this run"
 
 
@@ -154,7 +160,7 @@ def test_an_eval_folder_or_export_folder_that_is_not_the_runs_own_directory_is_r
     else:
         evals.mkdir()
         (evals / "step_00000002").symlink_to(outside.parent if kind == "step_link" else outside.parent / "nowhere")
-    problem = run_guard.eval_dir_problem(run)
+    problem = eval_dir_problem(run)
     where = evals / "step_00000002" if kind.startswith("step_link") else evals
     assert str(where) in problem and "remove it" in problem
     assert ("symlink" in problem) == (kind != "file")
@@ -162,10 +168,10 @@ def test_an_eval_folder_or_export_folder_that_is_not_the_runs_own_directory_is_r
 
 
 def test_an_eval_folder_that_is_absent_or_a_real_directory_is_fine(run):
-    assert run_guard.eval_dir_problem(run) == ""
+    assert eval_dir_problem(run) == ""
     (run / "eval" / "step_00000002").mkdir(parents=True)
     (run / "eval" / "features_train.pt").symlink_to(run / "elsewhere.pt")  # replaced by a rename, never written through
-    assert run_guard.eval_dir_problem(run) == ""
+    assert eval_dir_problem(run) == ""
 
 
 # ----------------------------------------------------------------- the lock file and the appended files
@@ -193,7 +199,7 @@ def test_appended_files_refuse_a_symlink(run, outside, name):
         if name == "metrics.jsonl":
             MetricsLog(run / name).write({"step": 1, "loss": 1.0})
         else:
-            run_dir.open_append(run / name)
+            open_append(run / name)
     if name == "metrics.jsonl":
         with pytest.raises(RunDirProblem, match="is a symlink"):
             MetricsLog(run / name).truncate_after(0)
@@ -203,14 +209,14 @@ def test_appended_files_refuse_a_symlink(run, outside, name):
 # ----------------------------------------------------------------- "no checkpoints" only when there are none
 def test_the_checkpoints_entry_is_absent_a_directory_or_a_link_to_one(run, tmp_path):
     entry = run / "checkpoints"
-    assert run_guard.usable_checkpoint_dir(entry) is False
+    assert usable_checkpoint_dir(entry) is False
     elsewhere = tmp_path / "disk2" / "ckpts"
     elsewhere.mkdir(parents=True)
     entry.symlink_to(elsewhere)  # checkpoints kept on another disk: followed
-    assert run_guard.usable_checkpoint_dir(entry) is True
+    assert usable_checkpoint_dir(entry) is True
     entry.unlink()
     entry.mkdir()
-    assert run_guard.usable_checkpoint_dir(entry) is True
+    assert usable_checkpoint_dir(entry) is True
 
 
 @pytest.mark.parametrize("kind,why", [("dangling", "leads nowhere"), ("loop", "leads nowhere"),
@@ -239,7 +245,7 @@ def test_a_checkpoints_entry_that_is_not_a_usable_directory_is_refused(run, tmp_
 
         monkeypatch.setattr(run_guard.os, "listdir", denied)
     with pytest.raises(RunDirProblem, match=why) as refused:
-        run_guard.usable_checkpoint_dir(entry)
+        usable_checkpoint_dir(entry)
     assert str(entry) in str(refused.value) and "refusing to start over" in str(refused.value)
     with pytest.raises(RunDirProblem):  # the trainer's reader refuses too, rather than returning "none"
         CheckpointManager(entry, max_to_keep=3).load_latest()
@@ -249,27 +255,27 @@ def test_a_checkpoints_entry_that_is_not_a_usable_directory_is_refused(run, tmp_
                                                 ("running", 0, False), ("failed", 2, False)])
 def test_status_recording_a_checkpointed_step_with_no_checkpoint_refuses_a_fresh_start(run, state, step, refused):
     (run / "checkpoints").mkdir()  # empty: e.g. a mount point with nothing mounted
-    run_dir.write_status(run, state, step)
-    problem = run_guard.lost_checkpoints_problem(run)
+    write_status(run, state, step)
+    problem = lost_checkpoints_problem(run)
     assert bool(problem) == refused
     if refused:
         assert f"records step {step}" in problem and str(run / "checkpoints") in problem
     (run / "checkpoints" / "step_00000003.pt.corrupt").write_bytes(b"x")  # set aside: the manager's refusal says it
-    assert run_guard.lost_checkpoints_problem(run) == ""
+    assert lost_checkpoints_problem(run) == ""
 
 
 def test_a_run_directory_given_through_a_symlink_is_resolved_once(tmp_path):
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
-    assert run_guard.resolve_run_dir(tmp_path / "link") == real.resolve()
+    assert resolve_run_dir(tmp_path / "link") == real.resolve()
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     for bad in ("dangling", "loop"):
         with pytest.raises(RunDirProblem, match="leads to no directory"):
-            run_guard.resolve_run_dir(tmp_path / bad)
+            resolve_run_dir(tmp_path / bad)
     assert not (tmp_path / "nowhere").exists()
-    assert run_guard.resolve_run_dir(tmp_path / "new" / "run") == (tmp_path / "new" / "run").resolve()
+    assert resolve_run_dir(tmp_path / "new" / "run") == (tmp_path / "new" / "run").resolve()
 
 
 # ----------------------------------------------------------------- missing digests

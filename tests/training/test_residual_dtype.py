@@ -189,9 +189,9 @@ def test_a_cpu_run_with_amp_records_the_setting_and_trains_as_fp32(tmp_path):
     keeps the setting and run_info.json / the start-up summary say which dtype the residual stream used."""
     import json
 
-    from train_runs import run_train
+    from rundir.metrics import read_metrics
 
-    from training.run_dir import read_metrics
+    from train_runs import run_train
 
     runs = {setting: tmp_path / setting for setting in ("fp32", "amp")}
     for setting, run in runs.items():

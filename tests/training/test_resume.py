@@ -6,7 +6,7 @@ import signal
 import pytest
 import torch
 
-from training.run_dir import read_metrics, without_timing
+from rundir.metrics import read_metrics, without_timing
 
 from train_runs import run_train, start_train, wait_for_step
 

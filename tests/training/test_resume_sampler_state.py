@@ -4,8 +4,8 @@ identically from the state its step implies."""
 
 import shutil
 
-from models.safe_io import load_verified, save_verified
-from training.run_dir import read_metrics, without_timing
+from rundir.metrics import read_metrics, without_timing
+from rundir.torch_files import load_verified, save_verified
 
 from train_runs import run_train
 

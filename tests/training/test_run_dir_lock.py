@@ -7,18 +7,21 @@ import json
 import signal
 
 import pytest
+
+import rundir.lock as run_lock
+from rundir.errors import RunDirInUse
+from rundir.lock import lock
+from rundir.metrics import read_metrics
+from rundir.status import RUNNING, write_status
+
 from run_lock_holder import hold_lock
 from train_runs import run_train, start_train, wait_for_step
-
-from training import run_dir, run_lock
-from training.run_dir import read_metrics
-from training.run_lock import RunDirInUse, lock
 
 
 def test_a_second_lock_is_refused_until_the_first_is_released(tmp_path):
     first = lock(tmp_path)
     assert first.held and (tmp_path / ".lock").exists()
-    run_dir.write_status(tmp_path, run_dir.RUNNING, 12)
+    write_status(tmp_path, RUNNING, 12)
     with pytest.raises(RunDirInUse, match=r"in use by another process \(a trainer or an evaluation\) "
                                           r"\(its status.json: running at step 12"):
         lock(tmp_path)

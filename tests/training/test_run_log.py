@@ -12,12 +12,13 @@ import shutil
 
 import pytest
 import torch
-from train_runs import TINY
 
 from configs import load_config, scaled_lr
 from reporting.run_logs import read_run
+from rundir.metrics import read_metrics, steps_done
 from sparsity.backends.auto import AutoBackend
-from training.run_dir import read_metrics, steps_done
+
+from train_runs import TINY
 
 TOTAL = 16  # TINY: 16 steps, switch to dense after 8, a metrics line per step, checkpoints every 3
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None

@@ -5,9 +5,11 @@ import sys
 
 import pytest
 import torch
-from train_runs import REPO, run_train
 
-from models.safe_io import UnsafeFile, load_verified
+from rundir.digests import UnsafeFile
+from rundir.torch_files import load_verified
+
+from train_runs import REPO, run_train
 
 
 class Payload:

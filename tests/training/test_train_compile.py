@@ -9,15 +9,16 @@ tests/gpu/test_compile_gpu.py)."""
 import pytest
 import torch
 import torch._dynamo
-from train_runs import TINY, run_train
 
 from configs import load_config
+from models.vision_transformer import Block
+from rundir.metrics import read_metrics
+from sparsity import SemiSparseLinear, swap_linear_modules, swap_to_dense
 from training.compile import compile_wanted
 from training.distributed import DistContext
-from training.run_dir import read_metrics
 from training.trainer import Trainer
-from models.vision_transformer import Block
-from sparsity import SemiSparseLinear, swap_linear_modules, swap_to_dense
+
+from train_runs import TINY, run_train
 
 COMPILED = ["train.compile=true", "train.compile_backend=aot_eager"]
 CPU = DistContext(0, 1, 0, torch.device("cpu"))

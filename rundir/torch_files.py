@@ -1,10 +1,7 @@
-"""Every file a run writes goes through here: atomic, checksummed where it holds state, and loaded without running code.
+"""Torch files of a run: saved atomically with their SHA-256, loaded without running code.
 
-- Atomic writes (`models.atomic_io`, torch-free): write a temporary file created exclusively beside `<name>` (never
-  through a planted link), fsync, rename over `<name>`, fsync the directory. A kill at any moment leaves either the
-  old file or the new one, never a truncated one.
-- `save_verified(obj, path)`: `torch.save` streamed through SHA-256; the digest goes to `<path>.sha256` (atomically,
-  before the checkpoint itself is renamed into place, so a checkpoint never exists without its digest).
+- `save_verified(obj, path)`: `torch.save` streamed through SHA-256, written atomically (`rundir.atomic`); the digest
+  goes to `<path>.sha256` (`rundir.digests`), atomically too, before the file itself is renamed into place.
 - `load_verified(path)`: checks the digest when there is one (a file with a flipped block is refused, naming it:
   `CorruptFile`), then `torch.load(weights_only=True)` and nothing else: no fallback to full unpickling. Only plain
   containers, tensors and numbers load, plus `ALLOWED_GLOBALS` (what real timm/dinov2 training checkpoints hold);
@@ -26,32 +23,13 @@ from typing import Any, Optional
 
 import torch
 
-from .atomic_io import atomic_write_text, write_atomically
+from .atomic import atomic_write_text, write_atomically
+from .digests import CorruptFile, MissingDigest, UnsafeFile, digest_path, verify
 
 logger = logging.getLogger(__name__)
 
-DIGEST_SUFFIX = ".sha256"
 DIGEST_MARKER = "saved_with_digest"  # in every dict save_verified writes (removed again by load_verified)
 ALLOWED_GLOBALS = [argparse.Namespace]  # timm's train.py stores its args in checkpoints
-_CHUNK = 16 << 20
-
-
-class _FileProblem(RuntimeError):
-    def __init__(self, path, reason: str):
-        super().__init__(f"{path} {reason}")
-        self.path, self.reason = path, reason
-
-
-class CorruptFile(_FileProblem):
-    """A file whose content does not match its recorded digest, or that cannot be parsed at all."""
-
-
-class MissingDigest(CorruptFile):
-    """A file that should have a digest next to it and has none: it cannot be checked, so it is not loaded."""
-
-
-class UnsafeFile(_FileProblem):
-    """A file that would need arbitrary code (pickled objects beyond plain data) to load."""
 
 
 class _HashingWriter(io.RawIOBase):
@@ -94,40 +72,6 @@ def save_verified(obj: Any, path: Path | str) -> str:
     write_atomically(path, write,
                      before_rename=lambda: atomic_write_text(digest_path(path), f"{sha.hexdigest()}  {path.name}\n"))
     return sha.hexdigest()
-
-
-def digest_path(path: Path | str) -> Path:
-    path = Path(path)
-    return path.with_name(path.name + DIGEST_SUFFIX)
-
-
-def file_digest(path: Path | str) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            sha.update(chunk)
-    return sha.hexdigest()
-
-
-def recorded_digest(path: Path | str) -> Optional[str]:
-    """The digest written next to `path` by `save_verified`, or None (an older or foreign file)."""
-    side = digest_path(path)
-    if not side.is_file():
-        return None
-    words = side.read_text().split()
-    return words[0] if words else ""
-
-
-def verify(path: Path | str) -> bool:
-    """True when `path` has a recorded digest and matches it; False when it has none; CorruptFile on a mismatch."""
-    expected = recorded_digest(path)
-    if expected is None:
-        return False
-    actual = file_digest(path)
-    if actual != expected:
-        raise CorruptFile(path, f"does not match its recorded SHA-256 ({digest_path(path).name}): the file was "
-                                "changed or damaged after it was written")
-    return True
 
 
 def load_verified(path: Path | str, map_location: Any = "cpu", *, expect_digest: bool = False,
