@@ -4,8 +4,9 @@ A sweep lives in one folder (`--runs-dir`), one sub-folder per fraction (`sparse
 read from that folder alone, so re-running the launcher for an existing sweep resumes or skips instead of starting
 over:
 
-- training is finished when `checkpoints/` holds the checkpoint of the run's last step (train.py writes it at the
-  end); otherwise training is (re)submitted, and train.py resumes from the newest checkpoint;
+- training is finished exactly when train.py would have nothing left to do (`rundir.status`: a checkpoint of the
+  run's last step that matches its SHA-256 and, for a full run, the final teacher); otherwise training is
+  (re)submitted, and train.py resumes from the newest checkpoint;
 - evaluation is finished when `eval_linear.json` exists;
 - a job recorded in `jobs.json` that Slurm still lists as pending or running is not submitted twice.
 """
@@ -20,12 +21,11 @@ from typing import Optional, Sequence
 from configs import Config, ConfigError, load_config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
 from rundir.atomic import atomic_write_text
-from rundir.digests import CorruptFile, verify
 from rundir.errors import RunDirProblem
 from rundir.guard import usable_checkpoint_dir
 from rundir.json_files import parse_json
-from rundir.layout import CONFIG, EVAL_RESULT, checkpoint_dir, list_checkpoints
-from rundir.status import last_step, nothing_left_at
+from rundir.layout import CONFIG, EVAL_RESULT, checkpoint_dir
+from rundir.status import last_step, nothing_left_at, resumable_step
 
 JOB_LOGS = "slurm"  # <run>/slurm/<job id>/: submitit's logs and pickles of the run's jobs
 
@@ -93,21 +93,6 @@ class RunPlan:
         return f"resume@{self.done_steps}" if self.done_steps else "new"
 
 
-def _resumable_step(run_dir: Path, last: int) -> int:
-    """The step train.py would resume from, as far as "done" depends on it: a checkpoint at the last step counts
-    only if it matches its digest (train.py sets a damaged one aside and resumes from the one before); earlier ones
-    are taken by name (train.py checks them when it resumes), so a status does not hash every checkpoint."""
-    for step, path in reversed(list_checkpoints(checkpoint_dir(run_dir))):
-        if step < last:
-            return step
-        try:
-            verify(path)
-        except (CorruptFile, OSError):
-            continue
-        return step
-    return 0
-
-
 def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrides: Sequence[str]) -> list[RunPlan]:
     """Resolve every run's config (raising ConfigError before anything is submitted) and read its progress
     (`RunDirProblem`, naming the entry, for a saved run whose `checkpoints` or `jobs.json` is unusable).
@@ -149,7 +134,7 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
             raise RunDirProblem(f"{run_dir / JOB_LOGS} is a symlink: the jobs' logs are the run's own directory; "
                                 "remove the link")
         read_jobs(run_dir)  # RunDirProblem naming jobs.json
-        plan.done_steps = _resumable_step(run_dir, plan.last_step)
+        plan.done_steps = resumable_step(run_dir, plan.last_step)
         plan.eval_done = (run_dir / EVAL_RESULT).exists()
         plans.append(plan)
     return plans
