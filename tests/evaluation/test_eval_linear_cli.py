@@ -119,3 +119,32 @@ def test_unreadable_checkpoint_exits_1_naming_it(tmp_path, caplog):
     run = make_folder_run(tmp_path, checkpoint="dummy")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 1
     assert f"cannot read {run / 'teacher_backbone.pth'}" in caplog.text
+
+
+def test_ctrl_c_during_an_evaluation_is_one_line_and_exit_130(tmp_path, monkeypatch, caplog):
+    """Ctrl-C while features are extracted or the probe fits: exit 130 with one line saying that every file written
+    is whole, never a KeyboardInterrupt traceback."""
+    run = make_run_dir(tmp_path / "runs" / "tiny")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("evaluation.evaluate_run", interrupted)
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 130
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith("interrupted (Ctrl-C)") and "rerun the same command" in errors[0]
+    assert not (run / "eval_linear.json").exists()
+
+
+def test_a_refusal_exits_with_its_own_code(tmp_path, monkeypatch, caplog):
+    """Every refusal is a CommandError carrying its exit code: eval_linear.py prints its line and exits with it."""
+    from rundir.errors import CommandError, UsageError
+
+    run = make_run_dir(tmp_path / "runs" / "tiny")
+    for error, code in ((CommandError("a run that cannot be used"), 1), (UsageError("a key that cannot be used"), 2)):
+        def refused(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr("evaluation.evaluate_run", refused)
+        assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == code
+        assert str(error) in caplog.text
