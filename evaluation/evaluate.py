@@ -22,7 +22,6 @@ from configs import ConfigError, load_config, to_yaml
 from configs.load import saved_value_matches
 from data import build_dataset, make_eval_transform
 from rundir.atomic import atomic_write_text
-from rundir.errors import RunDirInUse, RunDirProblem
 from rundir.guard import eval_dir_problem
 from rundir.layout import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, eval_result_name
 from rundir.lock import lock
@@ -248,16 +247,13 @@ def evaluate_run(run_dir: Path, eval_cfg) -> dict:
     """Evaluate `run_dir` as `eval_cfg` (`configs.EvalConfig`) says; returns the record written to the JSON.
     An evaluation that writes into the run directory holds its lock (`rundir.lock.lock`) throughout, as the
     trainer does: one writer at a time, so a trainer still running there, or a second evaluation, is refused
-    (`EvalInputError`, naming the directory) before anything is read or written."""
+    (`RunDirInUse`, naming the directory) before anything is read or written."""
     start = time.perf_counter()
     run_dir = Path(run_dir)
     run_cfg = load_run_config(run_dir)  # a directory that is not a run is reported as such, before any lock file
     if not writes_in_run_dir(run_dir, eval_cfg):
         return _evaluate(run_dir, run_cfg, eval_cfg, start)
-    try:
-        held = lock(run_dir, otherwise="")
-    except (RunDirInUse, RunDirProblem) as e:
-        raise EvalInputError(str(e)) from None
+    held = lock(run_dir, otherwise="")  # RunDirInUse / RunDirProblem: a CommandError, one line, exit 1
     try:
         return _evaluate(run_dir, run_cfg, eval_cfg, start)
     finally:
