@@ -334,9 +334,10 @@ def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional
     if baseline:
         return eval_result_name(knn_only, BASELINES[baseline] + suffix)
     if checkpoint is not None and checkpoint.resolve() != (run_dir / TEACHER).resolve():
-        which = "" if checkpoint.name == TEACHER else f"_{checkpoint.stem}"
-        which += f"_step_{step:08d}" if step is not None else ""
-        return eval_result_name(knn_only, (which or f"_{checkpoint.stem}") + suffix)
+        which = f"_step_{step:08d}" if step is not None else ""
+        if checkpoint.name != TEACHER or not which:  # not a teacher export (or no step to tell it by): its name too
+            which = f"_{checkpoint.stem}{which}"
+        return eval_result_name(knn_only, which + suffix)
     return eval_result_name(knn_only, suffix)
 
 

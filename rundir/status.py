@@ -151,8 +151,3 @@ def resumable_step(run_dir: Path, last: int) -> int:
             continue
         return step
     return 0
-
-
-def training_finished(run_dir: Path, last: int, total: int) -> bool:
-    """Whether train.py, started on `run_dir`, would have nothing left to do (`nothing_left_at` its resumable step)."""
-    return nothing_left_at(run_dir, resumable_step(run_dir, last), last, total)

@@ -22,10 +22,7 @@ if __package__ in (None, ""):  # `python slurm/launch.py`: import the package fr
 from configs import ConfigError, scaled_lr, to_yaml  # noqa: E402
 from configs.command_line import parse_command_line  # noqa: E402
 from rundir.errors import CommandError  # noqa: E402
-from slurm.status import (
-    format_table,  # noqa: E402
-    main as status_main,  # noqa: E402
-)
+from slurm.status import format_table, main as status_main  # noqa: E402
 from slurm.submit import Resources, SweepSubmitter, control_character_problem  # noqa: E402
 from slurm.sweep import plan_sweep  # noqa: E402
 

@@ -101,7 +101,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-
 def restore_rng(rng_per_rank: list[dict], ctx: DistContext, seed: int, step: int) -> None:
     if len(rng_per_rank) == ctx.world_size:
         set_rng_state(rng_per_rank[ctx.rank])

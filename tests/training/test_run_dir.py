@@ -146,7 +146,7 @@ def test_reading_a_run_directory_does_not_import_torch():
     code = ("import sys; from pathlib import Path; "
             "from rundir import atomic, claim, digests, errors, guard, json_files, layout, lock, metrics, status; "
             "status.read_status(Path('.')); metrics.metrics_by_steps_done(Path('m.jsonl')); "
-            "layout.list_checkpoints(Path('.')); status.training_finished(Path('.'), 4, 4); "
+            "layout.list_checkpoints(Path('.')); status.resumable_step(Path('.'), 4); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
