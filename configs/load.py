@@ -153,6 +153,12 @@ def validate(cfg: Config) -> None:
          f"{1 - (1 - cfg.teacher.momentum_teacher) * cfg.momentum_scale:.3g} < 0: at most "
          f"{math.floor(cfg.total_steps / max(1 - cfg.teacher.momentum_teacher, 1e-12) * (1 + 1e-9))} steps for "
          "this momentum"),
+        (not cfg.teacher.momentum_restart_at_switch or 0 < cfg.sparse_steps < cfg.total_steps,
+         f"teacher.momentum_restart_at_switch=true needs a switch, 0 < sparsity.sparse_fraction < 1 (got "
+         f"{cfg.sparsity.sparse_fraction:g}: {cfg.sparse_steps} of {cfg.total_steps} steps sparse)"),
+        (not cfg.teacher.momentum_restart_at_switch or cfg.teacher.momentum_reference_steps == 0,
+         f"teacher.momentum_restart_at_switch=true and teacher.momentum_reference_steps="
+         f"{cfg.teacher.momentum_reference_steps} both reshape the momentum schedule: set one of them"),
         (cfg.sparsity.weight_grad == "dense" or cfg.train.compile == "false",
          f"sparsity.weight_grad={cfg.sparsity.weight_grad} runs in eager mode only: set train.compile=false"),
     ]

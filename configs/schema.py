@@ -53,6 +53,10 @@ class TeacherConfig:
     # the schedule above (1 - momentum times momentum_reference_steps / total steps; e.g. 125000, the published
     # ViT-L/16 run, for a short proxy of it) | 0: the schedule as configured (dinov2)
     momentum_reference_steps: int = value(0, ge=0)
+    # true: the momentum's cosine restarts at the sparse -> dense switch and runs over the dense steps alone, so that
+    # the final teacher averages the dense phase (with the whole-run cosine, 27% of a 7,760-step run's final teacher is
+    # still the switch-time teacher at 70% sparse, 95% at 90%; at 125k steps, 0% and 44%) | false: dinov2's schedule
+    momentum_restart_at_switch: bool = False
 
 
 @dataclass

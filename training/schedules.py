@@ -68,9 +68,7 @@ def build_schedules(cfg: Config, world_size: int) -> Schedules:
         lr=lr,
         last_layer_lr=last_layer_lr,
         weight_decay=cosine_schedule(cfg.optim.weight_decay, cfg.optim.weight_decay_end, total),
-        # teacher.momentum_reference_steps: 1 - m scaled so that the EMA's horizon is the same fraction of the run
-        momentum=1.0 - (1.0 - cosine_schedule(cfg.teacher.momentum_teacher, cfg.teacher.final_momentum_teacher, total))
-        * cfg.momentum_scale,
+        momentum=_teacher_momentum(cfg),
         teacher_temp=linear_then_constant(
             cfg.teacher.warmup_teacher_temp,
             cfg.teacher.teacher_temp,
@@ -78,3 +76,16 @@ def build_schedules(cfg: Config, world_size: int) -> Schedules:
             total,
         ),
     )
+
+
+def _teacher_momentum(cfg: Config) -> np.ndarray:
+    """dinov2's cosine from `momentum_teacher` to `final_momentum_teacher` over the run; with
+    `teacher.momentum_reference_steps`, 1 - m scaled so that the EMA's horizon is the same fraction of the run; with
+    `teacher.momentum_restart_at_switch`, the cosine starts again at the first dense step and spans the dense steps."""
+    t = cfg.teacher
+    total = cfg.total_steps
+    momentum = cosine_schedule(t.momentum_teacher, t.final_momentum_teacher, total)
+    if t.momentum_restart_at_switch:
+        switch = cfg.sparse_steps
+        momentum[switch:] = cosine_schedule(t.momentum_teacher, t.final_momentum_teacher, total - switch)
+    return 1.0 - (1.0 - momentum) * cfg.momentum_scale

@@ -42,3 +42,44 @@ def test_vitl_schedules_follow_the_reference():
     assert math.isclose(s.at(30 * 1250 - 1)["teacher_temp"], 0.07)  # linear over 30 epochs, then constant
     assert s.at(100_000)["teacher_temp"] == 0.07
     assert s.at(10**9) == s.at(124_999)  # past the end: final values
+
+
+def _sixteen_steps(*extra: str):
+    """16 steps (4 epochs of 4 iterations), the momentum from 0.992 to 1."""
+    return load_config(None, ["data.dataset=digits", "optim.epochs=4", "train.epoch_length=4",
+                              "optim.warmup_epochs=1", "teacher.warmup_teacher_temp_epochs=1", *extra])
+
+
+def test_momentum_restart_at_the_switch_by_hand():
+    """Half the steps sparse: steps 0-7 keep dinov2's cosine over 16 steps, steps 8-15 a cosine over 8 steps from
+    0.992 again, so the switch-time teacher's share of the final one, prod(m[8:]), falls."""
+    whole = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.5"), 1).momentum
+    restarted = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.5",
+                                               "teacher.momentum_restart_at_switch=true"), 1).momentum
+    by_hand_whole = [1 - 0.004 * (1 + math.cos(math.pi * i / 16)) for i in range(16)]
+    by_hand_dense = [1 - 0.004 * (1 + math.cos(math.pi * i / 8)) for i in range(8)]
+    np.testing.assert_allclose(whole, by_hand_whole, atol=1e-12)
+    np.testing.assert_allclose(restarted, by_hand_whole[:8] + by_hand_dense, atol=1e-12)
+    assert restarted[8] == pytest.approx(0.992) and restarted[12] == pytest.approx(0.996)
+    assert np.prod(restarted[8:]) < np.prod(whole[8:]) < 1
+
+
+def test_momentum_restart_follows_the_switch_step():
+    """The restart sits at round(sparse_fraction x steps): 0.25 of 16 -> step 4 is the dense phase's first."""
+    m = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.25",
+                                       "teacher.momentum_restart_at_switch=true"), 1).momentum
+    assert m[3] > 0.992 and m[4] == pytest.approx(0.992) and m[-1] > m[4]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["sparsity.sparse_fraction=0"], r"needs a switch, 0 < sparsity.sparse_fraction < 1 \(got 0: 0 of 16"),
+    (["sparsity.sparse_fraction=1"], r"needs a switch, .*got 1: 16 of 16 steps sparse"),
+    (["sparsity.sparse_fraction=0.02"], r"got 0.02: 0 of 16 steps sparse"),  # rounds to no sparse step
+    (["sparsity.sparse_fraction=0.5", "teacher.momentum_reference_steps=100"],
+     "teacher.momentum_reference_steps=100 both reshape the momentum schedule"),
+    (["teacher.momentum_restart_at_switch=maybe"], "teacher.momentum_restart_at_switch"),
+])
+def test_momentum_restart_refusals_name_the_key(overrides, message):
+    from configs.load import ConfigError
+    with pytest.raises(ConfigError, match=message):
+        _sixteen_steps("teacher.momentum_restart_at_switch=true", *overrides)
