@@ -31,6 +31,10 @@ OPTION_PHRASES = {
     "sparsity.pruned_decay": {"0.0": "no masked decay", "*": "masked decay {}"},
     "sparsity.weight_grad": {"dense": "dense weight gradient", "mvue24": "MVUE 2:4 weight gradient"},
     "sparsity.kind": {"weight": "2:4 weights", "activation": "2:4 activations", "block": "block-sparse weights"},
+    "teacher.momentum_restart_at_switch": {"true": "teacher momentum restarted at the switch",
+                                           "false": "teacher momentum over the whole run"},
+    "teacher.momentum_reference_steps": {"0": "dinov2's teacher momentum",
+                                         "*": "teacher horizon matched to a {}-step run"},
 }
 
 
