@@ -13,17 +13,17 @@ resume on another number of processes provided the global batch (processes x `tr
 same: the schedules are indexed by step, and a step is one global batch.
 
 Split by concern, so that this module is the loop: the rules for continuing from a checkpoint are in `resume.py`,
-the run directory's files (names, metrics lines, status.json, checkpoints) in the `rundir` package, AdamW, its
-per-group schedule values and per-module clipping in `optim.py`, the DDP wrapping in `distributed.py`, SIGTERM in
-`step_checks.py`.
+the run directory's files (names, metrics lines, status.json, checkpoints) in the `rundir` package, what a run writes
+about itself (config, run info, status, metrics lines) in `run_records.py`, AdamW, its per-group schedule
+values and per-module clipping in `optim.py`, the DDP wrapping in `distributed.py`, SIGTERM in `step_checks.py`.
 """
 
 import contextlib
 import logging
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -32,12 +32,8 @@ from data import SSLBatch, build_ssl_loader, build_training_dataset
 from models.ssl_meta_arch import SSLMetaArch
 from rundir.checkpoints import CheckpointManager
 from rundir.errors import CommandError
-from rundir.guard import set_aside_checkpoints, set_aside_results
-from rundir.layout import (METRICS, STUDENT, TEACHER, checkpoint_dir, teacher_export_path, write_config, write_run_info,
-                           write_sparsity_decisions)
-from rundir.metrics import FORMAT_KEY, METRICS_FORMAT, MetricsLog
-from rundir.status import (FAILED, FINISHED, PREEMPTED, RUNNING, last_step, new_run_id, read_status, resumed_history,
-                           write_status)
+from rundir.layout import STUDENT, TEACHER, checkpoint_dir, teacher_export_path, write_sparsity_decisions
+from rundir.status import FAILED, FINISHED, PREEMPTED, RUNNING, last_step
 from rundir.torch_files import save_verified
 from sparsity.converter import DENSE, SPARSE
 
@@ -47,9 +43,10 @@ from .distributed import (DistContext, all_gather_objects, barrier, check_replic
 from .gc_control import StepGc
 from .numerics import apply_residual_dtype, autocast_dtype
 from .optim import build_optimizer, clip_per_module, set_hyperparameters
-from .progress import ProgressLog, log_run_info, max_memory_mb, run_info
+from .progress import ProgressLog, run_info
 from .resume import (ResumeMismatch, check_resumable, check_same_config, nothing_left, own_run_id, restore_rng,
                      rng_state, sampler_state)
+from .run_records import RunRecords, metrics_line
 from .schedules import build_schedules
 from .sparsity_monitor import SparsityMonitor
 from .sparsity_setup import check_sparsity, sparsity_converter
@@ -106,7 +103,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
                                              writer=ctx.is_main,
                                              allow_missing_digest=cfg.train.allow_unverified_checkpoints)
-        self.metrics = MetricsLog(self.output_dir / METRICS, enabled=ctx.is_main)
+        self.records = RunRecords(self.output_dir, ctx.is_main)  # metrics.jsonl, status.json, the run's id
         # the data stream; its position is the loader's sampler state, saved in checkpoints and restored from them
         self.loader = build_ssl_loader(cfg, rank=ctx.rank, world_size=ctx.world_size, dataset=self.dataset)
         self.step = 0
@@ -118,8 +115,6 @@ class Trainer:
         self.step_graph = build_step_graph(cfg.train.cuda_graph, ctx, self.optimizer, lambda batch, hyper: (
             self._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights)))
         self._student_params = None  # per student module, for clipping (see _clip_gradients)
-        self._resumed_at: list[int] = []  # steps this run was resumed at, for status.json
-        self.run_id = ""  # this run's identity (status.json, every checkpoint): made at a fresh start
 
     # ----------------------------------------------------------------- state
     def state_dict(self, rng_per_rank: list[dict]) -> dict:
@@ -127,7 +122,7 @@ class Trainer:
         sampler = self.loader.state_dict()  # at the batches trained on (the workers' prefetch runs ahead)
         return {
             "step": self.step,
-            "run_id": self.run_id,
+            "run_id": self.records.run_id,
             "phase": self.sparsity.phase,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -172,7 +167,7 @@ class Trainer:
                                  f"rank: {found}): is the run directory on a file system every node shares?")
         if state is None:
             return False
-        self.run_id = own_run_id(state, self.output_dir, self.checkpoints.path_for(state["step"]))
+        self.records.run_id = own_run_id(state, self.output_dir, self.checkpoints.path_for(state["step"]))
         self.load_state_dict(state)
         logger.info("resumed at step %d (%s phase)", self.step, self.sparsity.phase)
         return True
@@ -303,47 +298,6 @@ class Trainer:
         """Stop at the next step boundary with a checkpoint (what SIGTERM and Ctrl-C do during `train`)."""
         self._stop_requested = signum
 
-    def _metrics_record(self, loss, terms: dict, values: dict, norms: dict, images_per_s: float) -> dict:
-        """A metrics.jsonl line: `step` counts the steps done (as checkpoints do; see run_dir)."""
-        memory = max_memory_mb(self.device)
-        return {"step": self.step, FORMAT_KEY: METRICS_FORMAT, "phase": self.sparsity.phase, "loss": loss,
-                **terms, **values, **norms, **self.sparsity.auto_summary(),
-                "corrupt_skipped": self.corrupt_skipped, "images_per_s": images_per_s,
-                "time": round(time.time(), 3),  # wall clock at the line: runs sharing a GPU can be lined up
-                **({"max_mem_mb": round(memory, 1)} if memory is not None else {})}
-
-    def _record_status(self, state: str, reason: str = "") -> None:
-        """status.json (rank 0): a failure to write it is logged, never raised over what ended the run."""
-        if not self.ctx.is_main:
-            return
-        try:
-            write_status(self.output_dir, state, self.step, reason[:2000], self._resumed_at, self.run_id)
-        except OSError as e:
-            logger.warning("could not record the run's status (%s) in %s: %s", state, self.output_dir, e)
-
-    def _start(self, resumed: bool, last_step: int) -> None:
-        """What a (re)start writes before the first step: config.yaml, run_info.json (and the start-up summary),
-        status.json (running), and metrics.jsonl cut back to the checkpoint."""
-        if self.ctx.is_main:
-            if not resumed and (aside := set_aside_results(self.output_dir)) is not None:
-                logger.warning("starting at step 0 in a directory that held a previous run's teacher or evaluations: "
-                               "moved them to %s (never read as this run's)", aside)
-            if not resumed and (aside := set_aside_checkpoints(self.checkpoints.directory)) is not None:
-                logger.warning("starting at step 0 beside an earlier run's checkpoints: moved them to %s (never "
-                               "resumed as this run's)", aside)
-            self.run_id = self.run_id or new_run_id()
-            previous = read_status(self.output_dir)
-            self._resumed_at = resumed_history(previous, self.step, resumed)
-            write_config(self.output_dir, to_yaml(self.cfg))
-            info = run_info(self.cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype,
-                            bool(self.compiled), self.step, last_step)
-            log_run_info(info, self.output_dir)
-            write_run_info(self.output_dir, info)
-            self._record_status(RUNNING)
-        # lines logged after the checkpoint are logged again; a fresh start in a used directory replaces the old log
-        self.metrics.truncate_after(self.step)
-        self.monitor.truncate_after(self.step)
-
     def train(self) -> Path:
         """Run (or resume) to the end; return the exported teacher backbone path. status.json records the run's
         state from its start on (a refusal to resume, raised before, leaves the directory as it was)."""
@@ -354,16 +308,18 @@ class Trainer:
         resumed = self.resume_if_possible()  # refuses another config before anything is written
         if resumed and nothing_left(self.cfg, self.output_dir, self.step, last, say=self.ctx.is_main):
             return final
-        self._start(resumed, last)
+        self.records.start(self.cfg, self.step, resumed, self.checkpoints.directory, lambda: run_info(
+            self.cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype, bool(self.compiled), self.step, last))
+        self.monitor.truncate_after(self.step)  # as metrics.jsonl: lines after the checkpoint are logged again
         try:
             self._run(resumed, last, final)
         except Preempted:
-            self._record_status(PREEMPTED)
+            self.records.status(PREEMPTED, self.step)
             raise
-        except BaseException as e:  # noqa: BLE001 - recorded, then raised as it was
-            self._record_status(FAILED, f"{type(e).__name__}: {e}")
+        except BaseException as e:  # recorded, then raised as it was
+            self.records.status(FAILED, self.step, f"{type(e).__name__}: {e}")
             raise
-        self._record_status(FINISHED)
+        self.records.status(FINISHED, self.step)
         return final
 
     def _run(self, resumed: bool, last_step: int, final: Path) -> None:
@@ -401,17 +357,19 @@ class Trainer:
                 if log_now:
                     loss, terms = mean_over_ranks(loss, terms, self.ctx)
                     elapsed = time.perf_counter() - window_start
-                    record = self._metrics_record(loss, terms, values, norms,
-                                                  self.global_batch * window_steps / max(elapsed, 1e-9))
+                    record = metrics_line(self.step, self.sparsity.phase, loss, terms, values, norms,
+                                          self.sparsity.auto_summary(), corrupt_skipped=self.corrupt_skipped,
+                                          images_per_s=self.global_batch * window_steps / max(elapsed, 1e-9),
+                                          device=self.device)
                     record.update(self.monitor.record(self.step, self.sparsity.phase, progress))
-                    self.metrics.write(record)
+                    self.records.metrics.write(record)
                     progress.log(record)
                     if self.sparsity.phase == SPARSE:
                         self.write_sparsity_decisions()
                     window_start, window_steps = time.perf_counter(), 0
                 if self.step % cfg.train.checkpoint_period == 0 and self.step < last_step:
                     self.save_checkpoint()
-                    self._record_status(RUNNING)  # status.json's step follows the checkpoints
+                    self.records.status(RUNNING, self.step)  # status.json's step follows the checkpoints
                 if self.step % cfg.train.teacher_export_period == 0 and self.step < total:
                     self.export_teacher(teacher_export_path(self.output_dir, self.step))
                 if self._stop_agreed:
