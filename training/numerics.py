@@ -18,13 +18,13 @@ one loads into the other (a resume still refuses a changed setting, as for any c
 """
 
 import logging
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.vision_transformer import DinoVisionTransformer, LayerScale
+from models.vision_transformer import DinoVisionTransformer
+from models.vit_block import LayerScale
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def autocast_dtype(name: str, device: torch.device, warn: bool = True) -> torch.
     return dtype
 
 
-def _autocast_dtype(t: Tensor) -> Optional[torch.dtype]:
+def _autocast_dtype(t: Tensor) -> torch.dtype | None:
     """The autocast dtype for `t`'s device where autocast is on, else None."""
     device = t.device.type
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None

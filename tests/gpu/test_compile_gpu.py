@@ -71,7 +71,7 @@ def test_compiled_auto_choice_is_made_at_trace_time_and_recorded():
 def test_compiled_block_fullgraph_both_phases_no_steady_state_recompile(backend):
     """A ViT block in training (list forward, subset drop-path) under fullgraph compile: equal to eager in the sparse
     and the dense phase (same drop-path draws), the switch recompiles, further steps do not."""
-    from models.vision_transformer import Block
+    from models.vit_block import Block
 
     torch.manual_seed(0)
     block = Block(384, 6, drop_path=0.3, init_values=1e-5).cuda().train()

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from configs import ConfigError, load_config
-from models.vision_transformer import DinoVisionTransformer, LayerScale
+from models.vision_transformer import DinoVisionTransformer
+from models.vit_block import LayerScale
 from training.numerics import InputDtypeLayerNorm, InputDtypeLayerScale, apply_residual_dtype
 
 BF16 = torch.bfloat16

@@ -11,7 +11,7 @@ import torch
 import torch._dynamo
 
 from configs import load_config
-from models.vision_transformer import Block
+from models.vit_block import Block
 from rundir.metrics import read_metrics
 from sparsity import SemiSparseLinear, swap_linear_modules, swap_to_dense
 from training.compile import compile_wanted
