@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark 2:4 sparse training kernels against dense, side by side in one run (GPU).
 
     python3 -m scripts.bench_sparse --out results/bench/sparse_h100.json --md results/bench/sparse_h100.md
@@ -64,56 +63,59 @@ class Bench:
 
 
 def bench_prune_pack(B, dtype, copy_tbps):
+    for (in_f, out_f) in SHAPES:
+        _bench_prune_pack_shape(B, dtype, copy_tbps, in_f, out_f)
+
+
+def _bench_prune_pack_shape(B, dtype, copy_tbps, in_f, out_f):
+    """The prune_pack rows of one weight shape. A function of its own so that its weights and copy buffers are
+    freed on return, before the next shape allocates its own (the timed closures all run before then)."""
     from sparsity.backends.cusparselt.compressor import OperandLayout, compressor
-    from sparsity.kernels.pack_cusparselt import prune_pack
+    from sparsity.kernels.pack_cusparselt import prune_dense, prune_pack
     from sparsity.packing import layout as L
     from sparsity.pruning import prune
 
     dn = str(dtype).replace("torch.", "")
-    for (in_f, out_f) in SHAPES:
-        ws = [torch.randn(out_f, in_f, device="cuda", dtype=dtype) for _ in range(8)]
-        size = L.compressed_size(out_f, in_f)
-        nbytes = out_f * in_f * 2 + 2 * size + out_f * in_f // 8
-        floor_us = nbytes / (copy_tbps * 1e12) * 1e6
-        base = dict(op="prune_pack", tokens=0, in_features=in_f, out_features=out_f, dtype=dn,
-                    floor_us=round(floor_us, 2), bytes=nbytes)
-        # a plain copy of the same traffic, for the ceiling at this size
-        srcs = [torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda") for _ in range(8)]
-        dsts = [torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda") for _ in range(8)]
-        copy_ms = median_ms(lambda i: dsts[i].copy_(srcs[i]), 8, 10, 100)
-        copy_g = graph_ms(lambda i: dsts[i].copy_(srcs[i]), 8, 3, 100)
-        B.add(**base, backend="copy_same_bytes", ms=copy_ms, graph=False, dense_ms=None)
-        B.add(**base, backend="copy_same_bytes", ms=copy_g, graph=True, dense_ms=None)
-        # dense path's pruning (the Triton tile_greedy kernel writing values + mask): what "dense" pays per step
-        dense_prune = median_ms(lambda i: prune(ws[i], "tile_greedy"), 8, 10, 100)
-        from sparsity.kernels.pack_cusparselt import prune_dense
+    ws = [torch.randn(out_f, in_f, device="cuda", dtype=dtype) for _ in range(8)]
+    size = L.compressed_size(out_f, in_f)
+    nbytes = out_f * in_f * 2 + 2 * size + out_f * in_f // 8
+    floor_us = nbytes / (copy_tbps * 1e12) * 1e6
+    base = {"op": "prune_pack", "tokens": 0, "in_features": in_f, "out_features": out_f, "dtype": dn,
+            "floor_us": round(floor_us, 2), "bytes": nbytes}
+    # a plain copy of the same traffic, for the ceiling at this size
+    srcs = [torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda") for _ in range(8)]
+    dsts = [torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda") for _ in range(8)]
+    copy_ms = median_ms(lambda i: dsts[i].copy_(srcs[i]), 8, 10, 100)
+    copy_g = graph_ms(lambda i: dsts[i].copy_(srcs[i]), 8, 3, 100)
+    B.add(**base, backend="copy_same_bytes", ms=copy_ms, graph=False, dense_ms=None)
+    B.add(**base, backend="copy_same_bytes", ms=copy_g, graph=True, dense_ms=None)
+    # dense path's pruning (the Triton tile_greedy kernel writing values + mask): what "dense" pays per step
+    dense_prune = median_ms(lambda i: prune(ws[i], "tile_greedy"), 8, 10, 100)
+    B.add(**base, backend="prune_dense_fused (auto's dense path)",
+          ms=graph_ms(lambda i: prune_dense(ws[i]), 8, 3, 100), graph=True, dense_ms=dense_prune)
+    fused = median_ms(lambda i: prune_pack(ws[i]), 8, 10, 100)
+    fused_g = graph_ms(lambda i: prune_pack(ws[i]), 8, 3, 100)
+    B.add(**base, backend="cusparselt_fused", ms=fused, graph=False, dense_ms=dense_prune)
+    B.add(**base, backend="cusparselt_fused", ms=fused_g, graph=True, dense_ms=dense_prune)
+    # the library path: Triton prune + cusparseLtSpMMACompress2 for W and for W^T
+    cf = compressor(0, OperandLayout.for_weight(out_f, in_f, "fwd"), dtype)
+    cd = compressor(0, OperandLayout.for_weight(out_f, in_f, "dgrad"), dtype)
 
-        B.add(**base, backend="prune_dense_fused (auto's dense path)",
-              ms=graph_ms(lambda i: prune_dense(ws[i]), 8, 3, 100), graph=True, dense_ms=dense_prune)
-        fused = median_ms(lambda i: prune_pack(ws[i]), 8, 10, 100)
-        fused_g = graph_ms(lambda i: prune_pack(ws[i]), 8, 3, 100)
-        B.add(**base, backend="cusparselt_fused", ms=fused, graph=False, dense_ms=dense_prune)
-        B.add(**base, backend="cusparselt_fused", ms=fused_g, graph=True, dense_ms=dense_prune)
-        # the library path: Triton prune + cusparseLtSpMMACompress2 for W and for W^T
-        cf = compressor(0, OperandLayout.for_weight(out_f, in_f, "fwd"), dtype)
-        cd = compressor(0, OperandLayout.for_weight(out_f, in_f, "dgrad"), dtype)
+    def lib_path(i):
+        v, _ = prune(ws[i], "tile_greedy")
+        cf(v)
+        cd(v)
 
-        def lib_path(i):
-            v, _ = prune(ws[i], "tile_greedy")
-            cf(v)
-            cd(v)
+    B.add(**base, backend="cusparselt_library_compress", ms=median_ms(lib_path, 8, 5, 50), graph=False,
+          dense_ms=dense_prune)
 
-        B.add(**base, backend="cusparselt_library_compress", ms=median_ms(lib_path, 8, 5, 50), graph=False,
-              dense_ms=dense_prune)
+    def torch_path(i):
+        v, _ = prune(ws[i], "tile_greedy")
+        torch._cslt_compress(v)
+        torch._cslt_compress(v.t().contiguous())
 
-        def torch_path(i):
-            v, _ = prune(ws[i], "tile_greedy")
-            torch._cslt_compress(v)
-            torch._cslt_compress(v.t().contiguous())
-
-        B.add(**base, backend="torch_cslt_compress", ms=median_ms(torch_path, 8, 5, 50), graph=False,
-              dense_ms=dense_prune)
-        del ws, srcs, dsts
+    B.add(**base, backend="torch_cslt_compress", ms=median_ms(torch_path, 8, 5, 50), graph=False,
+          dense_ms=dense_prune)
 
 
 def bench_gemms(B, dtype, in_f, out_f, tokens):
@@ -129,7 +131,7 @@ def bench_gemms(B, dtype, in_f, out_f, tokens):
     # correctness on this exact shape (fresh inputs)
     err_f = rel(sw.matmul(xs[0]), xs[0].float() @ wp.float().t())
     err_d = rel(sw.matmul_t(dys[0]), dys[0].float() @ wp.float())
-    base = dict(op="gemm", tokens=tokens, in_features=in_f, out_features=out_f, dtype=dn)
+    base = {"op": "gemm", "tokens": tokens, "in_features": in_f, "out_features": out_f, "dtype": dn}
     cw = torch._cslt_compress(wp)
     cwt = torch._cslt_compress(wp.t().contiguous())
     for gemm, dense_fn, sparse_fn, torch_fn, err in (
@@ -175,8 +177,8 @@ def bench_modules(B, dtype, op, tokens, in_f, out_f, backends, x_dtype=torch.flo
     dn = str(dtype).replace("torch.", "")
     xs = [torch.randn(tokens, in_f, device="cuda", dtype=x_dtype, requires_grad=True) for _ in range(N_SETS)]
     dys = [torch.randn(tokens, out_f, device="cuda", dtype=dtype) for _ in range(N_SETS)]
-    base = dict(op=op, tokens=tokens, in_features=in_f, out_features=out_f, dtype=dn,
-                input_dtype=str(x_dtype).replace("torch.", "") + (f" ({input_note})" if input_note else ""))
+    base = {"op": op, "tokens": tokens, "in_features": in_f, "out_features": out_f, "dtype": dn,
+            "input_dtype": str(x_dtype).replace("torch.", "") + (f" ({input_note})" if input_note else "")}
 
     def make(backend):
         return _mlp(backend) if op == "mlp_fwd_bwd" else _linear_pair(in_f, out_f, backend)
@@ -259,26 +261,33 @@ def bench_pack_variants(B, dtype):
     """Launch configurations of the fused kernel (block of units, warps, preload), 4096x1024 and 1024x4096."""
     from sparsity.kernels import pack_cusparselt as K
 
-    dn = str(dtype).replace("torch.", "")
     keep = dict(K.CONFIG)
     for (in_f, out_f) in SHAPES:
-        ws = [torch.randn(out_f, in_f, device="cuda", dtype=dtype) for _ in range(8)]
-        ref = None
-        for preload in (True, False):
-            for block, warps in ((128, 4), (64, 2), (256, 8), (128, 8)):
-                K.CONFIG.update(block=block, num_warps=warps, preload=preload)
-                pk = K.prune_pack(ws[0])
-                same = True
-                if ref is None:
-                    ref = pk
-                else:
-                    same = all(torch.equal(a, b) for a, b in zip(ref, pk))
-                ms = graph_ms(lambda i: K.prune_pack(ws[i]), 8, 3, 100)
-                B.add(op="pack_variant", backend=f"preload={preload},block={block},warps={warps}", tokens=0,
-                      in_features=in_f, out_features=out_f, dtype=dn, ms=ms, dense_ms=None, graph=True,
-                      same_bytes=same)
+        _bench_pack_variants_shape(B, dtype, in_f, out_f)
     K.CONFIG.clear()
     K.CONFIG.update(keep)
+
+
+def _bench_pack_variants_shape(B, dtype, in_f, out_f):
+    """The pack_variant rows of one weight shape; `same_bytes`: the variant packs as the first one does."""
+    from sparsity.kernels import pack_cusparselt as K
+
+    dn = str(dtype).replace("torch.", "")
+    ws = [torch.randn(out_f, in_f, device="cuda", dtype=dtype) for _ in range(8)]
+    ref = None
+    for preload in (True, False):
+        for block, warps in ((128, 4), (64, 2), (256, 8), (128, 8)):
+            K.CONFIG.update(block=block, num_warps=warps, preload=preload)
+            pk = K.prune_pack(ws[0])
+            same = True
+            if ref is None:
+                ref = pk
+            else:
+                same = all(torch.equal(a, b) for a, b in zip(ref, pk))
+            ms = graph_ms(lambda i: K.prune_pack(ws[i]), 8, 3, 100)
+            B.add(op="pack_variant", backend=f"preload={preload},block={block},warps={warps}", tokens=0,
+                  in_features=in_f, out_features=out_f, dtype=dn, ms=ms, dense_ms=None, graph=True,
+                  same_bytes=same)
 
 
 def bench_host(B, dtype):
@@ -329,12 +338,17 @@ def bench_host(B, dtype):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def ceilings():
+def _copy_tbps():
+    """Device-to-device copy bandwidth over 1 GiB, TB/s (bytes read + written). A function of its own so that the
+    2 GiB of buffers are freed on return, before `ceilings` allocates its matmul's inputs."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = median_ms(lambda i: dst.copy_(src), 1, 3, 20)
-    copy_tbps = 2 * src.numel() / (ms * 1e-3) / 1e12
-    del src, dst
+    return 2 * src.numel() / (ms * 1e-3) / 1e12
+
+
+def ceilings():
+    copy_tbps = _copy_tbps()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     ms = median_ms(lambda i: a @ b, 1, 3, 20)
@@ -365,9 +379,10 @@ def main():
 
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in args.dtypes]
     B = Bench(args)
+    major, minor = torch.cuda.get_device_capability()
     info = {
         "gpu": torch.cuda.get_device_name(),
-        "arch": "sm%d%d" % torch.cuda.get_device_capability(),
+        "arch": f"sm{major}{minor}",
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "python": platform.python_version(),
