@@ -60,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--curve-steps", type=int, default=100, help="0: no loss curves")
     ap.add_argument("--curve-batch", type=int, default=32, help="per-GPU batch b of the N x b curves")
     ap.add_argument("--curve-workers", type=int, default=8, help="loader workers per process for the curves")
+    ap.add_argument("--compiled-curves", action="store_true",
+                    help="compile the curves' steps too (default eager: the same arithmetic without one compilation "
+                         "per curve, which dominates a short curve's time)")
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU processes (smoke test of the harness)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench")
     ap.add_argument("--plot-only", type=Path, default=None, help="redraw the PNG of an existing JSON and exit")
@@ -150,6 +153,7 @@ def loss_curve(ctx, cfg, steps: int, workdir: Path, workers: int) -> tuple[dict,
         loss, terms = mean_over_ranks(loss, terms, trainer.ctx)
         losses.append(loss.item())
         koleo.append(terms["koleo_loss"].item())
+    loader.close()  # stop the workers before the next curve's start theirs
     del batches, loader, trainer
     return {"loss": losses, "koleo_loss": koleo}, data_name
 
@@ -195,7 +199,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, result_pa
                 for b, seed in curve_plan(world, args.gpus, args.curve_batch):
                     cfg = load_config(REPO / MODELS["small"][0],
                                       [*BENCH_OVERRIDES, f"train.batch_size_per_gpu={b}", f"train.seed={seed}",
-                                       *args.overrides])
+                                       *([] if args.compiled_curves else ["train.compile=false"]), *args.overrides])
                     losses, data_name = loss_curve(ctx, cfg, args.curve_steps, Path(tmp), args.curve_workers)
                     out["curves"].append({"gpus": world, "per_gpu_batch": b, "global_batch": b * world,
                                           "seed": seed, "data": data_name, **losses})
@@ -310,6 +314,7 @@ def summarise(rows, curves, counts, gpu_name, available, skipped, args, started)
                   "on GPU; efficiency = images/s(N) / (N x images/s(1))",
         "rows": rows,
         "loss_curves": {"steps": args.curve_steps, "runs": curves,
+                        "compiled": args.compiled_curves,
                         "comparisons": compare_curves(curves, counts, args.curve_batch)},
         "wall_s": round(time.time() - started, 1),
     }

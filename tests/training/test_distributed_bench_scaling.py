@@ -34,6 +34,7 @@ def test_cpu_smoke_run_writes_rows_curves_and_plot(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     data = json.loads((tmp_path / "scaling_cpu.json").read_text())
     assert data["gpu"] == "cpu" and "vit_tiny" in data["model"]
+    assert data["loss_curves"]["compiled"] is False  # eager curves unless --compiled-curves
     rows = {r["gpus"]: r for r in data["rows"]}
     assert sorted(rows) == [1, 2] and all(r["per_gpu_batch"] == 4 and r["images_per_s"] > 0 for r in rows.values())
     assert rows[1]["efficiency"] == 1.0
