@@ -42,6 +42,11 @@ def test_vitl16_recipe_matches_the_published_values():
     assert c.reference_blur_inversion is True  # how the published checkpoints were trained
     assert cfg.train.centering == "centering"
     assert cfg.sparsity.modules == r"blocks\.\d+\.mlp\.fc[12]" and cfg.sparsity.pruning == "tile_greedy"
+    # the published recipe: the straight-through gradient, no masked decay, dinov2's momentum over the whole run
+    sp, t = cfg.sparsity, cfg.teacher
+    assert (sp.pruned_grad, sp.pruned_decay, sp.weight_grad, sp.switch_weights, sp.teacher) == \
+        ("ste", 0.0, "dense", "dense", "dense")
+    assert (t.momentum_reference_steps, t.momentum_restart_at_switch) == (0, False)
 
 
 @pytest.mark.parametrize(
