@@ -153,7 +153,7 @@ def validate(cfg: Config) -> None:
          f"{1 - (1 - cfg.teacher.momentum_teacher) * cfg.momentum_scale:.3g} < 0: at most "
          f"{math.floor(cfg.total_steps / max(1 - cfg.teacher.momentum_teacher, 1e-12) * (1 + 1e-9))} steps for "
          "this momentum"),
-        (not cfg.teacher.momentum_restart_at_switch or 0 < cfg.sparse_steps < cfg.total_steps,
+        (not cfg.teacher.momentum_restart_at_switch or cfg.switches,
          f"teacher.momentum_restart_at_switch=true needs a switch, 0 < sparsity.sparse_fraction < 1 (got "
          f"{cfg.sparsity.sparse_fraction:g}: {cfg.sparse_steps} of {cfg.total_steps} steps sparse)"),
         (not cfg.teacher.momentum_restart_at_switch or cfg.teacher.momentum_reference_steps == 0,

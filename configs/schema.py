@@ -247,3 +247,8 @@ class Config:
     @property
     def sparse_steps(self) -> int:
         return round(self.sparsity.sparse_fraction * self.total_steps)
+
+    @property
+    def switches(self) -> bool:
+        """Whether the run has both phases: some steps sparse, then some dense."""
+        return 0 < self.sparse_steps < self.total_steps

@@ -65,7 +65,7 @@ def switch_row(run_dir: Path) -> SwitchRow:
     """One run's row; ConfigError if its config.yaml cannot be read."""
     cfg = load_config(run_dir / CONFIG)
     ended_sparse = run_ended_sparse(cfg)
-    switches = 0 < cfg.sparse_steps < cfg.total_steps
+    switches = cfg.switches
     step = cfg.sparse_steps if switches else None
     final = read_eval_record(run_dir / EVAL_RESULT)
     return SwitchRow(

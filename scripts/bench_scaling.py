@@ -153,7 +153,7 @@ def loss_curve(ctx, cfg, steps: int, workdir: Path, workers: int) -> tuple[dict,
         loss, terms = mean_over_ranks(loss, terms, trainer.ctx)
         losses.append(loss.item())
         koleo.append(terms["koleo_loss"].item())
-    loader.close()  # stop the workers before the next curve's start theirs
+    loader.close()  # stop this curve's workers before the next curve starts its own
     del batches, loader, trainer
     return {"loss": losses, "koleo_loss": koleo}, data_name
 
