@@ -2,14 +2,14 @@
 
 Two runs are seeds of one configuration iff their config.yaml are equal apart from `train.seed` and the keys that
 only say how a run executes (`configs.load.RESUMABLE_CHANGES`; the per-GPU batch counts through the global batch).
-A run's dense reference is the dense run of the same configuration apart from `sparsity.*`, of its seed if there is
-one, else of the lowest seed.
+A run's dense reference is the dense run of the same configuration apart from the keys that act only with a sparse
+phase (`sparsity.*`, the teacher's restart at the switch), of its seed if there is one, else of the lowest seed.
 """
 
 from collections import Counter
 from typing import Optional, Sequence
 
-from configs.load import RESUMABLE_CHANGES, SEED_KEY
+from configs.load import RESUMABLE_CHANGES, SEED_KEY, acts_only_with_a_sparse_phase
 
 from .run_logs import COMPLETE, RunSummary
 from .table_format import config_value
@@ -17,7 +17,6 @@ from .table_format import config_value
 SCHEDULE_KEY = "sparsity.sparse_fraction"
 GLOBAL_BATCH_KEY = "train.global_batch"  # processes x per-GPU batch: compared instead of train.batch_size_per_gpu
 NOT_COMPARED = (SEED_KEY, *RESUMABLE_CHANGES)  # seeds of one configuration may differ in these
-SPARSITY_PREFIX = "sparsity."  # keys without effect on a dense run: ignored when looking for a run's dense reference
 
 
 def schedule_label(fraction: Optional[float]) -> str:
@@ -113,10 +112,11 @@ def config_order(differing: dict) -> tuple:
 
 
 def config_key(differing: dict, dense_reference: bool = False) -> tuple:
-    """A configuration's differing keys and values as a dict key; with `dense_reference`, without sparsity.*: what
-    a configuration shares with the dense runs it is compared with (all other keys are equal in every run)."""
+    """A configuration's differing keys and values as a dict key; with `dense_reference`, without the keys that act
+    only with a sparse phase: what a configuration shares with the dense runs it is compared with (all other keys are
+    equal in every run)."""
     return tuple((key, hashable_value(value)) for key, value in differing.items()
-                 if not (dense_reference and key.startswith(SPARSITY_PREFIX)))
+                 if not (dense_reference and acts_only_with_a_sparse_phase(key)))
 
 
 def dense_reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]:

@@ -39,7 +39,7 @@ class Gap:
 
     @property
     def reference(self) -> tuple:
-        """What the configuration shares with its dense runs: the differing keys other than sparsity.*."""
+        """What the configuration shares with its dense runs: the differing keys that act without a sparse phase too."""
         return config_key(self.config, dense_reference=True)
 
 

@@ -6,11 +6,11 @@ seeds of one configuration iff their configs are equal apart from `train.seed` a
 executes (`configs.load.RESUMABLE_CHANGES`: workers, logging, checkpoints, compilation, data path, ...; the per-GPU
 batch counts through the global batch). Each run is labelled by its schedule plus its values of the config keys that
 differ between the table's runs ("70% sparse · sparsity.teacher=sparse"). Deltas and speed-ups are taken against
-the dense (sparse fraction 0) run of the same configuration apart from its `sparsity.*` keys (which do nothing
-without a sparse phase) and the same seed where there is one. Where a configuration ran with several seeds, a second
-table gives its mean and spread over seeds; the baselines (untrained network, raw pixels) follow the runs. For the
-ViT-L/16 ImageNet setting the published numbers sit next to ours, otherwise in a section of their own. Paths in the
-CSV and JSON are relative to the folder holding the runs.
+the dense (sparse fraction 0) run of the same configuration apart from the keys that do nothing without a sparse
+phase (`sparsity.*`, `teacher.momentum_restart_at_switch`) and the same seed where there is one. Where a
+configuration ran with several seeds, a second table gives its mean and spread over seeds; the baselines (untrained
+network, raw pixels) follow the runs. For the ViT-L/16 ImageNet setting the published numbers sit next to ours,
+otherwise in a section of their own. Paths in the CSV and JSON are relative to the folder holding the runs.
 """
 
 import json
@@ -203,7 +203,7 @@ def _mean_reference_key(mean: ScheduleMean) -> tuple:
 
 def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
     """Per configuration (schedule and differing config keys), over its complete runs (one per seed); Δ against
-    the mean of the dense configuration that differs from it in sparsity.* keys only."""
+    the mean of the dense configuration that differs from it only in keys acting only with a sparse phase."""
     groups: dict[tuple, list[TableRow]] = {}
     for row in rows:
         if row.status == COMPLETE and row.sparse_fraction is not None:
@@ -262,7 +262,8 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[Schedu
                      "configuration, and so are runs differing in how they execute (configs/load.py "
                      "RESUMABLE_CHANGES: workers, logging, checkpoints, compilation, the per-GPU batch at the same "
                      f"global batch, the data path, the sparsity backend). These runs differ in {', '.join(keys)}; "
-                     "each run's dense reference has the same values of these keys apart from sparsity.*.")
+                     "each run's dense reference has the same values of these keys apart from sparsity.* and the "
+                     "teacher's restart at the switch.")
     if not any(r.sparse_fraction == 0.0 and r.train_status == COMPLETE for r in runs):
         notes.append("No complete dense (0% sparse) run among these runs: Δ and speed-up are left blank.")
     elif keys:

@@ -257,3 +257,22 @@ def test_a_published_run_without_weights_is_complete_when_its_status_says_finish
     write_status(killed, RUNNING, 300)
     assert read_run(published).train_status == "complete"
     assert read_run(killed).train_status == "partial" and read_run(killed).reason == "no teacher_backbone.pth"
+
+
+def test_the_teacher_restart_at_the_switch_is_compared_with_the_dense_run_that_cannot_have_it(tmp_path):
+    """teacher.momentum_restart_at_switch is refused without a switch, so no dense run has it true: a run with it is
+    compared with the dense run that differs only in it (and sparsity.*), like a sparsity.* key."""
+    runs = tmp_path / "runs"
+    make_run(runs, "dense", 0.0, top1=80.0, knn20=70.0)
+    make_run(runs, "s70", 0.7, top1=78.0, knn20=68.5)
+    make_run(runs, "s70_restart", 0.7, top1=79.5, knn20=69.0, overrides=["teacher.momentum_restart_at_switch=true"])
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    lines = {r["run"]: r for r in _csv(out) if r["kind"] == "run"}
+    assert lines["s70_restart"]["schedule"] == "70% sparse · teacher.momentum_restart_at_switch=true"
+    assert lines["dense"]["schedule"] == "dense · teacher.momentum_restart_at_switch=false"
+    # 79.5 - 80.0 and 69.0 - 70.0 against the one dense run; 78.0 - 80.0 for the run without the restart
+    assert float(lines["s70_restart"]["delta_top1"]) == pytest.approx(-0.5)
+    assert float(lines["s70_restart"]["delta_knn_top1"]) == pytest.approx(-1.0)
+    assert float(lines["s70"]["delta_top1"]) == pytest.approx(-2.0)
+    assert "No complete dense run of the same configuration" not in (out / "table.md").read_text()
