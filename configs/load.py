@@ -275,16 +275,6 @@ def load_structured(schema: Type[T], path: Optional[Path | str] = None, override
 # The one key in which seeds of one configuration differ (tables group runs by the others; loss comparisons check it).
 SEED_KEY = "train.seed"
 
-# Keys that change nothing in a run without a sparse phase (every sparsity.* key, and the teacher's restart at the
-# switch, which a dense run cannot have): a sparse run is compared with the dense run that differs only in these.
-SPARSE_PHASE_PREFIX = "sparsity."
-SPARSE_PHASE_KEYS = ("teacher.momentum_restart_at_switch",)
-
-
-def acts_only_with_a_sparse_phase(key: str) -> bool:
-    return key.startswith(SPARSE_PHASE_PREFIX) or key in SPARSE_PHASE_KEYS
-
-
 # What may differ between a run's saved config and the config it is resumed with: how the run is executed and
 # observed, never what it computes (the global batch has its own check, see Trainer._check_resumable).
 RESUMABLE_CHANGES = (

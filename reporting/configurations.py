@@ -9,7 +9,8 @@ phase (`sparsity.*`, the teacher's restart at the switch), of its seed if there 
 from collections import Counter
 from typing import Optional, Sequence
 
-from configs.load import RESUMABLE_CHANGES, SEED_KEY, acts_only_with_a_sparse_phase
+from configs.load import RESUMABLE_CHANGES, SEED_KEY
+from configs.sweep import acts_only_with_a_sparse_phase
 
 from .run_logs import COMPLETE, RunSummary
 from .table_format import config_value

@@ -20,8 +20,9 @@ folder; the committed results/ are rewritten only with an explicit --out (e.g. -
 Rerunning is cheap: finished runs are skipped, interrupted ones resume from their newest checkpoint (train.py's own
 resume), a run is re-evaluated only when its eval_linear.json is missing or older than its teacher export, and a
 baseline only when its result file is missing. A run that fails is reported and the others still run; the table
-shows it as failed. Positional key=value overrides go to every train.py call; those after --eval go to every
-eval_linear.py call.
+shows it as failed. Positional key=value overrides go to every train.py call (a key that acts only at the switch,
+such as teacher.momentum_restart_at_switch=true, only to the runs that switch: see configs/sweep.py); those after
+--eval go to every eval_linear.py call.
 """
 
 import argparse
@@ -37,8 +38,9 @@ from typing import Optional
 
 import torch
 
-from configs import ConfigError, load_config
+from configs import ConfigError
 from configs.command_line import parse_command_line
+from configs.sweep import schedule_run
 from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS
 from reporting.run_logs import COMPLETE, read_run
 from reporting.table import make_table
@@ -127,7 +129,7 @@ def train_command(item: PlannedRun, overrides: list[str], config: Optional[Path]
     command = [sys.executable, str(TRAIN_SCRIPT), "--output-dir", str(item.run_dir)]
     if config is not None:
         command += ["--config", str(config)]
-    command += [f"sparsity.sparse_fraction={item.fraction}", *overrides]
+    command += schedule_run(config, overrides, item.fraction).overrides  # switch-only keys off where none
     return command + ([f"train.seed={item.seed}"] if item.seed is not None else [])  # last: it wins
 
 
@@ -225,13 +227,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _check_config(args) -> Optional[str]:
-    """The config with the overrides, loaded once up front: a typo stops here, not in nine failed runs."""
+    """Every fraction's config, loaded once up front: a typo or a value one schedule refuses stops here, not in
+    nine failed runs."""
+    if any(item.split("=", 1)[0].strip() == "sparsity.sparse_fraction" for item in args.overrides):
+        return "sparsity.sparse_fraction is set per run by --fractions; drop the override"
     try:
-        cfg = load_config(args.config, args.overrides)
+        runs = [schedule_run(args.config, args.overrides, fraction)
+                for fraction in dict.fromkeys([*args.fractions, *args.extra_seed_fractions])]
     except ConfigError as e:
         return str(e)
-    if cfg.train.seed in args.extra_seeds:  # its runs are the ones named without a suffix
-        return f"--extra-seeds {cfg.train.seed} is the config's own train.seed"
+    if runs[0].cfg.train.seed in args.extra_seeds:  # its runs are the ones named without a suffix
+        return f"--extra-seeds {runs[0].cfg.train.seed} is the config's own train.seed"
     return None
 
 
@@ -247,6 +253,8 @@ def main(argv=None) -> int:
         todo = [step for step, wanted in (("train", item.train), ("evaluate", item.evaluate)) if wanted]
         todo += [f"baseline {checkpoint}" for checkpoint in item.baselines]
         print(f"{item.run_dir}: {item.state} -> {', '.join(todo) or 'nothing to do'}")
+        for note in schedule_run(args.config, args.overrides, item.fraction).notes if item.train else ():
+            print(f"    note: {note}")
         if args.dry_run:
             commands = ([train_command(item, args.overrides, args.config)] if item.train else []) + (
                 [eval_command(item, args.eval_overrides)] if item.evaluate else []) + [

@@ -107,7 +107,7 @@ def dry_run_header(args: argparse.Namespace, plans: list) -> str:
     global_batch = world * cfg.train.batch_size_per_gpu
     return "\n".join([
         f"--- resolved config (shown for sparse_fraction={plans[0].fraction}; every run is this config with its own "
-        "sparsity.sparse_fraction)",
+        "sparsity.sparse_fraction, and the notes below it)",
         to_yaml(cfg).rstrip("\n"),
         f"--- global batch {global_batch} = {args.nodes} node(s) x {per_node} {devices} x "
         f"{cfg.train.batch_size_per_gpu} images (train.batch_size_per_gpu); peak lr {scaled_lr(cfg, world):.6g} "
@@ -154,11 +154,16 @@ def launch(args: argparse.Namespace) -> int:
         for plan in plans:
             print(f"=== {plan.run_dir}  sparse_fraction={plan.fraction}  training: {plan.train_action} "
                   f"(step {plan.done_steps}/{plan.last_step}), eval: {'done' if plan.eval_done else 'todo'}")
+            for note in plan.notes:
+                print(f"note: {note}")
             print("--- sbatch")
             print(submitter.preview(plan) or "(nothing to submit)")
         print(format_table([{"fraction": f"{p.fraction:g}", "run dir": str(p.run_dir), "train": p.train_action,
                              "eval": "done" if p.eval_done else "todo"} for p in plans]))
         return 0
+    for plan in plans:
+        for note in plan.notes:
+            print(f"note: {plan.run_dir}: {note}")
     try:
         rows = submitter.submit(plans)
     except Exception as e:  # noqa: BLE001 - sbatch refusals etc.: name them, keep what was recorded

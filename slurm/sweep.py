@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from configs import Config, ConfigError, load_config, to_yaml
+from configs import Config, ConfigError, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
+from configs.sweep import schedule_run
 from rundir.atomic import atomic_write_text
 from rundir.errors import RunDirProblem
 from rundir.guard import usable_checkpoint_dir
@@ -73,12 +74,12 @@ def latest_job(run_dir: Path, kind: str) -> Optional[JobRecord]:
 class RunPlan:
     fraction: float
     run_dir: Path
-    overrides: list[str]  # the sweep's overrides plus this run's sparsity.sparse_fraction
+    overrides: list[str]  # the sweep's overrides plus this run's sparsity.sparse_fraction (configs.sweep)
     cfg: Config
     last_step: int
     done_steps: int = 0  # step of the newest checkpoint
     eval_done: bool = False
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what this run does differently from the sweep's overrides
 
     @property
     def train_done(self) -> bool:
@@ -107,15 +108,15 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
     plans, by_schedule = [], {}
     for fraction in fractions:
         fraction = fraction + 0.0  # -0 is 0
-        run_overrides = [*overrides, f"sparsity.sparse_fraction={fraction}"]
-        cfg = load_config(config, run_overrides)
+        run = schedule_run(config, overrides, fraction)  # switch-only keys left off where there is no switch
+        cfg = run.cfg
         # a run is its schedule: two fractions that round to the same number of sparse steps are one run
         twin = by_schedule.setdefault(cfg.sparse_steps, fraction)
         if twin != fraction:
             raise ConfigError(f"--sparse-fractions {twin!r} and {fraction!r} give the same schedule "
                               f"({cfg.sparse_steps} sparse steps of {cfg.total_steps}): one run; drop one of them")
         run_dir = Path(runs_dir) / run_name(fraction)
-        plan = RunPlan(fraction, run_dir, run_overrides, cfg, last_step(cfg))
+        plan = RunPlan(fraction, run_dir, run.overrides, cfg, last_step(cfg), notes=run.notes)
         existing = run_dir / CONFIG
         if os.path.lexists(existing):  # a run started there: its saved config must be readable and the same
             try:

@@ -74,7 +74,7 @@ def test_execute_runs_what_is_planned_and_continues_after_a_failure(reproduce, r
         ("eval_linear.py", str(runs_dir / "sparse_1.00")),
     ]
     train = calls[1][0]
-    assert "sparsity.sparse_fraction=0.9" in train and train[-1] == "train.num_workers=0"
+    assert train[-2:] == ["train.num_workers=0", "sparsity.sparse_fraction=0.9"]  # the sweep's overrides, its fraction
     assert calls[0][0][-1] == "solver=sklearn" and calls[0][1] == "sparse_0.70.eval.log"
     assert [f for f in failures if "sparse_0.90" in f] and not [f for f in failures if "sparse_1.00" in f]
 
@@ -137,6 +137,7 @@ def test_execute_passes_config_seed_and_baselines(reproduce, tmp_path, monkeypat
     monkeypatch.setattr(reproduce, "_run_logged", lambda command, log_path: calls.append((command, log_path.name)) or 0)
     plan = reproduce.plan(tmp_path / "runs", [0.0], extra_seeds=[1], extra_seed_fractions=[0.0], baselines=True)
     config = tmp_path / "cifar10.yaml"
+    config.write_text("student:\n  arch: vit_small\n")  # read for each run's switch keys (configs/sweep.py)
     assert reproduce.execute(plan, ["data.root=/data/cifar10"], ["solver=torch"], config=config) == []
     logs = [name for _, name in calls]
     assert logs == ["sparse_0.00.train.log", "sparse_0.00.eval.log", "sparse_0.00.eval_random.log",
@@ -161,7 +162,7 @@ def test_dry_run_of_the_cifar_sweep(reproduce, tmp_path, monkeypatch, capsys):
         "sparse_0.00", "sparse_0.40", "sparse_0.60", "sparse_0.70", "sparse_0.80", "sparse_0.90", "sparse_1.00",
         "sparse_0.00_seed1", "sparse_0.70_seed1"]
     assert "sparse_0.00: missing (no run directory) -> train, evaluate, baseline random, baseline pixels" in printed
-    assert f"--config {config} sparsity.sparse_fraction=0.7 data.root=/data/cifar10 train.seed=1" in printed
+    assert f"--config {config} data.root=/data/cifar10 sparsity.sparse_fraction=0.7 train.seed=1" in printed
     assert "checkpoint=pixels" in printed and "9 runs, 4 at a time" in printed
     assert not runs.exists()  # nothing written
 
@@ -181,3 +182,25 @@ def test_defaults_follow_the_config_and_a_bad_override_stops_early(reproduce, ca
     for bad in (["--extra-seeds", "-1"], ["--extra-seeds", "a"], ["--extra-seed-fractions", "2"]):
         with pytest.raises(SystemExit):
             reproduce.parse_args(bad)
+
+
+def test_a_switch_key_goes_only_to_the_runs_that_switch(reproduce, tmp_path, monkeypatch, capsys):
+    """teacher.momentum_restart_at_switch=true over the seven schedules: the dense and 100% runs have no switch and
+    would refuse it, so their commands turn it off again (last, so it wins) and the plan says so."""
+    monkeypatch.setattr(reproduce, "_run_logged", lambda *a: pytest.fail("dry run started a process"))
+    runs = tmp_path / "runs"
+    argv = ["--dry-run", "--runs-dir", str(runs), "--fractions", "0,0.7,1", "teacher.momentum_restart_at_switch=true"]
+    assert reproduce.main(argv) == 0
+    printed = capsys.readouterr().out
+    commands = {line.split("--output-dir ")[1].split()[0]: line for line in printed.splitlines()
+                if "train.py" in line}
+    restart = "teacher.momentum_restart_at_switch"
+    assert commands[str(runs / "sparse_0.70")].endswith(f"{restart}=true sparsity.sparse_fraction=0.7")
+    for name, fraction in (("sparse_0.00", "0.0"), ("sparse_1.00", "1.0")):
+        assert commands[str(runs / name)].endswith(f"{restart}=true sparsity.sparse_fraction={fraction} {restart}=false")
+    assert f"note: {restart}=true left out: 0% sparse has no switch" in printed
+    assert f"note: {restart}=true left out: 100% sparse has no switch" in printed
+    assert printed.count("note:") == 2
+    # the sweep's fractions are its own: an override of the fraction is refused before anything runs
+    assert reproduce.main(["--dry-run", "--runs-dir", str(runs), "sparsity.sparse_fraction=0.5"]) == 2
+    assert "sparsity.sparse_fraction is set per run by --fractions" in capsys.readouterr().err

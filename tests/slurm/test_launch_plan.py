@@ -305,3 +305,23 @@ def test_status_of_one_run_directory_reports_that_run_and_a_folder_without_runs_
     for not_runs in (run / "checkpoints", tmp_path / "absent"):
         result = launch("status", "--runs-dir", str(not_runs), check=False)
         assert result.returncode == 2 and result.stdout == "" and str(not_runs) in result.stderr, result.stderr
+
+
+def test_a_recipe_with_the_teacher_restart_sweeps_every_fraction(tmp_path):
+    """teacher.momentum_restart_at_switch=true is refused by a run without a switch; the sweep applies it to the runs
+    that switch and turns it off, with a note, for the dense and the 100% run, so one command serves the recipe."""
+    restart = "teacher.momentum_restart_at_switch"
+    overrides = ["optim.epochs=2", "sparsity.pruned_decay=0.005", f"{restart}=true"]
+    plans = plan_sweep("configs/default.yaml", [0.0, 0.7, 1.0], tmp_path / "s", overrides)
+    by_fraction = {p.fraction: p for p in plans}
+    assert by_fraction[0.7].cfg.teacher.momentum_restart_at_switch is True and by_fraction[0.7].notes == []
+    assert by_fraction[0.7].overrides == [*overrides, "sparsity.sparse_fraction=0.7"]
+    for fraction in (0.0, 1.0):
+        plan = by_fraction[fraction]
+        assert plan.cfg.teacher.momentum_restart_at_switch is False and plan.cfg.sparsity.pruned_decay == 0.005
+        assert plan.overrides[-1] == f"{restart}=false"  # after the sweep's =true: the job's train.py resolves false
+        assert plan.notes == [f"{restart}=true left out: {fraction * 100:g}% sparse has no switch"]
+    result = launch("--config", "configs/default.yaml", "--sparse-fractions", "0", "0.7", "--runs-dir",
+                    str(tmp_path / "s"), "--gpus-per-node", "0", "--dry-run", *overrides)
+    assert f"note: {restart}=true left out: 0% sparse has no switch" in result.stdout
+    assert result.stdout.count("note: ") == 2  # the lr note of the header, and the dense run's
