@@ -19,6 +19,8 @@ from pathlib import Path
 
 from matplotlib.lines import Line2D
 
+from configs.sweep import SWITCH_KEYS
+
 from . import published
 from .figures import LEGEND_WIDTH, STYLE, palette, plt, save_with_legend_below
 from .intervals import wilson_interval
@@ -75,13 +77,38 @@ def _error_bars(groups) -> tuple[list, list, set]:
     return below, above, kinds
 
 
+def _switches(row) -> bool:
+    return bool(row.total_steps) and 0 < (row.sparse_steps or 0) < row.total_steps
+
+
+def _same_but_switch_keys(a: dict, b: dict) -> bool:
+    keys = set(a) | set(b)
+    return all(a.get(k) == b.get(k) for k in keys if k not in SWITCH_KEYS)
+
+
 def _configurations(rows) -> list[tuple[str, list]]:
     """[(config label, rows)]: the rows per combination of the non-schedule config keys that differ, in the rows'
-    order (one entry, label "", where only the schedule differs)."""
+    order (one entry, label "", where only the schedule differs). A run without a switch (100% sparse) also ends
+    every series whose runs switch and differ from it only in keys that act at the switch, which it cannot have
+    (the teacher's restart): a series of such runs alone is then drawn only within those series."""
     groups: dict[str, list] = {}
     for r in rows:
         groups.setdefault(getattr(r, "config_label", ""), []).append(r)
-    return list(groups.items())
+    joined = set()
+    for label, members in groups.items():
+        switching = [r for r in members if _switches(r)]
+        if not switching:
+            continue
+        differing = getattr(switching[0], "differing_config", {})
+        schedules = {r.sparse_fraction for r in members}
+        for other, others in groups.items():
+            for r in others:
+                if (other != label and not _switches(r) and r.sparse_fraction not in (0.0, None)
+                        and r.sparse_fraction not in schedules
+                        and _same_but_switch_keys(differing, getattr(r, "differing_config", {}))):
+                    members.append(r)
+                    joined.add(id(r))
+    return [(label, rs) for label, rs in groups.items() if not all(id(r) in joined for r in rs)]
 
 
 def _name(names: dict, label: str) -> str:

@@ -276,3 +276,33 @@ def test_the_teacher_restart_at_the_switch_is_compared_with_the_dense_run_that_c
     assert float(lines["s70_restart"]["delta_knn_top1"]) == pytest.approx(-1.0)
     assert float(lines["s70"]["delta_top1"]) == pytest.approx(-2.0)
     assert "No complete dense run of the same configuration" not in (out / "table.md").read_text()
+
+
+def test_the_100_percent_run_ends_the_series_that_restart_the_teacher_at_the_switch(tmp_path):
+    """A recipe swept over every fraction: its runs with a switch restart the teacher, its 100% runs cannot (no
+    switch), so their configs differ in that key alone. The figure draws the 100% runs at the end of the restart
+    series instead of as a series of their own; beside a series of the same runs without the restart, they end both."""
+    from reporting.plots import _configurations
+
+    runs = tmp_path / "runs"
+    decay, restart = "sparsity.pruned_decay=0.005", "teacher.momentum_restart_at_switch=true"
+    make_run(runs, "dense", 0.0, top1=80.0)
+    make_run(runs, "r70", 0.7, top1=79.5, overrides=[decay, restart])
+    make_run(runs, "r80", 0.8, top1=79.0, overrides=[decay, restart])
+    make_run(runs, "s100_s0", 1.0, top1=78.0, overrides=[decay])
+    make_run(runs, "s100_s1", 1.0, seed=1, top1=78.4, overrides=[decay])
+    rows = build_rows([read_run(p) for p in sorted(runs.iterdir())])
+    series = {label: sorted(r.run for r in rs) for label, rs in _configurations(rows)}
+    recipe = "teacher.momentum_restart_at_switch=true, sparsity.pruned_decay=0.005"  # keys in config order
+    assert series == {"teacher.momentum_restart_at_switch=false, sparsity.pruned_decay=0.0": ["dense"],
+                      recipe: ["r70", "r80", "s100_s0", "s100_s1"]}
+
+    make_run(runs, "d70", 0.7, top1=79.0, overrides=[decay])  # the decay alone at 70%: its own series, with 100%
+    rows = build_rows([read_run(p) for p in sorted(runs.iterdir())])
+    series = {label: sorted(r.run for r in rs) for label, rs in _configurations(rows)}
+    assert series[recipe] == ["r70", "r80", "s100_s0", "s100_s1"]
+    assert series["teacher.momentum_restart_at_switch=false, sparsity.pruned_decay=0.005"] == [
+        "d70", "s100_s0", "s100_s1"]
+    # the table's rows are unchanged: the 100% runs are their own configuration there, with their own Δ
+    assert {r.schedule for r in rows if r.run.startswith("s100")} == {
+        "100% sparse · teacher.momentum_restart_at_switch=false, sparsity.pruned_decay=0.005"}
