@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .configurations import short_labels
 from .table_format import config_value
 
 ARCH_NAMES = {"vit_tiny": "ViT-Ti", "vit_small": "ViT-S", "vit_base": "ViT-B", "vit_large": "ViT-L",
@@ -84,26 +83,21 @@ def paper_names(configs: dict) -> tuple[dict, str]:
     differs)."""
     labels = list(configs)
     options = [{k: v for k, v in differing.items() if k not in MODEL_KEYS} for _, differing in configs.values()]
-    shorts, _ = short_labels(options)  # which keys to name: those off their most common value
     models = [model_name(config) for config, _ in configs.values()]
     show_model = len(set(models)) > 1 or len(labels) == 1
     names, common = {}, {}
-    for label, option, short, model in zip(labels, options, shorts, models):
-        named = [k for k in option if short and _named(k, short)]
-        names[label] = PaperName(model, ", ".join(option_phrase(k, option[k]) for k in named), show_model)
     keys = list(dict.fromkeys(k for o in options for k in o))
     for key in keys:
         values = [config_value(o.get(key)) for o in options]
         common[key] = max(dict.fromkeys(values), key=values.count)  # most common, first seen wins a tie
+    for label, option, model in zip(labels, options, models):
+        # every option off its most common value is named, also one that always changes with another: the caption
+        # says the unnamed ones are the common values, so none may be left out
+        named = [k for k in option if config_value(option[k]) != common[k]]
+        names[label] = PaperName(model, ", ".join(option_phrase(k, option[k]) for k in named), show_model)
     note = ("Options not named are the most common ones: " + ", ".join(
         option_phrase(k, v) for k, v in common.items()) + ".") if common else ""
     return names, note
-
-
-def _named(key: str, short: str) -> bool:
-    """Whether `short_labels`' label names `key` (by its last dotted part or in full)."""
-    parts = [p.split("=", 1)[0] for p in short.split(", ")]
-    return key in parts or key.rsplit(".", 1)[-1] in parts
 
 
 def study_setting(runs) -> str:

@@ -86,7 +86,7 @@ def _same_but_switch_keys(a: dict, b: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in keys if k not in SWITCH_KEYS)
 
 
-def _configurations(rows) -> list[tuple[str, list]]:
+def series(rows) -> list[tuple[str, list]]:
     """[(config label, rows)]: the rows per combination of the non-schedule config keys that differ, in the rows'
     order (one entry, label "", where only the schedule differs). A run without a switch (100% sparse) also ends
     every series whose runs switch and differ from it only in keys that act at the switch, which it cannot have
@@ -170,10 +170,10 @@ def accuracy_figure(rows, baselines=(), setting: str = "", names=None, note: str
     names.PaperName)}; `setting`: what the runs are (title); `note`: a caption line."""
     names = names or {}
     ours = [r for r in rows if r.sparse_fraction is not None]
-    configurations = [(label, rs) for label, rs in _configurations(ours)
+    configurations = [(label, rs) for label, rs in series(ours)
                       if any(_groups(rs, key) for key, *_ in METRICS)]
     shown = {label for label, _ in configurations}
-    undrawn = [_name(names, label) for label, _ in _configurations(ours) if label not in shown]
+    undrawn = [_name(names, label) for label, _ in series(ours) if label not in shown]
     metrics = [m for m in METRICS if any(_groups(rs, m[0]) for _, rs in configurations)] or METRICS[:1]
     ks = {r.knn_k for r in ours if getattr(r, "knn_k", None) is not None}
     fig, panel_list = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics) + 0.6, 4.6), sharey=True,
@@ -214,6 +214,9 @@ def accuracy_figure(rows, baselines=(), setting: str = "", names=None, note: str
                  fontsize=11)
     if any(len(values) > 1 for _, rs in configurations for _, values, *_ in _groups(rs, "delta_top1")):
         handles.append(Line2D([], [], ls="", marker="o", ms=4, mfc="none", mec="0.3", label="one seed"))
+    if any(getattr(r, "config_label", "") != label for label, rs in configurations for r in rs):
+        note = "\n".join(filter(None, ["A 100% run has no switch: it also ends the series that differ from it only in "
+                                         "what happens at the switch (the teacher's restart).", note]))
     return fig, handles, _caption(ours, kinds, _baselines(baselines), undrawn, note, n > 1)
 
 
@@ -233,8 +236,7 @@ def _caption(ours, kinds: set, baselines: str, undrawn: list, note: str, several
         lines.append(baselines)
     if undrawn:
         lines.append("Not drawn, no evaluated run with a dense run to compare with: " + "; ".join(undrawn) + ".")
-    if note:
-        lines.append(note)
+    lines += note.splitlines()
     return "\n".join(textwrap.fill(line, 150) for line in lines)
 
 

@@ -13,7 +13,7 @@ from .loss_groups import plot_loss_differences
 from .loss_plots import plot_losses
 from .mask_plots import plot_masks
 from .names import paper_names, run_label, study_setting
-from .plots import plot_accuracy
+from .plots import plot_accuracy, series
 from .run_logs import DUPLICATE
 from .table import DIFFERENCES_PNG, GAPS_PNG, MASKS_PNG
 
@@ -40,9 +40,15 @@ def draw_figures(runs, rows, baselines, out: Path) -> list[Path]:
         whole.setdefault(config_label(differing[id(run)]), (run.config, differing[id(run)]))
     names, note = paper_names(whole)
     note = note if keys else ""
+    # the accuracy figure names its series among themselves: a configuration drawn only within others (a 100% run
+    # ending the series that restart the teacher at the switch) has no series of its own to name
+    drawn = {label for label, _ in series([r for r in rows if r.sparse_fraction is not None])}
+    series_names, series_note = (names, note) if not drawn or drawn >= set(whole) else paper_names(
+        {label: config for label, config in whole.items() if label in drawn})
     setting = study_setting(runs)
     accuracy, losses = out / "top1_vs_sparsity.png", out / "loss_curves.png"
-    plot_accuracy(rows, accuracy, baselines=baselines, setting=setting, names=names, note=note)
+    plot_accuracy(rows, accuracy, baselines=baselines, setting=setting, names=series_names,
+                  note=series_note if keys else "")
     paths = [accuracy, losses]
     paths += _written_or_removed(out / GAPS_PNG, plot_gaps(rows, out / GAPS_PNG, setting=setting, names=names,
                                                            note=note))

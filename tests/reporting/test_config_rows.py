@@ -115,10 +115,10 @@ def test_a_series_per_configuration_in_the_plots(study, tmp_path):
         image = matplotlib.image.imread(out / name)
         assert image.shape[1] >= 1200 and image[..., :3].std() > 0.05
     rows = build_rows([read_run(p) for p in sorted(study.iterdir())])
-    from reporting.plots import _configurations
+    from reporting.plots import series
 
     # the plot's series: the combinations of the non-schedule keys that differ (the teacher split at 70% only)
-    assert [label for label, _ in _configurations(rows)] == [
+    assert [label for label, _ in series(rows)] == [
         f"student.arch=vit_small, {TEACHER}=dense", f"student.arch=vit_tiny, {TEACHER}=dense",
         f"student.arch=vit_tiny, {TEACHER}=sparse"]
 
@@ -282,7 +282,7 @@ def test_the_100_percent_run_ends_the_series_that_restart_the_teacher_at_the_swi
     """A recipe swept over every fraction: its runs with a switch restart the teacher, its 100% runs cannot (no
     switch), so their configs differ in that key alone. The figure draws the 100% runs at the end of the restart
     series instead of as a series of their own; beside a series of the same runs without the restart, they end both."""
-    from reporting.plots import _configurations
+    from reporting.plots import series
 
     runs = tmp_path / "runs"
     decay, restart = "sparsity.pruned_decay=0.005", "teacher.momentum_restart_at_switch=true"
@@ -292,17 +292,21 @@ def test_the_100_percent_run_ends_the_series_that_restart_the_teacher_at_the_swi
     make_run(runs, "s100_s0", 1.0, top1=78.0, overrides=[decay])
     make_run(runs, "s100_s1", 1.0, seed=1, top1=78.4, overrides=[decay])
     rows = build_rows([read_run(p) for p in sorted(runs.iterdir())])
-    series = {label: sorted(r.run for r in rs) for label, rs in _configurations(rows)}
+    drawn = {label: sorted(r.run for r in rs) for label, rs in series(rows)}
     recipe = "teacher.momentum_restart_at_switch=true, sparsity.pruned_decay=0.005"  # keys in config order
-    assert series == {"teacher.momentum_restart_at_switch=false, sparsity.pruned_decay=0.0": ["dense"],
+    assert drawn == {"teacher.momentum_restart_at_switch=false, sparsity.pruned_decay=0.0": ["dense"],
                       recipe: ["r70", "r80", "s100_s0", "s100_s1"]}
 
     make_run(runs, "d70", 0.7, top1=79.0, overrides=[decay])  # the decay alone at 70%: its own series, with 100%
     rows = build_rows([read_run(p) for p in sorted(runs.iterdir())])
-    series = {label: sorted(r.run for r in rs) for label, rs in _configurations(rows)}
-    assert series[recipe] == ["r70", "r80", "s100_s0", "s100_s1"]
-    assert series["teacher.momentum_restart_at_switch=false, sparsity.pruned_decay=0.005"] == [
+    drawn = {label: sorted(r.run for r in rs) for label, rs in series(rows)}
+    assert drawn[recipe] == ["r70", "r80", "s100_s0", "s100_s1"]
+    assert drawn["teacher.momentum_restart_at_switch=false, sparsity.pruned_decay=0.005"] == [
         "d70", "s100_s0", "s100_s1"]
     # the table's rows are unchanged: the 100% runs are their own configuration there, with their own Δ
     assert {r.schedule for r in rows if r.run.startswith("s100")} == {
         "100% sparse · teacher.momentum_restart_at_switch=false, sparsity.pruned_decay=0.005"}
+    from reporting.plots import accuracy_figure
+
+    _, _, caption = accuracy_figure(rows)
+    assert "A 100% run has no switch: it also ends the series" in caption

@@ -96,6 +96,18 @@ def test_paper_names_show_the_model_only_where_models_differ():
     assert {k: n.full for k, n in names.items()} == {"t": "most common options", "ts": "2:4-sparse teacher"}
 
 
+def test_paper_names_name_every_option_off_its_common_value_also_two_that_change_together():
+    """The published recipe against a recipe that changes two options at once: both are named (the caption says the
+    unnamed options are the common ones, so naming one of the two would claim the other is common)."""
+    tiny = {"student.arch": "vit_tiny", "student.patch_size": 4, "optim.epochs": 80}
+    published = {"teacher.momentum_restart_at_switch": False, "sparsity.pruned_decay": 0.0}
+    recipe = {"teacher.momentum_restart_at_switch": True, "sparsity.pruned_decay": 0.005}
+    names, note = paper_names({"p": (tiny, published), "r": (tiny, recipe)})
+    assert names["p"].full == "most common options"  # a tie: the first seen is the common one
+    assert names["r"].full == "teacher momentum restarted at the switch, masked decay 0.005"
+    assert note == "Options not named are the most common ones: teacher momentum over the whole run, no masked decay."
+
+
 def test_the_gap_figure_groups_by_model_and_names_bars_in_words(tmp_path):
     runs = tmp_path / "runs"
     make_run(runs, "dense_s0", 0.0, top1=80.0, knn20=70.0)
