@@ -41,10 +41,10 @@ def _smooth(values: np.ndarray) -> np.ndarray:
     return np.convolve(padded, np.ones(SMOOTH) / SMOOTH, mode="valid")
 
 
-def plot_masks(runs, path: Path, labels=None, setting: str = "") -> bool:
+def plot_masks(runs, path: Path, labels=None, setting: str = "", note: str = "") -> bool:
     """Draw the runs (duck-typed: `path`, `name`, `sparse_fraction`, `sparse_steps`) that logged mask statistics into
     `path`, named by `labels` (one per run; default: the run folders' names); False (and nothing written) when none
-    did. `setting`: what the runs share, for the title."""
+    did. `setting`: what the runs share, for the title; `note`: a caption line (what unnamed options stand for)."""
     drawn = [(run, mask_series(run.path)) for run in runs]
     drawn = [(i, run, s) for i, (run, s) in enumerate(drawn) if s]
     if not drawn:
@@ -80,5 +80,6 @@ def plot_masks(runs, path: Path, labels=None, setting: str = "") -> bool:
         caption = ("Student MLP masks at every logged step (training/sparsity_monitor.py); flip rate and gradient "
                    f"ratio smoothed over {SMOOTH} logged values. Dashed grey: dense runs, the mask a 2:4 pruning of "
                    "their weights would take. | : a run's switch to dense.")
-        save_with_legend_below(fig, path, handles, ncol=2, caption=textwrap.fill(caption, 130))
+        caption = "\n".join(textwrap.fill(line, 130) for line in (caption, note) if line)
+        save_with_legend_below(fig, path, handles, ncol=2, caption=caption)
     return True

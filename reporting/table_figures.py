@@ -72,5 +72,5 @@ def draw_figures(runs, rows, baselines, out: Path) -> list[Path]:
     paths += _written_or_removed(out / DIFFERENCES_PNG, grouped)
     mask_labels = [label(r) + ("" if r.seed is None else f", seed {r.seed}") for r in by_fraction]
     paths += _written_or_removed(out / MASKS_PNG, plot_masks(by_fraction, out / MASKS_PNG, labels=mask_labels,
-                                                             setting=setting))
+                                                             setting=setting, note=note))
     return paths

@@ -127,3 +127,21 @@ def test_the_gap_figure_groups_by_model_and_names_bars_in_words(tmp_path):
     assert diamonds == pytest.approx([published_70, published_70])
     assert {h.get_label() for h in handles} >= {"linear probe", "k-NN", "one seed"}
     gap_plot.plt.close(fig)
+
+
+def test_the_masks_figure_says_what_unnamed_options_stand_for(tmp_path, monkeypatch):
+    """Its legend names runs as the other figures do ("100% sparse · most common options"), so its caption carries the
+    same line saying which values those are."""
+    from pathlib import Path
+
+    from reporting import mask_plots
+
+    screen = Path(__file__).resolve().parents[2] / "results" / "cifar10" / "recipe" / "screen"
+    runs = [SimpleNamespace(path=screen / "sparse100_ste_s0", name="s100", sparse_fraction=1.0, sparse_steps=7760)]
+    captions = []
+    monkeypatch.setattr(mask_plots, "save_with_legend_below",
+                        lambda fig, path, handles, ncol, caption: captions.append(caption))
+    note = "Options not named are the most common ones: masked decay 0.005."
+    assert mask_plots.plot_masks(runs, tmp_path / "masks.png", labels=["100% sparse · most common options"],
+                                 note=note)
+    assert captions[0].endswith("\n" + note) and "| : a run's switch to dense." in captions[0]
