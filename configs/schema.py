@@ -251,4 +251,9 @@ class Config:
     @property
     def switches(self) -> bool:
         """Whether the run has both phases: some steps sparse, then some dense."""
-        return 0 < self.sparse_steps < self.total_steps
+        return has_switch(self.sparse_steps, self.total_steps)
+
+
+def has_switch(sparse_steps: int, total_steps: int) -> bool:
+    """Whether a schedule of `sparse_steps` sparse steps out of `total_steps` has both phases."""
+    return 0 < sparse_steps < total_steps

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from .load import DEFAULT_CONFIG, _merged, load_config
+from .load import DEFAULT_CONFIG, ConfigError, _merged, load_config
 from .schema import Config
 
 SPARSE_PHASE_PREFIX = "sparsity."
@@ -21,6 +21,12 @@ SWITCH_KEYS = {"teacher.momentum_restart_at_switch": False}  # key: its value wh
 
 def acts_only_with_a_sparse_phase(key: str) -> bool:
     return key.startswith(SPARSE_PHASE_PREFIX) or key in SWITCH_KEYS
+
+
+def refuse_fraction_override(overrides: Sequence[str], option: str) -> None:
+    """ConfigError where the overrides set sparsity.sparse_fraction, which the sweep sets per run from `option`."""
+    if any(item.split("=", 1)[0].strip() == "sparsity.sparse_fraction" for item in overrides):
+        raise ConfigError(f"sparsity.sparse_fraction is set per run by {option}; drop the override")
 
 
 def _dotlist_value(value) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from matplotlib.lines import Line2D
 
+from configs.schema import has_switch
 from configs.sweep import SWITCH_KEYS
 
 from . import published
@@ -78,7 +79,7 @@ def _error_bars(groups) -> tuple[list, list, set]:
 
 
 def _switches(row) -> bool:
-    return bool(row.total_steps) and 0 < (row.sparse_steps or 0) < row.total_steps
+    return has_switch(row.sparse_steps or 0, row.total_steps or 0)
 
 
 def _same_but_switch_keys(a: dict, b: dict) -> bool:

@@ -40,7 +40,7 @@ import torch
 
 from configs import ConfigError
 from configs.command_line import parse_command_line
-from configs.sweep import schedule_run
+from configs.sweep import refuse_fraction_override, schedule_run
 from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS
 from reporting.run_logs import COMPLETE, read_run
 from reporting.table import make_table
@@ -229,9 +229,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _check_config(args) -> Optional[str]:
     """Every fraction's config, loaded once up front: a typo or a value one schedule refuses stops here, not in
     nine failed runs."""
-    if any(item.split("=", 1)[0].strip() == "sparsity.sparse_fraction" for item in args.overrides):
-        return "sparsity.sparse_fraction is set per run by --fractions; drop the override"
     try:
+        refuse_fraction_override(args.overrides, "--fractions")
         runs = [schedule_run(args.config, args.overrides, fraction)
                 for fraction in dict.fromkeys([*args.fractions, *args.extra_seed_fractions])]
     except ConfigError as e:

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 from configs import Config, ConfigError, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
-from configs.sweep import schedule_run
+from configs.sweep import refuse_fraction_override, schedule_run
 from rundir.atomic import atomic_write_text
 from rundir.errors import RunDirProblem
 from rundir.guard import usable_checkpoint_dir
@@ -100,9 +100,7 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
 
     An existing run whose config.yaml differs from the newly resolved config is an error naming the keys: resuming
     it with other settings would silently mix two experiments."""
-    for item in overrides:
-        if item.split("=", 1)[0].strip() == "sparsity.sparse_fraction":
-            raise ConfigError("sparsity.sparse_fraction is set per run by --sparse-fractions; drop the override")
+    refuse_fraction_override(overrides, "--sparse-fractions")
     if len(set(fractions)) != len(fractions):
         raise ConfigError(f"--sparse-fractions has duplicates: {list(fractions)}")
     plans, by_schedule = [], {}

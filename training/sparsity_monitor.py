@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from configs.schema import has_switch
 from rundir.layout import SPARSITY_MASKS
 from rundir.metrics import FORMAT_KEY, METRICS_FORMAT, MetricsLog
 from sparsity import SparseThenDense
@@ -76,7 +77,7 @@ class SparsityMonitor:
         self.stats = MaskStats(converter.pruning, mask_dtype)
         self.masks_log = MetricsLog(Path(output_dir) / SPARSITY_MASKS, enabled=self.enabled)
         sparse = converter.sparse_steps
-        window = min(log_period, sparse, total_steps - sparse) if 0 < sparse < total_steps else 0
+        window = min(log_period, sparse, total_steps - sparse) if has_switch(sparse, total_steps) else 0
         self.switch = SwitchLoss(sparse, window)
 
     def truncate_after(self, step: int) -> None:
