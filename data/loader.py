@@ -158,13 +158,16 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 
 def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int = 0, sampler_state: Optional[dict] = None,
-                     dataset=None, num_workers: Optional[int] = None) -> SSLLoader:
+                     dataset=None, num_workers: Optional[int] = None,
+                     multiprocessing_context: Optional[str] = None) -> SSLLoader:
     """The training loader of one rank: `cfg.train.batch_size_per_gpu` images per batch, `cfg.train.num_workers`
     persistent workers (pinned memory when CUDA is available). It starts where `sampler_state` (a loader's
     `state_dict()`, from a checkpoint) says, else at batch `start_step` of this rank's stream (tests, tools).
 
     `dataset` (default `build_dataset(cfg)`) and `num_workers` (default `cfg.train.num_workers`) are overrides for
-    tests and tools.
+    tests and tools. `multiprocessing_context` ("spawn", "forkserver"; default: the platform's, fork on Linux) is
+    for a tool that builds loaders after its process has started threads (compilation, CUDA), which a forked
+    worker inherits as copies that can abort it when it exits.
     """
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
@@ -203,6 +206,7 @@ def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int = 0, sa
         persistent_workers=num_workers > 0,
         generator=generator,
         worker_init_fn=init_worker,
+        multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
     )
     device_augmentation = build_batched_augmentation(cfg) if on_device else None
     loader = SSLLoader(dataloader, sampler, batch_size, device_augmentation, seed=seed, rank=rank)

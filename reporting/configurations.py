@@ -128,15 +128,16 @@ def dense_reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]
 
 
 def dense_references(runs: list[RunSummary], keys: Sequence[str] = ()) -> dict[tuple, RunSummary]:
-    """Per (configuration, seed) and per (configuration, None) = lowest seed: the dense run the others are compared
-    with, fully trained, evaluated if any is. The configuration: `dense_reference_key` of the `keys` that differ."""
+    """Per (configuration, seed, processes), (configuration, seed) and (configuration, None) = lowest seed: the dense
+    run the others are compared with, fully trained, evaluated if any is. The configuration: `dense_reference_key`
+    of the `keys` that differ."""
     references: dict[tuple, RunSummary] = {}
     ordered = sorted(runs, key=lambda r: (r.seed is None, r.seed or 0, r.name))
     for run in ordered:
         reference_key = dense_reference_key(run, keys)
         if run.sparse_fraction != 0.0 or run.train_status != COMPLETE or reference_key is None:
             continue
-        for key in ((reference_key, run.seed), (reference_key, None)):
+        for key in ((reference_key, run.seed, run.processes), (reference_key, run.seed), (reference_key, None)):
             current = references.get(key)
             if current is None or (current.top1 is None and run.top1 is not None):
                 references[key] = run
@@ -144,8 +145,13 @@ def dense_references(runs: list[RunSummary], keys: Sequence[str] = ()) -> dict[t
 
 
 def dense_reference(run: RunSummary, references: dict, keys: Sequence[str], same_seed: bool = False):
-    """The run's dense reference among `dense_references`: its seed's, else (unless `same_seed`) the lowest seed's."""
+    """The run's dense reference among `dense_references`: its seed's on as many processes, else its seed's, else
+    (unless `same_seed`) the lowest seed's. A complete dense run is its own, also where another run has its
+    configuration and seed (the same run on another number of GPUs)."""
     reference_key = dense_reference_key(run, keys)
     if reference_key is None:
         return None
-    return references.get((reference_key, run.seed)) or (None if same_seed else references.get((reference_key, None)))
+    if run.sparse_fraction == 0.0 and run.train_status == COMPLETE:
+        return run
+    return (references.get((reference_key, run.seed, run.processes)) or references.get((reference_key, run.seed))
+            or (None if same_seed else references.get((reference_key, None))))

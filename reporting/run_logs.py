@@ -19,7 +19,7 @@ import torch
 
 from configs import ConfigError, load_config
 from rundir.digests import recorded_digest
-from rundir.json_files import parse_json
+from rundir.json_files import parse_json, read_json
 from rundir.layout import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, TEACHER, checkpoint_dir, is_run_dir,
                            list_checkpoints)
 from rundir.metrics import metrics_by_steps_done
@@ -90,6 +90,7 @@ class RunSummary(EvalResults):
     total_steps: Optional[int] = None
     sparse_steps: Optional[int] = None
     global_batch: Optional[int] = None
+    processes: Optional[int] = None  # data-parallel processes (GPUs) the run trained on
     seed: Optional[int] = None
     run_id: str = ""  # status.json's: made at the run's fresh start, kept by every copy of the directory
     # every key of the resolved config, flattened ({"student.arch": "vit_small", ...}); None if unreadable
@@ -162,7 +163,8 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
     run.data_root = cfg.data.root
     run.sparse_fraction = cfg.sparsity.sparse_fraction
     run.total_steps, run.sparse_steps = cfg.total_steps, cfg.sparse_steps
-    run.global_batch = _global_batch(run_dir, cfg.train.batch_size_per_gpu)
+    run.processes, per_process = _batch_layout(run_dir, cfg.train.batch_size_per_gpu)
+    run.global_batch = run.processes * per_process
     run.seed = cfg.train.seed
     run.config = flatten_config(dataclasses.asdict(cfg))
     return True
@@ -177,17 +179,22 @@ def flatten_config(node: dict, prefix: str = "") -> dict:
     return out
 
 
-def _global_batch(run_dir: Path, batch_size_per_gpu: int) -> int:
-    """Images per step (metrics' images/s are global): processes x per-GPU batch of the newest readable
-    checkpoint, memory-mapped so a ViT-L checkpoint costs no more than its header; the config's per-GPU batch on
-    one process if no checkpoint is readable."""
+def _batch_layout(run_dir: Path, batch_size_per_gpu: int) -> tuple[int, int]:
+    """(processes, per-GPU batch) of the run: its images per step are their product (metrics' images/s are global).
+    From the newest readable checkpoint, memory-mapped so a ViT-L checkpoint costs no more than its header; else
+    from run_info.json (written at every start, and kept where checkpoints are not, as in committed results); else
+    the config's per-GPU batch on one process."""
     for _, path in reversed(list_checkpoints(checkpoint_dir(run_dir))):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            return int(state["world_size"]) * int(state.get("batch_size_per_gpu", batch_size_per_gpu))
+            return int(state["world_size"]), int(state.get("batch_size_per_gpu", batch_size_per_gpu))
         except Exception:  # noqa: BLE001 - an unreadable checkpoint: try the previous one
             continue
-    return batch_size_per_gpu
+    info = read_json(run_dir / "run_info.json") or {}
+    try:
+        return int(info["world_size"]), int(info["batch_size_per_gpu"])
+    except (KeyError, TypeError, ValueError):  # missing, unreadable or older: the config alone
+        return 1, batch_size_per_gpu
 
 
 def _float(value) -> Optional[float]:

@@ -88,6 +88,8 @@ class TableRow:
     n_val: Optional[int] = None  # validation images behind top-1 and k-NN top-1
     # this run's values of the config keys that differ between the table's runs (schedule and seed aside)
     differing_config: dict = field(default_factory=dict)
+    # "2 processes × 256" where its configuration also has runs on another number of processes, else ""
+    layout: str = ""
 
     @property
     def config_label(self) -> str:
@@ -180,8 +182,22 @@ def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[Ta
                                if pub else "",
             path=relative_path(run.path, folder), n_val=run.n_val, differing_config=differing,
         ))
+    _name_layouts(list(zip(rows, runs)))  # rows are still in the runs' order
     return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
-                                       config_order(r.differing_config), r.seed or 0, r.run))
+                                       config_order(r.differing_config), r.seed or 0, r.layout, r.run))
+
+
+def _name_layouts(rows_and_runs: list[tuple[TableRow, RunSummary]]) -> None:
+    """Give each row the number of processes and per-GPU batch it trained with, where its configuration (the same
+    global batch by construction) holds runs of more than one such layout: otherwise a seed could appear twice with
+    nothing to tell the two runs apart."""
+    layouts: dict[tuple, set] = {}
+    for row, run in rows_and_runs:
+        layouts.setdefault(_group_key(row), set()).add((run.processes, run.global_batch))
+    for row, run in rows_and_runs:
+        if len(layouts[_group_key(row)]) > 1 and run.processes and run.global_batch:
+            noun = "process" if run.processes == 1 else "processes"
+            row.layout = f"{run.processes} {noun} × {run.global_batch // run.processes}"
 
 
 def mean_and_half_range(values: list) -> tuple[Optional[float], Optional[float]]:

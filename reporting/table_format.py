@@ -69,7 +69,8 @@ def markdown(rows, means, baselines, notes: list[str]) -> str:
         time = _duration(r.time_s)
         if r.sparse_time_s and r.dense_time_s:  # both phases ran: show the split
             time += f" ({_duration(r.sparse_time_s)} + {_duration(r.dense_time_s)})"
-        cells = [r.schedule, "–" if r.seed is None else str(r.seed), f"{_steps(r.sparse_steps)} → "
+        seed = "–" if r.seed is None else str(r.seed)
+        cells = [r.schedule, f"{seed} ({r.layout})" if r.layout else seed, f"{_steps(r.sparse_steps)} → "
                  f"{_steps(r.dense_steps)}", _number(r.top1, ".1f"), _number(r.delta_top1, "+.1f"),
                  _knn_cell(r, _number(r.knn_top1, ".1f"), name_k), _rate(r.sparse_images_per_s),
                  _rate(r.dense_images_per_s), _number(r.final_loss, ".3f"), time, _number(r.speedup, ".2f", "×"),
@@ -127,7 +128,7 @@ def published_markdown() -> str:
 # kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels). After
 # "schedule" (the row's label) come the config keys that differ between the rows, one column each; at the end the
 # k-NN top-1 per k.
-CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "n_seeds", "sparse_steps", "dense_steps",
+CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "layout", "n_seeds", "sparse_steps", "dense_steps",
               "total_steps", "steps_done", "top1", "top1_spread", "top5", "delta_top1", "knn_top1", "knn_k",
               "knn_top1_spread", "delta_knn_top1", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
               "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss", "best_C", "eval_seconds",

@@ -47,6 +47,17 @@ def test_same_batches_with_0_and_2_workers(small_cfg):
     assert not torch.equal(ref[0].global_crops[0], ref[0].global_crops[4])
 
 
+def test_spawned_workers_give_the_same_batches(small_cfg):
+    # fresh worker processes (for tools that build a loader after starting threads) must receive everything they
+    # need by pickling (dataset, collate, seeds) and draw the same stream as forked or no workers
+    cfg = small_cfg()
+    ref = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=1, num_workers=0), 2)
+    loader = build_ssl_loader(cfg, rank=0, world_size=1, start_step=1, num_workers=1, multiprocessing_context="spawn")
+    assert loader.dataloader.multiprocessing_context.get_start_method() == "spawn"
+    for a, b in zip(ref, batches(loader, 2)):
+        assert_same(a, b)
+
+
 def test_resume_at_step_k_continues_the_stream(small_cfg):
     cfg = small_cfg()
     ref = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0), 5)

@@ -150,6 +150,31 @@ def test_another_global_batch_is_another_row(tmp_path):
     assert [r.schedule for r in rows] == ["70% sparse · train.global_batch=16", "70% sparse · train.global_batch=32"]
 
 
+def test_the_same_run_on_two_gpus_is_a_seed_of_its_configuration_named_by_its_layout(tmp_path):
+    # dense seed 0 on one process x 32 (top-1 80.0) and again on 2 x 16 (81.0), seed 1 on one process (79.0), and a
+    # 70% run on one process: one configuration, whose seed 0 appears twice, so those rows name their layout
+    runs = tmp_path / "runs"
+    make_run(runs, "dense_s0", 0.0, top1=80.0, world_size=1)
+    make_run(runs, "dense_2x16_s0", 0.0, top1=81.0, world_size=2, overrides=["train.batch_size_per_gpu=16"])
+    make_run(runs, "dense_s1", 0.0, top1=79.0, seed=1, world_size=1)
+    make_run(runs, "s70", 0.7, top1=78.0, world_size=1)
+    rows = build_rows([read_run(runs / n) for n in ("dense_2x16_s0", "dense_s0", "dense_s1", "s70")])
+    by_run = {r.run: r for r in rows}
+    assert [r.run for r in rows] == ["dense_s0", "dense_2x16_s0", "dense_s1", "s70"]
+    assert {r.schedule for r in rows[:3]} == {"0% sparse (dense baseline)"}  # no global-batch label: both 32
+    assert [r.layout for r in rows] == ["1 process × 32", "2 processes × 16", "1 process × 32", ""]
+    # each dense run is its own reference (Δ 0, speed-up 1), not the other run of its seed
+    assert by_run["dense_2x16_s0"].delta_top1 == 0.0 and by_run["dense_s0"].delta_top1 == 0.0
+    assert by_run["dense_2x16_s0"].speedup == pytest.approx(1.0) and by_run["dense_s0"].speedup == pytest.approx(1.0)
+    # the sparse run on one process is compared with its seed's dense run on one process, not the 2 x 16 one
+    assert by_run["s70"].delta_top1 == pytest.approx(78.0 - 80.0)
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    md = (out / "table.md").read_text()
+    assert "| 0 (2 processes × 16) |" in md and "| 0 (1 process × 32) |" in md and "| 0 |" in md  # s70 unlabelled
+    assert {r["run"]: r["layout"] for r in _csv(out) if r["kind"] == "run"}["dense_2x16_s0"] == "2 processes × 16"
+
+
 def test_a_key_the_reporting_code_does_not_know_makes_its_own_row(tmp_path):
     runs = tmp_path / "runs"
     make_run(runs, "dense", 0.0, top1=80.0)

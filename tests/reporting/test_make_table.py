@@ -113,6 +113,20 @@ def test_world_size_from_checkpoint_scales_time(tmp_path):
     assert read_run(half).global_batch == 32
 
 
+def test_world_size_from_run_info_without_checkpoints(tmp_path):
+    # a committed DDP run keeps no checkpoints: its run_info.json (2 processes) doubles the images a step, so its
+    # global images/s mean twice the time a step, as the checkpoint says in the test above
+    one = read_run(make_run(tmp_path, "one", 0.0, result=None))
+    ddp = make_run(tmp_path, "ddp", 0.0, result=None)
+    (ddp / "run_info.json").write_text(json.dumps({"world_size": 2, "batch_size_per_gpu": one.global_batch}))
+    two = read_run(ddp)
+    assert two.global_batch == 2 * one.global_batch and two.time_s == pytest.approx(2 * one.time_s)
+    # a cut or older run_info.json: the config's per-GPU batch on one process, as before
+    for text in ('{"world_size": 2', json.dumps({"device": "cpu"}), json.dumps({"world_size": "two"})):
+        (ddp / "run_info.json").write_text(text)
+        assert read_run(ddp).global_batch == one.global_batch
+
+
 def test_eval_variants_knn_only_and_bare_numbers(tmp_path):
     knn_only = {"top1": None, "top5": None, "best_C": None, "C_curve": [], "knn": {"20": {"top1": 77.0, "top5": 95.0}}}
     run = read_run(make_run(tmp_path, "knn_only", 0.5, result=knn_only))
