@@ -1,6 +1,7 @@
 """Do two runs train the same? Their smoothed loss curves against the spread between two seeds.
 
     python scripts/compare_losses.py CANDIDATE BASELINE [--spread OTHER_SEED_OF_BASELINE] [--window 10] [--out F]
+        [--plot PNG [--more-seeds RUN ...]]
 
 CANDIDATE and BASELINE start from one state (same config and seed, one setting changed, e.g.
 `train.residual_dtype=amp` against `fp32`); --spread is the baseline's setting with another `train.seed`. Both are
@@ -9,7 +10,8 @@ candidate changes is printed first. Then one line per loss term (the mean absolu
 curves, its maximum, the seeds' spread, and whether the difference is within it), also written as JSON to --out.
 Exit 0 when every term is within the spread (or no spread run was given), 1 when one is not, 2 for runs that cannot
 be compared (no metrics, no readable config, a candidate with another seed, a spread run that differs in more than
-its seed).
+its seed). --plot draws every term of the runs (with --more-seeds: more seeds of the baseline, drawn only) and each
+run's difference to the baseline.
 """
 
 import argparse
@@ -27,12 +29,17 @@ def main(argv=None) -> int:
     parser.add_argument("--spread", type=Path, default=None, help="the baseline's setting with another seed")
     parser.add_argument("--window", type=int, default=10, help="logged points per moving average (default 10)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file for the comparison")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of the curves and their differences")
+    parser.add_argument("--more-seeds", type=Path, nargs="+", default=[],
+                        help="more seeds of the baseline, drawn in --plot beside --spread (not in the verdict)")
     args = parse_command_line(parser, argv)  # options before or after the runs
     from configs import ConfigError
     from reporting.compare import as_json, compare_runs, setting_changes
     from rundir.atomic import atomic_write_text
 
-    for path in (args.candidate, args.baseline, args.spread):
+    if args.more_seeds and args.plot is None:
+        parser.error("--more-seeds is only drawn: it needs --plot")
+    for path in (args.candidate, args.baseline, args.spread, *args.more_seeds):
         if path is not None and not (path / "metrics.jsonl").is_file():
             print(f"{path}: no metrics.jsonl (not a run directory written by train.py)", file=sys.stderr)
             return 2
@@ -60,6 +67,12 @@ def main(argv=None) -> int:
                                                 "spread": str(args.spread) if args.spread else None,
                                                 "window": args.window, "changed": changed,
                                                 "terms": as_json(comparisons)}, indent=1) + "\n")
+    if args.plot is not None:
+        from reporting.compare_plot import plot_comparison
+
+        drawn = [p for p in (args.spread, *args.more_seeds) if p is not None]
+        plot_comparison(args.candidate, args.baseline, drawn, args.window, args.plot)
+        print(f"wrote {args.plot}")
     return 1 if any(c.within_spread is False for c in comparisons) else 0
 
 

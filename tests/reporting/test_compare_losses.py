@@ -8,6 +8,7 @@ import pytest
 
 from configs import ConfigError, load_config, to_yaml
 from reporting.compare import compare_runs, setting_changes, smoothed
+from reporting.compare_plot import plot_comparison
 from reporting_runs import REPO
 
 
@@ -112,3 +113,30 @@ def test_cli_exit_codes_and_json(tmp_path):
     (far / "config.yaml").write_text("train: [unclosed")
     unreadable = cli(far, base)
     assert unreadable.returncode == 2 and "cannot compare the runs' settings" in unreadable.stderr
+
+
+def test_plot_draws_every_run_and_more_seeds_need_it(tmp_path, capsys):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import compare_losses
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    import matplotlib.image
+
+    extra = {"koleo_loss": [0.1, 0.1, 0.1, 0.1]}
+    base = write_run(tmp_path / "base", [4.0, 3.0, 2.0, 1.0], extra=extra)
+    cand = write_run(tmp_path / "cand", [4.1, 3.1, 2.1, 1.1], extra=extra)
+    seeds = [write_run(tmp_path / f"seed{s}", [4.2, 3.2, 2.2, 1.2], extra=extra, overrides=[f"train.seed={s}"])
+             for s in (1, 2)]
+    png = tmp_path / "cmp.png"
+    assert compare_losses.main([str(cand), str(base), "--spread", str(seeds[0]), "--more-seeds", str(seeds[1]),
+                                "--window", "1", "--plot", str(png)]) == 0
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert matplotlib.image.imread(png).ndim == 3
+    # the terms every run logs, the total first; a term one run lacks is not drawn
+    (seeds[1] / "metrics.jsonl").write_text((base / "metrics.jsonl").read_text().replace('"koleo_loss"', '"other"'))
+    assert plot_comparison(cand, base, seeds[:1], 1, png) == ["loss", "koleo_loss"]
+    assert plot_comparison(cand, base, seeds, 1, png) == ["loss"]
+    with pytest.raises(SystemExit):  # drawn only: without --plot it would be silently ignored
+        compare_losses.main([str(cand), str(base), "--more-seeds", str(seeds[1])])
+    assert "--more-seeds is only drawn" in capsys.readouterr().err
