@@ -1,8 +1,8 @@
 """The loss differences of a study whose runs have several dense references (ablations of model, length, recipe):
 one row of panels per dense reference, one column per loss term, each sparse run's loss minus its dense run's (same
-configuration apart from the keys acting only with a sparse phase, same seed) at the same steps. The runs compared with one dense run share an axis
-and a palette of their own; on one axis (loss_plots.py) a study of three models and fifteen configurations is a
-tangle of similar colours.
+configuration apart from the keys acting only with a sparse phase, same seed) at the same steps. The runs compared
+with one dense run share an axis and a palette of their own; on one axis (loss_plots.py) a study of three models and
+fifteen configurations is a tangle of similar colours.
 
 Runs are duck-typed (run_logs.RunSummary); the caller names each run's group and label (table.make_table).
 """

@@ -188,14 +188,14 @@ def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[Ta
 
 
 def _name_layouts(rows_and_runs: list[tuple[TableRow, RunSummary]]) -> None:
-    """Give each row the number of processes and per-GPU batch it trained with, where its configuration (the same
-    global batch by construction) holds runs of more than one such layout: otherwise a seed could appear twice with
-    nothing to tell the two runs apart."""
-    layouts: dict[tuple, set] = {}
+    """Give each row the number of processes and per-GPU batch it trained with, where its configuration holds runs
+    on more than one number of processes (its global batch is one by construction): otherwise a seed could appear
+    twice with nothing to tell the two runs apart."""
+    process_counts: dict[tuple, set] = {}
     for row, run in rows_and_runs:
-        layouts.setdefault(_group_key(row), set()).add((run.processes, run.global_batch))
+        process_counts.setdefault(_group_key(row), set()).add(run.processes)
     for row, run in rows_and_runs:
-        if len(layouts[_group_key(row)]) > 1 and run.processes and run.global_batch:
+        if len(process_counts[_group_key(row)]) > 1 and run.processes and run.global_batch:
             noun = "process" if run.processes == 1 else "processes"
             row.layout = f"{run.processes} {noun} × {run.global_batch // run.processes}"
 

@@ -128,9 +128,9 @@ def published_markdown() -> str:
 # kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels). After
 # "schedule" (the row's label) come the config keys that differ between the rows, one column each; at the end the
 # k-NN top-1 per k.
-CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "layout", "n_seeds", "sparse_steps", "dense_steps",
-              "total_steps", "steps_done", "top1", "top1_spread", "top5", "delta_top1", "knn_top1", "knn_k",
-              "knn_top1_spread", "delta_knn_top1", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
+CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "layout", "n_seeds", "sparse_steps",
+              "dense_steps", "total_steps", "steps_done", "top1", "top1_spread", "top5", "delta_top1", "knn_top1",
+              "knn_k", "knn_top1_spread", "delta_knn_top1", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
               "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss", "best_C", "eval_seconds",
               "published_top1", "published_delta_top1", "published_schedule", "path"]
 

@@ -197,7 +197,8 @@ def test_a_switch_key_goes_only_to_the_runs_that_switch(reproduce, tmp_path, mon
     restart = "teacher.momentum_restart_at_switch"
     assert commands[str(runs / "sparse_0.70")].endswith(f"{restart}=true sparsity.sparse_fraction=0.7")
     for name, fraction in (("sparse_0.00", "0.0"), ("sparse_1.00", "1.0")):
-        assert commands[str(runs / name)].endswith(f"{restart}=true sparsity.sparse_fraction={fraction} {restart}=false")
+        expected_end = f"{restart}=true sparsity.sparse_fraction={fraction} {restart}=false"
+        assert commands[str(runs / name)].endswith(expected_end)
     assert f"note: {restart}=true left out: 0% sparse has no switch" in printed
     assert f"note: {restart}=true left out: 100% sparse has no switch" in printed
     assert printed.count("note:") == 2
