@@ -159,6 +159,17 @@ def validate(cfg: Config) -> None:
         (not cfg.teacher.momentum_restart_at_switch or cfg.teacher.momentum_reference_steps == 0,
          f"teacher.momentum_restart_at_switch=true and teacher.momentum_reference_steps="
          f"{cfg.teacher.momentum_reference_steps} both reshape the momentum schedule: set one of them"),
+        (not (cfg.teacher.momentum_restart_fraction > 0 and cfg.teacher.momentum_restart_at_switch),
+         f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} and "
+         "teacher.momentum_restart_at_switch=true both place the teacher momentum's restart: set one of them"),
+        (cfg.teacher.momentum_restart_fraction == 0 or cfg.teacher.momentum_reference_steps == 0,
+         f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} and "
+         f"teacher.momentum_reference_steps={cfg.teacher.momentum_reference_steps} both reshape the momentum "
+         "schedule: set one of them"),
+        (cfg.teacher.momentum_restart_fraction == 0 or 0 < (cfg.momentum_restart_step or 0) < cfg.total_steps,
+         f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} restarts the teacher "
+         f"momentum at step {cfg.momentum_restart_step} of {cfg.total_steps}: it must fall strictly inside the run "
+         f"(between 1/{cfg.total_steps} and {cfg.total_steps - 1}/{cfg.total_steps} of it), or be 0 for no restart"),
         (cfg.sparsity.weight_grad == "dense" or cfg.train.compile == "false",
          f"sparsity.weight_grad={cfg.sparsity.weight_grad} runs in eager mode only: set train.compile=false"),
     ]

@@ -10,7 +10,7 @@ holds them equal).
 """
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 from .fields import LazyChoices, value
 
@@ -57,6 +57,9 @@ class TeacherConfig:
     # the final teacher averages the dense phase (with the whole-run cosine, 27% of a 7,760-step run's final teacher is
     # still the switch-time teacher at 70% sparse, 95% at 90%; at 125k steps, 0% and 44%) | false: dinov2's schedule
     momentum_restart_at_switch: bool = False
+    # > 0: the same restart at this fraction of the steps (round(fraction x steps), where a run of that
+    # sparsity.sparse_fraction switches), in any run: the dense control of momentum_restart_at_switch | 0: no restart
+    momentum_restart_fraction: float = value(0.0, ge=0, lt=1)
 
 
 @dataclass
@@ -243,6 +246,16 @@ class Config:
         """What 1 - teacher momentum is multiplied by (`teacher.momentum_reference_steps`; 1 when it is 0)."""
         reference = self.teacher.momentum_reference_steps
         return reference / self.total_steps if reference else 1.0
+
+    @property
+    def momentum_restart_step(self) -> Optional[int]:
+        """The step where the teacher momentum's cosine starts again (`teacher.momentum_restart_at_switch`: the
+        first dense step; `teacher.momentum_restart_fraction`: that fraction of the steps), None for no restart."""
+        if self.teacher.momentum_restart_at_switch:
+            return self.sparse_steps
+        if self.teacher.momentum_restart_fraction > 0:
+            return round(self.teacher.momentum_restart_fraction * self.total_steps)
+        return None
 
     @property
     def sparse_steps(self) -> int:

@@ -32,6 +32,8 @@ OPTION_PHRASES = {
     "sparsity.kind": {"weight": "2:4 weights", "activation": "2:4 activations", "block": "block-sparse weights"},
     "teacher.momentum_restart_at_switch": {"true": "teacher momentum restarted at the switch",
                                            "false": "teacher momentum over the whole run"},
+    "teacher.momentum_restart_fraction": {"0.0": "no teacher momentum restart",
+                                          "*": "teacher momentum restarted at {} of the steps"},
     "teacher.momentum_reference_steps": {"0": "dinov2's teacher momentum",
                                          "*": "teacher horizon matched to a {}-step run"},
 }

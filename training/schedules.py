@@ -81,11 +81,12 @@ def build_schedules(cfg: Config, world_size: int) -> Schedules:
 def _teacher_momentum(cfg: Config) -> np.ndarray:
     """dinov2's cosine from `momentum_teacher` to `final_momentum_teacher` over the run; with
     `teacher.momentum_reference_steps`, 1 - m scaled so that the EMA's horizon is the same fraction of the run; with
-    `teacher.momentum_restart_at_switch`, the cosine starts again at the first dense step and spans the dense steps."""
+    `teacher.momentum_restart_at_switch`, the cosine starts again at the first dense step and spans the dense steps;
+    with `teacher.momentum_restart_fraction`, the same at that fraction of the steps (its dense control)."""
     t = cfg.teacher
     total = cfg.total_steps
     momentum = cosine_schedule(t.momentum_teacher, t.final_momentum_teacher, total)
-    if t.momentum_restart_at_switch:
-        switch = cfg.sparse_steps
-        momentum[switch:] = cosine_schedule(t.momentum_teacher, t.final_momentum_teacher, total - switch)
+    restart = cfg.momentum_restart_step
+    if restart is not None:
+        momentum[restart:] = cosine_schedule(t.momentum_teacher, t.final_momentum_teacher, total - restart)
     return 1.0 - (1.0 - momentum) * cfg.momentum_scale

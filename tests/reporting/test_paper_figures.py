@@ -76,6 +76,8 @@ def test_option_phrases_and_model_names():
     assert option_phrase("sparsity.pruned_decay", 0.02) == "masked decay 0.02"
     assert option_phrase("sparsity.pruned_decay", 0.0) == "no masked decay"
     assert option_phrase("teacher.momentum_restart_at_switch", True) == "teacher momentum restarted at the switch"
+    assert option_phrase("teacher.momentum_restart_fraction", 0.4) == "teacher momentum restarted at 0.4 of the steps"
+    assert option_phrase("teacher.momentum_restart_fraction", 0.0) == "no teacher momentum restart"
     assert option_phrase("teacher.momentum_reference_steps", 125000) == "teacher horizon matched to a 125000-step run"
     assert option_phrase("optim.base_lr", 0.001) == "base_lr=0.001"  # unknown: still named
     assert model_name({"student.arch": "vit_small", "student.patch_size": 4, "optim.epochs": 80}) == \

@@ -83,3 +83,43 @@ def test_momentum_restart_refusals_name_the_key(overrides, message):
     from configs.load import ConfigError
     with pytest.raises(ConfigError, match=message):
         _sixteen_steps("teacher.momentum_restart_at_switch=true", *overrides)
+
+
+def test_momentum_restart_at_a_fraction_by_hand():
+    """The dense control: a run without a switch restarts the cosine at round(0.4 x 16) = step 6 (6.4 rounds down),
+    and equals a 40% sparse run's restart at its switch step for step."""
+    control = build_schedules(_sixteen_steps("teacher.momentum_restart_fraction=0.4"), 1).momentum
+    by_hand = ([1 - 0.004 * (1 + math.cos(math.pi * i / 16)) for i in range(6)]
+               + [1 - 0.004 * (1 + math.cos(math.pi * i / 10)) for i in range(10)])
+    np.testing.assert_allclose(control, by_hand, atol=1e-12)
+    at_switch = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.4",
+                                               "teacher.momentum_restart_at_switch=true"), 1).momentum
+    np.testing.assert_array_equal(control, at_switch)
+    for fraction in ("0.0", "0"):  # 0: dinov2's schedule untouched
+        plain = build_schedules(_sixteen_steps(f"teacher.momentum_restart_fraction={fraction}"), 1).momentum
+        np.testing.assert_allclose(plain, [1 - 0.004 * (1 + math.cos(math.pi * i / 16)) for i in range(16)])
+
+
+def test_momentum_restart_fraction_in_a_sparse_run():
+    """Independent of the switch: a 70% sparse run restarted at 25% of its steps restarts at step 4, not 11."""
+    m = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.7", "teacher.momentum_restart_fraction=0.25"),
+                        1).momentum
+    assert m[4] == pytest.approx(0.992) and m[11] > 0.992 and m[3] > 0.992
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["teacher.momentum_restart_fraction=1"], r"teacher.momentum_restart_fraction"),  # range: [0, 1)
+    (["teacher.momentum_restart_fraction=-0.1"], r"teacher.momentum_restart_fraction"),
+    (["teacher.momentum_restart_fraction=soon"], r"teacher.momentum_restart_fraction"),
+    (["teacher.momentum_restart_fraction=0.02"], r"restarts the teacher momentum at step 0 of 16: it must fall "
+                                                 r"strictly inside the run"),
+    (["teacher.momentum_restart_fraction=0.99"], r"at step 16 of 16"),  # rounds to the end: no restart left
+    (["teacher.momentum_restart_fraction=0.5", "sparsity.sparse_fraction=0.5",
+      "teacher.momentum_restart_at_switch=true"], "both place the teacher momentum's restart: set one of them"),
+    (["teacher.momentum_restart_fraction=0.5", "teacher.momentum_reference_steps=100"],
+     "teacher.momentum_reference_steps=100 both reshape the momentum schedule"),
+])
+def test_momentum_restart_fraction_refusals_name_the_key(overrides, message):
+    from configs.load import ConfigError
+    with pytest.raises(ConfigError, match=message):
+        _sixteen_steps(*overrides)
