@@ -16,6 +16,7 @@ from typing import Dict, Iterator, Optional
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+from torch.utils.data._utils import signal_handling
 
 from .augmentations import DataAugmentationDINO, applied_blur_probabilities, build_augmentation
 from .batch import SSLBatch
@@ -120,10 +121,21 @@ class SSLLoader:
 
     def close(self) -> None:
         """Stop the workers now, cooperatively. Persistent workers otherwise live until the interpreter exits, whose
-        clean-up stops them with SIGTERM, which they ignore (`ignore_stop_signals`)."""
+        clean-up stops them with SIGTERM, which they ignore (`ignore_stop_signals`).
+
+        Every batch asked for has been delivered by then, so a worker that dies as it exits (a C++ thread left over
+        in it aborts the process: "terminate called without an active exception") loses nothing: that is a warning
+        naming the signal, where PyTorch's SIGCHLD handler would raise in the middle of the join below."""
         iterator = getattr(self.dataloader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            if getattr(iterator, "_worker_pids_set", False):  # stop watching the workers before they exit
+                signal_handling._remove_worker_pids(id(iterator))
+                iterator._worker_pids_set = False
             iterator._shutdown_workers()
+            for worker in getattr(iterator, "_workers", []):
+                if worker.exitcode is not None and worker.exitcode < 0:
+                    logger.warning("data worker %d died by %s as it stopped; every batch asked for was delivered",
+                                   worker.pid, signal.Signals(-worker.exitcode).name)
         self.dataloader._iterator = None
 
     def state_dict(self) -> Dict[str, int]:
