@@ -227,3 +227,31 @@ def test_every_driver_refuses_wrong_arguments_with_its_usage_before_any_work(tmp
     assert first == f"{name}: {says}"
     assert any(f"scripts/experiments/{name} " in line for line in usage)
     assert list(tmp_path.iterdir()) == []  # nothing made: no output folder, no driver log
+
+
+def _plan_lines():
+    """(plan, line number, name, delay, overrides) of every run line of the committed study plans."""
+    for plan in sorted((REPO / "results").rglob("plans/*.txt")):
+        for number, line in enumerate(plan.read_text().splitlines(), 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                name, delay, *overrides = line.split()
+                yield plan.relative_to(REPO), number, name, delay, overrides
+
+
+def test_every_committed_plan_line_is_a_valid_run():
+    # a typo in a plan costs a GPU slot: every line's overrides must load against configs/cifar10.yaml (the
+    # driver's default config), its name end in its seed, and a name planned twice in one folder (a re-run) mean
+    # the same run
+    from configs import load_config
+
+    lines = list(_plan_lines())
+    assert len(lines) > 40
+    seen = {}
+    for plan, number, name, delay, overrides in lines:
+        where = f"{plan}:{number}"
+        assert delay.isdigit(), where
+        assert all("=" in o for o in overrides), where
+        cfg = load_config(REPO / "configs/cifar10.yaml", ["data.root=cifar10", *overrides])
+        assert name.rsplit("_s", 1)[-1] == str(cfg.train.seed), f"{where}: {name} is not train.seed={cfg.train.seed}"
+        first = seen.setdefault((plan.parent, name), (where, overrides))
+        assert first[1] == overrides, f"{where}: {name} differs from its line at {first[0]}"
