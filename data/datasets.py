@@ -9,9 +9,11 @@ control characters) and what becomes of each: `data/tree.py`. Names reach logs a
 `tree.printable`.
 """
 
+import importlib.util
 import logging
 import os
 import re
+from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
@@ -172,6 +174,25 @@ class ImageFolderDataset:
 DIGITS_SPLITS = ("train", "val", "all")
 
 
+def load_digits_arrays() -> Tuple[np.ndarray, np.ndarray]:
+    """`sklearn.datasets.load_digits()`'s images (1797, 8, 8, values 0..16) and targets, read from the CSV that
+    scikit-learn ships and `load_digits` reads (`sklearn/datasets/data/digits.csv.gz`: 64 pixels and the label per
+    row) without importing scikit-learn, whose import (scipy.stats) outlasts a tiny run's training steps;
+    `load_digits` itself where that file is not there. ImportError without scikit-learn."""
+    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the digits dataset is scikit-learn's: pip install scikit-learn")
+    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
+    if path.is_file():
+        table = np.loadtxt(path, delimiter=",", ndmin=2)
+        if table.shape == (1797, 65):
+            return table[:, :64].reshape(-1, 8, 8), table[:, 64].astype(int)
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return digits.images, digits.target
+
+
 class DigitsDataset:
     """scikit-learn's bundled handwritten digits (`sklearn.datasets.load_digits`): 1797 real 8x8 grayscale
     images of the digits 0-9 (UCI optical recognition set), shipped inside scikit-learn, so nothing is downloaded.
@@ -187,15 +208,13 @@ class DigitsDataset:
         if split not in DIGITS_SPLITS:
             raise DatasetError(f"data.split={split!r} is not a split of the digits dataset: use one of "
                                f"{', '.join(DIGITS_SPLITS)}")
-        from sklearn.datasets import load_digits  # lazy: scikit-learn takes a moment to import
-
-        digits = load_digits()
-        keep = np.arange(len(digits.target))
+        images, targets = load_digits_arrays()
+        keep = np.arange(len(targets))
         if split != "all":
             is_val = keep % 5 == 0
             keep = keep[is_val] if split == "val" else keep[~is_val]
-        self.images = np.round(digits.images[keep] * (255.0 / 16.0)).astype(np.uint8)  # (n, 8, 8)
-        self.targets = digits.target[keep].astype(np.int64)
+        self.images = np.round(images[keep] * (255.0 / 16.0)).astype(np.uint8)  # (n, 8, 8)
+        self.targets = targets[keep].astype(np.int64)
         self.indices = keep  # indices into load_digits()
         self.classes = [str(c) for c in range(10)]
         self.image_size = int(image_size)

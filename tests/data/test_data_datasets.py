@@ -49,6 +49,36 @@ def test_image_folder_errors(tmp_path):
     assert issubclass(DatasetError, FileNotFoundError)
 
 
+def test_digits_arrays_are_scikit_learns_without_importing_it(monkeypatch, tmp_path):
+    import importlib.util
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from data.datasets import load_digits_arrays
+
+    reference = load_digits()
+    images, targets = load_digits_arrays()
+    assert images.shape == (1797, 8, 8) and np.array_equal(images, reference.images)
+    assert np.array_equal(targets, reference.target)
+    # a training run on digits does not pay for scikit-learn's (and scipy's) import
+    code = ("import sys; from data import DigitsDataset; DigitsDataset(16, 'train'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    # where the shipped file is not found, scikit-learn's own loader; without scikit-learn, an ImportError
+    real_find_spec = importlib.util.find_spec
+    elsewhere = importlib.machinery.ModuleSpec("sklearn", None, is_package=True)
+    elsewhere.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: elsewhere if name == "sklearn"
+                        else real_find_spec(name, *a))
+    assert np.array_equal(load_digits_arrays()[0], reference.images)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ImportError, match="pip install scikit-learn"):
+        load_digits_arrays()
+
+
 def test_digits():
     full = DigitsDataset(image_size=24, split="all")
     train, val = DigitsDataset(24, "train"), DigitsDataset(24, "val")
