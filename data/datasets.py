@@ -182,7 +182,7 @@ def load_digits_arrays() -> Tuple[np.ndarray, np.ndarray]:
     spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("the digits dataset is scikit-learn's: pip install scikit-learn")
-    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
     if path.is_file():
         table = np.loadtxt(path, delimiter=",", ndmin=2)
         if table.shape == (1797, 65):
