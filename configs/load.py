@@ -18,21 +18,12 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from rundir.errors import UsageError
-
-from .fields import check_fields
+from .checks import MAX_TOTAL_STEPS, validate  # noqa: F401  (MAX_TOTAL_STEPS: re-exported)
+from .errors import ConfigError
 from .schema import Config
 
 CONFIG_DIR = Path(__file__).resolve().parent
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
-
-# 80x the ViT-L recipe (100 x 1250); the schedules (training/schedules.py) take 40 bytes per step, 400 MB here
-MAX_TOTAL_STEPS = 10_000_000
-
-
-class ConfigError(UsageError, ValueError):
-    """A config that cannot be used as written (exit status 2)."""
-
 
 def _section_keys(full_key: str, schema: type = Config) -> str:
     """The valid keys next to `full_key` (e.g. 'train.batchsize' -> the fields of TrainConfig)."""
@@ -99,83 +90,6 @@ def _resolve_each(merged: DictConfig) -> None:
                 OmegaConf.to_container(node, resolve=True)
         except OmegaConfBaseException as e:
             raise ConfigError(f"{key}={text} cannot be resolved: {_one_line(e)}") from None
-
-
-def validate(cfg: Config) -> None:
-    """Every field within its declared range (`schema.py`, `fields.py`), then what relates fields to each other."""
-    # YAML reads true/false/on/off as booleans, which a str field stores as "True"/"False"
-    cfg.train.compile = str(cfg.train.compile).lower()
-    problem = check_fields(cfg)
-    if problem:
-        raise ConfigError(problem)
-    checks = [
-        (cfg.total_steps <= MAX_TOTAL_STEPS,
-         f"optim.epochs x train.epoch_length = {cfg.optim.epochs} x {cfg.train.epoch_length} = {cfg.total_steps} "
-         f"steps: must be at most {MAX_TOTAL_STEPS} (the schedules hold five values per step)"),
-        (cfg.crops.global_crops_size % cfg.student.patch_size == 0,
-         f"crops.global_crops_size={cfg.crops.global_crops_size} must be a multiple of student.patch_size="
-         f"{cfg.student.patch_size}"),
-        (cfg.crops.local_crops_size % cfg.student.patch_size == 0,
-         f"crops.local_crops_size={cfg.crops.local_crops_size} must be a multiple of student.patch_size="
-         f"{cfg.student.patch_size}"),
-        (cfg.optim.warmup_epochs <= cfg.optim.epochs,
-         f"optim.warmup_epochs={cfg.optim.warmup_epochs} must be <= optim.epochs={cfg.optim.epochs}"),
-        (cfg.dino.loss_weight > 0 or cfg.ibot.loss_weight > 0,
-         "dino.loss_weight and ibot.loss_weight are both 0: nothing to train"),
-        (cfg.data.dataset != "imagenet_folder" or bool(cfg.data.root), "data.root is required for imagenet_folder"),
-        (cfg.train.compile_mode == "default" or cfg.train.compile_backend == "inductor",
-         f"train.compile_mode={cfg.train.compile_mode} needs train.compile_backend=inductor (CUDA graphs and "
-         "autotuned GEMM templates are inductor's)"),
-        (not cfg.train.cuda_graph or cfg.train.amp_dtype != "fp16",
-         "train.cuda_graph=true needs train.amp_dtype=bf16 (or fp32 compute): fp16's grad scaler reads its inf "
-         "check on the host, which a replayed graph cannot"),
-        (not cfg.train.cuda_graph or cfg.train.compile_mode != "reduce-overhead",
-         "train.cuda_graph=true captures the whole step already: use train.compile_mode=default or "
-         "max-autotune-no-cudagraphs, not reduce-overhead (graphs of blocks inside it)"),
-        (cfg.sparsity.weight_grad == "dense" or cfg.sparsity.kind == "weight",
-         f"sparsity.weight_grad={cfg.sparsity.weight_grad} applies to sparsity.kind=weight only, not "
-         f"{cfg.sparsity.kind}"),
-        (cfg.sparsity.switch_weights == "dense" or (cfg.sparsity.kind == "weight"
-                                                     and cfg.sparsity.pruning != "soft_threshold"),
-         f"sparsity.switch_weights=pruned needs sparsity.kind=weight and a masking sparsity.pruning, not kind="
-         f"{cfg.sparsity.kind}, pruning={cfg.sparsity.pruning}"),
-        ((cfg.sparsity.pruned_grad == "ste" and cfg.sparsity.pruned_decay == 0) or cfg.sparsity.kind == "weight",
-         f"sparsity.pruned_grad={cfg.sparsity.pruned_grad} and sparsity.pruned_decay={cfg.sparsity.pruned_decay:g} "
-         f"apply to sparsity.kind=weight only, not {cfg.sparsity.kind}"),
-        (cfg.sparsity.pruned_decay == 0 or cfg.sparsity.pruning != "soft_threshold",
-         f"sparsity.pruned_decay={cfg.sparsity.pruned_decay:g} needs a masking sparsity.pruning, not soft_threshold "
-         "(S-STE shrinks the kept entries instead of masking)"),
-        (math.isfinite(cfg.sparsity.pruned_decay), "sparsity.pruned_decay must be a finite number"),
-        (1 - (1 - cfg.teacher.momentum_teacher) * cfg.momentum_scale >= 0,
-         f"teacher.momentum_reference_steps={cfg.teacher.momentum_reference_steps} with teacher.momentum_teacher="
-         f"{cfg.teacher.momentum_teacher:g} over {cfg.total_steps} steps gives a starting momentum 1 - (1 - "
-         f"{cfg.teacher.momentum_teacher:g}) x {cfg.teacher.momentum_reference_steps}/{cfg.total_steps} = "
-         f"{1 - (1 - cfg.teacher.momentum_teacher) * cfg.momentum_scale:.3g} < 0: at most "
-         f"{math.floor(cfg.total_steps / max(1 - cfg.teacher.momentum_teacher, 1e-12) * (1 + 1e-9))} steps for "
-         "this momentum"),
-        (not cfg.teacher.momentum_restart_at_switch or cfg.switches,
-         f"teacher.momentum_restart_at_switch=true needs a switch, 0 < sparsity.sparse_fraction < 1 (got "
-         f"{cfg.sparsity.sparse_fraction:g}: {cfg.sparse_steps} of {cfg.total_steps} steps sparse)"),
-        (not cfg.teacher.momentum_restart_at_switch or cfg.teacher.momentum_reference_steps == 0,
-         f"teacher.momentum_restart_at_switch=true and teacher.momentum_reference_steps="
-         f"{cfg.teacher.momentum_reference_steps} both reshape the momentum schedule: set one of them"),
-        (not (cfg.teacher.momentum_restart_fraction > 0 and cfg.teacher.momentum_restart_at_switch),
-         f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} and "
-         "teacher.momentum_restart_at_switch=true both place the teacher momentum's restart: set one of them"),
-        (cfg.teacher.momentum_restart_fraction == 0 or cfg.teacher.momentum_reference_steps == 0,
-         f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} and "
-         f"teacher.momentum_reference_steps={cfg.teacher.momentum_reference_steps} both reshape the momentum "
-         "schedule: set one of them"),
-        (cfg.teacher.momentum_restart_fraction == 0 or 0 < (cfg.momentum_restart_step or 0) < cfg.total_steps,
-         f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} restarts the teacher "
-         f"momentum at step {cfg.momentum_restart_step} of {cfg.total_steps}: it must fall strictly inside the run "
-         f"(between 1/{cfg.total_steps} and {cfg.total_steps - 1}/{cfg.total_steps} of it), or be 0 for no restart"),
-        (cfg.sparsity.weight_grad == "dense" or cfg.train.compile == "false",
-         f"sparsity.weight_grad={cfg.sparsity.weight_grad} runs in eager mode only: set train.compile=false"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
 
 
 def read_config_text(path: Path) -> str:
