@@ -18,57 +18,20 @@ from typing import Optional
 import torch
 
 from configs import ConfigError, load_config
-from rundir.digests import recorded_digest
-from rundir.json_files import parse_json, read_json
+from rundir.json_files import read_json
 from rundir.layout import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, TEACHER, checkpoint_dir, is_run_dir,
                            list_checkpoints)
 from rundir.metrics import metrics_by_steps_done
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED, read_status
 
-COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
+from .eval_records import (COMPLETE, FAILED, KNN_SHOWN_K, MISSING, PARTIAL, STALE, UNREADABLE,  # noqa: F401
+                           EvalRecord, EvalResults, as_float, read_eval_record, shown_k, short_text, stale_reason)
+
+# The evaluation side lives in eval_records.py; its names are re-exported, since the table's modules read them here.
+
 DUPLICATE = "duplicate"  # a copy of another run directory of the table (the same run id): never a second seed
-STALE = "stale"  # an evaluation of another teacher than the run's current one (the run was trained again since)
-KNN_SHOWN_K = 20  # the k-NN column of the table; dinov2's usual headline k (all k stay in the CSV)
 # total first, then the terms ssl_meta_arch logs; any other "*_loss" key found follows these
 LOSS_TERMS = ("loss", "dino_local_crops_loss", "dino_global_crops_loss", "koleo_loss", "ibot_loss")
-
-
-def shown_k(knn: dict) -> Optional[int]:
-    """The k of the table's k-NN column: KNN_SHOWN_K if evaluated, else the nearest k evaluated."""
-    if not knn:
-        return None
-    return KNN_SHOWN_K if KNN_SHOWN_K in knn else min(knn, key=lambda k: (abs(k - KNN_SHOWN_K), k))
-
-
-@dataclass
-class EvalResults:
-    """The numbers of one eval_linear.py result: shared by a result file's record and a run's summary."""
-
-    top1: Optional[float] = None
-    top5: Optional[float] = None
-    knn: dict = field(default_factory=dict)  # {k: top-1 %}
-    best_C: Optional[float] = None
-    solver: str = ""
-    n_val: Optional[int] = None  # validation images behind top-1
-
-    @property
-    def knn_k(self) -> Optional[int]:
-        return shown_k(self.knn)
-
-    @property
-    def knn_top1(self) -> Optional[float]:
-        return self.knn.get(self.knn_k)
-
-
-@dataclass(kw_only=True)
-class EvalRecord(EvalResults):
-    """One eval_linear.py result file: the run's own evaluation or a baseline's."""
-
-    path: str
-    status: str = MISSING  # complete | missing | unreadable | stale
-    reason: str = ""
-    seconds: Optional[float] = None
-    checkpoint_sha256: str = ""  # what it evaluated
 
 
 @dataclass(kw_only=True)
@@ -142,11 +105,6 @@ class RunSummary(EvalResults):
         return f"{self.train_status} ({self.reason})" if self.reason else self.train_status
 
 
-def _short(text: str, limit: int = 120) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _read_config(run: RunSummary, run_dir: Path) -> bool:
     path = run_dir / CONFIG
     if not path.is_file():
@@ -157,7 +115,7 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
         cfg = load_config(path)
     except (ConfigError, OSError, ValueError) as e:  # the message without the machine's path to the file
         message = str(e).replace(f"{path}: ", "").replace(str(path), CONFIG)
-        run.train_status, run.reason = UNREADABLE, _short(f"{CONFIG}: {message}")
+        run.train_status, run.reason = UNREADABLE, short_text(f"{CONFIG}: {message}")
         return False
     run.arch, run.patch_size, run.dataset = cfg.student.arch, cfg.student.patch_size, cfg.data.dataset
     run.data_root = cfg.data.root
@@ -197,13 +155,6 @@ def _batch_layout(run_dir: Path, batch_size_per_gpu: int) -> tuple[int, int]:
         return 1, batch_size_per_gpu
 
 
-def _float(value) -> Optional[float]:
-    try:
-        return float(value)  # NaN/inf are logged as strings ("nan"); float() reads them back
-    except (TypeError, ValueError):
-        return None
-
-
 def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     """Progress, loss curve and phase times. Each record's images/s covers the steps since the previous record,
     so a window took steps * global_batch / images_per_s seconds; a window straddling the sparse->dense switch is
@@ -213,7 +164,7 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     run.steps_done = max([r["step"] for r in records] + checkpoint_steps + [0])
     terms = list(LOSS_TERMS) + sorted({k for r in records for k in r if k.endswith("_loss")} - set(LOSS_TERMS))
     for term in terms:
-        curve = [(r["step"], v) for r in records if (v := _float(r.get(term))) is not None]
+        curve = [(r["step"], v) for r in records if (v := as_float(r.get(term))) is not None]
         if curve:
             run.loss_terms[term] = curve
     if run.loss_curve:
@@ -227,7 +178,7 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     previous_end = 0  # first step not yet covered by a window
     for record in records:
         end = record["step"]
-        rate = _float(record.get("images_per_s"))
+        rate = as_float(record.get("images_per_s"))
         steps = end - previous_end
         previous_end = end
         if not rate or not math.isfinite(rate) or rate <= 0 or steps <= 0:  # "nan"/"inf" logged: no time
@@ -256,7 +207,7 @@ def _phase_rates(records: list[dict], sparse_steps: Optional[int], restarts: lis
         if phase not in rates:  # older logs: the phase from the schedule
             phase = "sparse" if sparse_steps and record["step"] <= sparse_steps else "dense"
         restarted = any(previous_end <= step < record["step"] for step in restarts)
-        rate = _float(record.get("images_per_s"))
+        rate = as_float(record.get("images_per_s"))
         if phase == previous_phase and not restarted and rate and rate > 0 and math.isfinite(rate):
             rates[phase].append(rate)
         previous_phase, previous_end = phase, record["step"]
@@ -274,7 +225,7 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
         run.train_status = COMPLETE
         return
     if status.state == RUN_FAILED:
-        run.train_status, run.reason = FAILED, _short(status.reason)
+        run.train_status, run.reason = FAILED, short_text(status.reason)
     elif run.steps_done == 0 and not (run_dir / METRICS).is_file():
         run.train_status, run.reason = PARTIAL, "no steps logged"
     elif run.steps_done == 0:  # the file is there, yet not one line of it reads as a step
@@ -285,69 +236,6 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
             run.reason = f"no {TEACHER}"
         elif status.state == PREEMPTED:
             run.reason = "preempted"
-
-
-def _percentage(value, key: str) -> Optional[float]:
-    """`value` (the result's `key`) as a top-k accuracy: None when absent or null (not measured, e.g. a k-NN-only
-    result); ValueError for anything else that is not a finite number from 0 to 100 (a text, NaN, inf: never
-    tabulated)."""
-    if value is None:
-        return None
-    number = _float(value) if not isinstance(value, bool) else None
-    if number is None or not math.isfinite(number) or not 0.0 <= number <= 100.0:
-        raise ValueError(f"{key} is {_short(repr(value), 24)}, not a percentage")
-    return number
-
-
-def _knn_top1(value) -> Optional[float]:
-    """eval_linear.py writes {k: {"top1": .., "top5": ..}}; a bare number per k is read as top-1. A k whose value
-    is not a number (null, "nan") has no result and is left out; a number outside 0-100 is a ValueError."""
-    top1 = _float(value.get("top1")) if isinstance(value, dict) else _float(value)
-    if top1 is None or not math.isfinite(top1):
-        return None
-    return _percentage(top1, "top1")
-
-
-def read_eval_record(path: Path) -> EvalRecord:
-    """One result file of eval_linear.py; status says whether it was there and readable."""
-    record = EvalRecord(path=str(path))
-    if not path.is_file():
-        if os.path.lexists(path):  # a FIFO (whose read would block), a directory, a dangling link
-            record.status, record.reason = UNREADABLE, f"{path.name}: not a regular file"
-        return record
-    try:
-        result = parse_json(path.read_bytes())
-        if not isinstance(result, dict):
-            raise ValueError("not a JSON object")
-        dataset = result.get("dataset")
-        if isinstance(dataset, dict) and dataset.get("own") is False:  # written there through output=
-            raise ValueError(f"a probe of other data ({dataset.get('other_because', 'not the run data')}), not the "
-                             "run's record")
-        record.top1, record.top5 = _percentage(result.get("top1"), "top1"), _percentage(result.get("top5"), "top5")
-        record.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items()
-                      if (top1 := _knn_top1(v)) is not None}
-    except (OSError, ValueError, TypeError, AttributeError) as e:
-        record.status, record.reason = UNREADABLE, _short(f"{path.name}: {e}", 80)
-        return record
-    record.best_C, record.seconds = _float(result.get("best_C")), _float(result.get("seconds"))
-    record.solver = str(result.get("solver", ""))
-    record.checkpoint_sha256 = str(result.get("checkpoint_sha256") or "")
-    record.n_val = int(result["n_val"]) if isinstance(result.get("n_val"), int) else None
-    record.status = COMPLETE
-    return record
-
-
-def stale_reason(record: EvalRecord, run_dir: Path) -> str:
-    """Why the run's own evaluation is not of its current teacher ("" when it is, or when nothing tells: a run
-    published without weights keeps the teacher's digest file, one of an older version may have none)."""
-    try:
-        current = recorded_digest(run_dir / TEACHER)
-    except (OSError, ValueError):  # an unreadable digest file tells nothing
-        return ""
-    if not current or not record.checkpoint_sha256 or record.checkpoint_sha256 == current:
-        return ""
-    return (f"of an earlier teacher (sha256 {record.checkpoint_sha256[:12]}, now {current[:12]}): the run was "
-            "trained again since; rerun eval_linear.py")
 
 
 def _read_eval(run: RunSummary, run_dir: Path) -> None:

@@ -1,0 +1,131 @@
+"""The evaluation side of a run's summary: one eval_linear.py result file read into an `EvalRecord` (its numbers
+checked: a text, NaN or a value outside 0-100 is never tabulated), and whether it evaluated the run's current teacher.
+"""
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from rundir.digests import recorded_digest
+from rundir.json_files import parse_json
+from rundir.layout import TEACHER
+
+COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
+STALE = "stale"  # an evaluation of another teacher than the run's current one (the run was trained again since)
+KNN_SHOWN_K = 20  # the k-NN column of the table; dinov2's usual headline k (all k stay in the CSV)
+
+
+def short_text(text: str, limit: int = 120) -> str:
+    """`text` on one line, cut to `limit` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def as_float(value) -> Optional[float]:
+    try:
+        return float(value)  # NaN/inf are logged as strings ("nan"); float() reads them back
+    except (TypeError, ValueError):
+        return None
+
+
+def shown_k(knn: dict) -> Optional[int]:
+    """The k of the table's k-NN column: KNN_SHOWN_K if evaluated, else the nearest k evaluated."""
+    if not knn:
+        return None
+    return KNN_SHOWN_K if KNN_SHOWN_K in knn else min(knn, key=lambda k: (abs(k - KNN_SHOWN_K), k))
+
+
+@dataclass
+class EvalResults:
+    """The numbers of one eval_linear.py result: shared by a result file's record and a run's summary."""
+
+    top1: Optional[float] = None
+    top5: Optional[float] = None
+    knn: dict = field(default_factory=dict)  # {k: top-1 %}
+    best_C: Optional[float] = None
+    solver: str = ""
+    n_val: Optional[int] = None  # validation images behind top-1
+
+    @property
+    def knn_k(self) -> Optional[int]:
+        return shown_k(self.knn)
+
+    @property
+    def knn_top1(self) -> Optional[float]:
+        return self.knn.get(self.knn_k)
+
+
+@dataclass(kw_only=True)
+class EvalRecord(EvalResults):
+    """One eval_linear.py result file: the run's own evaluation or a baseline's."""
+
+    path: str
+    status: str = MISSING  # complete | missing | unreadable | stale
+    reason: str = ""
+    seconds: Optional[float] = None
+    checkpoint_sha256: str = ""  # what it evaluated
+
+
+def _percentage(value, key: str) -> Optional[float]:
+    """`value` (the result's `key`) as a top-k accuracy: None when absent or null (not measured, e.g. a k-NN-only
+    result); ValueError for anything else that is not a finite number from 0 to 100 (a text, NaN, inf: never
+    tabulated)."""
+    if value is None:
+        return None
+    number = as_float(value) if not isinstance(value, bool) else None
+    if number is None or not math.isfinite(number) or not 0.0 <= number <= 100.0:
+        raise ValueError(f"{key} is {short_text(repr(value), 24)}, not a percentage")
+    return number
+
+
+def _knn_top1(value) -> Optional[float]:
+    """eval_linear.py writes {k: {"top1": .., "top5": ..}}; a bare number per k is read as top-1. A k whose value
+    is not a number (null, "nan") has no result and is left out; a number outside 0-100 is a ValueError."""
+    top1 = as_float(value.get("top1")) if isinstance(value, dict) else as_float(value)
+    if top1 is None or not math.isfinite(top1):
+        return None
+    return _percentage(top1, "top1")
+
+
+def read_eval_record(path: Path) -> EvalRecord:
+    """One result file of eval_linear.py; status says whether it was there and readable."""
+    record = EvalRecord(path=str(path))
+    if not path.is_file():
+        if os.path.lexists(path):  # a FIFO (whose read would block), a directory, a dangling link
+            record.status, record.reason = UNREADABLE, f"{path.name}: not a regular file"
+        return record
+    try:
+        result = parse_json(path.read_bytes())
+        if not isinstance(result, dict):
+            raise ValueError("not a JSON object")
+        dataset = result.get("dataset")
+        if isinstance(dataset, dict) and dataset.get("own") is False:  # written there through output=
+            raise ValueError(f"a probe of other data ({dataset.get('other_because', 'not the run data')}), not the "
+                             "run's record")
+        record.top1, record.top5 = _percentage(result.get("top1"), "top1"), _percentage(result.get("top5"), "top5")
+        record.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items()
+                      if (top1 := _knn_top1(v)) is not None}
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        record.status, record.reason = UNREADABLE, short_text(f"{path.name}: {e}", 80)
+        return record
+    record.best_C, record.seconds = as_float(result.get("best_C")), as_float(result.get("seconds"))
+    record.solver = str(result.get("solver", ""))
+    record.checkpoint_sha256 = str(result.get("checkpoint_sha256") or "")
+    record.n_val = int(result["n_val"]) if isinstance(result.get("n_val"), int) else None
+    record.status = COMPLETE
+    return record
+
+
+def stale_reason(record: EvalRecord, run_dir: Path) -> str:
+    """Why the run's own evaluation is not of its current teacher ("" when it is, or when nothing tells: a run
+    published without weights keeps the teacher's digest file, one of an older version may have none)."""
+    try:
+        current = recorded_digest(run_dir / TEACHER)
+    except (OSError, ValueError):  # an unreadable digest file tells nothing
+        return ""
+    if not current or not record.checkpoint_sha256 or record.checkpoint_sha256 == current:
+        return ""
+    return (f"of an earlier teacher (sha256 {record.checkpoint_sha256[:12]}, now {current[:12]}): the run was "
+            "trained again since; rerun eval_linear.py")
