@@ -335,3 +335,18 @@ def test_the_100_percent_run_ends_the_series_that_restart_the_teacher_at_the_swi
 
     _, _, caption = accuracy_figure(rows)
     assert "A 100% run has no switch: it also ends the series" in caption
+
+
+def test_the_dense_control_of_the_restart_is_a_configuration_of_its_own_not_the_sparse_runs_reference(tmp_path):
+    """teacher.momentum_restart_fraction acts in a dense run too, so a dense run with it is the control of the
+    restart, its own reference (Δ 0), and never the reference of the sparse runs that lack it."""
+    runs = tmp_path / "runs"
+    make_run(runs, "dense", 0.0, top1=80.0, knn20=70.0)
+    make_run(runs, "dense_restart40", 0.0, top1=80.6, knn20=70.2, overrides=["teacher.momentum_restart_fraction=0.4"])
+    make_run(runs, "s40_restart", 0.4, top1=80.3, knn20=70.1, overrides=["teacher.momentum_restart_at_switch=true"])
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    lines = {r["run"]: r for r in _csv(out) if r["kind"] == "run"}
+    assert "teacher.momentum_restart_fraction=0.4" in lines["dense_restart40"]["schedule"]
+    assert float(lines["dense_restart40"]["delta_top1"]) == pytest.approx(0.0)
+    assert float(lines["s40_restart"]["delta_top1"]) == pytest.approx(0.3)  # against "dense", not the control
