@@ -66,16 +66,12 @@ def validate(cfg: Config) -> None:
         (not cfg.teacher.momentum_restart_at_switch or cfg.switches,
          f"teacher.momentum_restart_at_switch=true needs a switch, 0 < sparsity.sparse_fraction < 1 (got "
          f"{cfg.sparsity.sparse_fraction:g}: {cfg.sparse_steps} of {cfg.total_steps} steps sparse)"),
-        (not cfg.teacher.momentum_restart_at_switch or cfg.teacher.momentum_reference_steps == 0,
-         f"teacher.momentum_restart_at_switch=true and teacher.momentum_reference_steps="
-         f"{cfg.teacher.momentum_reference_steps} both reshape the momentum schedule: set one of them"),
         (not (cfg.teacher.momentum_restart_fraction > 0 and cfg.teacher.momentum_restart_at_switch),
          f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} and "
          "teacher.momentum_restart_at_switch=true both place the teacher momentum's restart: set one of them"),
-        (cfg.teacher.momentum_restart_fraction == 0 or cfg.teacher.momentum_reference_steps == 0,
-         f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} and "
-         f"teacher.momentum_reference_steps={cfg.teacher.momentum_reference_steps} both reshape the momentum "
-         "schedule: set one of them"),
+        (cfg.momentum_restart_step is None or cfg.teacher.momentum_reference_steps == 0,
+         f"{_restart_setting(cfg)} and teacher.momentum_reference_steps={cfg.teacher.momentum_reference_steps} both "
+         "reshape the momentum schedule: set one of them"),
         (cfg.teacher.momentum_restart_fraction == 0 or 0 < (cfg.momentum_restart_step or 0) < cfg.total_steps,
          f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} restarts the teacher "
          f"momentum at step {cfg.momentum_restart_step} of {cfg.total_steps}: it must fall strictly inside the run "
@@ -86,3 +82,10 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+
+
+def _restart_setting(cfg: Config) -> str:
+    """The key=value that restarts the teacher momentum (for a message)."""
+    if cfg.teacher.momentum_restart_at_switch:
+        return "teacher.momentum_restart_at_switch=true"
+    return f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g}"

@@ -178,8 +178,8 @@ def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int = 0, sa
 
     `dataset` (default `build_dataset(cfg)`) and `num_workers` (default `cfg.train.num_workers`) are overrides for
     tests and tools. `multiprocessing_context` ("spawn", "forkserver"; default: the platform's, fork on Linux) is
-    for a tool that builds loaders after its process has started threads (compilation, CUDA), which a forked
-    worker inherits as copies that can abort it when it exits.
+    for a tool that builds loaders after its process has started threads (compilation, CUDA): a forked worker would
+    hold copies of them.
     """
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")

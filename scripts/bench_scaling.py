@@ -142,9 +142,9 @@ def loss_curve(ctx, cfg, steps: int, workdir: Path, workers: int) -> tuple[dict,
     trainer = Trainer(cfg, workdir, ctx)
     trainer.model.train()
     dataset, data_name = curve_dataset(cfg)
-    # Workers as fresh processes: forked from this one, which has compiled and timed models, they inherit copies of
-    # its threads, and on one H200 host a forked worker aborted as its loader was closed ("terminate called without
-    # an active exception"), which failed the whole benchmark.
+    # Workers as fresh processes, not forks of this one, which has compiled and timed models. On H200 hosts a worker
+    # aborted as its loader was closed ("terminate called without an active exception") with fork and with spawn;
+    # the loader's close logs that as a warning, since every batch was delivered by then.
     loader = build_ssl_loader(cfg, rank=ctx.rank, world_size=ctx.world_size, start_step=0, dataset=dataset,
                               num_workers=workers, multiprocessing_context="spawn")
     batches = iter(loader)
