@@ -4,18 +4,24 @@ Two runs are seeds of one configuration iff their config.yaml are equal apart fr
 only say how a run executes (`configs.load.RESUMABLE_CHANGES`; the per-GPU batch counts through the global batch).
 A run's dense reference is the dense run of the same configuration apart from the keys that act only with a sparse
 phase (`sparsity.*`, the teacher's restart at the switch), of its seed if there is one, else of the lowest seed.
+A run whose teacher momentum restarts at its switch (fraction f) has a second one where the runs hold it: the dense run
+whose momentum restarts at f (`teacher.momentum_restart_fraction`), whose teacher follows the same schedule step for
+step, so that the difference between the two is what the sparse phase costs and not what the faster teacher gives.
 """
 
 from collections import Counter
 from typing import Optional, Sequence
 
 from configs.load import RESUMABLE_CHANGES, SEED_KEY
+from configs.schema import has_switch
 from configs.sweep import acts_only_with_a_sparse_phase
 
 from .run_logs import COMPLETE, RunSummary
 from .table_format import config_value
 
 SCHEDULE_KEY = "sparsity.sparse_fraction"
+RESTART_AT_SWITCH_KEY = "teacher.momentum_restart_at_switch"
+RESTART_FRACTION_KEY = "teacher.momentum_restart_fraction"  # the same restart at a fixed share of the steps, any run
 GLOBAL_BATCH_KEY = "train.global_batch"  # processes x per-GPU batch: compared instead of train.batch_size_per_gpu
 NOT_COMPARED = (SEED_KEY, *RESUMABLE_CHANGES)  # seeds of one configuration may differ in these
 
@@ -127,6 +133,24 @@ def dense_reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]
     return config_key(differing_config(run, keys), dense_reference=True)
 
 
+def same_teacher_key(differing: dict, sparse_fraction: Optional[float], switches: bool) -> Optional[tuple]:
+    """`config_key` of the dense configuration whose teacher momentum follows, step for step, that of a configuration
+    (its `differing` values) that restarts the momentum at its switch: the dense one restarted at the same fraction.
+    None where the configuration does not restart at a switch, or where no run of the table sets a restart fraction
+    (the key is not among the differing ones, so no such dense run is there)."""
+    if not switches or not differing.get(RESTART_AT_SWITCH_KEY) or RESTART_FRACTION_KEY not in differing:
+        return None
+    return config_key({**differing, RESTART_FRACTION_KEY: sparse_fraction}, dense_reference=True)
+
+
+def same_teacher_reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]:
+    """`same_teacher_key` of a run; None where its config is unknown."""
+    if run.config is None:
+        return None
+    switches = has_switch(run.sparse_steps or 0, run.total_steps or 0)
+    return same_teacher_key(differing_config(run, keys), run.sparse_fraction, switches)
+
+
 def dense_references(runs: list[RunSummary], keys: Sequence[str] = ()) -> dict[tuple, RunSummary]:
     """Per (configuration, seed, processes), (configuration, seed) and (configuration, None) = lowest seed: the dense
     run the others are compared with, fully trained, evaluated if any is. The configuration: `dense_reference_key`
@@ -153,5 +177,18 @@ def dense_reference(run: RunSummary, references: dict, keys: Sequence[str], same
         return None
     if run.sparse_fraction == 0.0 and run.train_status == COMPLETE:
         return run
+    return reference_for(run, references, reference_key, same_seed)
+
+
+def same_teacher_reference(run: RunSummary, references: dict, keys: Sequence[str]) -> Optional[RunSummary]:
+    """The dense run among `dense_references` whose teacher momentum follows the run's step for step
+    (`same_teacher_key`), by seed as `dense_reference`; None where the run has none."""
+    reference_key = same_teacher_reference_key(run, keys)
+    return None if reference_key is None else reference_for(run, references, reference_key)
+
+
+def reference_for(run: RunSummary, references: dict, reference_key: tuple, same_seed: bool = False):
+    """The dense run of `reference_key` for `run`: its seed's on as many processes, else its seed's, else (unless
+    `same_seed`) the lowest seed's."""
     return (references.get((reference_key, run.seed, run.processes)) or references.get((reference_key, run.seed))
             or (None if same_seed else references.get((reference_key, None))))

@@ -48,7 +48,7 @@ def _groups(rows, key: str, accuracy_key: str = "") -> list[tuple[float, list, l
     is finite; `accuracy_key` names the accuracy behind a Δ (for its Wilson interval; default: `key` itself)."""
     groups: dict[float, tuple[list, list, list]] = {}
     for r in rows:
-        value = getattr(r, key)
+        value = getattr(r, key, None)
         if value is not None and math.isfinite(value):
             values, sizes, accuracies = groups.setdefault(round(_share(r), 6), ([], [], []))
             values.append(value)
@@ -144,6 +144,18 @@ def _draw_series(ax, groups, color, marker: str, offset: float) -> set:
     return kinds
 
 
+SAME_TEACHER_NAME = ("against the dense run whose teacher momentum restarts at the same step (dotted, hollow): "
+                     "what the sparse phase costs, without what the faster late teacher also gives a dense run")
+
+
+def _draw_same_teacher(ax, groups, color, marker: str, offset: float) -> None:
+    """A configuration's means against the dense run with its teacher momentum schedule (the table's
+    delta_*_same_teacher), dotted and hollow beside its usual series; the seeds' spread is the usual series'."""
+    xs = [x + offset for x, *_ in groups]
+    means = [statistics.fmean(values) for _, values, *_ in groups]
+    ax.plot(xs, means, marker + ":", color=color, mfc="white", mec=color, mew=1.4, lw=1.4, ms=7, zorder=3)
+
+
 def _published(ax) -> Line2D:
     xs = [100.0 * p.step_fraction for p in published.ROWS]
     ys = [p.delta_top1 for p in published.ROWS]
@@ -189,11 +201,18 @@ def accuracy_figure(rows, baselines=(), setting: str = "", names=None, note: str
             groups = _groups(rs, key, accuracy_key)
             if groups:
                 kinds |= _draw_series(axes[key], groups, color, marker, offset)
+            same_teacher = _groups(rs, key + "_same_teacher", accuracy_key)
+            if same_teacher:
+                _draw_same_teacher(axes[key], same_teacher, color, marker, offset)
+                kinds.add("same teacher")
         for r in rs:
             if r.status != "complete" and r.delta_top1 is not None and "delta_top1" in axes:
                 axes["delta_top1"].annotate(r.status.split(" (")[0], (_share(r) + offset, r.delta_top1), fontsize=7,
                                             xytext=(4, -10), textcoords="offset points", color=color)
         handles.append(Line2D([], [], color=color, marker="o", lw=1.6, label=_legend_name(_name(names, label), rs)))
+    if "same teacher" in kinds:
+        handles.append(Line2D([], [], color="0.3", marker="o", mfc="white", ls=":", lw=1.4,
+                              label=textwrap.fill(SAME_TEACHER_NAME, LEGEND_WIDTH)))
     if "delta_top1" in axes:
         handles.append(_published(axes["delta_top1"]))
     for key, _, title, _ in metrics:
@@ -233,6 +252,10 @@ def _caption(ours, kinds: set, baselines: str, undrawn: list, note: str, several
         lines.append(("Error bars of single-seed schedules" if "seeds" in kinds else "Error bars (one seed per "
                       "schedule)") + f": 95% Wilson interval of the accuracy over the {sizes} validation images, "
                      "the evaluation's sampling error; run-to-run variation is not shown.")
+    if "same teacher" in kinds:
+        lines.append("Dotted, hollow: the same runs against the dense run whose teacher momentum schedule restarts at "
+                     "the step where they switch (of their seed, else of its lowest seed), so both teachers follow "
+                     "one schedule step for step; drawn where the study has that dense run.")
     if baselines:
         lines.append(baselines)
     if undrawn:

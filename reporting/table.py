@@ -25,7 +25,8 @@ from rundir.atomic import atomic_write_text
 
 from . import published
 from .configurations import (config_key, config_label, config_order, dense_reference, dense_reference_key,
-                             dense_references, differing_config, differing_keys, row_label)
+                             dense_references, differing_config, differing_keys, row_label, same_teacher_key,
+                             same_teacher_reference)
 from .intervals import wilson_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs, mark_duplicates, read_run
 from .table_format import markdown, write_csv
@@ -90,6 +91,10 @@ class TableRow:
     differing_config: dict = field(default_factory=dict)
     # "2 processes × 256" where its configuration also has runs on another number of processes, else ""
     layout: str = ""
+    # pp vs the dense run whose teacher momentum restarts where this run's restarts at its switch
+    # (configurations.same_teacher_key); None where the run does not restart there or the table has no such run
+    delta_top1_same_teacher: Optional[float] = None
+    delta_knn_top1_same_teacher: Optional[float] = None
 
     @property
     def config_label(self) -> str:
@@ -117,6 +122,9 @@ class ScheduleMean:
     knn_k: Optional[int] = None
     n_seeds: int = 0  # complete runs averaged (one per seed)
     differing_config: dict = field(default_factory=dict)  # as TableRow's
+    # mean minus the mean of the dense configuration with the same teacher momentum schedule (as TableRow's)
+    delta_top1_same_teacher: Optional[float] = None
+    delta_knn_top1_same_teacher: Optional[float] = None
 
     @property
     def config_label(self) -> str:
@@ -162,6 +170,7 @@ def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[Ta
     rows = []
     for run in runs:
         dense = dense_reference(run, references, keys)
+        same_teacher = same_teacher_reference(run, references, keys)
         differing = differing_config(run, keys)
         dense_rate = dense.seconds_per_step if dense else None
         speedup = dense_rate / run.seconds_per_step if dense_rate and run.seconds_per_step else None
@@ -181,6 +190,8 @@ def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[Ta
             published_schedule=f"{pub.label}: {pub.sparse_steps:,} of {published.TOTAL_STEPS:,} steps sparse"
                                if pub else "",
             path=relative_path(run.path, folder), n_val=run.n_val, differing_config=differing,
+            delta_top1_same_teacher=_difference(run.top1, same_teacher.top1 if same_teacher else None),
+            delta_knn_top1_same_teacher=_difference(run.knn_top1, same_teacher.knn_top1 if same_teacher else None),
         ))
     _name_layouts(list(zip(rows, runs)))  # rows are still in the runs' order
     return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
@@ -239,11 +250,14 @@ def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
             final_loss=mean_and_half_range([r.final_loss for r in group])[0],
             knn_k=ks.pop() if len(ks) == 1 else None, n_seeds=len(group),
             differing_config=dict(group[0].differing_config)))
+    dense_means = {_mean_reference_key(d): d for d in reversed(means) if d.sparse_fraction == 0.0}  # first wins
     for m in means:
-        dense = next((d for d in means if d.sparse_fraction == 0.0
-                      and _mean_reference_key(d) == _mean_reference_key(m)), None)
+        dense = dense_means.get(_mean_reference_key(m))
         m.delta_top1 = _difference(m.top1, dense.top1 if dense else None)
         m.delta_knn_top1 = _difference(m.knn_top1, dense.knn_top1 if dense else None)
+        same = dense_means.get(same_teacher_key(m.differing_config, m.sparse_fraction, 0.0 < m.sparse_fraction < 1.0))
+        m.delta_top1_same_teacher = _difference(m.top1, same.top1 if same else None)
+        m.delta_knn_top1_same_teacher = _difference(m.knn_top1, same.knn_top1 if same else None)
     return means
 
 
@@ -290,6 +304,11 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[Schedu
         if unmatched:
             notes.append("No complete dense run of the same configuration for " + "; ".join(unmatched)
                          + ": Δ and speed-up are left blank there.")
+    if any(r.delta_top1_same_teacher is not None for r in rows):
+        notes.append("Δ vs dense with the same teacher momentum: against the dense run whose teacher momentum restarts "
+                     "where this run's restarts at its switch (teacher.momentum_restart_fraction equal to its sparse "
+                     "fraction), of its seed, else of the lowest seed; the two teachers follow one schedule step for "
+                     "step, so this Δ leaves out what the faster late teacher also gives a dense run.")
     if any(r.published_top1 is not None for r in rows):
         notes.append(f"Published: {published.SOURCE}. Its \"40% sparse\" row ran 40k of 125k steps sparse (32%); "
                      "runs with sparse_fraction 0.4 (50k steps) or 0.32 are both compared with it.")

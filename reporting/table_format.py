@@ -56,12 +56,23 @@ def _knn_cell(item, value: str, name_k: bool) -> str:
     return f"{value} (k={item.knn_k})" if name_k and item.knn_k is not None else value
 
 
+SAME_TEACHER_HEADER = "Δ top-1 vs dense with the same teacher momentum (pp)"
+
+
+def _has_same_teacher(items) -> bool:
+    """Whether any row has a dense run with its teacher momentum schedule (configurations.same_teacher_key)."""
+    return any(getattr(item, "delta_top1_same_teacher", None) is not None for item in items)
+
+
 def markdown(rows, means, baselines, notes: list[str]) -> str:
     with_published = any(r.published_top1 is not None for r in rows)
+    same_teacher = _has_same_teacher(rows)
     knn_header, name_k = _knn_header([*rows, *means, *baselines])
     header = ["Schedule", "Seed", "Sparse → dense steps", "Linear top-1 (%)", "Δ top-1 (pp)", knn_header,
               "Images/s, sparse phase", "Images/s, dense phase", "Final loss", "Training time (sparse + dense)",
               "Speed-up", "Status"]
+    if same_teacher:
+        header[5:5] = [SAME_TEACHER_HEADER]
     if with_published:
         header[5:5] = ["Published top-1 (%)", "Published Δ (pp)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
@@ -75,6 +86,8 @@ def markdown(rows, means, baselines, notes: list[str]) -> str:
                  _knn_cell(r, _number(r.knn_top1, ".1f"), name_k), _rate(r.sparse_images_per_s),
                  _rate(r.dense_images_per_s), _number(r.final_loss, ".3f"), time, _number(r.speedup, ".2f", "×"),
                  r.status]
+        if same_teacher:
+            cells[5:5] = [_number(r.delta_top1_same_teacher, "+.1f")]
         if with_published:
             cells[5:5] = [_number(r.published_top1, ".1f"), _number(r.published_delta_top1, "+.1f")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -93,14 +106,18 @@ def markdown(rows, means, baselines, notes: list[str]) -> str:
 
 
 def means_markdown(means, knn_header: str, name_k: bool) -> str:
+    same_teacher = _has_same_teacher(means)
+    extra = " Δ top-1 / k-NN vs dense with the same teacher momentum (pp) |" if same_teacher else ""
     lines = ["## Per schedule, over seeds (mean ± half the range)", "",
-             f"| Schedule | Seeds | n | Linear top-1 (%) | Δ top-1 (pp) | {knn_header} | Δ k-NN (pp) | "
-             "Images/s, sparse phase | Images/s, dense phase | Final loss |", "|" + "---|" * 10]
+             f"| Schedule | Seeds | n | Linear top-1 (%) | Δ top-1 (pp) | {knn_header} | Δ k-NN (pp) |{extra} "
+             "Images/s, sparse phase | Images/s, dense phase | Final loss |", "|" + "---|" * (10 + same_teacher)]
     for m in means:
+        cells = (f" {_number(m.delta_top1_same_teacher, '+.2f')} / {_number(m.delta_knn_top1_same_teacher, '+.2f')} |"
+                 if same_teacher else "")
         lines.append(f"| {m.schedule} | {', '.join('–' if s is None else str(s) for s in m.seeds)} | {m.n_seeds} | "
                      f"{_with_spread(m.top1, m.top1_spread, '.2f')} | {_number(m.delta_top1, '+.2f')} | "
                      f"{_knn_cell(m, _with_spread(m.knn_top1, m.knn_top1_spread, '.2f'), name_k)} | "
-                     f"{_number(m.delta_knn_top1, '+.2f')} | {_rate(m.sparse_images_per_s)} | "
+                     f"{_number(m.delta_knn_top1, '+.2f')} |{cells} {_rate(m.sparse_images_per_s)} | "
                      f"{_rate(m.dense_images_per_s)} | {_number(m.final_loss, '.3f')} |")
     return "\n".join(lines)
 
@@ -130,7 +147,8 @@ def published_markdown() -> str:
 # k-NN top-1 per k.
 CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "layout", "n_seeds", "sparse_steps",
               "dense_steps", "total_steps", "steps_done", "top1", "top1_spread", "top5", "delta_top1", "knn_top1",
-              "knn_k", "knn_top1_spread", "delta_knn_top1", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
+              "knn_k", "knn_top1_spread", "delta_knn_top1", "delta_top1_same_teacher",
+              "delta_knn_top1_same_teacher", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
               "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss", "best_C", "eval_seconds",
               "published_top1", "published_delta_top1", "published_schedule", "path"]
 
