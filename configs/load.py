@@ -290,12 +290,16 @@ def saved_value_matches(saved_yaml: str, key: str, value, same: Optional[Callabl
 def config_difference(old_yaml: str, new_yaml: str, allowed: Sequence[str] = (), schema: type = Config) -> list[str]:
     """'key: old -> new' for every resolved value of `new_yaml` that differs from `old_yaml`, except the `allowed`
     keys; a free-text interpolation whose value changed (its fingerprint, see `to_yaml`) names both fingerprints.
-    Keys only the old config has are ignored (a config written by an older version with a key since removed).
+    A key of the schema that one config lacks (written by a version before the key) counts as its schema default,
+    the behaviour every key is added with; keys the schema no longer has are ignored (a key since removed).
     Raises ConfigError for a YAML that cannot be read or is not a mapping."""
     old = _resolved_leaves(old_yaml, "the saved config", schema)
     new = _resolved_leaves(new_yaml, "the new config", schema)
     if not old.keys() & new.keys():  # e.g. a bare word, which YAML reads as a mapping {word: None}
         raise ConfigError(f"the saved config holds none of the config's keys: {_one_line(ValueError(old_yaml))}")
+    defaults = _flatten(OmegaConf.to_container(OmegaConf.structured(schema), resolve=False))
+    old.update({k: defaults[k] for k in new.keys() - old.keys() if k in defaults})
+    new.update({k: defaults[k] for k in old.keys() - new.keys() if k in defaults})
     old_fp, new_fp = dict(FINGERPRINT.findall(old_yaml)), dict(FINGERPRINT.findall(new_yaml))
     out = []
     for k, v in sorted(new.items()):

@@ -173,8 +173,9 @@ def test_an_older_config_with_interpolations_is_resolved_against_this_environmen
 @pytest.mark.parametrize("saved", ["- a list\n", "train: [unclosed\n", "train:\n  seed: ${train.seed}\n", "42"])
 def test_a_saved_config_that_cannot_be_read_is_a_config_error(saved):
     new = to_yaml(load_config(None, []))
-    if "${train.seed}" in saved:  # self-referencing: never equal to a number, named as written
-        assert config_difference(saved, new) == ["train.seed: '${train.seed}' -> 0"]
+    if "${train.seed}" in saved:  # self-referencing: never equal to a number, named as written (the keys it lacks
+        # count as their schema defaults, so the embedded default's own values are changes too)
+        assert "train.seed: '${train.seed}' -> 0" in config_difference(saved, new)
         return
     with pytest.raises(ConfigError, match="the saved config"):
         config_difference(saved, new)
@@ -204,3 +205,21 @@ def test_eval_gets_the_same_config_errors(override, expected, tmp_path, capsys, 
     err = capsys.readouterr().err.strip()
     assert expected in err and err.count("\n") == 0 and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def _without_line(yaml_text: str, line: str) -> str:
+    assert yaml_text.count(line + "\n") == 1
+    return yaml_text.replace(line + "\n", "")
+
+
+def test_a_key_one_config_lacks_counts_as_its_schema_default():
+    """A run saved before a key existed ran with that key's default: setting the key on resume, or comparing with a
+    run that sets it, is a change; the default is not; a key the schema no longer has is still ignored."""
+    restart = "  momentum_restart_fraction: 0.0"
+    older = _without_line(to_yaml(load_config(None, [])), restart)
+    newer = to_yaml(load_config(None, ["teacher.momentum_restart_fraction=0.4"]))
+    assert config_difference(older, newer) == ["teacher.momentum_restart_fraction: 0.0 -> 0.4"]
+    assert config_difference(newer, older) == ["teacher.momentum_restart_fraction: 0.4 -> 0.0"]
+    assert config_difference(older, to_yaml(load_config(None, []))) == []
+    removed = older.replace("train:\n", "train:\n  a_key_since_removed: 3\n", 1)
+    assert config_difference(removed, to_yaml(load_config(None, []))) == []
