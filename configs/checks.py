@@ -63,6 +63,12 @@ def validate(cfg: Config) -> None:
          f"{1 - (1 - cfg.teacher.momentum_teacher) * cfg.momentum_scale:.3g} < 0: at most "
          f"{math.floor(cfg.total_steps / max(1 - cfg.teacher.momentum_teacher, 1e-12) * (1 + 1e-9))} steps for "
          "this momentum"),
+        (cfg.sparsity.dense_warmup_fraction == 0 or not cfg.sparse_steps
+         or 0 < cfg.dense_warmup_steps < cfg.sparse_steps,
+         f"sparsity.dense_warmup_fraction={cfg.sparsity.dense_warmup_fraction:g} makes the first "
+         f"{cfg.dense_warmup_steps} of {cfg.total_steps} steps dense, but the sparse phase ends at step "
+         f"{cfg.sparse_steps} (sparsity.sparse_fraction={cfg.sparsity.sparse_fraction:g}): it must leave at least one "
+         "step before it and one sparse step, or be 0 for no warm-up"),
         (not cfg.teacher.momentum_restart_at_switch or cfg.switches,
          f"teacher.momentum_restart_at_switch=true needs a switch, 0 < sparsity.sparse_fraction < 1 (got "
          f"{cfg.sparsity.sparse_fraction:g}: {cfg.sparse_steps} of {cfg.total_steps} steps sparse)"),

@@ -138,6 +138,9 @@ class DataConfig:
 class SparsityConfig:
     # first `sparse_fraction * total_steps` steps 2:4-sparse, then dense
     sparse_fraction: float = value(0.0, ge=0, le=1)
+    # the first `dense_warmup_fraction * total_steps` of those steps dense (a warm-up before the sparse phase, the
+    # switch staying at sparse_fraction); 0 = sparse from the first step (the published recipe); a dense run ignores it
+    dense_warmup_fraction: float = value(0.0, ge=0, lt=1)
     # the EMA teacher's backbone in the sparse phase: dense (its MLPs use the whole EMA weights, which the student never
     # uses whole) | sparse (its MLP linears are pruned 2:4 like the student's: a swap by name over the whole
     # meta-architecture). The exported teacher is always the dense EMA weights.
@@ -259,7 +262,13 @@ class Config:
 
     @property
     def sparse_steps(self) -> int:
+        """The step of the switch to dense: the steps before it are sparse (after any dense warm-up)."""
         return round(self.sparsity.sparse_fraction * self.total_steps)
+
+    @property
+    def dense_warmup_steps(self) -> int:
+        """The dense steps before the sparse phase (`sparsity.dense_warmup_fraction`); 0 in a run without one."""
+        return round(self.sparsity.dense_warmup_fraction * self.total_steps) if self.sparse_steps else 0
 
     @property
     def switches(self) -> bool:

@@ -55,7 +55,8 @@ class ConversionError(ValueError):
 
 
 class SparseThenDense:
-    """2:4-sparse linears for the first `sparse_steps` steps, dense afterwards.
+    """2:4-sparse linears for the first `sparse_steps` steps, dense afterwards; with `dense_warmup_steps`, the first
+    that many of them dense too (a warm-up before the sparse phase; the switch to dense stays at `sparse_steps`).
 
     modules: regex over module names (full match), or a glob after "glob:"; kind: one of KINDS; backend: a GEMM
     backend name; pruning: a transposable 2:4 method; cslt_search, cslt_pack, fused_wgrad: `BackendSettings`;
@@ -71,13 +72,16 @@ class SparseThenDense:
                  backend: str = "auto", pruning: str = "tile_greedy", cslt_search: str = BackendSettings.cslt_search,
                  cslt_pack: str = BackendSettings.cslt_pack, fused_wgrad: bool = BackendSettings.fused_wgrad,
                  weight_grad: str = "dense", pruned_grad: str = "ste", pruned_decay: float = 0.0,
-                 block_density: float = 0.5, block_size: int = 32):
+                 block_density: float = 0.5, block_size: int = 32, dense_warmup_steps: int = 0):
         if kind not in KINDS:
             raise ValueError(f"sparsity.kind={kind!r} is not one of {', '.join(KINDS)}")
         check_backend_name(backend)
         check_method(pruning)
         if sparse_steps < 0:
             raise ValueError(f"sparse_steps={sparse_steps} must be >= 0")
+        if dense_warmup_steps < 0 or (sparse_steps and dense_warmup_steps >= sparse_steps):
+            raise ValueError(f"dense_warmup_steps={dense_warmup_steps} must be >= 0 and leave a sparse step before the "
+                             f"switch at step {sparse_steps}")
         if weight_grad not in WEIGHT_GRADS:
             raise ValueError(f"sparsity.weight_grad={weight_grad!r} is not one of {', '.join(WEIGHT_GRADS)}")
         if weight_grad != "dense" and kind != "weight":
@@ -95,7 +99,7 @@ class SparseThenDense:
             raise ValueError(f"sparsity.block_density={block_density} must be in (0, 1]")
         if int(block_size) != block_size or block_size < 1:
             raise ValueError(f"sparsity.block_size={block_size} must be a positive integer")
-        self.sparse_steps = sparse_steps
+        self.sparse_steps, self.dense_warmup_steps = sparse_steps, dense_warmup_steps if sparse_steps else 0
         self.modules, self.kind, self.backend, self.pruning = modules, kind, backend, pruning
         self.weight_grad, self.block_density, self.block_size = weight_grad, float(block_density), int(block_size)
         self.pruned_grad, self.pruned_decay = pruned_grad, pruned_decay
@@ -204,8 +208,8 @@ class SparseThenDense:
 
     # --------------------------------------------------------------------------------------------- the schedule
     def phase_at(self, step: int) -> str:
-        """The phase of step `step` (0-based): sparse for the first `sparse_steps`."""
-        return SPARSE if step < self.sparse_steps else DENSE
+        """The phase of step `step` (0-based): sparse for the first `sparse_steps` but the `dense_warmup_steps`."""
+        return SPARSE if self.dense_warmup_steps <= step < self.sparse_steps else DENSE
 
     def apply(self, models: Models, step: int) -> bool:
         """Put `models` in the phase of `step`; True if it changed."""

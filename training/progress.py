@@ -73,7 +73,8 @@ def run_info(cfg: Config, model: torch.nn.Module, device: torch.device, world_si
         "residual_dtype_configured": cfg.train.residual_dtype,
         "compile": f"on ({cfg.train.compile_backend}, {cfg.train.compile_mode})" if compiled else "off",
         "total_steps": cfg.total_steps, "last_step": last_step, "sparse_steps": cfg.sparse_steps,
-        "sparse_fraction": s.sparse_fraction, "sparsity_kind": s.kind, "sparsity_backend": s.backend,
+        "dense_warmup_steps": cfg.dense_warmup_steps, "sparse_fraction": s.sparse_fraction, "sparsity_kind": s.kind,
+        "sparsity_backend": s.backend,
         "pruning": s.pruning, "sparse_teacher": s.teacher == "sparse", "augment_on": cfg.data.augment_on,
         "start_step": start_step,
         "torch": torch.__version__,
@@ -86,7 +87,7 @@ def log_run_info(info: dict, run_dir=None) -> None:
     sparse = ("dense throughout" if info["sparse_steps"] == 0 else
               f"2:4 {info['sparsity_kind']} sparse "
               f"({'student and teacher' if info.get('sparse_teacher') else 'student; teacher dense'}) "
-              f"for steps 1-{info['sparse_steps']} of {info['total_steps']} "
+              f"for steps {info.get('dense_warmup_steps', 0) + 1}-{info['sparse_steps']} of {info['total_steps']} "
               f"(sparse_fraction {info['sparse_fraction']:g}), then dense; backend {info['sparsity_backend']}, "
               f"pruning {info['pruning']}")
     stop = "" if info["last_step"] == info["total_steps"] else f", stopping at step {info['last_step']} (max_steps)"

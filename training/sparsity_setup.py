@@ -8,10 +8,10 @@ from rundir.errors import UsageError
 from sparsity import SparseThenDense, build_converter
 from sparsity.converter import ConversionError
 
-# keys the trainer acts on itself, not the converter: the number of sparse steps comes from `sparse_fraction`,
-# `teacher` says which backbones it converts, `switch_weights` what it prunes at the switch and `mask_stats` whether
-# it logs the masks (sparsity_monitor.py)
-TRAINER_KEYS = ("sparse_fraction", "teacher", "switch_weights", "mask_stats")
+# keys the trainer acts on itself, not the converter: the number of sparse steps comes from `sparse_fraction` (and
+# the warm-up's from `dense_warmup_fraction`), `teacher` says which backbones it converts, `switch_weights` what it
+# prunes at the switch and `mask_stats` whether it logs the masks (sparsity_monitor.py)
+TRAINER_KEYS = ("sparse_fraction", "dense_warmup_fraction", "teacher", "switch_weights", "mask_stats")
 
 
 class ModelConfigError(UsageError, ValueError):
@@ -33,4 +33,4 @@ def sparsity_converter(cfg: Config, backend: Optional[str] = None) -> SparseThen
     values = {k: v for k, v in dataclasses.asdict(cfg.sparsity).items() if k not in TRAINER_KEYS}
     if backend is not None:
         values["backend"] = backend
-    return build_converter(SparseThenDense.name, cfg.sparse_steps, **values)
+    return build_converter(SparseThenDense.name, cfg.sparse_steps, dense_warmup_steps=cfg.dense_warmup_steps, **values)

@@ -228,6 +228,20 @@ def test_schedule_converts_at_the_first_sparse_step_and_reverts_after(default_se
         conv.set_phase(model, "half", 0)
 
 
+def test_a_dense_warm_up_converts_after_it_and_reverts_at_the_same_switch(default_settings):
+    """dense_warmup_steps=2 of sparse_steps=5: steps 0-1 dense, 2-4 sparse, 5 on dense."""
+    model = Mlp()
+    conv = build_converter("sparse_then_dense", 5, modules=r"fc[12]", backend="dense", dense_warmup_steps=2)
+    assert [conv.phase_at(s) for s in range(7)] == ["dense"] * 2 + ["sparse"] * 3 + ["dense"] * 2
+    assert not conv.apply(model, 0) and type(model.fc1) is nn.Linear
+    assert conv.apply(model, 2) and type(model.fc1) is SemiSparseLinear
+    assert conv.apply(model, 5) and type(model.fc1) is nn.Linear
+    assert build_converter("sparse_then_dense", 0, dense_warmup_steps=3).phase_at(0) == "dense"  # no sparse phase
+    for warmup in (5, 6, -1):
+        with pytest.raises(ValueError, match=f"dense_warmup_steps={warmup} must be >= 0 and leave a sparse step"):
+            SparseThenDense(5, dense_warmup_steps=warmup)
+
+
 def test_decisions_are_json_and_name_each_shape(default_settings, monkeypatch):
     auto = get_backend("auto")
     monkeypatch.setattr(auto, "_sparse_unavailable", lambda w, t: "no GPU here")

@@ -123,3 +123,25 @@ def test_momentum_restart_fraction_refusals_name_the_key(overrides, message):
     from configs.load import ConfigError
     with pytest.raises(ConfigError, match=message):
         _sixteen_steps(*overrides)
+
+
+def test_dense_warm_up_steps_by_hand():
+    """round(0.1 x 16) = 2 (1.6 rounds up) dense steps before a 50% run's sparse phase; none in a dense run, where the
+    key does nothing (a sweep passes it to every run), and the switch stays at round(0.5 x 16) = 8."""
+    cfg = _sixteen_steps("sparsity.sparse_fraction=0.5", "sparsity.dense_warmup_fraction=0.1")
+    assert (cfg.dense_warmup_steps, cfg.sparse_steps) == (2, 8)
+    assert _sixteen_steps("sparsity.sparse_fraction=0", "sparsity.dense_warmup_fraction=0.1").dense_warmup_steps == 0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["sparsity.dense_warmup_fraction=1"], r"sparsity.dense_warmup_fraction"),  # range: [0, 1)
+    (["sparsity.dense_warmup_fraction=-0.1"], r"sparsity.dense_warmup_fraction"),
+    (["sparsity.dense_warmup_fraction=0.02"], r"makes the first 0 of 16 steps dense, but the sparse phase ends at "
+                                              r"step 8 \(sparsity.sparse_fraction=0.5\): it must leave at least one"),
+    (["sparsity.dense_warmup_fraction=0.5"], r"the first 8 of 16 steps dense, but the sparse phase ends at step 8"),
+    (["sparsity.dense_warmup_fraction=0.6"], r"makes the first 10 of 16 steps dense"),
+])
+def test_dense_warm_up_refusals_name_the_key(overrides, message):
+    from configs.load import ConfigError
+    with pytest.raises(ConfigError, match=message):
+        _sixteen_steps("sparsity.sparse_fraction=0.5", *overrides)

@@ -1,9 +1,11 @@
-"""The embedded default, shortened to 6 steps of 8 images (4 sparse, 2 dense), with the sparsity options beside 2:4 weights:
-block-sparse MLP linears (sparsity.kind=block) and the MVUE weight gradient (sparsity.weight_grad=mvue24). Each run
-finishes, the option is what the sparse phase ran (module types and calls counted per step), the dense phase is
-plain nn.Linear, and a block size that does not divide the MLP's dims is refused naming the key."""
+"""The embedded default, shortened to 6 steps of 8 images (4 sparse, 2 dense), with the sparsity options beside 2:4
+weights: block-sparse MLP linears (sparsity.kind=block), the MVUE weight gradient (sparsity.weight_grad=mvue24) and a
+dense warm-up before the sparse phase. Each run finishes, the option is what the sparse phase ran (module types and
+calls counted per step), the dense phase is plain nn.Linear, and a block size that does not divide the MLP's dims is
+refused naming the key."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -68,6 +70,19 @@ def test_block_sparse_kind_trains_the_sparse_phase_on_block_sparse_layers(tmp_pa
     assert len(used) == n_block_calls and all(d == 0.25 for d in used)  # each went through the block-sparse GEMM
     assert [r["phase"] for r in records] == ["sparse"] * switch + ["dense"] * (cfg.total_steps - switch)
     assert not any(isinstance(m, (BlockSparseLinear, SemiSparseLinear)) for m in trainer.model.student.modules())
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)
+
+
+def test_a_dense_warm_up_trains_its_steps_dense_and_switches_at_the_same_step(tmp_path, caplog):
+    """dense_warmup_fraction 0.34 of 6 steps rounds to 2: steps 0-1 dense, 2-3 sparse, 4-5 dense again; the start-up
+    summary names the sparse steps."""
+    with caplog.at_level(logging.INFO, logger="train"):
+        cfg, trainer, calls, records = run(tmp_path, "sparsity.dense_warmup_fraction=0.34")
+    assert (cfg.dense_warmup_steps, cfg.sparse_steps, cfg.total_steps) == (2, 4, 6)
+    assert calls.steps(SemiSparseLinear) == {2, 3}
+    assert calls.steps(nn.Linear) == {0, 1, 4, 5}
+    assert [r["phase"] for r in records] == ["dense"] * 2 + ["sparse"] * 2 + ["dense"] * 2
+    assert "sparse (student; teacher dense) for steps 3-4 of 6" in caplog.text
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)
 
 

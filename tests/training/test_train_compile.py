@@ -97,6 +97,31 @@ def test_switch_compiles_once_and_compiled_training_equals_eager(tmp_path):
                                rtol=1e-4, atol=1e-5)
 
 
+def test_a_dense_warm_up_compiles_at_both_of_its_changes_and_equals_eager(tmp_path):
+    """16 steps with a dense warm-up of 4 before the sparse phase ends at 8: new graphs only at the first step and at
+    the two changes of phase; losses equal eager's."""
+    warmup = ["sparsity.dense_warmup_fraction=0.25"]
+    trainer = Trainer(load_config(None, TINY + COMPILED + warmup), tmp_path / "compiled", CPU)
+    new_graphs = []
+    step_fn = trainer.train_step
+
+    def counted(batch, values):
+        before = _graphs()
+        out = step_fn(batch, values)
+        new_graphs.append(_graphs() - before)
+        return out
+
+    trainer.train_step = counted
+    trainer.train()
+    changes = [i for i, n in enumerate(new_graphs) if n]
+    assert changes[0] == 0 and set(changes) <= {0, 4, 8} and 4 in changes, new_graphs
+    Trainer(load_config(None, TINY + warmup), tmp_path / "eager", CPU).train()
+    a, b = read_metrics(tmp_path / "compiled" / "metrics.jsonl"), read_metrics(tmp_path / "eager" / "metrics.jsonl")
+    assert [r["phase"] for r in a] == ["dense"] * 4 + ["sparse"] * 4 + ["dense"] * 8
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in a]), torch.tensor([r["loss"] for r in b]),
+                               rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_compiled_two_processes_equal_compiled_one_process(tmp_path):
     from test_distributed_equivalence import SAME_GLOBAL_BATCH, assert_same_run, torchrun
