@@ -28,11 +28,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from scripts.benchmarks import bad_algs
+from scripts.benchmarks.linear_layers import linear_pair, mlp
+from scripts.benchmarks.linear_profiles import bench_host, kernel_breakdown
 from scripts.benchmarks.sparse_results import fmt_table, merge_runs, write_json
-from scripts.benchmarks.timing import graph_ms, median_ms, wall_ms
+from scripts.benchmarks.timing import graph_ms, median_ms
 
 SHAPES = [(1024, 4096), (4096, 1024)]  # (in, out): fc1, fc2
 TOKENS = [16384, 32768, 58496]
@@ -155,22 +156,6 @@ def bench_gemms(B, dtype, in_f, out_f, tokens):
                 B.add(**base, gemm=gemm, backend="torch_cslt", ms=None, dense_ms=d, graph=graph, error=repr(e)[:200])
 
 
-def _linear_pair(in_f, out_f, backend):
-    from sparsity import SemiSparseLinear
-
-    torch.manual_seed(0)
-    lin = nn.Linear(in_f, out_f, device="cuda")
-    if backend is None:
-        return lin
-    return SemiSparseLinear.from_dense(lin, backend=backend)
-
-
-def _mlp(backend):
-    fc1 = _linear_pair(1024, 4096, backend)
-    fc2 = _linear_pair(4096, 1024, backend)
-    return nn.Sequential(fc1, nn.GELU(), fc2)
-
-
 def bench_modules(B, dtype, op, tokens, in_f, out_f, backends, x_dtype=torch.float32, input_note=""):
     """x_dtype: the layer input's dtype. Under autocast a ViT MLP's fc1 reads the LayerNorm output (fp32) and fc2
     the GELU output (already bf16/fp16, no cast); both are measured, each row says which (`input_dtype`)."""
@@ -181,7 +166,7 @@ def bench_modules(B, dtype, op, tokens, in_f, out_f, backends, x_dtype=torch.flo
             "input_dtype": str(x_dtype).replace("torch.", "") + (f" ({input_note})" if input_note else "")}
 
     def make(backend):
-        return _mlp(backend) if op == "mlp_fwd_bwd" else _linear_pair(in_f, out_f, backend)
+        return mlp(backend) if op == "mlp_fwd_bwd" else linear_pair(in_f, out_f, backend)
 
     def stepper(model):
         params = list(model.parameters())
@@ -212,49 +197,6 @@ def bench_modules(B, dtype, op, tokens, in_f, out_f, backends, x_dtype=torch.flo
                 B.add(**base, backend=name, ms=None, dense_ms=dense.get(graph), graph=graph, error=repr(e)[:300])
             finally:
                 torch.cuda.synchronize()
-
-
-def _fwd_bwd_step(model, x, dy, dtype):
-    """One eager forward + backward of `model` under autocast, gradients cleared first."""
-    params = list(model.parameters())
-
-    def step():
-        for p in params:
-            p.grad = None
-        x.grad = None
-        with torch.autocast("cuda", dtype=dtype):
-            y = model(x)
-        y.backward(dy)
-
-    return step
-
-
-def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5, backends=(None, "cusparselt")):
-    """Device time per kernel category of one eager linear fwd+bwd (nn.Linear vs each backend), from the profiler:
-    the numbers behind the fwd+bwd bound (fwd, dgrad, wgrad GEMMs, pack, casts, bias gradient), and the GPU's idle
-    time between kernels (host-bound eager steps)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from scripts.benchmarks.profiling import kernel_summary
-
-    out = []
-    x = torch.randn(tokens, in_f, device="cuda", dtype=x_dtype, requires_grad=True)
-    dy = torch.randn(tokens, out_f, device="cuda", dtype=dtype)
-    for backend in backends:
-        step = _fwd_bwd_step(_linear_pair(in_f, out_f, backend), x, dy, dtype)
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(steps):
-                step()
-            torch.cuda.synchronize()
-        summ = kernel_summary(prof, steps=steps, top=12)
-        out.append({"backend": backend or "nn.Linear", "tokens": tokens, "in_features": in_f, "out_features": out_f,
-                    "dtype": str(dtype).replace("torch.", ""), "input_dtype": str(x_dtype).replace("torch.", ""),
-                    **summ})
-        print(json.dumps(out[-1]), flush=True)
-    return out
 
 
 def bench_pack_variants(B, dtype):
@@ -288,51 +230,6 @@ def _bench_pack_variants_shape(B, dtype, in_f, out_f):
             B.add(op="pack_variant", backend=f"preload={preload},block={block},warps={warps}", tokens=0,
                   in_features=in_f, out_features=out_f, dtype=dn, ms=ms, dense_ms=None, graph=True,
                   same_bytes=same)
-
-
-def bench_host(B, dtype):
-    """Host cost of one linear fwd+bwd: wall time per step at 256 tokens (GPU work negligible), and a profile of one
-    eager step at 32768 tokens (top CPU ops, synchronisations)."""
-    dn = str(dtype).replace("torch.", "")
-    for backend in (None, "cusparselt", "auto"):
-        x = torch.randn(256, 1024, device="cuda", requires_grad=True)
-        dy = torch.randn(256, 4096, device="cuda", dtype=dtype)
-        step = _fwd_bwd_step(_linear_pair(1024, 4096, backend), x, dy, dtype)
-        us = wall_ms(step, 5, 50) * 1e3
-        B.add(op="host_per_step", backend=backend or "nn.Linear", tokens=256, in_features=1024, out_features=4096,
-              dtype=dn, ms=us / 1e3, dense_ms=None, graph=False)
-        if backend is not None:  # where the host time goes, by Python function
-            import cProfile
-            import io
-            import pstats
-
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(50):
-                step()
-            prof.disable()
-            torch.cuda.synchronize()
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-            print(f"=== cProfile, 50 eager fwd+bwd steps at 256 tokens, {backend} (tottime)\n{buf.getvalue()}",
-                  file=sys.stderr, flush=True)
-    from torch.profiler import ProfilerActivity, profile
-
-    for backend in ("cusparselt", None):
-        x = torch.randn(32768, 1024, device="cuda", requires_grad=True)
-        dy = torch.randn(32768, 4096, device="cuda", dtype=dtype)
-        step = _fwd_bwd_step(_linear_pair(1024, 4096, backend), x, dy, dtype)
-
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-        tab = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60)
-        print(f"=== profile linear fwd+bwd 32768x1024->4096 {backend or 'nn.Linear'} (3 eager steps)\n{tab}",
-              file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------

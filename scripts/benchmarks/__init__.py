@@ -4,8 +4,11 @@
                     CUDA-graph replay), and the training-step timer
     batch           `synthetic_batch`: one multi-crop batch of the loader's shapes (real collate, random pixels)
     profiling       kernel time by category and GPU idle time from a torch.profiler run
+    step_profiles   `bench_train_step.py --profile`: a training step's kernels, GPU stalls and host time
     gpu_state       clocks, temperature and throttle reasons a row ended in
     sparse_results  `bench_sparse.py`'s Markdown table, and several of its runs merged into one result
+    linear_layers   the MLP linears `bench_sparse.py` times (dense or 2:4 on a backend) and their fwd + bwd step
+    linear_profiles where a linear layer's time goes: kernel categories, host cost per step
     bad_algs        cuSPARSELt algorithm ids that crash a library version, handed to the sweep (`--bad-algs`)
 
 The one-off GPU probes that found the facts the library relies on are in `scripts/experiments/probes/`.
