@@ -51,7 +51,8 @@ class RunSummary(EvalResults):
     data_root: str = ""
     sparse_fraction: Optional[float] = None
     total_steps: Optional[int] = None
-    sparse_steps: Optional[int] = None
+    sparse_steps: Optional[int] = None  # the step of the switch to dense: the steps before it are sparse ...
+    dense_warmup_steps: int = 0  # ... but these first ones (sparsity.dense_warmup_fraction)
     global_batch: Optional[int] = None
     processes: Optional[int] = None  # data-parallel processes (GPUs) the run trained on
     seed: Optional[int] = None
@@ -82,6 +83,7 @@ class RunSummary(EvalResults):
 
     @property
     def dense_steps(self) -> Optional[int]:
+        """The steps after the switch (the dense warm-up's are not among them)."""
         if self.total_steps is None or self.sparse_steps is None:
             return None
         return self.total_steps - self.sparse_steps
@@ -121,6 +123,7 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
     run.data_root = cfg.data.root
     run.sparse_fraction = cfg.sparsity.sparse_fraction
     run.total_steps, run.sparse_steps = cfg.total_steps, cfg.sparse_steps
+    run.dense_warmup_steps = cfg.dense_warmup_steps
     run.processes, per_process = _batch_layout(run_dir, cfg.train.batch_size_per_gpu)
     run.global_batch = run.processes * per_process
     run.seed = cfg.train.seed
@@ -185,7 +188,9 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
             continue
         batch = record.get("global_batch") or run.global_batch  # a logged batch size wins over the inferred one
         seconds = steps * batch / rate
-        sparse_part = min(max(run.sparse_steps - (end - steps), 0), steps) if run.sparse_steps is not None else 0
+        start = end - steps  # the window's steps: start .. end - 1; the sparse ones: dense_warmup_steps .. switch - 1
+        sparse_part = (max(0, min(end, run.sparse_steps) - max(start, run.dense_warmup_steps))
+                       if run.sparse_steps is not None else 0)
         images += steps * batch
         sparse_images += sparse_part * batch
         sparse_time += seconds * sparse_part / steps

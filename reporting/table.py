@@ -95,6 +95,7 @@ class TableRow:
     # (configurations.same_teacher_key); None where the run does not restart there or the table has no such run
     delta_top1_same_teacher: Optional[float] = None
     delta_knn_top1_same_teacher: Optional[float] = None
+    dense_warmup_steps: int = 0  # dense steps before the sparse ones (sparse_steps counts both: it is the switch)
 
     @property
     def config_label(self) -> str:
@@ -192,6 +193,7 @@ def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[Ta
             path=relative_path(run.path, folder), n_val=run.n_val, differing_config=differing,
             delta_top1_same_teacher=_difference(run.top1, same_teacher.top1 if same_teacher else None),
             delta_knn_top1_same_teacher=_difference(run.knn_top1, same_teacher.knn_top1 if same_teacher else None),
+            dense_warmup_steps=run.dense_warmup_steps,
         ))
     _name_layouts(list(zip(rows, runs)))  # rows are still in the runs' order
     return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,

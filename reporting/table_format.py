@@ -21,6 +21,14 @@ def _steps(n: Optional[int]) -> str:
     return f"{n / 1000:g}k" if n >= 10_000 and n % 100 == 0 else str(n)
 
 
+def _phase_steps(row) -> str:
+    """"3104 → 4656" (sparse, then dense steps); with a dense warm-up "776 dense, then 2328 → 4656"."""
+    warmup = getattr(row, "dense_warmup_steps", 0)
+    if not warmup or row.sparse_steps is None:
+        return f"{_steps(row.sparse_steps)} → {_steps(row.dense_steps)}"
+    return f"{_steps(warmup)} dense, then {_steps(row.sparse_steps - warmup)} → {_steps(row.dense_steps)}"
+
+
 def _duration(seconds: Optional[float]) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "–"
@@ -81,8 +89,8 @@ def markdown(rows, means, baselines, notes: list[str]) -> str:
         if r.sparse_time_s and r.dense_time_s:  # both phases ran: show the split
             time += f" ({_duration(r.sparse_time_s)} + {_duration(r.dense_time_s)})"
         seed = "–" if r.seed is None else str(r.seed)
-        cells = [r.schedule, f"{seed} ({r.layout})" if r.layout else seed, f"{_steps(r.sparse_steps)} → "
-                 f"{_steps(r.dense_steps)}", _number(r.top1, ".1f"), _number(r.delta_top1, "+.1f"),
+        cells = [r.schedule, f"{seed} ({r.layout})" if r.layout else seed, _phase_steps(r), _number(r.top1, ".1f"),
+                 _number(r.delta_top1, "+.1f"),
                  _knn_cell(r, _number(r.knn_top1, ".1f"), name_k), _rate(r.sparse_images_per_s),
                  _rate(r.dense_images_per_s), _number(r.final_loss, ".3f"), time, _number(r.speedup, ".2f", "×"),
                  r.status]

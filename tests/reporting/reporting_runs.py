@@ -47,7 +47,7 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
     steps_done = total if steps_done is None else steps_done
     lines = []
     for end in range(log_period, steps_done + 1, log_period):
-        phase = "sparse" if end - 1 < sparse else "dense"
+        phase = "sparse" if cfg.dense_warmup_steps <= end - 1 < sparse else "dense"
         rate = sparse_images_per_s if phase == "sparse" else dense_images_per_s
         loss = 11.0 - 3.0 * end / total
         lines.append(json.dumps({"step": end - 1, "phase": phase, "loss": loss, "dino_local_crops_loss": 0.6 * loss,

@@ -1,6 +1,7 @@
-"""A run whose teacher momentum restarts at its switch gets a second Δ: against the dense run whose momentum restarts
-at the same fraction of the steps (teacher.momentum_restart_fraction), whose teacher follows the same schedule step
-for step. Expected numbers are worked out in the comments."""
+"""How the table reads the recipe study's keys. A run whose teacher momentum restarts at its switch gets a second Δ:
+against the dense run whose momentum restarts at the same fraction of the steps (teacher.momentum_restart_fraction),
+whose teacher follows the same schedule step for step. A dense warm-up (sparsity.dense_warmup_fraction) is dense time
+and is named in the steps column. Expected numbers are worked out in the comments."""
 
 import csv
 
@@ -96,3 +97,18 @@ def test_table_and_figure_show_it_only_where_a_control_is_there(study, tmp_path)
     assert all(r["delta_top1_same_teacher"] == "" for r in _csv(out2))
     rows = build_rows([read_run(p) for p in sorted(without.iterdir())])
     assert "Dotted, hollow" not in accuracy_figure(rows)[2]
+
+
+def test_a_dense_warm_up_is_dense_time_and_named_in_the_steps_column(tmp_path):
+    """300 steps, switch at 150, warm-up 0.1 = 30 dense steps first; sparse windows at 64 images/s, dense at 32, batch
+    32, a metrics line every 30 steps. Windows of steps 0-29 dense: 30 s; 30-149 sparse: 4 x 15 s = 60 s; 150-299
+    dense: 5 x 30 s = 150 s. Counting the warm-up as sparse (its steps come before the switch) would give 90 s."""
+    runs = tmp_path / "runs"
+    make_run(runs, "warm", 0.5, log_period=30, overrides=["sparsity.dense_warmup_fraction=0.1"])
+    run = read_run(runs / "warm")
+    assert (run.dense_warmup_steps, run.sparse_steps, run.total_steps) == (30, 150, 300)
+    assert run.sparse_time_s == pytest.approx(60.0)
+    assert run.dense_time_s == pytest.approx(180.0)
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    assert "| 30 dense, then 120 → 150 |" in (out / "table.md").read_text()
