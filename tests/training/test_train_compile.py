@@ -70,11 +70,10 @@ def _graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-def test_switch_compiles_once_and_compiled_training_equals_eager(tmp_path):
-    """16 steps (8 sparse, 8 dense): new graphs at the first step and at the switch only, the switch adding exactly
-    one (the student's block with dense MLPs); the loss curve is the eager run's."""
-    cfg = load_config(None, TINY + COMPILED)
-    trainer = Trainer(cfg, tmp_path / "compiled", CPU)
+def _compiled_then_eager(tmp_path, overrides: list) -> tuple[list, list]:
+    """TINY with `overrides`, trained compiled (counting the graphs each step made new) and then eagerly; asserts
+    that the two loss curves are equal and returns (new graphs per step, the compiled run's metrics)."""
+    trainer = Trainer(load_config(None, TINY + COMPILED + overrides), tmp_path / "compiled", CPU)
     new_graphs = []
     step_fn = trainer.train_step
 
@@ -86,40 +85,30 @@ def test_switch_compiles_once_and_compiled_training_equals_eager(tmp_path):
 
     trainer.train_step = counted
     trainer.train()
+    Trainer(load_config(None, TINY + overrides), tmp_path / "eager", CPU).train()
+    a, b = read_metrics(tmp_path / "compiled" / "metrics.jsonl"), read_metrics(tmp_path / "eager" / "metrics.jsonl")
+    torch.testing.assert_close(torch.tensor([r["loss"] for r in a]), torch.tensor([r["loss"] for r in b]),
+                               rtol=1e-4, atol=1e-5)
+    return new_graphs, a
+
+
+def test_switch_compiles_once_and_compiled_training_equals_eager(tmp_path):
+    """16 steps (8 sparse, 8 dense): new graphs at the first step and at the switch only, the switch adding exactly
+    one (the student's block with dense MLPs); the loss curve is the eager run's."""
+    new_graphs, metrics = _compiled_then_eager(tmp_path, [])
     assert len(new_graphs) == 16
     assert new_graphs[0] > 0 and new_graphs[8] == 1, new_graphs
     assert sum(new_graphs[1:8]) == 0 and sum(new_graphs[9:]) == 0, new_graphs
-    eager = Trainer(load_config(None, TINY), tmp_path / "eager", CPU)
-    eager.train()
-    a, b = read_metrics(tmp_path / "compiled" / "metrics.jsonl"), read_metrics(tmp_path / "eager" / "metrics.jsonl")
-    assert [r["phase"] for r in a] == ["sparse"] * 8 + ["dense"] * 8
-    torch.testing.assert_close(torch.tensor([r["loss"] for r in a]), torch.tensor([r["loss"] for r in b]),
-                               rtol=1e-4, atol=1e-5)
+    assert [r["phase"] for r in metrics] == ["sparse"] * 8 + ["dense"] * 8
 
 
 def test_a_dense_warm_up_compiles_at_both_of_its_changes_and_equals_eager(tmp_path):
     """16 steps with a dense warm-up of 4 before the sparse phase ends at 8: new graphs only at the first step and at
     the two changes of phase; losses equal eager's."""
-    warmup = ["sparsity.dense_warmup_fraction=0.25"]
-    trainer = Trainer(load_config(None, TINY + COMPILED + warmup), tmp_path / "compiled", CPU)
-    new_graphs = []
-    step_fn = trainer.train_step
-
-    def counted(batch, values):
-        before = _graphs()
-        out = step_fn(batch, values)
-        new_graphs.append(_graphs() - before)
-        return out
-
-    trainer.train_step = counted
-    trainer.train()
+    new_graphs, metrics = _compiled_then_eager(tmp_path, ["sparsity.dense_warmup_fraction=0.25"])
     changes = [i for i, n in enumerate(new_graphs) if n]
     assert changes[0] == 0 and set(changes) <= {0, 4, 8} and 4 in changes, new_graphs
-    Trainer(load_config(None, TINY + warmup), tmp_path / "eager", CPU).train()
-    a, b = read_metrics(tmp_path / "compiled" / "metrics.jsonl"), read_metrics(tmp_path / "eager" / "metrics.jsonl")
-    assert [r["phase"] for r in a] == ["dense"] * 4 + ["sparse"] * 4 + ["dense"] * 8
-    torch.testing.assert_close(torch.tensor([r["loss"] for r in a]), torch.tensor([r["loss"] for r in b]),
-                               rtol=1e-4, atol=1e-5)
+    assert [r["phase"] for r in metrics] == ["dense"] * 4 + ["sparse"] * 4 + ["dense"] * 8
 
 
 @pytest.mark.slow
