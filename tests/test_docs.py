@@ -21,7 +21,7 @@ PAGES = [README, *sorted(DOCS.glob("*.md"))]
 # The committed measurements the ImageNet estimates are computed from (docs/imagenet.md links the same files).
 BENCH = REPO / "results" / "bench"
 STEP_LAUNCHED = BENCH / "rounds_h100" / "train_step_rounds_heated_fp32_h100.json"
-SCALING = BENCH / "scaling_h200.json"
+SCALING = BENCH / "scaling_dense" / "scaling_h200.json"  # the compiled step, dense phase
 CIFAR_TABLE = REPO / "results" / "cifar10" / "table" / "table.md"
 DIGITS_TABLE = REPO / "results" / "default" / "table.md"
 
