@@ -2,6 +2,7 @@
 
     python -m scripts.bench_scaling --gpus 1 2 4                      # writes results/bench/scaling_<gpu>.json/.png
     python -m scripts.bench_scaling --cpu --gpus 1 2 --models small --iters 2 ...   # gloo smoke mode (tests)
+    python -m scripts.bench_scaling --compare DENSE.json SPARSE.json --out DIR     # both phases in one figure
 
 For each N it starts N processes (torch.multiprocessing), which run the trainer's real step (`Trainer.train_step`:
 student + teacher forward, backward with DDP's bucketed gradient all-reduce, per-module clipping, AdamW, EMA) on a
@@ -37,6 +38,7 @@ from PIL import Image
 from configs import load_config
 from configs.command_line import parse_command_line
 from scripts.benchmarks.batch import synthetic_batch
+from scripts.benchmarks.scaling_plots import compare_phases, plot, plot_phases
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU processes (smoke test of the harness)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench")
     ap.add_argument("--plot-only", type=Path, default=None, help="redraw the PNG of an existing JSON and exit")
+    ap.add_argument("--compare", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="put results of this script side by side (the first is the baseline, e.g. the dense phase "
+                         "then the sparse one): writes <--out>/scaling_phases_<gpu>.json/.png and exits")
     ap.add_argument("overrides", nargs="*", help="config overrides for every model, e.g. train.amp_dtype=fp16")
     args = parse_command_line(ap, argv)  # options and overrides in any order
     if 1 not in args.gpus:
@@ -257,52 +262,6 @@ def compare_curves(curves: list[dict], gpus: list[int], b: int) -> list[dict]:
     return result
 
 
-def _series_name(model: str) -> str:
-    """Legend name of a benchmarked model: its architecture and patch, not the benchmark's short key."""
-    return {"small": "ViT-Ti/8 (embedded default)", "vitl16": "ViT-L/16 (ImageNet recipe)"}.get(model, model)
-
-
-def plot(result: dict, png: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib missing: no plot (redraw with --plot-only {png.with_suffix('.json')})")
-        return
-    rows, curves = result["rows"], result["loss_curves"]["runs"]
-    fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 6.4, 4.5), squeeze=False)
-    ax = axes[0][0]
-    series = sorted({(r["model"], r["per_gpu_batch"]) for r in rows})
-    device = "GPU" if result["gpu"] != "cpu" else "CPU rank"
-    for model, b in series:
-        pts = sorted((r["gpus"], r["efficiency"]) for r in rows if (r["model"], r["per_gpu_batch"]) == (model, b))
-        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-",
-                label=f"{_series_name(model)}, {b} images/{device}")
-    ax.axhline(90, color="gray", ls=":", lw=1, label="90% (target)")
-    where = "CPU, gloo" if result["gpu"] == "cpu" else result["gpu"]
-    ax.set(xlabel=f"{device}s (data parallel)", ylabel="weak-scaling efficiency (%)",
-           title=f"Weak scaling of the training step ({where})\nimages/s with N {device}s / (N x images/s with one)",
-           xticks=sorted({r["gpus"] for r in rows}),
-           ylim=(0, max(110, 5 + max(100 * r["efficiency"] for r in rows))))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
-    if curves:
-        ax = axes[0][1]
-        for c in curves:
-            style = "--" if c["gpus"] == 1 and c["seed"] else "-"
-            ax.plot(c["loss"], style, lw=1,
-                    label=f"{c['gpus']} x {c['per_gpu_batch']} images (seed {c['seed']})")
-        ax.set(xlabel="step", ylabel="training loss (global batch)",
-               title="Same global batch split over N ranks:\nN x b images vs 1 x N*b images")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    print(f"wrote {png}")
-
-
 def summarise(rows, curves, counts, gpu_name, available, skipped, args, started) -> dict:
     base = {(r["model"], r["per_gpu_batch"]): r["images_per_s"] for r in rows if r["gpus"] == 1}
     for r in rows:
@@ -323,10 +282,34 @@ def summarise(rows, curves, counts, gpu_name, available, skipped, args, started)
     }
 
 
+def compare(paths: list[Path], out_dir: Path) -> None:
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        sys.exit(f"--compare: no such result file: {', '.join(missing)}")
+    try:
+        summary = compare_phases([json.loads(p.read_text()) for p in paths])
+    except (ValueError, KeyError, json.JSONDecodeError) as e:
+        sys.exit(f"--compare: {e!r} (expected JSON files written by this script)")
+    summary["sources"] = [str(p) for p in paths]  # as given on the command line
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"scaling_phases_{gpu_slug(summary['gpu'])}.json"
+    out.write_text(json.dumps(summary, indent=1))
+    print(f"{'phase':18s}{'model':8s}{'b/GPU':>7s}{'GPUs':>6s}{'ms/step':>10s}{'images/s':>10s}{'eff.':>8s}"
+          f"{'vs ' + summary['baseline']:>20s}")
+    for r in summary["rows"]:
+        print(f"{r['phase']:18s}{r['model']:8s}{r['per_gpu_batch']:7d}{r['gpus']:6d}{r['step_ms']:10.1f}"
+              f"{r['images_per_s']:10.0f}{100 * r['efficiency']:7.1f}%{r['speedup_vs_first']:19.3f}x")
+    print(f"wrote {out}")
+    plot_phases(summary, out.with_suffix(".png"))
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.plot_only:
         plot(json.loads(args.plot_only.read_text()), args.plot_only.with_suffix(".png"))
+        return
+    if args.compare:
+        compare(args.compare, args.out)
         return
     if args.cpu:
         gpu_name, available = "cpu", max(args.gpus)

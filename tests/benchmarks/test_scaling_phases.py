@@ -1,0 +1,85 @@
+"""The scaling benchmark's phase comparison (`scripts/bench_scaling.py --compare`): which phase a result measured,
+the rows side by side with hand-computed ratios, refusals before any file is written, and the figures."""
+
+import json
+
+import pytest
+
+from scripts import bench_scaling
+from scripts.benchmarks.scaling_plots import compare_phases, phase_of
+
+
+def a_result(gpu, overrides, step_ms_by_gpus, model="vitl16", b=64):
+    rows = []
+    for n, ms in step_ms_by_gpus.items():
+        rows.append({"model": model, "per_gpu_batch": b, "gpus": n, "step_ms": ms,
+                     "images_per_s": n * b / (ms / 1e3)})
+    one = next(r["images_per_s"] for r in rows if r["gpus"] == 1)
+    for r in rows:
+        r["efficiency"] = r["images_per_s"] / (r["gpus"] * one)
+    return {"gpu": gpu, "overrides": ["data.dataset=digits", "sparsity.sparse_fraction=0", *overrides],
+            "method": "median step", "rows": rows, "loss_curves": {"runs": [], "comparisons": []}}
+
+
+@pytest.mark.parametrize(("overrides", "phase"), [
+    ([], "dense phase"),
+    (["sparsity.sparse_fraction=0"], "dense phase"),
+    (["sparsity.sparse_fraction=0", "sparsity.sparse_fraction=1"], "2:4-sparse phase"),  # the last one wins
+    (["sparsity.sparse_fraction=1.0"], "2:4-sparse phase"),
+    (["train.seed=3", "sparsity.sparse_fraction=0.7"], "sparse_fraction=0.7"),
+])
+def test_phase_of_reads_the_last_sparse_fraction(overrides, phase):
+    assert phase_of(overrides) == phase
+
+
+def test_rows_side_by_side_with_the_first_result_as_baseline():
+    dense = a_result("NVIDIA H200", [], {1: 200.0, 2: 220.0, 4: 225.0})
+    sparse = a_result("NVIDIA H200", ["sparsity.sparse_fraction=1"], {1: 190.0, 2: 200.0})  # no 4-GPU row
+    summary = compare_phases([dense, sparse])
+    assert summary["phases"] == ["dense phase", "2:4-sparse phase"] and summary["baseline"] == "dense phase"
+    rows = {(r["phase"], r["gpus"]): r for r in summary["rows"]}
+    assert sorted(rows) == [("2:4-sparse phase", 1), ("2:4-sparse phase", 2), ("dense phase", 1), ("dense phase", 2)]
+    assert rows[("dense phase", 2)]["speedup_vs_first"] == 1.0
+    assert rows[("2:4-sparse phase", 1)]["speedup_vs_first"] == pytest.approx(200 / 190)
+    assert rows[("2:4-sparse phase", 2)]["speedup_vs_first"] == pytest.approx(220 / 200)
+    # 2 x 64 images in 0.2 s against 2 x (64 images in 0.19 s)
+    assert rows[("2:4-sparse phase", 2)]["efficiency"] == pytest.approx((128 / 0.2) / (2 * 64 / 0.19))
+
+
+@pytest.mark.parametrize(("results", "message"), [
+    (lambda: [a_result("NVIDIA H200", [], {1: 200.0})], "at least two"),
+    (lambda: [a_result("NVIDIA H200", [], {1: 200.0}), a_result("NVIDIA H100 80GB HBM3", [], {1: 230.0})],
+     "different GPUs"),
+    (lambda: [a_result("NVIDIA H200", [], {1: 200.0}), a_result("NVIDIA H200", [], {1: 90.0}, model="small")],
+     "share no"),
+])
+def test_results_that_cannot_be_compared_are_refused(results, message):
+    with pytest.raises(ValueError, match=message):
+        compare_phases(results())
+
+
+def test_compare_command_writes_json_and_figure(tmp_path, capsys):
+    paths = []
+    for name, overrides, times in (("dense", [], {1: 204.5, 2: 220.6, 4: 222.6}),
+                                   ("sparse", ["sparsity.sparse_fraction=1"], {1: 205.4, 2: 223.7, 4: 223.9})):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(a_result("NVIDIA H200", overrides, times)))
+        paths.append(str(path))
+    bench_scaling.main(["--compare", *paths, "--out", str(tmp_path / "out")])
+    summary = json.loads((tmp_path / "out" / "scaling_phases_h200.json").read_text())
+    assert summary["sources"] == paths and len(summary["rows"]) == 6
+    assert (tmp_path / "out" / "scaling_phases_h200.png").stat().st_size > 0
+    assert "0.986x" in capsys.readouterr().out  # 220.6 / 223.7, the sparse phase on two GPUs
+
+
+def test_compare_command_refuses_a_missing_or_foreign_file_before_writing(tmp_path):
+    good = tmp_path / "dense.json"
+    good.write_text(json.dumps(a_result("NVIDIA H200", [], {1: 200.0})))
+    foreign = tmp_path / "metrics.json"
+    foreign.write_text(json.dumps({"step": 10, "loss": 1.0}))
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="no such result file"):
+        bench_scaling.main(["--compare", str(good), str(tmp_path / "missing.json"), "--out", str(out)])
+    with pytest.raises(SystemExit, match="expected JSON files written by this script"):
+        bench_scaling.main(["--compare", str(good), str(foreign), "--out", str(out)])
+    assert not out.exists()
