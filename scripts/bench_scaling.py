@@ -65,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--compiled-curves", action="store_true",
                     help="compile the curves' steps too (default eager: the same arithmetic without one compilation "
                          "per curve, which dominates a short curve's time)")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="profile this many more steps of every timed row on rank 0 (GPU only): kernel time by "
+                         "category, and the collectives exposed or overlapped with the computation")
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU processes (smoke test of the harness)")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "bench")
     ap.add_argument("--plot-only", type=Path, default=None, help="redraw the PNG of an existing JSON and exit")
@@ -109,13 +112,38 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_model(ctx, cfg, warmup: int, iters: int, workdir: Path) -> dict:
+def profile_steps(ctx, trainer, batch, values, steps: int) -> dict:
+    """Kernel time of `steps` more steps on rank 0 (every rank steps, so the collectives complete): by category,
+    and the collectives against the computation (`communication`: exposed and overlapped ms, compute busy ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from scripts.benchmarks.profiling import communication_overlap, kernel_summary
+
+    if not ctx.is_main:
+        for _ in range(steps):
+            trainer.train_step(batch, values)
+        _sync(ctx.device)
+        return {}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer.train_step(batch, values)
+        _sync(ctx.device)
+    summary = kernel_summary(prof, steps=steps, top=8)
+    summary["communication"] = communication_overlap(prof, steps=steps)
+    return summary
+
+
+def time_model(ctx, cfg, warmup: int, iters: int, workdir: Path, profile: int = 0) -> dict:
     from training.trainer import Trainer
 
     trainer = Trainer(cfg, workdir, ctx)
     trainer.model.train()
     batch = synthetic_batch(cfg, ctx.device, ctx.rank, seed=1000 + ctx.rank)  # pixels and masks differ per rank
-    values = trainer.schedules.at(cfg.optim.warmup_epochs * cfg.train.epoch_length)  # past warm-up: lr > 0
+    step = cfg.optim.warmup_epochs * cfg.train.epoch_length  # past warm-up: lr > 0
+    values = trainer.schedules.at(step)
+    # the phase of that step, as the training loop enters it (a new trainer is dense until told otherwise)
+    trainer.enter_phase(trainer.sparsity.phase_at(step))
+    phase = {"phase": trainer.sparsity.phase, "sparse_linears": len(trainer.sparsity.converted)}
     for _ in range(warmup):
         trainer.train_step(batch, values)
     _sync(ctx.device)
@@ -128,13 +156,16 @@ def time_model(ctx, cfg, warmup: int, iters: int, workdir: Path) -> dict:
         _sync(ctx.device)
         times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated(ctx.device) / 2**30 if ctx.device.type == "cuda" else 0.0
+    profiled = profile_steps(ctx, trainer, batch, values, profile) if profile and ctx.device.type == "cuda" else {}
     del trainer, batch
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(ctx.device)
     step = statistics.median(times)
-    return {"step_ms": 1e3 * step, "min_ms": 1e3 * min(times), "max_ms": 1e3 * max(times),
-            "images_per_s": ctx.world_size * cfg.train.batch_size_per_gpu / step, "peak_gib": peak}
+    median = statistics.median(times)
+    row = {**phase, "step_ms": 1e3 * median, "min_ms": 1e3 * min(times), "max_ms": 1e3 * max(times),
+           "images_per_s": ctx.world_size * cfg.train.batch_size_per_gpu / median, "peak_gib": peak}
+    return {**row, "profile": profiled} if profiled else row
 
 
 def loss_curve(ctx, cfg, steps: int, workdir: Path, workers: int) -> tuple[dict, str]:
@@ -197,12 +228,17 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, result_pa
                 iters = args.iters if model == "small" else args.vitl_iters
                 for b in batches:
                     cfg = load_config(path, [*BENCH_OVERRIDES, f"train.batch_size_per_gpu={b}", *args.overrides])
-                    row = time_model(ctx, cfg, args.warmup, iters, Path(tmp))
+                    row = time_model(ctx, cfg, args.warmup, iters, Path(tmp), args.profile)
                     out["rows"].append({"model": model, "arch": cfg.student.arch, "gpus": world, "per_gpu_batch": b,
                                         "global_batch": b * world, **row})
                     if ctx.is_main:
                         print(f"[{world} proc] {model} b={b}: {row['step_ms']:.1f} ms/step, "
                               f"{row['images_per_s']:.0f} images/s", flush=True)
+                        if "profile" in row:
+                            c = row["profile"]["communication"]
+                            print(f"[{world} proc] {model} b={b} kernels per step: compute busy "
+                                  f"{c['compute_busy_ms']:.1f} ms, collectives {c['communication_ms']:.1f} ms "
+                                  f"({c['exposed_ms']:.1f} ms with no compute beside them)", flush=True)
             if args.curve_steps > 0:
                 for b, seed in curve_plan(world, args.gpus, args.curve_batch):
                     cfg = load_config(REPO / MODELS["small"][0],
@@ -288,8 +324,10 @@ def compare(paths: list[Path], out_dir: Path) -> None:
         sys.exit(f"--compare: no such result file: {', '.join(missing)}")
     try:
         summary = compare_phases([json.loads(p.read_text()) for p in paths])
-    except (ValueError, KeyError, json.JSONDecodeError) as e:
+    except (KeyError, TypeError, json.JSONDecodeError) as e:  # JSONDecodeError first: it is a ValueError too
         sys.exit(f"--compare: {e!r} (expected JSON files written by this script)")
+    except ValueError as e:
+        sys.exit(f"--compare: {e}")
     summary["sources"] = [str(p) for p in paths]  # as given on the command line
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"scaling_phases_{gpu_slug(summary['gpu'])}.json"

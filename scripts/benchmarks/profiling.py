@@ -18,6 +18,7 @@ from typing import Dict, Iterable, List, Tuple
 
 # first matching rule wins; patterns are matched against the lower-cased kernel name
 CATEGORIES: Tuple[Tuple[str, str], ...] = (
+    ("communication", r"^nccl"),  # NCCL's collectives (ncclDevKernel_AllReduce_...): before "reduce" below
     ("sparse_gemm", r"sparse_gemm|xmma_sparse|sp_mma|cusparselt"),
     ("prune_pack", r"prune|_pack_kernel"),
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
@@ -60,6 +61,45 @@ def _union_us(intervals: Iterable[Tuple[float, float]]) -> float:
     if cur_e is not None:
         busy += cur_e - cur_s
     return busy
+
+
+def _merged(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    out: List[List[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def _intersection_us(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
+    """Length of the intersection of two merged (sorted, disjoint) interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def communication_overlap(prof, steps: int = 1) -> Dict:
+    """Per step, how the collectives (NCCL kernels) sit against the computation: the time some collective runs
+    (`communication_ms`), the part of it with no compute kernel beside it (`exposed_ms`: what data parallelism adds
+    to the step if the compute kernels ran as fast as alone), and the time some compute kernel runs
+    (`compute_busy_ms`: against one process's, it shows compute slowed by sharing the SMs with the collectives)."""
+    ev = _kernel_events(prof)
+    comm = _merged((s, e) for n, s, e in ev if categorize(n) == "communication")
+    compute = _merged((s, e) for n, s, e in ev if categorize(n) != "communication")
+    comm_us = sum(e - s for s, e in comm)
+    overlapped = _intersection_us(comm, compute)
+    return {"communication_ms": round(comm_us / steps / 1e3, 3),
+            "overlapped_ms": round(overlapped / steps / 1e3, 3),
+            "exposed_ms": round((comm_us - overlapped) / steps / 1e3, 3),
+            "compute_busy_ms": round(sum(e - s for s, e in compute) / steps / 1e3, 3)}
 
 
 def kernel_summary(prof, steps: int = 1, top: int = 12) -> Dict:

@@ -1,8 +1,9 @@
 """Figures and the phase comparison of `scripts/bench_scaling.py`'s JSON results.
 
-One result is one command: one phase (dense unless `sparsity.sparse_fraction` was overridden), 1-2-4 GPUs, loss
-curves. `compare_phases` puts several results of the same GPU, model and batch side by side (the dense and the
-sparse phase), with each phase's step time against the first result's at every GPU count.
+One result is one command: one phase (dense unless `sparsity.sparse_fraction` was overridden; each timing row
+records the phase it ran in), 1-2-4 GPUs, loss curves (which enter the phase of each step, as training does).
+`compare_phases` puts several results of the same GPU, model and batch side by side (the dense and the sparse
+phase), with each phase's step time against the first result's at every GPU count.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ def series_name(model: str) -> str:
     return SERIES_NAMES.get(model, model)
 
 
-def phase_of(overrides: list[str]) -> str:
-    """The training phase a command measured, from its overrides (the last `sparsity.sparse_fraction=` wins, as in
-    the config loader): 'dense phase', '2:4-sparse phase', or the fraction for a schedule that switches."""
+def configured_phase(overrides: list[str]) -> str:
+    """The phase a command's overrides ask for (the last `sparsity.sparse_fraction=` wins, as in the config loader):
+    'dense phase', '2:4-sparse phase', or the fraction of a schedule that switches."""
     values = [o.split("=", 1)[1] for o in overrides if o.startswith("sparsity.sparse_fraction=")]
     fraction = float(values[-1]) if values else 0.0
     if fraction == 0:
@@ -27,6 +28,15 @@ def phase_of(overrides: list[str]) -> str:
     if fraction == 1:
         return "2:4-sparse phase"
     return f"sparse_fraction={fraction:g}"
+
+
+def timed_phase(result: dict) -> str:
+    """The phase the timing rows ran in, as they recorded it. Rows without a record come from before the timed
+    trainer entered its configured phase: they all ran dense, whatever the overrides said."""
+    recorded = {row.get("phase", "dense") for row in result["rows"]}
+    if len(recorded) > 1:
+        return "mixed phases"
+    return {"dense": "dense phase", "sparse": "2:4-sparse phase"}.get(recorded.pop(), "unknown phase")
 
 
 def _pyplot():
@@ -47,7 +57,7 @@ def plot(result: dict, png: Path) -> None:
         print(f"matplotlib missing: no plot (redraw with --plot-only {png.with_suffix('.json')})")
         return
     rows, curves = result["rows"], result["loss_curves"]["runs"]
-    phase = phase_of(result.get("overrides", []))
+    rows_phase, curves_phase = timed_phase(result), configured_phase(result.get("overrides", []))
     fig, axes = plt.subplots(1, 2 if curves else 1, figsize=(12 if curves else 6.4, 4.5), squeeze=False)
     ax = axes[0][0]
     device = "GPU" if result["gpu"] != "cpu" else "CPU rank"
@@ -57,7 +67,7 @@ def plot(result: dict, png: Path) -> None:
     ax.axhline(90, color="gray", ls=":", lw=1, label="90% (target)")
     where = "CPU, gloo" if result["gpu"] == "cpu" else result["gpu"]
     ax.set(xlabel=f"{device}s (data parallel)", ylabel="weak-scaling efficiency (%)",
-           title=f"Weak scaling of the training step, {phase} ({where})\n"
+           title=f"Weak scaling of the training step, {rows_phase} ({where})\n"
                  f"images/s with N {device}s / (N x images/s with one)",
            xticks=sorted({r["gpus"] for r in rows}),
            ylim=(0, max(110, 5 + max(100 * r["efficiency"] for r in rows))))
@@ -69,7 +79,7 @@ def plot(result: dict, png: Path) -> None:
             style = "--" if c["gpus"] == 1 and c["seed"] else "-"
             ax.plot(c["loss"], style, lw=1, label=f"{c['gpus']} x {c['per_gpu_batch']} images (seed {c['seed']})")
         ax.set(xlabel="step", ylabel="training loss (global batch)",
-               title=f"Same global batch split over N ranks, {phase}:\nN x b images vs 1 x N*b images")
+               title=f"Same global batch split over N ranks, {curves_phase}:\nN x b images vs 1 x N*b images")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -91,7 +101,9 @@ def compare_phases(results: list[dict]) -> dict:
     common = set.intersection(*keys)
     if not common:
         raise ValueError("the results share no (model, per-GPU batch, GPU count) row")
-    phases = [phase_of(r.get("overrides", [])) for r in results]
+    phases = [timed_phase(r) for r in results]
+    if len(set(phases)) < len(phases):
+        raise ValueError(f"two results timed the same phase: {phases}")
     first = {(row["model"], row["per_gpu_batch"], row["gpus"]): row for row in results[0]["rows"]}
     out = []
     for phase, result in zip(phases, results):

@@ -8,7 +8,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: scripts.benchmarks
 
-from scripts.benchmarks.profiling import categorize, idle_gaps, kernel_summary, runtime_calls  # noqa: E402
+from scripts.benchmarks.profiling import (  # noqa: E402
+    categorize,
+    communication_overlap,
+    idle_gaps,
+    kernel_summary,
+    runtime_calls,
+)
 
 
 def _event(name, start, end, device="DeviceType.CUDA"):
@@ -133,3 +139,33 @@ def test_a_real_profile_shows_the_synchronisation_and_the_gap_the_host_made():
     longest = idle_gaps(prof, top=1)[0]
     assert 19.0 < longest["gap_ms"] < 200.0, longest
     assert categorize(longest["before_kernel"]) == "dense_gemm", longest
+
+
+def test_collectives_have_their_own_category():
+    assert categorize("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "communication"
+    assert categorize("ncclKernel_AllReduce_RING_LL_Sum_float") == "communication"
+    assert categorize("void at::native::reduce_kernel<512, 1>") == "reduce"
+
+
+def test_communication_overlap_by_hand():
+    """Compute runs 0-100 and 150-300 us; collectives run 80-120 (20 us beside compute, 20 alone), 140-160 (10 alone,
+    10 beside), 280-330 (20 beside, 30 alone); two steps."""
+    prof = _FakeProf([
+        _event("nvjet_gemm", 0.0, 100.0),
+        _event("triton_poi_fused_add_0", 150.0, 300.0),
+        _event("sm90_xmma_sparse_gemm", 200.0, 250.0),  # inside the compute union already
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 80.0, 120.0),
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 140.0, 160.0),
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 280.0, 330.0),
+        _event("cpu_op", 0.0, 5000.0, device="DeviceType.CPU"),
+    ])
+    c = communication_overlap(prof, steps=2)
+    assert c["communication_ms"] == pytest.approx(0.110 / 2)
+    assert c["overlapped_ms"] == pytest.approx(0.050 / 2)
+    assert c["exposed_ms"] == pytest.approx(0.060 / 2)
+    assert c["compute_busy_ms"] == pytest.approx(0.250 / 2)
+
+
+def test_communication_overlap_without_collectives():
+    c = communication_overlap(_FakeProf([_event("nvjet_gemm", 0.0, 100.0)]))
+    assert c == {"communication_ms": 0.0, "overlapped_ms": 0.0, "exposed_ms": 0.0, "compute_busy_ms": 0.1}

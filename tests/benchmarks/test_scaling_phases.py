@@ -6,14 +6,16 @@ import json
 import pytest
 
 from scripts import bench_scaling
-from scripts.benchmarks.scaling_plots import compare_phases, phase_of
+from scripts.benchmarks.scaling_plots import compare_phases, configured_phase, timed_phase
 
 
-def a_result(gpu, overrides, step_ms_by_gpus, model="vitl16", b=64):
+def a_result(gpu, overrides, step_ms_by_gpus, model="vitl16", b=64, phase="from overrides"):
+    if phase == "from overrides":
+        phase = "sparse" if "sparsity.sparse_fraction=1" in overrides else "dense"
     rows = []
     for n, ms in step_ms_by_gpus.items():
         rows.append({"model": model, "per_gpu_batch": b, "gpus": n, "step_ms": ms,
-                     "images_per_s": n * b / (ms / 1e3)})
+                     "images_per_s": n * b / (ms / 1e3), **({"phase": phase} if phase else {})})
     one = next(r["images_per_s"] for r in rows if r["gpus"] == 1)
     for r in rows:
         r["efficiency"] = r["images_per_s"] / (r["gpus"] * one)
@@ -28,8 +30,18 @@ def a_result(gpu, overrides, step_ms_by_gpus, model="vitl16", b=64):
     (["sparsity.sparse_fraction=1.0"], "2:4-sparse phase"),
     (["train.seed=3", "sparsity.sparse_fraction=0.7"], "sparse_fraction=0.7"),
 ])
-def test_phase_of_reads_the_last_sparse_fraction(overrides, phase):
-    assert phase_of(overrides) == phase
+def test_configured_phase_reads_the_last_sparse_fraction(overrides, phase):
+    assert configured_phase(overrides) == phase
+
+
+def test_timed_phase_is_what_the_rows_recorded():
+    assert timed_phase(a_result("NVIDIA H200", ["sparsity.sparse_fraction=1"], {1: 200.0})) == "2:4-sparse phase"
+    # rows written before they recorded their phase ran dense whatever was configured
+    old = a_result("NVIDIA H200", ["sparsity.sparse_fraction=1"], {1: 200.0, 2: 210.0}, phase=None)
+    assert timed_phase(old) == "dense phase"
+    mixed = a_result("NVIDIA H200", [], {1: 200.0, 2: 210.0})
+    mixed["rows"][1]["phase"] = "sparse"
+    assert timed_phase(mixed) == "mixed phases"
 
 
 def test_rows_side_by_side_with_the_first_result_as_baseline():
@@ -52,6 +64,8 @@ def test_rows_side_by_side_with_the_first_result_as_baseline():
      "different GPUs"),
     (lambda: [a_result("NVIDIA H200", [], {1: 200.0}), a_result("NVIDIA H200", [], {1: 90.0}, model="small")],
      "share no"),
+    (lambda: [a_result("NVIDIA H200", [], {1: 200.0}), a_result("NVIDIA H200", [], {1: 201.0})],
+     "same phase"),
 ])
 def test_results_that_cannot_be_compared_are_refused(results, message):
     with pytest.raises(ValueError, match=message):

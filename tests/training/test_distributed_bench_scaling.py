@@ -55,3 +55,22 @@ def test_gpu_names_and_curve_plan():
     assert bench.curve_plan(4, [1, 2, 4], 32) == [(32, 0)]
     with pytest.raises(SystemExit):
         bench.parse_args(["--gpus", "2", "4"])
+
+
+@pytest.mark.parametrize(("fraction", "phase"), [(0, "dense"), (1, "sparse")])
+def test_timed_rows_run_the_phase_they_name(tmp_path, fraction, phase):
+    """A timed row trains in the phase of its config: with sparsity.sparse_fraction=1 the student's MLP linears are
+    2:4 (a new trainer is dense until the phase is entered, as the training loop does at its first step)."""
+    import torch
+
+    from configs import load_config
+    from training.distributed import DistContext
+
+    bench = _bench_module()
+    cfg = load_config(REPO / "configs" / "default.yaml",
+                      [*bench.BENCH_OVERRIDES, *TINY_MODEL, "student.arch=vit_tiny", "train.batch_size_per_gpu=4",
+                       "train.num_workers=0", "train.compile=false", f"sparsity.sparse_fraction={fraction}"])
+    row = bench.time_model(DistContext(0, 1, 0, torch.device("cpu")), cfg, warmup=0, iters=1, workdir=tmp_path)
+    depth = 12  # vit_tiny's blocks, two MLP linears each
+    assert row["phase"] == phase and row["sparse_linears"] == (2 * depth if fraction else 0)
+    assert row["step_ms"] > 0 and "profile" not in row
