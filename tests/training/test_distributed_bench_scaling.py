@@ -38,6 +38,7 @@ def test_cpu_smoke_run_writes_rows_curves_and_plot(tmp_path):
     rows = {r["gpus"]: r for r in data["rows"]}
     assert sorted(rows) == [1, 2] and all(r["per_gpu_batch"] == 4 and r["images_per_s"] > 0 for r in rows.values())
     assert rows[1]["efficiency"] == 1.0
+    assert all(r["phase"] == "dense" and r["sparse_linears"] == 0 for r in rows.values())  # the harness's default
     assert rows[2]["efficiency"] == pytest.approx(rows[2]["images_per_s"] / (2 * rows[1]["images_per_s"]))
     runs = {(c["gpus"], c["per_gpu_batch"], c["seed"]): c for c in data["loss_curves"]["runs"]}
     assert sorted(runs) == [(1, 8, 0), (1, 8, 1), (2, 4, 0)]
