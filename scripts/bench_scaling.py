@@ -3,6 +3,7 @@
     python -m scripts.bench_scaling --gpus 1 2 4                      # writes results/bench/scaling_<gpu>.json/.png
     python -m scripts.bench_scaling --cpu --gpus 1 2 --models small --iters 2 ...   # gloo smoke mode (tests)
     python -m scripts.bench_scaling --compare DENSE.json SPARSE.json --out DIR     # both phases in one figure
+    python -m scripts.bench_scaling --gpus 1 2 --models vitl16 --curve-steps 0 --profile 3   # where DDP's time goes
 
 For each N it starts N processes (torch.multiprocessing), which run the trainer's real step (`Trainer.train_step`:
 student + teacher forward, backward with DDP's bucketed gradient all-reduce, per-module clipping, AdamW, EMA) on a
