@@ -123,11 +123,13 @@ def profile_steps(ctx, trainer, batch, values, steps: int) -> dict:
     if not ctx.is_main:
         for _ in range(steps):
             trainer.train_step(batch, values)
+        trainer.settle_checks()
         _sync(ctx.device)
         return {}
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             trainer.train_step(batch, values)
+        trainer.settle_checks()  # the steps' queued checks resolve inside the window, as in bench_train_step
         _sync(ctx.device)
     summary = kernel_summary(prof, steps=steps, top=8)
     summary["communication"] = communication_overlap(prof, steps=steps)
