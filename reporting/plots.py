@@ -48,7 +48,7 @@ def _groups(rows, key: str, accuracy_key: str = "") -> list[tuple[float, list, l
     is finite; `accuracy_key` names the accuracy behind a Δ (for its Wilson interval; default: `key` itself)."""
     groups: dict[float, tuple[list, list, list]] = {}
     for r in rows:
-        value = getattr(r, key, None)
+        value = getattr(r, key)
         if value is not None and math.isfinite(value):
             values, sizes, accuracies = groups.setdefault(round(_share(r), 6), ([], [], []))
             values.append(value)

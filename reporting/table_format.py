@@ -23,7 +23,7 @@ def _steps(n: Optional[int]) -> str:
 
 def _phase_steps(row) -> str:
     """"3104 → 4656" (sparse, then dense steps); with a dense warm-up "776 dense, then 2328 → 4656"."""
-    warmup = getattr(row, "dense_warmup_steps", 0)
+    warmup = row.dense_warmup_steps
     if not warmup or row.sparse_steps is None:
         return f"{_steps(row.sparse_steps)} → {_steps(row.dense_steps)}"
     return f"{_steps(warmup)} dense, then {_steps(row.sparse_steps - warmup)} → {_steps(row.dense_steps)}"
@@ -69,7 +69,7 @@ SAME_TEACHER_HEADER = "Δ top-1 vs dense with the same teacher momentum (pp)"
 
 def _has_same_teacher(items) -> bool:
     """Whether any row has a dense run with its teacher momentum schedule (configurations.same_teacher_key)."""
-    return any(getattr(item, "delta_top1_same_teacher", None) is not None for item in items)
+    return any(item.delta_top1_same_teacher is not None for item in items)
 
 
 def markdown(rows, means, baselines, notes: list[str]) -> str:

@@ -28,7 +28,8 @@ def _row(fraction, top1, knn, seed=0, n_val=360, dense=(None, None)):
     return SimpleNamespace(run=f"sparse_{fraction}_{seed}", sparse_fraction=fraction, total_steps=100,
                            sparse_steps=int(100 * fraction), top1=top1, knn_top1=knn, seed=seed, n_val=n_val,
                            status="complete", knn_k=20, published_top1=None, delta_top1=delta,
-                           delta_knn_top1=delta_knn, config_label="")
+                           delta_knn_top1=delta_knn, config_label="",
+                           delta_top1_same_teacher=None, delta_knn_top1_same_teacher=None)  # as a TableRow without one
 
 
 def test_seeds_give_half_ranges_single_runs_wilson_and_unknown_sizes_none():

@@ -20,7 +20,8 @@ def _row(fraction, seed, top1, knn, dense_top1, dense_knn, label=""):
     return SimpleNamespace(run=f"r{fraction}_{seed}", sparse_fraction=fraction, total_steps=100,
                            sparse_steps=round(100 * fraction), top1=top1, knn_top1=knn, seed=seed, n_val=None,
                            status="complete", knn_k=20, published_top1=None, delta_top1=top1 - dense_top1,
-                           delta_knn_top1=knn - dense_knn, config_label=label)
+                           delta_knn_top1=knn - dense_knn, config_label=label,
+                           delta_top1_same_teacher=None, delta_knn_top1_same_teacher=None)  # as a TableRow without one
 
 
 @pytest.fixture
