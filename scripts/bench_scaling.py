@@ -116,24 +116,13 @@ def _sync(device) -> None:
 def profile_steps(ctx, trainer, batch, values, steps: int) -> dict:
     """Kernel time of `steps` more steps on rank 0 (every rank steps, so the collectives complete): by category,
     and the collectives against the computation (`communication`: exposed and overlapped ms, compute busy ms)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from scripts.benchmarks.profiling import communication_overlap, kernel_summary
+    from scripts.benchmarks.step_profiles import profiled_steps
 
-    if not ctx.is_main:
-        for _ in range(steps):
-            trainer.train_step(batch, values)
-        trainer.settle_checks()
-        _sync(ctx.device)
+    prof = profiled_steps(trainer, batch, values, steps, record=ctx.is_main)
+    if prof is None:
         return {}
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            trainer.train_step(batch, values)
-        trainer.settle_checks()  # the steps' queued checks resolve inside the window, as in bench_train_step
-        _sync(ctx.device)
-    summary = kernel_summary(prof, steps=steps, top=8)
-    summary["communication"] = communication_overlap(prof, steps=steps)
-    return summary
+    return {**kernel_summary(prof, steps=steps, top=8), "communication": communication_overlap(prof, steps=steps)}
 
 
 def time_model(ctx, cfg, warmup: int, iters: int, workdir: Path, profile: int = 0) -> dict:
@@ -164,7 +153,6 @@ def time_model(ctx, cfg, warmup: int, iters: int, workdir: Path, profile: int = 
     if ctx.device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(ctx.device)
-    step = statistics.median(times)
     median = statistics.median(times)
     row = {**phase, "step_ms": 1e3 * median, "min_ms": 1e3 * min(times), "max_ms": 1e3 * max(times),
            "images_per_s": ctx.world_size * cfg.train.batch_size_per_gpu / median, "peak_gib": peak}

@@ -2,6 +2,7 @@
 waits (the host's CUDA API calls and the longest idle gaps), and where the host's Python time goes (cProfile), each
 over steps of `Trainer.train_step` at mid-training schedule values."""
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -10,17 +11,24 @@ from scripts.benchmarks.profiling import idle_gaps, kernel_summary, runtime_call
 from scripts.benchmarks.timing import MID_TRAINING_STEP
 
 
-def profile_steps(trainer, batch: dict, steps: int) -> dict:
-    """Kernel time by category and GPU idle time per step (CUDA activity only)."""
+def profiled_steps(trainer, batch, values: dict, steps: int, record: bool = True):
+    """`steps` training steps at schedule `values` under torch.profiler's CUDA activity, their queued checks settled
+    inside the window; the profiler, or None with `record=False` (a data-parallel rank that only keeps the
+    collectives going while rank 0 records)."""
     from torch.profiler import ProfilerActivity, profile
 
-    values = trainer.schedules.at(MID_TRAINING_STEP)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA]) if record else contextlib.nullcontext() as prof:
         for _ in range(steps):
             trainer.train_step(batch, values)
         trainer.settle_checks()
         torch.cuda.synchronize()
+    return prof
+
+
+def profile_steps(trainer, batch: dict, steps: int) -> dict:
+    """Kernel time by category and GPU idle time per step (CUDA activity only)."""
+    prof = profiled_steps(trainer, batch, trainer.schedules.at(MID_TRAINING_STEP), steps)
     return kernel_summary(prof, steps=steps, top=30)
 
 

@@ -169,3 +169,16 @@ def test_communication_overlap_by_hand():
 def test_communication_overlap_without_collectives():
     c = communication_overlap(_FakeProf([_event("nvjet_gemm", 0.0, 100.0)]))
     assert c == {"communication_ms": 0.0, "overlapped_ms": 0.0, "exposed_ms": 0.0, "compute_busy_ms": 0.1}
+
+
+def test_a_rank_that_does_not_record_runs_the_same_steps(monkeypatch):
+    """`profiled_steps(record=False)`: a data-parallel rank beside the recording one takes as many steps and settles
+    their checks (else rank 0's collectives would wait for it), and returns no profiler."""
+    from scripts.benchmarks import step_profiles
+
+    calls = []
+    trainer = SimpleNamespace(train_step=lambda batch, values: calls.append(("step", values)),
+                              settle_checks=lambda: calls.append(("settle", None)))
+    monkeypatch.setattr(step_profiles.torch.cuda, "synchronize", lambda: calls.append(("sync", None)))
+    assert step_profiles.profiled_steps(trainer, {}, {"lr": 1.0}, 3, record=False) is None
+    assert calls == [("sync", None), *[("step", {"lr": 1.0})] * 3, ("settle", None), ("sync", None)]
