@@ -88,27 +88,30 @@ def plot(result: dict, png: Path) -> None:
     print(f"wrote {png}")
 
 
+def _row_key(row: dict) -> tuple:
+    return row["model"], row["per_gpu_batch"], row["gpus"]
+
+
 def compare_phases(results: list[dict]) -> dict:
     """Rows of several commands on the same GPU, side by side per (model, per-GPU batch, GPU count); each row's
     `speedup_vs_first` is the first command's step time over its own at the same GPU count. Raises ValueError when
-    the results were not measured on the same GPU or share no row."""
+    the results were not measured on the same GPU, share no row, or two of them timed the same phase."""
     if len(results) < 2:
         raise ValueError("compare needs at least two results (e.g. the dense and the sparse phase)")
     gpus = {r["gpu"] for r in results}
     if len(gpus) > 1:
         raise ValueError(f"results measured on different GPUs: {sorted(gpus)}")
-    keys = [{(row["model"], row["per_gpu_batch"], row["gpus"]) for row in r["rows"]} for r in results]
-    common = set.intersection(*keys)
+    common = set.intersection(*({_row_key(row) for row in r["rows"]} for r in results))
     if not common:
         raise ValueError("the results share no (model, per-GPU batch, GPU count) row")
     phases = [timed_phase(r) for r in results]
     if len(set(phases)) < len(phases):
         raise ValueError(f"two results timed the same phase: {phases}")
-    first = {(row["model"], row["per_gpu_batch"], row["gpus"]): row for row in results[0]["rows"]}
+    first = {_row_key(row): row for row in results[0]["rows"]}
     out = []
     for phase, result in zip(phases, results):
-        for row in sorted(result["rows"], key=lambda x: (x["model"], x["per_gpu_batch"], x["gpus"])):
-            key = (row["model"], row["per_gpu_batch"], row["gpus"])
+        for row in sorted(result["rows"], key=_row_key):
+            key = _row_key(row)
             if key not in common:
                 continue
             out.append({"phase": phase, "model": row["model"], "per_gpu_batch": row["per_gpu_batch"],
