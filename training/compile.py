@@ -21,9 +21,11 @@ and Sinkhorn-Knopp (they all-reduce across ranks).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
+import torch._dynamo
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -67,3 +69,14 @@ def compile_model(model: nn.Module, backend: str = "inductor", mode: str = "defa
     compiled += ["dino_loss (cross-entropy)", "ibot_patch_loss.forward_masked (cross-entropy)"]
     logger.info("torch.compile (backend %s): %s", backend, ", ".join(compiled))
     return compiled
+
+
+def ddp_graph_splits(split: bool) -> contextlib.AbstractContextManager:
+    """The context the DDP-wrapped forward runs in (`train.ddp_split_compiled_graphs`). A graph is compiled when the
+    forward first reaches it, and under DDP's forward dynamo then cuts it at DDP's gradient-bucket boundaries (its
+    DDPOptimizer), so that the all-reduce of a bucket filled halfway through a block's backward can start before
+    the block's backward ends. Our graphs are single blocks and heads, so the cuts buy overlap finer than a block,
+    and every cut also ends the kernel fusions across it. split=False compiles whole graphs: the gradients of a
+    block become ready together when its backward ends, and DDP's hooks start their all-reduces then."""
+    return contextlib.nullcontext() if split else torch._dynamo.config.patch(optimize_ddp=False)
+

@@ -37,7 +37,7 @@ from rundir.status import FAILED, FINISHED, PREEMPTED, RUNNING, last_step
 from rundir.torch_files import save_verified
 from sparsity.converter import DENSE, SPARSE
 
-from .compile import compile_model, compile_wanted
+from .compile import compile_model, compile_wanted, ddp_graph_splits
 from .distributed import (DistContext, all_gather_objects, barrier, check_replicas_identical, data_parallel,
                           mean_over_ranks)
 from .gc_control import StepGc
@@ -268,7 +268,7 @@ class Trainer:
         """The device work of a step (what `step_graph` captures): forward, backward, clipping, AdamW, EMA. With
         `decay_weights` (the graph's tensor schedule), AdamW's weight decay is applied by it before the step."""
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
-        with autocast:
+        with autocast, ddp_graph_splits(self.cfg.train.ddp_split_compiled_graphs):
             loss, terms = self.forward_model(batch, teacher_temp=teacher_temp)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()  # under DDP: gradients averaged over ranks as they become ready
