@@ -2,7 +2,7 @@
 
     python -m scripts.bench_scaling --gpus 1 2 4                      # writes results/bench/scaling_<gpu>.json/.png
     python -m scripts.bench_scaling --cpu --gpus 1 2 --models small --iters 2 ...   # gloo smoke mode (tests)
-    python -m scripts.bench_scaling --compare DENSE.json SPARSE.json --out DIR     # both phases in one figure
+    python -m scripts.bench_scaling --compare DENSE.json SPARSE.json --out DIR     # results side by side
     python -m scripts.bench_scaling --gpus 1 2 --models vitl16 --curve-steps 0 --profile 3   # where DDP's time goes
 
 For each N it starts N processes (torch.multiprocessing), which run the trainer's real step (`Trainer.train_step`:
@@ -323,11 +323,12 @@ def compare(paths: list[Path], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"scaling_phases_{gpu_slug(summary['gpu'])}.json"
     out.write_text(json.dumps(summary, indent=1))
-    print(f"{'phase':18s}{'model':8s}{'b/GPU':>7s}{'GPUs':>6s}{'ms/step':>10s}{'images/s':>10s}{'eff.':>8s}"
-          f"{'vs ' + summary['baseline']:>20s}")
+    w = 2 + max(len(label) for label in summary["phases"])  # a label: the phase and the settings that differ
+    print(f"{'phase':{w}s}{'model':8s}{'b/GPU':>7s}{'GPUs':>6s}{'ms/step':>10s}{'images/s':>10s}{'eff.':>8s}"
+          f"   vs {summary['baseline']}")
     for r in summary["rows"]:
-        print(f"{r['phase']:18s}{r['model']:8s}{r['per_gpu_batch']:7d}{r['gpus']:6d}{r['step_ms']:10.1f}"
-              f"{r['images_per_s']:10.0f}{100 * r['efficiency']:7.1f}%{r['speedup_vs_first']:19.3f}x")
+        print(f"{r['phase']:{w}s}{r['model']:8s}{r['per_gpu_batch']:7d}{r['gpus']:6d}{r['step_ms']:10.1f}"
+              f"{r['images_per_s']:10.0f}{100 * r['efficiency']:7.1f}%{r['speedup_vs_first']:8.3f}x")
     print(f"wrote {out}")
     plot_phases(summary, out.with_suffix(".png"))
 

@@ -3,7 +3,7 @@
 One result is one command: one phase (dense unless `sparsity.sparse_fraction` was overridden; each timing row
 records the phase it ran in), 1-2-4 GPUs, loss curves (which enter the phase of each step, as training does).
 `compare_phases` puts several results of the same GPU, model and batch side by side (the dense and the sparse
-phase), with each phase's step time against the first result's at every GPU count.
+phase, or one phase under two settings), with each one's step time against the first result's at every GPU count.
 """
 
 from __future__ import annotations
@@ -37,6 +37,18 @@ def timed_phase(result: dict) -> str:
     if len(recorded) > 1:
         return "mixed phases"
     return {"dense": "dense phase", "sparse": "2:4-sparse phase"}.get(recorded.pop(), "unknown phase")
+
+
+def result_labels(results: list[dict]) -> list[str]:
+    """Each result's phase as its rows recorded it, followed by the overrides of its command that differ between the
+    results (a phase compared with itself under another setting: `train.ddp_split_compiled_graphs=false`)."""
+    settings = []
+    for result in results:
+        pairs = (o.split("=", 1) for o in result.get("overrides", []) if "=" in o)
+        settings.append({k: v for k, v in pairs if k != "sparsity.sparse_fraction"})  # the last value wins
+    varying = sorted(k for k in set().union(*settings) if len({s.get(k) for s in settings}) > 1)
+    return [", ".join([timed_phase(r)] + [f"{k}={s[k]}" for k in varying if k in s])
+            for r, s in zip(results, settings)]
 
 
 def _pyplot():
@@ -94,8 +106,10 @@ def _row_key(row: dict) -> tuple:
 
 def compare_phases(results: list[dict]) -> dict:
     """Rows of several commands on the same GPU, side by side per (model, per-GPU batch, GPU count); each row's
-    `speedup_vs_first` is the first command's step time over its own at the same GPU count. Raises ValueError when
-    the results were not measured on the same GPU, share no row, or two of them timed the same phase."""
+    `speedup_vs_first` is the first command's step time over its own at the same GPU count. Each result is labelled
+    by its phase and the settings that differ between the commands (`result_labels`). Raises ValueError when the
+    results were not measured on the same GPU, share no row, or two of them timed the same phase with the same
+    settings."""
     if len(results) < 2:
         raise ValueError("compare needs at least two results (e.g. the dense and the sparse phase)")
     gpus = {r["gpu"] for r in results}
@@ -104,9 +118,9 @@ def compare_phases(results: list[dict]) -> dict:
     common = set.intersection(*({_row_key(row) for row in r["rows"]} for r in results))
     if not common:
         raise ValueError("the results share no (model, per-GPU batch, GPU count) row")
-    phases = [timed_phase(r) for r in results]
+    phases = result_labels(results)
     if len(set(phases)) < len(phases):
-        raise ValueError(f"two results timed the same phase: {phases}")
+        raise ValueError(f"two results timed the same phase with the same settings: {phases}")
     first = {_row_key(row): row for row in results[0]["rows"]}
     out = []
     for phase, result in zip(phases, results):
@@ -140,10 +154,10 @@ def plot_phases(summary: dict, png: Path) -> None:
         ax_eff.plot(n, [100 * p[2] for p in pts], "os"[i % 2] + "-", color=line.get_color(), label=label)
     counts = sorted({r["gpus"] for r in summary["rows"]})
     ax_rate.set(xlabel="GPUs (data parallel)", ylabel="images/s", xticks=counts,
-                title=f"Training throughput per phase ({summary['gpu']})\ndotted: N x the phase's one-GPU rate")
+                title=f"Training throughput ({summary['gpu']})\ndotted: N x the series' one-GPU rate")
     ax_eff.axhline(90, color="gray", ls=":", lw=1, label="90%")
     ax_eff.set(xlabel="GPUs (data parallel)", ylabel="weak-scaling efficiency (%)", xticks=counts, ylim=(0, 110),
-               title="Weak-scaling efficiency per phase\nimages/s(N) / (N x images/s(1))")
+               title="Weak-scaling efficiency\nimages/s(N) / (N x images/s(1))")
     for ax in (ax_rate, ax_eff):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from scripts import bench_scaling
-from scripts.benchmarks.scaling_plots import compare_phases, configured_phase, timed_phase
+from scripts.benchmarks.scaling_plots import compare_phases, configured_phase, result_labels, timed_phase
 
 
 def a_result(gpu, overrides, step_ms_by_gpus, model="vitl16", b=64, phase="from overrides"):
@@ -58,6 +58,20 @@ def test_rows_side_by_side_with_the_first_result_as_baseline():
     assert rows[("2:4-sparse phase", 2)]["efficiency"] == pytest.approx((128 / 0.2) / (2 * 64 / 0.19))
 
 
+def test_a_phase_against_itself_under_another_setting_is_labelled_by_that_setting():
+    whole = "train.ddp_split_compiled_graphs=false"
+    cut = a_result("NVIDIA H200", ["train.seed=0"], {1: 204.0, 2: 220.0})
+    uncut = a_result("NVIDIA H200", ["train.seed=0", whole], {1: 204.0, 2: 210.0})
+    sparse = a_result("NVIDIA H200", ["train.seed=0", whole, "sparsity.sparse_fraction=1"], {1: 202.0, 2: 208.0})
+    assert result_labels([cut, uncut, sparse]) == ["dense phase", f"dense phase, {whole}",
+                                                   f"2:4-sparse phase, {whole}"]
+    assert result_labels([cut, sparse]) == ["dense phase", f"2:4-sparse phase, {whole}"]
+    summary = compare_phases([cut, uncut])
+    assert summary["phases"] == ["dense phase", f"dense phase, {whole}"]
+    two = {r["phase"]: r for r in summary["rows"] if r["gpus"] == 2}
+    assert two[f"dense phase, {whole}"]["speedup_vs_first"] == pytest.approx(220 / 210)
+
+
 @pytest.mark.parametrize(("results", "message"), [
     (lambda: [a_result("NVIDIA H200", [], {1: 200.0})], "at least two"),
     (lambda: [a_result("NVIDIA H200", [], {1: 200.0}), a_result("NVIDIA H100 80GB HBM3", [], {1: 230.0})],
@@ -65,7 +79,10 @@ def test_rows_side_by_side_with_the_first_result_as_baseline():
     (lambda: [a_result("NVIDIA H200", [], {1: 200.0}), a_result("NVIDIA H200", [], {1: 90.0}, model="small")],
      "share no"),
     (lambda: [a_result("NVIDIA H200", [], {1: 200.0}), a_result("NVIDIA H200", [], {1: 201.0})],
-     "same phase"),
+     "same phase with the same settings"),
+    (lambda: [a_result("NVIDIA H200", ["train.seed=1"], {1: 200.0}),
+              a_result("NVIDIA H200", ["train.seed=2", "train.seed=1"], {1: 201.0})],  # the last value wins
+     "same phase with the same settings"),
 ])
 def test_results_that_cannot_be_compared_are_refused(results, message):
     with pytest.raises(ValueError, match=message):
