@@ -108,9 +108,9 @@ def test_the_key_is_a_boolean_and_resumable():
 def test_the_trainer_runs_its_forward_under_the_key(tmp_path, split):
     """The key reaches the trainer's forward, where graphs are compiled (the backward's with them)."""
     import torch._dynamo
+    from train_runs import TINY
 
     from scripts.benchmarks.batch import synthetic_batch
-    from train_runs import TINY
     from training.distributed import DistContext
     from training.trainer import Trainer
 
