@@ -220,9 +220,10 @@ class TrainConfig:
     # max-autotune-no-cudagraphs times inductor's GEMM templates, whose epilogues can take the bias and GELU, against
     # cuBLAS for every block's GEMMs (minutes of compiling per phase)
     compile_mode: str = value("default", choices=COMPILE_MODES)
-    # under DDP, dynamo cuts every compiled graph (a block, a head) at DDP's 25 MB gradient-bucket boundaries, so that
-    # a bucket's all-reduce can start inside the graph's backward; each cut also cuts the kernel fusions across it
-    # (training/compile.py). false: one graph per block and head, all-reduces start between graphs
+    # under DDP, dynamo cuts a compiled graph whose gradients span several of DDP's 25 MB buckets (a ViT-L block's
+    # are 50 MB) at the bucket boundaries, so that a bucket's all-reduce can start inside the graph's backward; each
+    # cut also ends the kernel fusions across it (training/compile.py). false: whole graphs, all-reduces start
+    # between them
     ddp_split_compiled_graphs: bool = True
     # steps between collections of Python's young generations, automatic collection off in the training loop (a full
     # collection mid-step stalls the host: training/gc_control.py); 0 = Python's automatic collection

@@ -25,7 +25,6 @@ import contextlib
 import logging
 
 import torch
-import torch._dynamo
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -77,6 +76,12 @@ def ddp_graph_splits(split: bool) -> contextlib.AbstractContextManager:
     DDPOptimizer), so that the all-reduce of a bucket filled halfway through a block's backward can start before
     the block's backward ends. Our graphs are single blocks and heads, so the cuts buy overlap finer than a block,
     and every cut also ends the kernel fusions across it. split=False compiles whole graphs: the gradients of a
-    block become ready together when its backward ends, and DDP's hooks start their all-reduces then."""
-    return contextlib.nullcontext() if split else torch._dynamo.config.patch(optimize_ddp=False)
+    block become ready together when its backward ends, and DDP's hooks start their all-reduces then. The setting is
+    read when a graph is compiled and is not one of the guards of dynamo's cache: a process keeps the graphs it
+    compiled first, so this context must be the same for every step of a process."""
+    if split:
+        return contextlib.nullcontext()
+    import torch._dynamo  # loaded by torch.compile anyway; not at import time
+
+    return torch._dynamo.config.patch(optimize_ddp=False)
 
