@@ -81,6 +81,10 @@ class Trainer:
         self.compiled = (compile_model(self.model, cfg.train.compile_backend, cfg.train.compile_mode)
                          if compile_wanted(cfg.train.compile, self.device) else [])
         self.forward_model = data_parallel(self.model, ctx)
+        if self.compiled and ctx.is_distributed and ctx.is_main:
+            logger.info("DDP: compiled graphs %s (train.ddp_split_compiled_graphs=%s)",
+                        "cut at the gradient buckets" if cfg.train.ddp_split_compiled_graphs else "whole",
+                        str(cfg.train.ddp_split_compiled_graphs).lower())
         torch.manual_seed(cfg.train.seed + ctx.rank)  # drop-path draws differ per rank
         self.global_batch = cfg.train.batch_size_per_gpu * ctx.world_size
 

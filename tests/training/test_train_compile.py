@@ -118,7 +118,9 @@ def test_compiled_two_processes_equal_compiled_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     run_train(one, *SAME_GLOBAL_BATCH, *COMPILED, "train.batch_size_per_gpu=16")
     torchrun(two, *SAME_GLOBAL_BATCH, *COMPILED)
-    assert "torch.compile (backend aot_eager)" in (two / "log.txt").read_text()
+    log = (two / "log.txt").read_text()
+    assert "torch.compile (backend aot_eager)" in log
+    assert "DDP: compiled graphs cut at the gradient buckets (train.ddp_split_compiled_graphs=true)" in log
     assert_same_run(two, one)
 
 
