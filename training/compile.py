@@ -84,4 +84,3 @@ def ddp_graph_splits(split: bool) -> contextlib.AbstractContextManager:
     import torch._dynamo  # loaded by torch.compile anyway; not at import time
 
     return torch._dynamo.config.patch(optimize_ddp=False)
-

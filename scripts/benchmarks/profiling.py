@@ -49,21 +49,8 @@ def _kernel_events(prof) -> List[Tuple[str, float, float]]:
     return out
 
 
-def _union_us(intervals: Iterable[Tuple[float, float]]) -> float:
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
-    return busy
-
-
 def _merged(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    """The intervals sorted, overlapping ones joined: disjoint intervals covering the same time."""
     out: List[List[float]] = []
     for s, e in sorted(intervals):
         if out and s <= out[-1][1]:
@@ -71,6 +58,10 @@ def _merged(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float
         else:
             out.append([s, e])
     return [(s, e) for s, e in out]
+
+
+def _union_us(intervals: Iterable[Tuple[float, float]]) -> float:
+    return sum(e - s for s, e in _merged(intervals))
 
 
 def _intersection_us(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
@@ -91,9 +82,9 @@ def communication_overlap(prof, steps: int = 1) -> Dict:
     (`communication_ms`), the part of it with no compute kernel beside it (`exposed_ms`: what data parallelism adds
     to the step if the compute kernels ran as fast as alone), and the time some compute kernel runs
     (`compute_busy_ms`: against one process's, it shows compute slowed by sharing the SMs with the collectives)."""
-    ev = _kernel_events(prof)
-    comm = _merged((s, e) for n, s, e in ev if categorize(n) == "communication")
-    compute = _merged((s, e) for n, s, e in ev if categorize(n) != "communication")
+    ev = [(categorize(n) == "communication", s, e) for n, s, e in _kernel_events(prof)]
+    comm = _merged((s, e) for is_comm, s, e in ev if is_comm)
+    compute = _merged((s, e) for is_comm, s, e in ev if not is_comm)
     comm_us = sum(e - s for s, e in comm)
     overlapped = _intersection_us(comm, compute)
     return {"communication_ms": round(comm_us / steps / 1e3, 3),
