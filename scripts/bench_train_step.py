@@ -3,7 +3,9 @@
     python -m scripts.bench_train_step --config configs/vitl16_imagenet.yaml --out results/bench/train_step.json
 
 Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-dense` (the baseline of every ratio),
-`compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`. `--compile-modes default
+`compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`, and `compiled-cusparselt+teacher`
+/ `compiled-auto+teacher`: the sparse phase with the teacher's MLPs 2:4 too (`sparsity.teacher=sparse`; the per-step
+prune + pack of the EMA weights is in the step). `--compile-modes default
 reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...), `step-graph`
 with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three
 steps per row run eagerly, the fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs at its
@@ -23,6 +25,11 @@ over fp32 master weights, exactly `Trainer.train_step`. Eager rows run the same 
 warm-up). `--profile N` adds, per row, the kernel time by category over N steps, and for sparse rows the part of the
 step 2:4 replaces: dense GEMM time removed (the dense row's minus the sparse row's) against the sparse GEMM and
 prune/pack time added, i.e. the in-place speed-up of the GEMMs 2:4 accelerates and their share of the dense step.
+`--ledger N` profiles N steps per row with host activity and files every kernel under what it computes (student MLP
+forward / input gradient / weight gradient, teacher MLP forward, attention, other linears, heads and losses, norms and
+elementwise, optimizer and EMA; `scripts/benchmarks/ledger.py`); the dense row's ledger projects the sparse phase's
+step ratio for each set of GEMMs 2:4 could cover. Every row has its MFU (`mfu`: nominal and executed FLOPs per second
+over the bf16 GEMM rate measured on the same GPU in the same run; `scripts/benchmarks/flops.py`).
 """
 
 import argparse
@@ -41,17 +48,22 @@ from configs.command_line import parse_command_line
 from configs.schema import COMPILE_MODES
 from scripts.benchmarks import bad_algs
 from scripts.benchmarks.batch import synthetic_batch
+from scripts.benchmarks.flops import gemm_rate_tflops, mfu, step_flops
 from scripts.benchmarks.gpu_state import gpu_state
+from scripts.benchmarks.ledger import COVERAGE, profile_ledger, projections
+from scripts.benchmarks.ledger import in_place as ledger_in_place
 from scripts.benchmarks.step_profiles import host_profile, profile_steps, stall_profile
 from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps
 from training.distributed import DistContext
 from training.gc_control import StepGc
+from sparsity.pruning import is_transposable
 from training.trainer import Trainer
 
 # `step-graph`: compile_mode=default with train.cuda_graph=true, the whole step replayed as one CUDA graph
 BENCH_MODES = (*COMPILE_MODES, "step-graph")
 MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "autotune-", "step-graph": "stepgraph-"}
-ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto")
+ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto",
+        "compiled-cusparselt+teacher", "compiled-auto+teacher")
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs", "automatic-gc")
 
 
@@ -112,10 +124,26 @@ class _Ablation:
             undo()
 
 
+def parse_row(row: str) -> tuple[str, str, bool]:
+    """(mode, backend, whether the row's teacher runs 2:4 whatever the config says) of a row name."""
+    spec, _, extra = row.partition("+")
+    mode, backend = spec.split("-", 1)
+    return mode, backend, extra == "teacher"
+
+
+def teacher_sparse(trainer: Trainer, row: str) -> bool:
+    """Whether the row's sparse phase runs the teacher's MLPs 2:4 (`+teacher`, or `sparsity.teacher=sparse`)."""
+    _, backend, plus_teacher = parse_row(row)
+    return backend != "dense" and (plus_teacher or trainer.cfg.sparsity.teacher == "sparse")
+
+
 def set_row(trainer: Trainer, row: str) -> tuple[str, str]:
-    """Put the student in the row's phase and backend; returns (mode, backend)."""
-    mode, backend = row.split("-", 1)
+    """Put the student (and with `+teacher` the teacher) in the row's phase and backend; returns (mode, backend)."""
+    mode, backend, _ = parse_row(row)
+    student, teacher = trainer.model.student.backbone, trainer.model.teacher.backbone
+    trainer.sparse_targets = [student, teacher]  # whatever the previous row made sparse goes dense
     trainer.enter_phase("dense")
+    trainer.sparse_targets = [student, teacher] if teacher_sparse(trainer, row) else [student]
     if backend != "dense":
         trainer.sparsity.backend = backend  # the converter's next convert() uses it
         trainer.enter_phase("sparse")
@@ -197,6 +225,9 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None, extras=True)
         extras = extras and label is None
         if args.profile and extras:
             out["profile"] = profile_steps(trainer, batch, args.profile)
+        if args.ledger and extras:
+            out["ledger"] = profile_ledger(trainer, batch, trainer.schedules.at(MID_TRAINING_STEP), args.ledger,
+                                           mlp_dims(trainer))
         if args.host_profile and extras:
             out["host_profile"] = host_profile(trainer, batch, args.host_profile)
         if args.stall_profile and extras:
@@ -214,6 +245,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", type=int, default=2, help="steps per row profiled for the kernel breakdown (0: off)")
+    ap.add_argument("--ledger", type=int, default=0,
+                    help="steps per row profiled with host activity for the ledger: kernel time by what it computes, "
+                         "and the dense row's projections for each set of GEMMs 2:4 could cover (0: off)")
     ap.add_argument("--host-profile", type=int, default=0, help="steps per row under cProfile (0: off)")
     ap.add_argument("--stall-profile", type=int, default=0,
                     help="steps per row profiled with host activity: CUDA API calls and the GPU's longest idle gaps")
@@ -239,7 +273,7 @@ def main() -> None:
         ap.error("--compile-modes step-graph needs --warmup 4 or more (3 eager steps, then the capture)")
     bad_algs.apply(args.bad_algs)
     device = torch.device("cuda")
-    rows, compiled, heated = [], {}, {}
+    rows, compiled, heated, step_flop_counts = [], {}, {}, None
     for mode in args.compile_modes:
         step_graph = mode == "step-graph"
         cfg = load_config(args.config, ["data.dataset=digits", "train.compile=true",
@@ -260,6 +294,7 @@ def main() -> None:
 
             def timed(row, label=None, extras=True):
                 out = run(row, label=label, extras=extras)
+                out["spec"] = row  # the row as set_row reads it (a label may say more)
                 rounds.setdefault(out["row"], []).append(out)
 
             for turn in range(args.rounds):
@@ -274,21 +309,55 @@ def main() -> None:
                             timed(row, label="compiled-dense (again)")
         rows += [merge_rounds(outs) for outs in rounds.values()]
         set_row(trainer, "eager-dense")
+        if step_flop_counts is None and not step_graph:  # the same in every mode: one eager dense step, counted
+            step_flop_counts = step_flops(trainer, batch, trainer.schedules.at(MID_TRAINING_STEP))
+        sparse_gemms = 2 if is_transposable(cfg.sparsity.pruning) else 1
+        for r in rows[-len(rounds):]:
+            r["sparse"] = {"student_gemms_2to4": 0 if parse_row(r["spec"])[1] == "dense" else sparse_gemms,
+                           "teacher": teacher_sparse(trainer, r["spec"])}
         del trainer
         torch.cuda.empty_cache()
     base = next((r for r in rows if r["row"] == "compiled-dense"), rows[0])
+    rate = gemm_rate_tflops(device)  # after the rows: the GPU as warm as they left it
     for r in rows:
         r["vs_compiled_dense"] = round(base["ms"] / r["ms"], 4)
-        if "profile" in r and "profile" in base and r["row"].endswith(("cusparselt", "auto")):
+        r["mfu"] = (mfu(step_flop_counts, r["ms"], rate, r["sparse"]["student_gemms_2to4"], r["sparse"]["teacher"])
+                    if step_flop_counts else None)
+        if "profile" in r and "profile" in base and r["sparse"]["student_gemms_2to4"]:
             dense = next(d for d in rows if d["row"] == r["row"].split("-")[0] + "-dense")
             r["gemms_2to4"] = in_place(dense, r)
+    finish_ledgers(rows)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": args.config,
               "cusparselt_library": _cusparselt_library(),
-              "overrides": args.overrides, "images_per_step": cfg.train.batch_size_per_gpu, "rows": rows,
+              "overrides": args.overrides, "images_per_step": cfg.train.batch_size_per_gpu,
+              "step_flops": step_flop_counts, "gemm_rate_tflops": round(rate, 1), "rows": rows,
               "compiled": compiled, "heated": heated, "sparse_decisions": sparse_decisions()}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print_table(result)
+
+
+def mlp_dims(trainer: Trainer) -> tuple[int, int]:
+    """(embed, hidden) of the student's MLP linears: the shapes the ledger knows MLP GEMMs by."""
+    fc1 = trainer.model.student.backbone.blocks[0].mlp.fc1
+    return fc1.in_features, fc1.out_features
+
+
+def finish_ledgers(rows: list[dict]) -> None:
+    """The rows' ledgers against their merged step times (idle = step - busy); the dense rows' projections for each
+    coverage set; each sparse row's in-place speed-up on the GEMMs it covers, against its mode's dense row."""
+    for r in rows:
+        if "ledger" not in r:
+            continue
+        led = r["ledger"]
+        led["step_ms"], led["idle_ms"] = round(r["ms"], 3), round(r["ms"] - led["busy_ms"], 3)
+        if not r["sparse"]["student_gemms_2to4"]:
+            led["projections"] = projections(led)
+            continue
+        dense = next((d for d in rows if d["row"] == r["row"].split("-")[0] + "-dense" and "ledger" in d), None)
+        if dense is not None:
+            covered = COVERAGE[1][1] if r["sparse"]["teacher"] else COVERAGE[0][1]
+            led["in_place"] = ledger_in_place(dense["ledger"], led, covered)
 
 
 def _cusparselt_library() -> dict:
@@ -331,6 +400,12 @@ def print_table(result: dict) -> None:
                   f"{p['by_category_ms']}")
         if "gemms_2to4" in r:
             print(f"  2:4 GEMMs in place: {r['gemms_2to4']}")
+        m = r["mfu"]
+        if m:
+            print(f"  {r['row']}: MFU {m['nominal_mfu']:.3f} nominal ({m['nominal_tflop']} TFLOP), "
+                  f"{m['executed_mfu']:.3f} executed ({m['executed_tflop']} TFLOP) of {m['gemm_rate_tflops']} TFLOP/s")
+        if "ledger" in r:
+            print_ledger(r)
         if "stalls" in r:
             st = r["stalls"]
             calls = ", ".join(f"{c['name']} {c['calls']:g}x {c['ms']} ms" for c in st["runtime_calls"][:6])
@@ -338,6 +413,18 @@ def print_table(result: dict) -> None:
             for g in st["idle_gaps"][:5]:
                 print(f"    gap {g['gap_ms']} ms at {g['at_ms']} ms before {g['before_kernel'][:40]}: "
                       f"{g['runtime_calls'][:3]} {g['host_events'][:3]}")
+
+
+
+def print_ledger(r: dict) -> None:
+    led = r["ledger"]
+    classes = ", ".join(f"{c} {ms:.1f}" for c, ms in sorted(led["ms"].items(), key=lambda kv: -kv[1]) if ms)
+    print(f"  ledger (ms/step): {classes}; busy {led['busy_ms']}, idle {led['idle_ms']}")
+    for p in led.get("projections", []):
+        ratios = ", ".join(f"{s} -> {v:.3f}x" for s, v in p["step_ratio"].items())
+        print(f"    {p['coverage']:18s} {p['covered_ms'] + p['removed_ms']:6.1f} ms ({p['share_of_step']:.1%}): {ratios}")
+    if "in_place" in led:
+        print(f"    in place: {led['in_place']}")
 
 
 if __name__ == "__main__":

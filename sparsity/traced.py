@@ -130,9 +130,12 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool):
     if rows_pad != out_f:
         wd = F.pad(wd, (0, 0, 0, rows_pad - out_f))
     transposable = is_transposable(pruning)
+    # W^T is packed only where an input gradient can be asked for: the EMA teacher (no grad) packs W alone. Both are
+    # trace-time facts, guarded by dynamo like every grad-mode and requires_grad it reads.
+    needs_dx = torch.is_grad_enabled() and x2.requires_grad
     ref = None
     if pruning == "tile_greedy" and not library:
-        fwd, dgrad, bits = torch.ops.sparsity.cslt_prune_pack(wd, None, True)
+        fwd, dgrad, bits = torch.ops.sparsity.cslt_prune_pack(wd, None, needs_dx)
         mask = None
         if masked_grad:
             # Triton (an optional dependency on CPU) is imported by the kernel modules, on first use
@@ -141,7 +144,7 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool):
             mask = tile_bits_to_mask(bits)[:out_f]
     else:
         values, mask = torch.ops.sparsity.prune(wd, pruning, True)
-        fwd, dgrad, _ = torch.ops.sparsity.cslt_prune_pack(values, mask, transposable, library)
+        fwd, dgrad, _ = torch.ops.sparsity.cslt_prune_pack(values, mask, transposable and needs_dx, library)
         mask = mask[:out_f]
         if not transposable:
             dgrad = values[:out_f]

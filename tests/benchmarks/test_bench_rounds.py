@@ -1,5 +1,6 @@
 """The step benchmark's `--rounds`: rows take turns, and each row's rounds merge into one row (CPU, timing faked)."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -32,15 +33,16 @@ def test_rounds_merge_into_one_row_by_hand():
     assert B.merge_rounds([single]) is single  # one round: the row as it ran
 
 
-def test_rows_take_turns_and_profile_once(monkeypatch):
+def test_rows_take_turns_and_profile_once(monkeypatch, tmp_path):
     ran = []
 
     def fake_run_row(trainer, batch, row, args, step_gc, label=None, extras=True):
         ran.append((label or row, extras))
-        return a_round([float(len(ran))], 0.0, 0, 1900.0, profile=extras)
+        return dict(a_round([float(len(ran))], 0.0, 0, 1900.0), row=label or row)
 
     class FakeTrainer:
         compiled, cfg = [], SimpleNamespace(train=SimpleNamespace(gc_period=0, batch_size_per_gpu=1))
+        schedules = SimpleNamespace(at=lambda step: {})
 
         def __init__(self, cfg, *a):
             self.cfg, self.model = cfg, SimpleNamespace(train=lambda: None)
@@ -55,9 +57,19 @@ def test_rows_take_turns_and_profile_once(monkeypatch):
     monkeypatch.setattr(B, "sparse_decisions", lambda: {})
     monkeypatch.setattr(B, "_cusparselt_library", lambda: {})
     monkeypatch.setattr(B, "print_table", lambda result: None)
+    monkeypatch.setattr(B, "step_flops", lambda trainer, batch, values: {"total": 10**12, "student_mlp": 3 * 10**11,
+                                                                        "teacher_mlp": 10**11})
+    monkeypatch.setattr(B, "gemm_rate_tflops", lambda device: 100.0)
     monkeypatch.setattr("sys.argv", ["bench", "--rows", "compiled-dense", "compiled-cusparselt", "--rounds", "3",
-                                     "--iters", "1"])
+                                     "--iters", "1", "--out", str(tmp_path / "out.json")])
     B.main()
+    out = json.loads((tmp_path / "out.json").read_text())
+    # every row's MFU: 1 TFLOP in 5 or 6 ms (the fake rounds' medians) of 100 TFLOP/s; the sparse row's student MLP
+    # runs two of its three GEMMs 2:4, at half their FLOPs: 0.1 TFLOP fewer executed
+    assert [r["row"] for r in out["rows"]] == ["compiled-dense", "compiled-cusparselt"]
+    assert [r["mfu"]["nominal_mfu"] for r in out["rows"]] == [round(1e12 / 3e-3 / 100e12, 4),
+                                                              round(1e12 / 4e-3 / 100e12, 4)]
+    assert [r["mfu"]["executed_tflop"] for r in out["rows"]] == [1.0, 0.9]
     assert ran == [("compiled-dense", False), ("compiled-cusparselt", False)] * 2 + [
         ("compiled-dense", True), ("compiled-cusparselt", True)]
 
@@ -101,3 +113,52 @@ def test_rows_of_a_mode_are_named_after_it_and_eager_rows_run_in_the_default_mod
     assert B.mode_rows(rows, "default") == rows
     assert B.mode_rows(rows, "step-graph") == ["stepgraph-dense", "stepgraph-cusparselt"]
     assert B.mode_rows(rows, "reduce-overhead") == ["graphs-dense", "graphs-cusparselt"]
+
+
+def test_row_names_say_mode_backend_and_teacher():
+    cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense"))
+    trainer = SimpleNamespace(cfg=cfg)
+    assert B.parse_row("compiled-auto+teacher") == ("compiled", "auto", True)
+    assert B.parse_row("eager-dense") == ("eager", "dense", False)
+    assert B.teacher_sparse(trainer, "compiled-auto+teacher") and not B.teacher_sparse(trainer, "compiled-auto")
+    assert not B.teacher_sparse(trainer, "compiled-dense")  # a dense row has no sparse teacher
+    cfg.sparsity.teacher = "sparse"  # the config's own setting makes every sparse row's teacher 2:4
+    assert B.teacher_sparse(trainer, "compiled-auto") and not B.teacher_sparse(trainer, "compiled-dense")
+
+
+def test_set_row_makes_the_teacher_sparse_only_in_its_rows():
+    class FakeTrainer:
+        def __init__(self):
+            self.model = SimpleNamespace(student=SimpleNamespace(backbone="S"), teacher=SimpleNamespace(backbone="T"))
+            self.cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense"))
+            self.sparsity = SimpleNamespace(backend="auto")
+            self.sparse = set()
+
+        def enter_phase(self, phase):
+            self.sparse = set(self.sparse_targets) if phase == "sparse" else self.sparse - set(self.sparse_targets)
+
+    t = FakeTrainer()
+    B.set_row(t, "compiled-cusparselt+teacher")
+    assert t.sparse == {"S", "T"} and t.sparsity.backend == "cusparselt"
+    B.set_row(t, "compiled-auto")  # the teacher the last row made sparse goes dense
+    assert t.sparse == {"S"}
+    B.set_row(t, "compiled-dense")
+    assert t.sparse == set()
+
+
+def test_finish_ledgers_idle_projections_and_in_place():
+    from scripts.benchmarks.ledger import CLASSES
+
+    def led(**ms):
+        return {"ms": dict(dict.fromkeys(CLASSES, 0.0), **ms), "busy_ms": 150.0}
+
+    rows = [{"row": "compiled-dense", "ms": 200.0, "sparse": {"student_gemms_2to4": 0, "teacher": False},
+             "ledger": led(student_mlp_forward=20.0, student_mlp_input_grad=20.0, teacher_mlp_forward=10.0)},
+            {"row": "compiled-auto+teacher", "ms": 190.0, "sparse": {"student_gemms_2to4": 2, "teacher": True},
+             "ledger": led(student_mlp_forward=15.0, student_mlp_input_grad=15.0, teacher_mlp_forward=7.0,
+                           student_prune_pack=2.0, teacher_prune_pack=1.0)}]
+    B.finish_ledgers(rows)
+    dense, sparse = rows[0]["ledger"], rows[1]["ledger"]
+    assert dense["idle_ms"] == 50.0 and sparse["idle_ms"] == 40.0
+    assert dense["projections"][0]["coverage"] == "today" and "projections" not in sparse
+    assert sparse["in_place"]["dense_ms"] == 50.0 and sparse["in_place"]["sparse_ms"] == 40.0

@@ -77,7 +77,7 @@ def test_a_row_steps_the_collector_as_training_does_and_records_what_ran(monkeyp
     monkeypatch.setattr(B.torch.cuda, "max_memory_allocated", lambda: 0)
     step_gc = StepGc(2)
     monkeypatch.setattr(step_gc, "step", lambda step: seen.append(step))
-    args = SimpleNamespace(warmup=2, iters=3, profile=0, host_profile=0, stall_profile=0)
+    args = SimpleNamespace(warmup=2, iters=3, profile=0, ledger=0, host_profile=0, stall_profile=0)
     gc.disable()
     out = B.run_row(trainer, None, "compiled-dense", args, step_gc)
     assert seen == [1, 2, 3, 4, 5]

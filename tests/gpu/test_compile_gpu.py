@@ -49,6 +49,28 @@ def test_compiled_sparse_linear_equals_eager(backend, pruning, masked_grad, toke
         assert torch.equal(g, a), name
 
 
+@pytest.mark.parametrize("pruning", ["tile_greedy", "tile_optimal"])
+def test_compiled_no_grad_forward_packs_w_alone_and_computes_the_same(pruning):
+    """The EMA teacher's forward (no gradient) packs only W for cuSPARSELt, not W^T: the same output as the eager
+    layer, and as the compiled layer with gradients on; its graph asks the packer for no transposed copy."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.manual_seed(0)
+    holder = nn.Sequential(nn.Linear(1024, 4096)).cuda()
+    swap_linear_modules(holder, pattern="0", backend="cusparselt", pruning=pruning)
+    x = torch.randn(2048, 1024, device="cuda")
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(holder, backend=counter, fullgraph=True, dynamic=False)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.no_grad():
+            eager, got = holder(x), compiled(x)
+        with_grad = compiled(x.requires_grad_())
+    assert rel_err(got, eager) < 1e-2 and torch.equal(got, with_grad.detach())
+    assert counter.frame_count == 2  # the no-grad graph is its own
+    packs = [n for g in counter.graphs for n in g.graph.nodes if n.target in (torch.ops.sparsity.cslt_prune_pack, torch.ops.sparsity.cslt_prune_pack.default)]
+    assert [n.args[2] for n in packs] == [False, True]  # write W^T: not without gradients, yes with them
+
+
 def test_compiled_auto_choice_is_made_at_trace_time_and_recorded():
     from sparsity.backends import get_backend
 

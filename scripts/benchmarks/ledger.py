@@ -1,0 +1,283 @@
+"""The step's ledger: GPU time by what each kernel computes, and what 2:4 could make of it.
+
+`bench_train_step.py --ledger N` profiles N steps of a row with host activity and shapes, and files every kernel
+under one class of `CLASSES`, from three facts the profiler links to it:
+
+- the host op that launched it (`linked_correlation_id`), with that op's input shapes: a GEMM whose operands or
+  output hold an (embed x hidden) matrix is an MLP GEMM; with the output weight-shaped, a weight gradient;
+- whether it ran in the forward (inside a `ledger:forward` range), in the backward (under an autograd node) or after
+  both (clipping, AdamW, the EMA, the step's checks);
+- its owner: the backbone whose `ledger:<role>.backbone` range encloses the forward op; a backward kernel's owner is
+  its autograd node's forward op's (matched by sequence number and thread, as the profiler records them); anything
+  else in the forward belongs to the heads and losses.
+
+`ledger(...)` sums the classes per step (ms, and the GEMM FLOPs their host ops' shapes give), and `projections`
+turns a dense row's ledger into the sparse phase's step ratio for each set of GEMMs 2:4 could cover, at a given
+in-place speed-up: the arithmetic behind "the GEMMs 2:4 replaces are x% of the step".
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional, Sequence
+
+import torch
+
+from scripts.benchmarks.profiling import _merged, categorize
+
+FORWARD_RANGE = "ledger:forward"
+RANGE_PREFIX = "ledger:"
+HEADS = "heads_and_losses"
+BACKWARD_NODE = "autograd::engine::evaluate_function"
+
+CLASSES = (
+    "student_mlp_forward", "student_mlp_input_grad", "student_mlp_weight_grad", "teacher_mlp_forward",
+    "student_prune_pack", "teacher_prune_pack", "attention", "other_linears", "mlp_gelu", "norms_and_elementwise",
+    HEADS, "optimizer_and_ema", "unattributed",
+)
+
+# The GEMM sets 2:4 covers or could cover, each with the classes it runs in place, and the classes a fused epilogue
+# would remove outright (the GELU passes beside the MLP GEMMs).
+COVERAGE = (
+    ("today", ("student_mlp_forward", "student_mlp_input_grad"), ()),
+    ("+ teacher", ("student_mlp_forward", "student_mlp_input_grad", "teacher_mlp_forward"), ()),
+    ("+ weight gradient", ("student_mlp_forward", "student_mlp_input_grad", "teacher_mlp_forward",
+                           "student_mlp_weight_grad"), ()),
+    ("+ fused epilogues", ("student_mlp_forward", "student_mlp_input_grad", "teacher_mlp_forward",
+                           "student_mlp_weight_grad"), ("mlp_gelu",)),
+)
+SPEEDUPS = (1.3, 1.5, 2.0)
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    name: str
+    start_us: float
+    end_us: float
+    category: str  # profiling.categorize(name)
+    op: str  # the host op that launched it
+    op_id: int
+    shapes: tuple  # that op's input shapes
+    direction: str  # forward | backward | after
+    owner: Optional[str]  # student.backbone | teacher.backbone | heads_and_losses | None (unknown)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the ranges the records are read from
+
+
+@contextlib.contextmanager
+def annotated(trainer) -> Iterator[None]:
+    """Profiler ranges around the trainer's forward and around each backbone's forward, for `kernel_records`
+    (removed on exit). The backbones are not compiled themselves (their blocks are), so the hooks run eagerly."""
+    from torch.autograd.profiler import record_function
+
+    def ranged(name):
+        def pre(module, args):
+            module._ledger_range = record_function(RANGE_PREFIX + name)
+            module._ledger_range.__enter__()
+
+        def post(module, args, out):
+            module.__dict__.pop("_ledger_range").__exit__(None, None, None)
+        return pre, post
+
+    handles = []
+    for role in ("student", "teacher"):
+        backbone = getattr(trainer.model, role)["backbone"]
+        pre, post = ranged(f"{role}.backbone")
+        handles += [backbone.register_forward_pre_hook(pre), backbone.register_forward_hook(post)]
+    forward = trainer.forward_model
+
+    def forward_in_range(*args, **kwargs):
+        with record_function(FORWARD_RANGE):
+            return forward(*args, **kwargs)
+
+    trainer.forward_model = forward_in_range
+    try:
+        yield
+    finally:
+        trainer.forward_model = forward
+        for h in handles:
+            h.remove()
+
+
+def _is_device(e) -> bool:
+    return str(getattr(e, "device_type", "")).endswith("CUDA")
+
+
+def _chain(e) -> Iterator:
+    while e is not None:
+        yield e
+        e = e.cpu_parent
+
+
+def _owner_in(chain: Sequence) -> Optional[str]:
+    for a in chain:  # innermost first
+        if a.name.startswith(RANGE_PREFIX) and a.name != FORWARD_RANGE:
+            return a.name[len(RANGE_PREFIX):]
+    return HEADS
+
+
+def kernel_records(events: Iterable, kernels: Optional[Sequence] = None,
+                   launch_op: Optional[Callable] = None) -> list[KernelRecord]:
+    """One record per kernel of a profile taken under `annotated` with host activity (`events`: `prof.events()`).
+    `kernels` defaults to the device events and `launch_op` to the host op a kernel's correlation id names; the
+    CPU tests pass host ops as their own kernels."""
+    events = list(events)
+    host = [e for e in events if not _is_device(e)]
+    if kernels is None:
+        kernels = [e for e in events if _is_device(e) and e.time_range.elapsed_us() > 0]
+    if launch_op is None:
+        by_id = {e.id: e for e in host if getattr(e, "linked_correlation_id", 0) == 0}
+
+        def launch_op(k):
+            return by_id.get(getattr(k, "linked_correlation_id", -1))
+    # forward ops by (thread, sequence number) -> owner: what a backward node's forward op was part of
+    forward_owner: dict[tuple[int, int], Optional[str]] = {}
+    for e in host:
+        if e.sequence_nr >= 0 and not e.name.startswith(BACKWARD_NODE):
+            chain = list(_chain(e))
+            if any(a.name == FORWARD_RANGE for a in chain):
+                forward_owner.setdefault((e.thread, e.sequence_nr), _owner_in(chain))
+    out = []
+    for k in kernels:
+        op = launch_op(k)
+        chain = list(_chain(op)) if op is not None else []
+        node = next((a for a in chain if a.name.startswith(BACKWARD_NODE)), None)
+        if node is not None:
+            direction, owner = "backward", forward_owner.get((node.fwd_thread, node.sequence_nr))
+        elif any(a.name == FORWARD_RANGE for a in chain):
+            direction, owner = "forward", _owner_in(chain)
+        else:
+            direction, owner = ("after", None) if op is not None else ("unknown", None)
+        out.append(KernelRecord(k.name, float(k.time_range.start), float(k.time_range.end), categorize(k.name),
+                                op.name if op is not None else "", op.id if op is not None else -1,
+                                tuple(tuple(s) for s in (op.input_shapes or ())) if op is not None else (),
+                                direction, owner))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# classes
+
+
+def gemm_operands(shapes: Sequence) -> Optional[tuple[tuple, tuple, tuple]]:
+    """(A, B, output) of a matrix product from its op's input shapes: the first two 2-D inputs (mm, addmm's matrices,
+    an `out=` buffer after them), or None."""
+    mats = [tuple(s) for s in shapes if len(s) == 2][:2]
+    if len(mats) < 2 or mats[0][1] != mats[1][0]:
+        return None
+    return mats[0], mats[1], (mats[0][0], mats[1][1])
+
+
+def gemm_flops(shapes: Sequence) -> int:
+    """2 m k n of a matrix product's op shapes, 0 if they are not one."""
+    ops = gemm_operands(shapes)
+    if ops is None:
+        return 0
+    (m, k), (_, n), _ = ops
+    return 2 * m * k * n
+
+
+def classify(r: KernelRecord, mlp_dims: tuple[int, int]) -> str:
+    """The ledger class of one kernel; `mlp_dims`: (embed, hidden) of the MLP linears."""
+    if r.direction == "after":
+        return "optimizer_and_ema"
+    if r.owner is None or r.direction == "unknown":
+        return "unattributed"
+    if r.owner == HEADS:
+        return HEADS
+    role = "teacher" if r.owner.startswith("teacher") else "student"
+    if r.category == "prune_pack":
+        return f"{role}_prune_pack"
+    if r.category == "attention":
+        return "attention"
+    if r.category in ("dense_gemm", "sparse_gemm"):
+        weight = tuple(sorted(mlp_dims))
+        ops = gemm_operands(r.shapes)
+        mlp = r.category == "sparse_gemm" or (ops is not None and any(tuple(sorted(m)) == weight for m in ops))
+        if not mlp:
+            return "other_linears"
+        if role == "teacher":
+            return "teacher_mlp_forward"
+        if r.direction == "forward":
+            return "student_mlp_forward"
+        weight_grad = ops is not None and tuple(sorted(ops[2])) == weight and r.category == "dense_gemm"
+        return "student_mlp_weight_grad" if weight_grad else "student_mlp_input_grad"
+    if "gelu" in r.name.lower():
+        return "mlp_gelu"
+    return "norms_and_elementwise"
+
+
+def ledger(records: Sequence[KernelRecord], steps: int, mlp_dims: tuple[int, int],
+           step_ms: Optional[float] = None) -> dict:
+    """Per step: ms and kernel count by class, the GEMM TFLOP of each class's host ops, the busy time (union of the
+    kernels), and with `step_ms` (the timed step's median) the idle time, step_ms - busy."""
+    ms = dict.fromkeys(CLASSES, 0.0)
+    kernels = dict.fromkeys(CLASSES, 0)
+    flops = dict.fromkeys(CLASSES, 0)
+    seen_ops = set()
+    for r in records:
+        c = classify(r, mlp_dims)
+        ms[c] += (r.end_us - r.start_us) / 1e3
+        kernels[c] += 1
+        if r.category == "dense_gemm" and r.op_id not in seen_ops:  # an op's FLOPs once, however many kernels
+            seen_ops.add(r.op_id)
+            flops[c] += gemm_flops(r.shapes)
+    busy = sum(e - s for s, e in _merged((r.start_us, r.end_us) for r in records)) / 1e3 / steps
+    out = {"steps": steps, "mlp_dims": list(mlp_dims),
+           "ms": {c: round(v / steps, 3) for c, v in ms.items()},
+           "kernels": {c: round(v / steps, 1) for c, v in kernels.items()},
+           "dense_gemm_tflop": {c: round(v / steps / 1e12, 4) for c, v in flops.items() if v},
+           "busy_ms": round(busy, 3)}
+    if step_ms is not None:
+        out["step_ms"] = round(step_ms, 3)
+        out["idle_ms"] = round(step_ms - busy, 3)
+    return out
+
+
+def profile_ledger(trainer, batch, values: dict, steps: int, mlp_dims: tuple[int, int],
+                   step_ms: Optional[float] = None) -> dict:
+    """`steps` training steps profiled with host activity and shapes under `annotated`: their `ledger`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with annotated(trainer), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                                     record_shapes=True) as prof:
+        for _ in range(steps):
+            trainer.train_step(batch, values)
+        trainer.settle_checks()
+        torch.cuda.synchronize()
+    return ledger(kernel_records(prof.events()), steps, mlp_dims, step_ms)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# what 2:4 could make of it
+
+
+def projections(dense: dict, speedups: Sequence[float] = SPEEDUPS) -> list[dict]:
+    """From a dense row's ledger (with `step_ms`): for each coverage set of `COVERAGE`, the dense ms it covers, its
+    share of the step, and the sparse phase's step ratio (dense step / projected step) if those GEMMs ran `s` times
+    faster in place (prune + pack included) and the removed classes cost nothing."""
+    step = dense["step_ms"]
+    out = []
+    for name, covered, removed in COVERAGE:
+        covered_ms = sum(dense["ms"][c] for c in covered)
+        removed_ms = sum(dense["ms"][c] for c in removed)
+        out.append({"coverage": name, "classes": list(covered), "removed": list(removed),
+                    "covered_ms": round(covered_ms, 3), "removed_ms": round(removed_ms, 3),
+                    "share_of_step": round((covered_ms + removed_ms) / step, 4),
+                    "step_ratio": {f"{s:g}x": round(step / (step - covered_ms * (1 - 1 / s) - removed_ms), 4)
+                                   for s in speedups}})
+    return out
+
+
+def in_place(dense: dict, sparse: dict, covered: Sequence[str]) -> dict:
+    """The in-place speed-up a sparse row achieved on the `covered` classes: their dense ms over the sparse row's
+    ms of the same classes plus its prune + pack."""
+    before = sum(dense["ms"][c] for c in covered)
+    after = sum(sparse["ms"][c] for c in covered) + sparse["ms"]["student_prune_pack"] + \
+        sparse["ms"]["teacher_prune_pack"]
+    return {"classes": list(covered), "dense_ms": round(before, 3), "sparse_ms": round(after, 3),
+            "speedup": round(before / after, 3) if after else None}
