@@ -3,15 +3,17 @@
 `bench_train_step.py --ledger N` profiles N steps of a row with host activity and shapes, and files every kernel
 under one class of `CLASSES`, from three facts the profiler links to it:
 
-- the host op that launched it (`linked_correlation_id`), with that op's input shapes: a GEMM whose operands or
-  output hold an (embed x hidden) matrix is an MLP GEMM; with the output weight-shaped, a weight gradient;
+- the host op that launched it (the profiler lists each op's kernels, `FunctionEvent.kernels`), with that op's
+  input shapes: a GEMM whose operands or output hold an (embed x hidden) matrix is an MLP GEMM; with the output
+  weight-shaped, a weight gradient;
 - whether it ran in the forward (inside a `ledger:forward` range), in the backward (under an autograd node) or after
   both (clipping, AdamW, the EMA, the step's checks);
 - its owner: the backbone whose `ledger:<role>.backbone` range encloses the forward op; a backward kernel's owner is
   its autograd node's forward op's (matched by sequence number and thread, as the profiler records them); anything
   else in the forward belongs to the heads and losses.
 
-`ledger(...)` sums the classes per step (ms, and the GEMM FLOPs their host ops' shapes give), and `projections`
+`ledger(...)` sums the classes per step (ms, and the GEMM FLOPs their host ops' shapes give; the step's kernels run
+on one stream, so their durations add up to its busy time), and `projections`
 turns a dense row's ledger into the sparse phase's step ratio for each set of GEMMs 2:4 could cover, at a given
 in-place speed-up: the arithmetic behind "the GEMMs 2:4 replaces are x% of the step".
 """
@@ -20,11 +22,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from scripts.benchmarks.profiling import _merged, categorize
+from scripts.benchmarks.profiling import categorize
 
 FORWARD_RANGE = "ledger:forward"
 RANGE_PREFIX = "ledger:"
@@ -53,8 +55,7 @@ SPEEDUPS = (1.3, 1.5, 2.0)
 @dataclass(frozen=True)
 class KernelRecord:
     name: str
-    start_us: float
-    end_us: float
+    us: float
     category: str  # profiling.categorize(name)
     op: str  # the host op that launched it
     op_id: int
@@ -102,10 +103,6 @@ def annotated(trainer) -> Iterator[None]:
             h.remove()
 
 
-def _is_device(e) -> bool:
-    return str(getattr(e, "device_type", "")).endswith("CUDA")
-
-
 def _chain(e) -> Iterator:
     while e is not None:
         yield e
@@ -119,20 +116,14 @@ def _owner_in(chain: Sequence) -> Optional[str]:
     return HEADS
 
 
-def kernel_records(events: Iterable, kernels: Optional[Sequence] = None,
-                   launch_op: Optional[Callable] = None) -> list[KernelRecord]:
+def kernel_records(events: Iterable, launches: Optional[Sequence[tuple]] = None) -> list[KernelRecord]:
     """One record per kernel of a profile taken under `annotated` with host activity (`events`: `prof.events()`).
-    `kernels` defaults to the device events and `launch_op` to the host op a kernel's correlation id names; the
-    CPU tests pass host ops as their own kernels."""
+    `launches`: (kernel name, microseconds, the host op that launched it) per kernel; by default every host op's
+    `kernels` (the CPU tests pass host ops standing in for kernels)."""
     events = list(events)
-    host = [e for e in events if not _is_device(e)]
-    if kernels is None:
-        kernels = [e for e in events if _is_device(e) and e.time_range.elapsed_us() > 0]
-    if launch_op is None:
-        by_id = {e.id: e for e in host if getattr(e, "linked_correlation_id", 0) == 0}
-
-        def launch_op(k):
-            return by_id.get(getattr(k, "linked_correlation_id", -1))
+    host = [e for e in events if not str(getattr(e, "device_type", "")).endswith("CUDA")]
+    if launches is None:
+        launches = [(k.name, k.duration, e) for e in host for k in e.kernels]
     # forward ops by (thread, sequence number) -> owner: what a backward node's forward op was part of
     forward_owner: dict[tuple[int, int], Optional[str]] = {}
     for e in host:
@@ -141,20 +132,17 @@ def kernel_records(events: Iterable, kernels: Optional[Sequence] = None,
             if any(a.name == FORWARD_RANGE for a in chain):
                 forward_owner.setdefault((e.thread, e.sequence_nr), _owner_in(chain))
     out = []
-    for k in kernels:
-        op = launch_op(k)
-        chain = list(_chain(op)) if op is not None else []
+    for name, us, op in launches:
+        chain = list(_chain(op))
         node = next((a for a in chain if a.name.startswith(BACKWARD_NODE)), None)
         if node is not None:
             direction, owner = "backward", forward_owner.get((node.fwd_thread, node.sequence_nr))
         elif any(a.name == FORWARD_RANGE for a in chain):
             direction, owner = "forward", _owner_in(chain)
         else:
-            direction, owner = ("after", None) if op is not None else ("unknown", None)
-        out.append(KernelRecord(k.name, float(k.time_range.start), float(k.time_range.end), categorize(k.name),
-                                op.name if op is not None else "", op.id if op is not None else -1,
-                                tuple(tuple(s) for s in (op.input_shapes or ())) if op is not None else (),
-                                direction, owner))
+            direction, owner = "after", None
+        out.append(KernelRecord(name, float(us), categorize(name), op.name, op.id,
+                                tuple(tuple(s) for s in (op.input_shapes or ())), direction, owner))
     return out
 
 
@@ -184,7 +172,7 @@ def classify(r: KernelRecord, mlp_dims: tuple[int, int]) -> str:
     """The ledger class of one kernel; `mlp_dims`: (embed, hidden) of the MLP linears."""
     if r.direction == "after":
         return "optimizer_and_ema"
-    if r.owner is None or r.direction == "unknown":
+    if r.owner is None:
         return "unattributed"
     if r.owner == HEADS:
         return HEADS
@@ -212,24 +200,29 @@ def classify(r: KernelRecord, mlp_dims: tuple[int, int]) -> str:
 
 def ledger(records: Sequence[KernelRecord], steps: int, mlp_dims: tuple[int, int],
            step_ms: Optional[float] = None) -> dict:
-    """Per step: ms and kernel count by class, the GEMM TFLOP of each class's host ops, the busy time (union of the
-    kernels), and with `step_ms` (the timed step's median) the idle time, step_ms - busy."""
+    """Per step: ms and kernel count by class, the GEMM TFLOP of each class's host ops, the busy time (the kernels'
+    sum: one stream), and with `step_ms` (the timed step's median) the idle time, step_ms - busy."""
     ms = dict.fromkeys(CLASSES, 0.0)
     kernels = dict.fromkeys(CLASSES, 0)
+    by_op: dict[str, dict[str, float]] = {c: {} for c in CLASSES}  # per class: launching op name -> us
     flops = dict.fromkeys(CLASSES, 0)
     seen_ops = set()
     for r in records:
         c = classify(r, mlp_dims)
-        ms[c] += (r.end_us - r.start_us) / 1e3
+        ms[c] += r.us / 1e3
         kernels[c] += 1
+        by_op[c][r.op] = by_op[c].get(r.op, 0.0) + r.us
         if r.category == "dense_gemm" and r.op_id not in seen_ops:  # an op's FLOPs once, however many kernels
             seen_ops.add(r.op_id)
             flops[c] += gemm_flops(r.shapes)
-    busy = sum(e - s for s, e in _merged((r.start_us, r.end_us) for r in records)) / 1e3 / steps
+    busy = sum(r.us for r in records) / 1e3 / steps
     out = {"steps": steps, "mlp_dims": list(mlp_dims),
            "ms": {c: round(v / steps, 3) for c, v in ms.items()},
            "kernels": {c: round(v / steps, 1) for c, v in kernels.items()},
            "dense_gemm_tflop": {c: round(v / steps / 1e12, 4) for c, v in flops.items() if v},
+           # what each class is made of: its largest launching ops (a check that the filing is right)
+           "top_ops": {c: [[op, round(us / steps / 1e3, 3)] for op, us in sorted(ops.items(), key=lambda kv: -kv[1])[:4]]
+                       for c, ops in by_op.items() if ops},
            "busy_ms": round(busy, 3)}
     if step_ms is not None:
         out["step_ms"] = round(step_ms, 3)
