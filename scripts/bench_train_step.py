@@ -225,7 +225,7 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None, extras=True)
         extras = extras and label is None
         if args.profile and extras:
             out["profile"] = profile_steps(trainer, batch, args.profile)
-        if args.ledger and extras:
+        if args.ledger and extras and trainer.step_graph is None:  # a replayed graph's kernels name no host op
             out["ledger"] = profile_ledger(trainer, batch, trainer.schedules.at(MID_TRAINING_STEP), args.ledger,
                                            mlp_dims(trainer))
         if args.host_profile and extras:
@@ -309,8 +309,12 @@ def main() -> None:
                             timed(row, label="compiled-dense (again)")
         rows += [merge_rounds(outs) for outs in rounds.values()]
         set_row(trainer, "eager-dense")
-        if step_flop_counts is None and not step_graph:  # the same in every mode: one eager dense step, counted
-            step_flop_counts = step_flops(trainer, batch, trainer.schedules.at(MID_TRAINING_STEP))
+        if step_flop_counts is None:  # the same in every mode: one eager dense step, counted
+            graph, trainer.step_graph = trainer.step_graph, None  # the step's ops as launched, not a graph replay
+            try:
+                step_flop_counts = step_flops(trainer, batch, trainer.schedules.at(MID_TRAINING_STEP))
+            finally:
+                trainer.step_graph = graph
         sparse_gemms = 2 if is_transposable(cfg.sparsity.pruning) else 1
         for r in rows[-len(rounds):]:
             r["sparse"] = {"student_gemms_2to4": 0 if parse_row(r["spec"])[1] == "dense" else sparse_gemms,
