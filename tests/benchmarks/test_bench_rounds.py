@@ -43,6 +43,7 @@ def test_rows_take_turns_and_profile_once(monkeypatch, tmp_path):
     class FakeTrainer:
         compiled, cfg = [], SimpleNamespace(train=SimpleNamespace(gc_period=0, batch_size_per_gpu=1))
         schedules = SimpleNamespace(at=lambda step: {})
+        step_graph = None
 
         def __init__(self, cfg, *a):
             self.cfg, self.model = cfg, SimpleNamespace(train=lambda: None)
