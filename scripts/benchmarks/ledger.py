@@ -179,6 +179,8 @@ def classify(r: KernelRecord, mlp_dims: tuple[int, int]) -> str:
     role = "teacher" if r.owner.startswith("teacher") else "student"
     if r.category == "prune_pack":
         return f"{role}_prune_pack"
+    if "convolution" in r.op:  # the patch embedding (cuDNN's kernels, whose names read as attention's)
+        return "other_linears"
     if r.category == "attention":
         return "attention"
     if r.category in ("dense_gemm", "sparse_gemm"):

@@ -131,3 +131,11 @@ def test_projections_and_in_place_by_hand():
                                            (((4, 8), (9, 16)), 0), (((4, 8),), 0)])
 def test_gemm_flops(shapes, flops):
     assert L.gemm_flops(shapes) == flops
+
+
+def test_the_patch_embedding_convolution_is_a_linear_not_attention():
+    conv = L.KernelRecord("cudnn_generated_fort_native_conv_sm90", 10.0, "attention", "aten::cudnn_convolution", 1,
+                          (), "forward", "student.backbone")
+    flash = L.KernelRecord("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 10.0, "attention",
+                           "aten::_cudnn_attention_forward", 2, (), "forward", "student.backbone")
+    assert L.classify(conv, (8, 32)) == "other_linears" and L.classify(flash, (8, 32)) == "attention"
