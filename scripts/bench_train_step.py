@@ -3,8 +3,8 @@
     python -m scripts.bench_train_step --config configs/vitl16_imagenet.yaml --out results/bench/train_step.json
 
 Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-dense` (the baseline of every ratio),
-`compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`, and `compiled-cusparselt+teacher`
-/ `compiled-auto+teacher`: the sparse phase with the teacher's MLPs 2:4 too (`sparsity.teacher=sparse`; the per-step
+`compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`, and
+`compiled-cusparselt+teacher` / `compiled-auto+teacher`: the sparse phase with the teacher's MLPs 2:4 too (`sparsity.teacher=sparse`; the per-step
 prune + pack of the EMA weights is in the step). `--compile-modes default
 reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...), `step-graph`
 with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three
@@ -426,7 +426,8 @@ def print_ledger(r: dict) -> None:
     print(f"  ledger (ms/step): {classes}; busy {led['busy_ms']}, idle {led['idle_ms']}")
     for p in led.get("projections", []):
         ratios = ", ".join(f"{s} -> {v:.3f}x" for s, v in p["step_ratio"].items())
-        print(f"    {p['coverage']:18s} {p['covered_ms'] + p['removed_ms']:6.1f} ms ({p['share_of_step']:.1%}): {ratios}")
+        ms = p["covered_ms"] + p["removed_ms"]
+        print(f"    {p['coverage']:18s} {ms:6.1f} ms ({p['share_of_step']:.1%}): {ratios}")
     if "in_place" in led:
         print(f"    in place: {led['in_place']}")
 

@@ -223,7 +223,8 @@ def ledger(records: Sequence[KernelRecord], steps: int, mlp_dims: tuple[int, int
            "kernels": {c: round(v / steps, 1) for c, v in kernels.items()},
            "dense_gemm_tflop": {c: round(v / steps / 1e12, 4) for c, v in flops.items() if v},
            # what each class is made of: its largest launching ops (a check that the filing is right)
-           "top_ops": {c: [[op, round(us / steps / 1e3, 3)] for op, us in sorted(ops.items(), key=lambda kv: -kv[1])[:4]]
+           "top_ops": {c: [[op, round(us / steps / 1e3, 3)]
+                           for op, us in sorted(ops.items(), key=lambda kv: -kv[1])[:4]]
                        for c, ops in by_op.items() if ops},
            "busy_ms": round(busy, 3)}
     if step_ms is not None:

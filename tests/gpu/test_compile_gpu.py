@@ -67,7 +67,8 @@ def test_compiled_no_grad_forward_packs_w_alone_and_computes_the_same(pruning):
         with_grad = compiled(x.requires_grad_())
     assert rel_err(got, eager) < 1e-2 and torch.equal(got, with_grad.detach())
     assert counter.frame_count == 2  # the no-grad graph is its own
-    packs = [n for g in counter.graphs for n in g.graph.nodes if n.target in (torch.ops.sparsity.cslt_prune_pack, torch.ops.sparsity.cslt_prune_pack.default)]
+    pack_ops = (torch.ops.sparsity.cslt_prune_pack, torch.ops.sparsity.cslt_prune_pack.default)
+    packs = [n for g in counter.graphs for n in g.graph.nodes if n.target in pack_ops]
     assert [n.args[2] for n in packs] == [False, True]  # write W^T: not without gradients, yes with them
 
 
