@@ -309,16 +309,8 @@ def main() -> None:
                             timed(row, label="compiled-dense (again)")
         rows += [merge_rounds(outs) for outs in rounds.values()]
         set_row(trainer, "eager-dense")
-        if step_flop_counts is None:  # the same in every mode: one eager dense step, counted
-            graph, trainer.step_graph = trainer.step_graph, None  # the step's ops as launched, not a graph replay
-            try:
-                step_flop_counts = step_flops(trainer, batch, trainer.schedules.at(MID_TRAINING_STEP))
-            finally:
-                trainer.step_graph = graph
-        sparse_gemms = 2 if is_transposable(cfg.sparsity.pruning) else 1
-        for r in rows[-len(rounds):]:
-            r["sparse"] = {"student_gemms_2to4": 0 if parse_row(r["spec"])[1] == "dense" else sparse_gemms,
-                           "teacher": teacher_sparse(trainer, r["spec"])}
+        step_flop_counts = step_flop_counts or count_step_flops(trainer, batch)  # every mode runs the same model
+        mark_sparse_gemms(trainer, rows[-len(rounds):])
         del trainer
         torch.cuda.empty_cache()
     base = next((r for r in rows if r["row"] == "compiled-dense"), rows[0])
@@ -339,6 +331,24 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print_table(result)
+
+
+def count_step_flops(trainer: Trainer, batch) -> dict:
+    """`step_flops` of one eager dense step, launched op by op also where the trainer replays a step graph."""
+    graph, trainer.step_graph = trainer.step_graph, None
+    try:
+        return step_flops(trainer, batch, trainer.schedules.at(MID_TRAINING_STEP))
+    finally:
+        trainer.step_graph = graph
+
+
+def mark_sparse_gemms(trainer: Trainer, rows: list[dict]) -> None:
+    """Each row's `sparse`: how many of a student MLP linear's three GEMMs ran 2:4 (forward, and the input gradient
+    where the mask is transposable) and whether the teacher's did, for the MFU's executed FLOPs."""
+    per_linear = 2 if is_transposable(trainer.cfg.sparsity.pruning) else 1
+    for r in rows:
+        r["sparse"] = {"student_gemms_2to4": 0 if parse_row(r["spec"])[1] == "dense" else per_linear,
+                       "teacher": teacher_sparse(trainer, r["spec"])}
 
 
 def mlp_dims(trainer: Trainer) -> tuple[int, int]:
