@@ -4,8 +4,8 @@
 
 Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-dense` (the baseline of every ratio),
 `compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`, and
-`compiled-cusparselt+teacher` / `compiled-auto+teacher`: the sparse phase with the teacher's MLPs 2:4 too (`sparsity.teacher=sparse`; the per-step
-prune + pack of the EMA weights is in the step). `--compile-modes default
+`compiled-cusparselt+teacher` / `compiled-auto+teacher`: the sparse phase with the teacher's MLPs 2:4 too
+(`sparsity.teacher=sparse`; the per-step prune + pack of the EMA weights is in the step). `--compile-modes default
 reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...), `step-graph`
 with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three
 steps per row run eagerly, the fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs at its
@@ -50,13 +50,13 @@ from scripts.benchmarks import bad_algs
 from scripts.benchmarks.batch import synthetic_batch
 from scripts.benchmarks.flops import gemm_rate_tflops, mfu, step_flops
 from scripts.benchmarks.gpu_state import gpu_state
-from scripts.benchmarks.ledger import COVERAGE, profile_ledger, projections
+from scripts.benchmarks.ledger import COVERAGE, profile_ledger, projections, set_step_time
 from scripts.benchmarks.ledger import in_place as ledger_in_place
 from scripts.benchmarks.step_profiles import host_profile, profile_steps, stall_profile
 from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps
+from sparsity.pruning import is_transposable
 from training.distributed import DistContext
 from training.gc_control import StepGc
-from sparsity.pruning import is_transposable
 from training.trainer import Trainer
 
 # `step-graph`: compile_mode=default with train.cuda_graph=true, the whole step replayed as one CUDA graph
@@ -363,8 +363,7 @@ def finish_ledgers(rows: list[dict]) -> None:
     for r in rows:
         if "ledger" not in r:
             continue
-        led = r["ledger"]
-        led["step_ms"], led["idle_ms"] = round(r["ms"], 3), round(r["ms"] - led["busy_ms"], 3)
+        led = set_step_time(r["ledger"], r["ms"])
         if not r["sparse"]["student_gemms_2to4"]:
             led["projections"] = projections(led)
             continue
@@ -427,7 +426,6 @@ def print_table(result: dict) -> None:
             for g in st["idle_gaps"][:5]:
                 print(f"    gap {g['gap_ms']} ms at {g['at_ms']} ms before {g['before_kernel'][:40]}: "
                       f"{g['runtime_calls'][:3]} {g['host_events'][:3]}")
-
 
 
 def print_ledger(r: dict) -> None:

@@ -227,14 +227,16 @@ def ledger(records: Sequence[KernelRecord], steps: int, mlp_dims: tuple[int, int
                            for op, us in sorted(ops.items(), key=lambda kv: -kv[1])[:4]]
                        for c, ops in by_op.items() if ops},
            "busy_ms": round(busy, 3)}
-    if step_ms is not None:
-        out["step_ms"] = round(step_ms, 3)
-        out["idle_ms"] = round(step_ms - busy, 3)
-    return out
+    return out if step_ms is None else set_step_time(out, step_ms)
 
 
-def profile_ledger(trainer, batch, values: dict, steps: int, mlp_dims: tuple[int, int],
-                   step_ms: Optional[float] = None) -> dict:
+def set_step_time(led: dict, step_ms: float) -> dict:
+    """`led` with the timed step's median (`step_ms`) and the idle time, step_ms - busy; returns it."""
+    led["step_ms"], led["idle_ms"] = round(step_ms, 3), round(step_ms - led["busy_ms"], 3)
+    return led
+
+
+def profile_ledger(trainer, batch, values: dict, steps: int, mlp_dims: tuple[int, int]) -> dict:
     """`steps` training steps profiled with host activity and shapes under `annotated`: their `ledger`."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -245,7 +247,7 @@ def profile_ledger(trainer, batch, values: dict, steps: int, mlp_dims: tuple[int
             trainer.train_step(batch, values)
         trainer.settle_checks()
         torch.cuda.synchronize()
-    return ledger(kernel_records(prof.events()), steps, mlp_dims, step_ms)
+    return ledger(kernel_records(prof.events()), steps, mlp_dims)
 
 
 # ----------------------------------------------------------------------------------------------------------------
