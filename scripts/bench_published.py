@@ -44,6 +44,7 @@ def build_models(arch: str, backend: str, device, dtype) -> dict:
 
 def training_pass(model, x):
     """Forward and backward of one batch (the published pass: no optimizer step); gradients fresh each pass."""
+    torch.compiler.cudagraph_mark_step_begin()  # reduce-overhead: the last pass's graph outputs may be overwritten
     model.zero_grad(set_to_none=True)
     model(x).float().sum().backward()
 
