@@ -27,7 +27,7 @@ from . import published
 from .configurations import (config_key, config_label, config_order, dense_reference, dense_reference_key,
                              dense_references, differing_config, differing_keys, row_label, same_teacher_key,
                              same_teacher_reference)
-from .intervals import wilson_interval
+from .intervals import Interval, difference_interval, mean_interval, wilson_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs, mark_duplicates, read_run
 from .table_format import markdown, write_csv
 
@@ -126,6 +126,14 @@ class ScheduleMean:
     # mean minus the mean of the dense configuration with the same teacher momentum schedule (as TableRow's)
     delta_top1_same_teacher: Optional[float] = None
     delta_knn_top1_same_teacher: Optional[float] = None
+    # 95% intervals (intervals.py): of the means over seeds, and of each Δ (paired by seed where both sides ran the
+    # same seeds, else Welch's); None where a side has fewer than two seeds
+    top1_interval: Optional[Interval] = None
+    knn_top1_interval: Optional[Interval] = None
+    delta_top1_interval: Optional[Interval] = None
+    delta_knn_top1_interval: Optional[Interval] = None
+    delta_top1_same_teacher_interval: Optional[Interval] = None
+    delta_knn_top1_same_teacher_interval: Optional[Interval] = None
 
     @property
     def config_label(self) -> str:
@@ -232,35 +240,53 @@ def _mean_reference_key(mean: ScheduleMean) -> tuple:
 
 def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
     """Per configuration (schedule and differing config keys), over its complete runs (one per seed); Δ against
-    the mean of the dense configuration that differs from it only in keys acting only with a sparse phase."""
+    the mean of the dense configuration that differs from it only in keys acting only with a sparse phase, each
+    with its 95% interval."""
     groups: dict[tuple, list[TableRow]] = {}
     for row in rows:
         if row.status == COMPLETE and row.sparse_fraction is not None:
             groups.setdefault(_group_key(row), []).append(row)
-    means = []
-    for group in sorted(groups.values(), key=lambda g: (g[0].sparse_fraction, config_order(g[0].differing_config))):
-        fraction = group[0].sparse_fraction
-        top1, top1_spread = mean_and_half_range([r.top1 for r in group])
-        knn, knn_spread = mean_and_half_range([r.knn_top1 for r in group])
-        ks = {r.knn_k for r in group if r.knn_k is not None}
-        means.append(ScheduleMean(
-            schedule=group[0].schedule, sparse_fraction=fraction, seeds=[r.seed for r in group],
-            runs=[r.run for r in group], top1=top1, top1_spread=top1_spread, knn_top1=knn, knn_top1_spread=knn_spread,
-            delta_top1=None, delta_knn_top1=None,
-            sparse_images_per_s=mean_and_half_range([r.sparse_images_per_s for r in group])[0],
-            dense_images_per_s=mean_and_half_range([r.dense_images_per_s for r in group])[0],
-            final_loss=mean_and_half_range([r.final_loss for r in group])[0],
-            knn_k=ks.pop() if len(ks) == 1 else None, n_seeds=len(group),
-            differing_config=dict(group[0].differing_config)))
-    dense_means = {_mean_reference_key(d): d for d in reversed(means) if d.sparse_fraction == 0.0}  # first wins
-    for m in means:
-        dense = dense_means.get(_mean_reference_key(m))
-        m.delta_top1 = _difference(m.top1, dense.top1 if dense else None)
-        m.delta_knn_top1 = _difference(m.knn_top1, dense.knn_top1 if dense else None)
-        same = dense_means.get(same_teacher_key(m.differing_config, m.sparse_fraction, 0.0 < m.sparse_fraction < 1.0))
-        m.delta_top1_same_teacher = _difference(m.top1, same.top1 if same else None)
-        m.delta_knn_top1_same_teacher = _difference(m.knn_top1, same.knn_top1 if same else None)
+    ordered = sorted(groups.values(), key=lambda g: (g[0].sparse_fraction, config_order(g[0].differing_config)))
+    means = [_mean_of(group) for group in ordered]
+    dense = {_mean_reference_key(m): (m, g) for m, g in reversed(list(zip(means, ordered)))
+             if m.sparse_fraction == 0.0}  # first wins
+    for m, group in zip(means, ordered):
+        reference = dense.get(_mean_reference_key(m))
+        m.delta_top1, m.delta_top1_interval = _delta(m.top1, group, reference, "top1")
+        m.delta_knn_top1, m.delta_knn_top1_interval = _delta(m.knn_top1, group, reference, "knn_top1")
+        same = dense.get(same_teacher_key(m.differing_config, m.sparse_fraction, 0.0 < m.sparse_fraction < 1.0))
+        m.delta_top1_same_teacher, m.delta_top1_same_teacher_interval = _delta(m.top1, group, same, "top1")
+        m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval = _delta(m.knn_top1, group, same,
+                                                                                       "knn_top1")
     return means
+
+
+def _mean_of(group: list[TableRow]) -> ScheduleMean:
+    top1, top1_spread = mean_and_half_range([r.top1 for r in group])
+    knn, knn_spread = mean_and_half_range([r.knn_top1 for r in group])
+    ks = {r.knn_k for r in group if r.knn_k is not None}
+    return ScheduleMean(
+        schedule=group[0].schedule, sparse_fraction=group[0].sparse_fraction, seeds=[r.seed for r in group],
+        runs=[r.run for r in group], top1=top1, top1_spread=top1_spread, knn_top1=knn, knn_top1_spread=knn_spread,
+        delta_top1=None, delta_knn_top1=None,
+        sparse_images_per_s=mean_and_half_range([r.sparse_images_per_s for r in group])[0],
+        dense_images_per_s=mean_and_half_range([r.dense_images_per_s for r in group])[0],
+        final_loss=mean_and_half_range([r.final_loss for r in group])[0],
+        knn_k=ks.pop() if len(ks) == 1 else None, n_seeds=len(group), differing_config=dict(group[0].differing_config),
+        top1_interval=mean_interval([r.top1 for r in group]),
+        knn_top1_interval=mean_interval([r.knn_top1 for r in group]))
+
+
+def _delta(value: Optional[float], group: list[TableRow], reference, field_name: str):
+    """(this mean minus the reference configuration's mean, its 95% interval); (None, None) without a reference."""
+    if reference is None:
+        return None, None
+    mean, reference_rows = reference
+    if group is reference_rows:  # a dense configuration against itself
+        return 0.0, None
+    by_seed = lambda rows: {r.seed: getattr(r, field_name) for r in rows}  # noqa: E731
+    return (_difference(value, getattr(mean, field_name)),
+            difference_interval(by_seed(group), by_seed(reference_rows)))
 
 
 def baseline_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[BaselineRow]:
@@ -326,17 +352,34 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[Schedu
         notes.append(f"Validation split: {sizes[0]} images, so one image is {100.0 / sizes[0]:.2f} pp of top-1"
                      + interval + ("." if seeded else "; one seed per schedule."))
     if seeded:
-        parts = [f"{m.schedule.split(' (')[0]} (seeds {', '.join(map(str, m.seeds))}): linear "
-                 f"{_pp(m.top1_spread)}, k-NN {_pp(m.knn_top1_spread)}" for m in seeded]
-        worst = [2 * s for m in seeded for s in (m.top1_spread, m.knn_top1_spread) if s is not None]
-        noise = f"seeds differ by up to {max(worst):.2f} pp, so differences between schedules below that are " \
-                "within seed noise" if worst else "no evaluated pair of seeds yet"
-        notes.append("Seed noise, ± = half the range over seeds, (max − min) / 2: " + "; ".join(parts)
-                     + f". The {noise}. Schedules with one seed have no spread of their own.")
+        notes.append(noise_note(seeded, means))
     incomplete = [r.run for r in rows if r.status != COMPLETE]
     if incomplete:
         notes.append("Not complete (see Status): " + ", ".join(incomplete) + ".")
     return notes
+
+
+def noise_note(seeded: list[ScheduleMean], means: list[ScheduleMean]) -> str:
+    """The one rule for seed noise, and which Δs it resolves: a Δ is resolved when its 95% interval leaves out 0."""
+    parts = [f"{m.schedule.split(' (')[0]} (seeds {', '.join(map(str, m.seeds))}): linear "
+             f"{_pp(m.top1_spread)}, k-NN {_pp(m.knn_top1_spread)}" for m in seeded]
+    resolved, unresolved = [], 0
+    for m in means:
+        for what, delta, interval in (("linear", m.delta_top1, m.delta_top1_interval),
+                                      ("k-NN", m.delta_knn_top1, m.delta_knn_top1_interval)):
+            if interval is None or m.sparse_fraction == 0.0:
+                continue
+            if interval.holds_zero():
+                unresolved += 1
+            else:
+                resolved.append(f"{m.schedule.split(' (')[0]} {what} {delta:+.2f} [{interval.low:+.2f}, "
+                                f"{interval.high:+.2f}]")
+    verdict = ("Outside seed noise: " + "; ".join(resolved) + "." if resolved else
+               "No Δ here is outside seed noise." if unresolved else "No Δ here has two seeds a side yet.")
+    return ("Seed noise: ± is half the range over seeds, (max − min) / 2: " + "; ".join(parts) + ". In brackets the "
+            "95% interval: Student's t over the seeds for a mean; for a Δ, paired seed by seed where both "
+            "configurations ran the same seeds, else Welch's. A Δ whose interval holds 0 is within seed noise, "
+            "whatever its size; a Δ with one seed on a side has no interval and resolves nothing. " + verdict)
 
 
 def _pp(value: Optional[float]) -> str:

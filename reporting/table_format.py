@@ -48,6 +48,13 @@ def _with_spread(value: Optional[float], spread: Optional[float], fmt: str) -> s
     return _number(value, fmt) + (f" ± {spread:.2f}" if spread is not None and value is not None else "")
 
 
+def _with_interval(text: str, interval, fmt: str) -> str:
+    """"-0.80 [-2.31, +0.71]": a value and its 95% interval, where it has one."""
+    if interval is None or text == "–":
+        return text
+    return f"{text} [{format(interval.low, fmt)}, {format(interval.high, fmt)}]"
+
+
 def _rate(value: Optional[float]) -> str:
     return _number(value, ",.0f" if value is not None and value >= 100 else ".1f")
 
@@ -116,18 +123,24 @@ def markdown(rows, means, baselines, notes: list[str]) -> str:
 def means_markdown(means, knn_header: str, name_k: bool) -> str:
     same_teacher = _has_same_teacher(means)
     extra = " Δ top-1 / k-NN vs dense with the same teacher momentum (pp) |" if same_teacher else ""
-    lines = ["## Per schedule, over seeds (mean ± half the range)", "",
+    lines = ["## Per schedule, over seeds (mean ± half the range [95% interval])", "",
              f"| Schedule | Seeds | n | Linear top-1 (%) | Δ top-1 (pp) | {knn_header} | Δ k-NN (pp) |{extra} "
              "Images/s, sparse phase | Images/s, dense phase | Final loss |", "|" + "---|" * (10 + same_teacher)]
     for m in means:
-        cells = (f" {_number(m.delta_top1_same_teacher, '+.2f')} / {_number(m.delta_knn_top1_same_teacher, '+.2f')} |"
+        cells = (f" {_delta(m.delta_top1_same_teacher, m.delta_top1_same_teacher_interval)} / "
+                 f"{_delta(m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval)} |"
                  if same_teacher else "")
+        top1 = _with_interval(_with_spread(m.top1, m.top1_spread, '.2f'), m.top1_interval, '.2f')
+        knn = _with_interval(_with_spread(m.knn_top1, m.knn_top1_spread, '.2f'), m.knn_top1_interval, '.2f')
         lines.append(f"| {m.schedule} | {', '.join('–' if s is None else str(s) for s in m.seeds)} | {m.n_seeds} | "
-                     f"{_with_spread(m.top1, m.top1_spread, '.2f')} | {_number(m.delta_top1, '+.2f')} | "
-                     f"{_knn_cell(m, _with_spread(m.knn_top1, m.knn_top1_spread, '.2f'), name_k)} | "
-                     f"{_number(m.delta_knn_top1, '+.2f')} |{cells} {_rate(m.sparse_images_per_s)} | "
+                     f"{top1} | {_delta(m.delta_top1, m.delta_top1_interval)} | {_knn_cell(m, knn, name_k)} | "
+                     f"{_delta(m.delta_knn_top1, m.delta_knn_top1_interval)} |{cells} {_rate(m.sparse_images_per_s)} | "
                      f"{_rate(m.dense_images_per_s)} | {_number(m.final_loss, '.3f')} |")
     return "\n".join(lines)
+
+
+def _delta(value: Optional[float], interval) -> str:
+    return _with_interval(_number(value, "+.2f"), interval, "+.2f")
 
 
 def details_markdown(rows) -> str:
@@ -154,23 +167,26 @@ def published_markdown() -> str:
 # "schedule" (the row's label) come the config keys that differ between the rows, one column each; at the end the
 # k-NN top-1 per k.
 CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "layout", "n_seeds", "sparse_steps",
-              "dense_steps", "total_steps", "steps_done", "top1", "top1_spread", "top5", "delta_top1", "knn_top1",
-              "knn_k", "knn_top1_spread", "delta_knn_top1", "delta_top1_same_teacher",
-              "delta_knn_top1_same_teacher", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
+              "dense_steps", "total_steps", "steps_done", "top1", "top1_spread", "top1_low", "top1_high", "top5",
+              "delta_top1", "delta_top1_low", "delta_top1_high", "delta_top1_interval", "knn_top1", "knn_k",
+              "knn_top1_spread", "knn_top1_low", "knn_top1_high", "delta_knn_top1", "delta_knn_top1_low",
+              "delta_knn_top1_high", "delta_top1_same_teacher", "delta_top1_same_teacher_low",
+              "delta_top1_same_teacher_high", "delta_knn_top1_same_teacher", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
               "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss", "best_C", "eval_seconds",
               "published_top1", "published_delta_top1", "published_schedule", "path"]
 
 
 def write_csv(rows, means, baselines, path: Path) -> None:
-    """One line per run, then per schedule mean (spread: half the range over seeds), then per baseline."""
+    """One line per run, then per schedule mean (spread: half the range over seeds; _low/_high: the 95% interval),
+    then per baseline."""
     knn_ks = sorted({k for item in [*rows, *baselines] for k in item.knn})
     config_keys = list(dict.fromkeys(key for item in [*rows, *means] for key in item.differing_config))
     lines = []
     for r in rows:
         lines.append({**vars(r), "kind": "run", **{f"knn_top1_k{k}": r.knn.get(k) for k in knn_ks}})
     for m in means:
-        lines.append({**vars(m), "kind": "schedule mean", "run": ", ".join(m.runs), "status": "",
-                      "seed": " ".join("–" if s is None else str(s) for s in m.seeds)})
+        lines.append({**vars(m), **_interval_columns(m), "kind": "schedule mean", "run": ", ".join(m.runs),
+                      "status": "", "seed": " ".join("–" if s is None else str(s) for s in m.seeds)})
     for b in baselines:
         lines.append({**vars(b), "kind": "baseline", "schedule": b.label, "status": f"baseline from {b.run}",
                       "run": f"{b.key} ({b.run})", **{f"knn_top1_k{k}": b.knn.get(k) for k in knn_ks}})
@@ -184,6 +200,18 @@ def write_csv(rows, means, baselines, path: Path) -> None:
         writer.writerow({name: _config_cell(config[name]) if name in config else _csv_value(line.get(name))
                          for name in fields})
     atomic_write_text(path, text.getvalue())
+
+
+def _interval_columns(mean) -> dict:
+    """<name>_low / <name>_high of each 95% interval of a schedule mean (blank where it has none), and how the Δ's
+    interval was taken (paired t, Welch t)."""
+    columns = {}
+    for name in ("top1", "knn_top1", "delta_top1", "delta_knn_top1", "delta_top1_same_teacher"):
+        interval = getattr(mean, f"{name}_interval")
+        columns[f"{name}_low"] = interval.low if interval else None
+        columns[f"{name}_high"] = interval.high if interval else None
+    columns["delta_top1_interval"] = mean.delta_top1_interval.method if mean.delta_top1_interval else None
+    return columns
 
 
 def _config_cell(value) -> str:

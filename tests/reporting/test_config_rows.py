@@ -10,6 +10,7 @@ import os
 
 import matplotlib.image
 import pytest
+from scipy import stats
 
 from configs.schema import SparsityConfig
 from reporting.run_logs import read_run
@@ -98,7 +99,14 @@ def test_rows_are_configurations_and_seeds_the_runs_differing_in_seed(study, tmp
     assert float(runs["small_70_s0"]["delta_top1"]) == pytest.approx(-1.0)
 
     table = (out / "table.md").read_text()
-    assert f"| {TINY_70_SPARSE} | 0, 1, 2 | 3 | 80.00 ± 0.50 | -0.50 |" in table
+    # its seeds (0, 1, 2) are not the dense ones (0, 1): Welch's interval of the Δ, checked against scipy's own
+    # two-sample test; the mean's by hand: 80.0 +- t(0.975, 2 df) 4.3027 * sd 0.5 / sqrt 3
+    welch = stats.ttest_ind([79.5, 80.5, 80.0], [80.0, 81.0], equal_var=False).confidence_interval()
+    assert means[TINY_70_SPARSE]["delta_top1_interval"] == "Welch t"
+    assert float(means[TINY_70_SPARSE]["delta_top1_low"]) == pytest.approx(welch.low, abs=1e-4)
+    assert float(means[TINY_70_SPARSE]["delta_top1_high"]) == pytest.approx(welch.high, abs=1e-4)
+    assert (f"| {TINY_70_SPARSE} | 0, 1, 2 | 3 | 80.00 ± 0.50 [78.76, 81.24] | -0.50 [{welch.low:+.2f}, "
+            f"{welch.high:+.2f}] |") in table
     assert f"| {SMALL_DENSE} | 0 | 1 | 85.00 | +0.00 |" in table
     assert f"These runs differ in student.arch, {TEACHER};" in table
     summary = json.loads((out / "summary.json").read_text())

@@ -65,17 +65,38 @@ def test_two_seeds_give_mean_spread_and_paired_deltas(seeded, tmp_path):
     assert means["1.0"]["top1_spread"] == "" and float(means["1.0"]["delta_top1"]) == pytest.approx(-2.5)
 
     table = (out / "table.md").read_text()
-    assert "## Per schedule, over seeds (mean ± half the range)" in table
-    assert "| 0% sparse (dense baseline) | 0, 1 | 2 | 80.50 ± 0.50 | +0.00 | 70.30 ± 0.30 |" in table
-    assert "| 70% sparse | 0, 1 | 2 | 79.20 ± 0.20 | -1.30 | 69.50 ± 0.50 | -0.80 |" in table
-    assert "| 100% sparse (2:4-sparse model) | 0 | 1 | 78.00 |" in table
-    # the noise level: the largest max - min between seeds is 2 * 0.5 = 1.00 pp
-    assert "Seed noise, ± = half the range over seeds" in table and "seeds differ by up to 1.00 pp" in table
+    assert "## Per schedule, over seeds (mean ± half the range [95% interval])" in table
+    # 95% intervals by hand, t(0.975, 1 df) = 12.7062: dense 80.5 +- 12.7062 * 0.5 (the sd 0.7071 over sqrt 2);
+    # k-NN 70.3 +- 12.7062 * 0.3; 70% 79.2 +- 12.7062 * 0.2, k-NN 69.5 +- 12.7062 * 0.5; the Δ paired seed by seed
+    # (both ran seeds 0 and 1): differences -1.0, -1.6, mean -1.3 +- 12.7062 * 0.3; k-NN -1.0, -0.6: -0.8 +- 12.7062 * 0.2
+    assert ("| 0% sparse (dense baseline) | 0, 1 | 2 | 80.50 ± 0.50 [74.15, 86.85] | +0.00 | "
+            "70.30 ± 0.30 [66.49, 74.11] | +0.00 |") in table
+    assert ("| 70% sparse | 0, 1 | 2 | 79.20 ± 0.20 [76.66, 81.74] | -1.30 [-5.11, +2.51] | "
+            "69.50 ± 0.50 [63.15, 75.85] | -0.80 [-3.34, +1.74] |") in table
+    assert "| 100% sparse (2:4-sparse model) | 0 | 1 | 78.00 | -2.50 | 68.00 | -2.30 |" in table  # one seed: none
+    assert float(means["0.7"]["delta_top1_low"]) == pytest.approx(-1.3 - 12.7062 * 0.3, abs=1e-3)
+    assert means["0.7"]["delta_top1_interval"] == "paired t" and means["1.0"]["delta_top1_low"] == ""
+    # one rule for noise: a Δ whose interval holds 0 is within seed noise, and none here leaves it
+    assert "Seed noise: ± is half the range over seeds" in table and "A Δ whose interval holds 0" in table
+    assert "No Δ here is outside seed noise." in table and "seeds differ by up to" not in table
     assert "one seed per schedule" not in table
     summary = json.loads((out / "summary.json").read_text())
     assert [m["seeds"] for m in summary["schedule_means"]] == [[0, 1], [0, 1], [0]]
     assert [m["n_seeds"] for m in summary["schedule_means"]] == [2, 2, 1]
     assert [m["n_seeds"] for m in lines if m["kind"] == "schedule mean"] == ["2", "2", "1"]
+
+
+def test_a_delta_outside_seed_noise_is_named_in_the_notes(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "dense_s0", 0.0, top1=80.0, knn20=70.0)
+    make_run(runs, "dense_s1", 0.0, seed=1, top1=81.0, knn20=71.0)
+    make_run(runs, "sparse70_s0", 0.7, top1=78.0, knn20=69.0)
+    make_run(runs, "sparse70_s1", 0.7, seed=1, top1=79.1, knn20=71.5)
+    make_table([runs], tmp_path / "out", plots=False)
+    table = (tmp_path / "out" / "table.md").read_text()
+    # linear, paired: -2.0 and -1.9, mean -1.95 +- 12.7062 * 0.05 = +- 0.635: resolved; k-NN -1.0 and +0.5: not
+    assert "Outside seed noise: 70% sparse linear -1.95 [-2.59, -1.31]." in table
+    assert "k-NN -0.25" not in table.split("Outside seed noise:")[1]
 
 
 def test_baseline_rows_come_from_the_dense_seed0_run_first(seeded, tmp_path):
