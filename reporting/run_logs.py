@@ -70,6 +70,12 @@ class RunSummary(EvalResults):
     # (torch.compile and warm-up; the dense phase recompiles), so the phases' steady speeds compare
     sparse_images_per_s: Optional[float] = None
     dense_images_per_s: Optional[float] = None
+    # where it trained (run_info.json: "cuda:0", "NVIDIA H200"; "" where not recorded) and the most memory its GPU
+    # had in use outside the run's allocator at a logged window (MB; None where the run did not log it): whether it
+    # had the GPU to itself (speed_columns.py)
+    device: str = ""
+    device_name: str = ""
+    gpu_mem_outside_mb: Optional[float] = None
     final_loss: Optional[float] = None
     loss_terms: dict = field(default_factory=dict, repr=False)  # {term: [(step, value)]}, LOSS_TERMS order
     # evaluation (from eval_linear.json; top1, top5, knn, best_C, solver, n_val from EvalResults)
@@ -128,6 +134,9 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
     run.global_batch = run.processes * per_process
     run.seed = cfg.train.seed
     run.config = flatten_config(dataclasses.asdict(cfg))
+    info = read_json(run_dir / "run_info.json")
+    if isinstance(info, dict):
+        run.device, run.device_name = (str(info.get(k) or "") for k in ("device", "device_name"))
     return True
 
 
@@ -174,6 +183,8 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
         run.final_loss = run.loss_curve[-1][1]
     run.sparse_images_per_s, run.dense_images_per_s = _phase_rates(records, run.sparse_steps,
                                                                    read_status(run_dir).resumed_at)
+    outside = [v for r in records if (v := as_float(r.get("gpu_mem_outside_mb"))) is not None]
+    run.gpu_mem_outside_mb = max(outside) if outside else None
     if not run.global_batch:
         return
     sparse_time = dense_time = 0.0

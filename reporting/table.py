@@ -29,6 +29,7 @@ from .configurations import (config_key, config_label, config_order, dense_refer
                              same_teacher_reference)
 from .intervals import Interval, difference_interval, mean_interval, wilson_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs, mark_duplicates, read_run
+from .speed_columns import SpeedVerdict, speed_verdict
 from .table_format import markdown, write_csv
 
 BASELINE_LABELS = {"random_init": "random-init network", "pixels": "raw pixels (logistic regression)"}
@@ -306,14 +307,21 @@ def baseline_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list
     return rows
 
 
-def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[ScheduleMean]) -> list[str]:
+def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[ScheduleMean],
+                speed: SpeedVerdict = SpeedVerdict(None)) -> list[str]:
     notes = ["Top-1: linear probe on frozen teacher features (eval_linear.py); k-NN: cosine, T=0.07. Δ and speed-up: "
              "against the dense (0% sparse) run of the same setting and seed (the lowest seed's where that seed has "
-             "no dense run).",
-             "Images/s per phase: median over the phase's logged windows, leaving out its first window (and the "
-             "first after a resume), which hold compilation and warm-up. Training time: summed step time from "
-             "metrics.jsonl, all windows, without start-up and evaluation; speed-up = dense seconds per step / this "
-             "run's seconds per step."]
+             "no dense run)."]
+    if speed.gpu:
+        notes.append(f"Speeds: every timed run had one {speed.gpu} to itself. Images/s per phase: median over the "
+                     "phase's logged windows, leaving out its first window (and the first after a resume), which hold "
+                     "compilation and warm-up. Training time: summed step time from metrics.jsonl, all windows, "
+                     "without start-up and evaluation; speed-up = dense seconds per step / this run's seconds per "
+                     "step.")
+    elif speed.why_not:
+        notes.append(f"Images/s, training time and speed-up are left out: of the timed runs, {speed.why_not}. Speeds "
+                     "compare only between runs that each had one kind of GPU to themselves; the training step's "
+                     "speed is measured alone on one GPU by scripts/bench_train_step.py.")
     keys = differing_keys(runs)
     if keys:
         notes.append("Rows are configurations: runs whose config.yaml differ only in train.seed are seeds of one "
@@ -386,6 +394,18 @@ def _pp(value: Optional[float]) -> str:
     return "–" if value is None else f"±{value:.2f} pp"
 
 
+SPEED_FIELDS = ("time_s", "sparse_time_s", "dense_time_s", "images_per_s", "sparse_images_per_s",
+                "dense_images_per_s", "speedup")
+
+
+def leave_out_speeds(rows: list[TableRow], means: list[ScheduleMean]) -> None:
+    """Blank every speed of the table (speed_columns.speed_verdict found them not comparable)."""
+    for item in [*rows, *means]:
+        for name in SPEED_FIELDS:
+            if hasattr(item, name):
+                setattr(item, name, None)
+
+
 GAPS_PNG = "gaps_to_dense.png"
 MASKS_PNG = "masks.png"  # the student's 2:4 masks over training, where runs logged them
 DIFFERENCES_PNG = "loss_differences.png"  # one row of loss differences per dense reference
@@ -398,17 +418,22 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     folder = runs_folder(runs)  # the CSV's and JSON's paths are relative to it: no path of this machine in them
     rows = build_rows(runs, folder)
     means = schedule_means(rows)
+    speed = speed_verdict(runs)
+    if speed.gpu is None:
+        leave_out_speeds(rows, means)
     shown_means = means if any(len(m.runs) > 1 for m in means) else []  # one seed each: the rows say it all
     baselines = baseline_rows(runs, folder)
-    notes = table_notes(runs, rows, means) + list(extra_notes)
+    notes = table_notes(runs, rows, means, speed) + list(extra_notes)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "table.md", out / "table.csv", out / "summary.json", out / "top1_vs_sparsity.png",
              out / "loss_curves.png"]
-    atomic_write_text(paths[0], "# Sparse-then-dense schedules\n\n" + markdown(rows, shown_means, baselines, notes))
+    atomic_write_text(paths[0], "# Sparse-then-dense schedules\n\n"
+                      + markdown(rows, shown_means, baselines, notes, speeds=speed.gpu is not None))
     write_csv(rows, shown_means, baselines, paths[1])
     summary = {"rows": [asdict(r) for r in rows], "schedule_means": [asdict(m) for m in shown_means],
                "baselines": [asdict(b) for b in baselines], "notes": notes,
+               "speeds": {"gpu": speed.gpu, "left_out": speed.why_not},
                "published": {"source": published.SOURCE, "total_steps": published.TOTAL_STEPS,
                              "rows": [asdict(p) for p in published.ROWS]}}
     atomic_write_text(paths[2], json.dumps(summary, indent=2) + "\n")

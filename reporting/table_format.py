@@ -79,7 +79,19 @@ def _has_same_teacher(items) -> bool:
     return any(item.delta_top1_same_teacher is not None for item in items)
 
 
-def markdown(rows, means, baselines, notes: list[str]) -> str:
+# the columns that measure speed: left out where the runs' speeds do not compare (speed_columns.py)
+SPEED_HEADERS = ("Images/s, sparse phase", "Images/s, dense phase", "Training time (sparse + dense)", "Speed-up",
+                 "Images/s, all steps")
+
+
+def _table_lines(header: list[str], body: list[list[str]], speeds: bool) -> list[str]:
+    """A markdown table, its speed columns dropped unless `speeds`."""
+    keep = [i for i, name in enumerate(header) if speeds or name not in SPEED_HEADERS]
+    lines = ["| " + " | ".join(header[i] for i in keep) + " |", "|" + "|".join("---" for _ in keep) + "|"]
+    return lines + ["| " + " | ".join(cells[i] for i in keep) + " |" for cells in body]
+
+
+def markdown(rows, means, baselines, notes: list[str], speeds: bool = True) -> str:
     with_published = any(r.published_top1 is not None for r in rows)
     same_teacher = _has_same_teacher(rows)
     knn_header, name_k = _knn_header([*rows, *means, *baselines])
@@ -90,7 +102,7 @@ def markdown(rows, means, baselines, notes: list[str]) -> str:
         header[5:5] = [SAME_TEACHER_HEADER]
     if with_published:
         header[5:5] = ["Published top-1 (%)", "Published Δ (pp)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    body = []
     for r in rows:
         time = _duration(r.time_s)
         if r.sparse_time_s and r.dense_time_s:  # both phases ran: show the split
@@ -105,52 +117,53 @@ def markdown(rows, means, baselines, notes: list[str]) -> str:
             cells[5:5] = [_number(r.delta_top1_same_teacher, "+.1f")]
         if with_published:
             cells[5:5] = [_number(r.published_top1, ".1f"), _number(r.published_delta_top1, "+.1f")]
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
     for b in baselines:  # not schedules: only their accuracies apply
         cells = [f"*{b.label}*", "–", "–", _number(b.top1, ".1f"), "–", _knn_cell(b, _number(b.knn_top1, ".1f"),
                                                                                    name_k)]
         cells += ["–"] * (len(header) - len(cells) - 1) + [f"baseline, evaluated in {b.run}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n\n"
+        body.append(cells)
+    text = "\n".join(_table_lines(header, body, speeds)) + "\n\n"
     if means:
-        text += means_markdown(means, knn_header, name_k) + "\n\n"
-    text += "\n".join(f"- {n}" for n in notes) + "\n\n## Runs\n\n" + details_markdown(rows)
+        text += means_markdown(means, knn_header, name_k, speeds) + "\n\n"
+    text += "\n".join(f"- {n}" for n in notes) + "\n\n## Runs\n\n" + details_markdown(rows, speeds)
     if not with_published:
         text += "\n\n" + published_markdown()
     return text + "\n"
 
 
-def means_markdown(means, knn_header: str, name_k: bool) -> str:
+def means_markdown(means, knn_header: str, name_k: bool, speeds: bool = True) -> str:
     same_teacher = _has_same_teacher(means)
-    extra = " Δ top-1 / k-NN vs dense with the same teacher momentum (pp) |" if same_teacher else ""
-    lines = ["## Per schedule, over seeds (mean ± half the range [95% interval])", "",
-             f"| Schedule | Seeds | n | Linear top-1 (%) | Δ top-1 (pp) | {knn_header} | Δ k-NN (pp) |{extra} "
-             "Images/s, sparse phase | Images/s, dense phase | Final loss |", "|" + "---|" * (10 + same_teacher)]
+    header = ["Schedule", "Seeds", "n", "Linear top-1 (%)", "Δ top-1 (pp)", knn_header, "Δ k-NN (pp)",
+              "Images/s, sparse phase", "Images/s, dense phase", "Final loss"]
+    if same_teacher:
+        header[7:7] = ["Δ top-1 / k-NN vs dense with the same teacher momentum (pp)"]
+    body = []
     for m in means:
-        cells = (f" {_delta(m.delta_top1_same_teacher, m.delta_top1_same_teacher_interval)} / "
-                 f"{_delta(m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval)} |"
-                 if same_teacher else "")
-        top1 = _with_interval(_with_spread(m.top1, m.top1_spread, '.2f'), m.top1_interval, '.2f')
-        knn = _with_interval(_with_spread(m.knn_top1, m.knn_top1_spread, '.2f'), m.knn_top1_interval, '.2f')
-        lines.append(f"| {m.schedule} | {', '.join('–' if s is None else str(s) for s in m.seeds)} | {m.n_seeds} | "
-                     f"{top1} | {_delta(m.delta_top1, m.delta_top1_interval)} | {_knn_cell(m, knn, name_k)} | "
-                     f"{_delta(m.delta_knn_top1, m.delta_knn_top1_interval)} |{cells} {_rate(m.sparse_images_per_s)} | "
-                     f"{_rate(m.dense_images_per_s)} | {_number(m.final_loss, '.3f')} |")
-    return "\n".join(lines)
+        top1 = _with_interval(_with_spread(m.top1, m.top1_spread, ".2f"), m.top1_interval, ".2f")
+        knn = _with_interval(_with_spread(m.knn_top1, m.knn_top1_spread, ".2f"), m.knn_top1_interval, ".2f")
+        cells = [m.schedule, ", ".join("–" if s is None else str(s) for s in m.seeds), str(m.n_seeds), top1,
+                 _delta(m.delta_top1, m.delta_top1_interval), _knn_cell(m, knn, name_k),
+                 _delta(m.delta_knn_top1, m.delta_knn_top1_interval), _rate(m.sparse_images_per_s),
+                 _rate(m.dense_images_per_s), _number(m.final_loss, ".3f")]
+        if same_teacher:
+            cells[7:7] = [f"{_delta(m.delta_top1_same_teacher, m.delta_top1_same_teacher_interval)} / "
+                          f"{_delta(m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval)}"]
+        body.append(cells)
+    return "\n".join(["## Per schedule, over seeds (mean ± half the range [95% interval])", "",
+                      *_table_lines(header, body, speeds)])
 
 
 def _delta(value: Optional[float], interval) -> str:
     return _with_interval(_number(value, "+.2f"), interval, "+.2f")
 
 
-def details_markdown(rows) -> str:
-    lines = ["| Run | Steps done | Images/s, all steps | Top-5 (%) | k-NN top-1 by k | Probe C | Eval time |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        knn = ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–"
-        lines.append(f"| {r.run} | {r.steps_done} of {_steps(r.total_steps)} | {_rate(r.images_per_s)} | "
-                     f"{_number(r.top5, '.1f')} | {knn} | {_number(r.best_C, '.3g')} | {_duration(r.eval_seconds)} |")
-    return "\n".join(lines)
+def details_markdown(rows, speeds: bool = True) -> str:
+    header = ["Run", "Steps done", "Images/s, all steps", "Top-5 (%)", "k-NN top-1 by k", "Probe C", "Eval time"]
+    body = [[r.run, f"{r.steps_done} of {_steps(r.total_steps)}", _rate(r.images_per_s), _number(r.top5, ".1f"),
+             ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–", _number(r.best_C, ".3g"),
+             _duration(r.eval_seconds)] for r in rows]
+    return "\n".join(_table_lines(header, body, speeds))
 
 
 def published_markdown() -> str:

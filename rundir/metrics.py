@@ -20,7 +20,7 @@ from .json_files import parse_json
 FORMAT_KEY = "format"  # metrics.jsonl: absent (format 1) = `step` counted from 0; 2 = steps done
 METRICS_FORMAT = 2
 # Fields that measure the machine rather than the computation; they differ between otherwise identical runs.
-TIMING_FIELDS = ("images_per_s", "step_time_s", "data_time_s", "time", "max_mem_mb")
+TIMING_FIELDS = ("images_per_s", "step_time_s", "data_time_s", "time", "max_mem_mb", "gpu_mem_outside_mb")
 
 
 def steps_done(record: dict) -> int:

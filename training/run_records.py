@@ -16,7 +16,7 @@ from rundir.layout import METRICS, write_config, write_run_info
 from rundir.metrics import FORMAT_KEY, METRICS_FORMAT, MetricsLog
 from rundir.status import RUNNING, new_run_id, read_status, resumed_history, write_status
 
-from .progress import log_run_info, max_memory_mb
+from .progress import gpu_memory_outside_mb, log_run_info, max_memory_mb
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +64,11 @@ def metrics_line(step: int, phase: str, loss, *fields: dict, corrupt_skipped: in
                  device: torch.device) -> dict:
     """A metrics.jsonl line: `step` counts the steps done (as checkpoints do; see run_dir); `fields` (the loss terms,
     schedule values, gradient norms, the sparse backends' summary) follow the loss in the order given."""
-    memory = max_memory_mb(device)
+    memory, outside = max_memory_mb(device), gpu_memory_outside_mb(device)
     line = {"step": step, FORMAT_KEY: METRICS_FORMAT, "phase": phase, "loss": loss}
     for values in fields:
         line.update(values)
     return {**line, "corrupt_skipped": corrupt_skipped, "images_per_s": images_per_s,
             "time": round(time.time(), 3),  # wall clock at the line: runs sharing a GPU can be lined up
-            **({"max_mem_mb": round(memory, 1)} if memory is not None else {})}
+            **({"max_mem_mb": round(memory, 1)} if memory is not None else {}),
+            **({"gpu_mem_outside_mb": round(outside, 1)} if outside is not None else {})}

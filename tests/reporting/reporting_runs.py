@@ -27,14 +27,17 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
              result="default", log_tail: Optional[str] = None, vitl: bool = False, log_period: int = 5,
              sparse_images_per_s: float = 64.0, dense_images_per_s: float = 32.0, world_size: Optional[int] = None,
              top1: float = 90.0, knn20: Optional[float] = None, seed: int = 0,
-             baselines: Optional[dict] = None, overrides: Sequence[str] = ()) -> Path:
+             baselines: Optional[dict] = None, overrides: Sequence[str] = (), device: str = "cuda:0",
+             gpu: str = "NVIDIA H200", gpu_mem_outside_mb: Optional[float] = 900.0) -> Path:
     """A run of the embedded default (300 steps, batch 32) or of the ViT-L recipe (125k steps, batch 64).
 
     Throughput is constant per phase, so a phase's time is exact: steps * batch / images_per_s.
     `result`: "default" -> an eval_linear.json with `top1` (and `knn20`); None -> no eval; a str other than
     "default" -> written as the file's raw text; a dict -> written as JSON. `log_tail`: a last log line (e.g. an
     ERROR). `baselines`: {file name: result dict}, e.g. {"eval_linear_pixels.json": eval_result(40.0)}.
-    `overrides`: more config key=value, e.g. ["student.arch=vit_small"]."""
+    `overrides`: more config key=value, e.g. ["student.arch=vit_small"]. `device`, `gpu`: run_info.json's device and
+    device name; `gpu_mem_outside_mb`: logged at every metrics line (None: not logged, as by older runs); the
+    defaults are a run alone on one H200."""
     run = Path(root) / name
     run.mkdir(parents=True)
     overrides = [f"sparsity.sparse_fraction={fraction}", f"train.seed={seed}", *overrides]
@@ -52,8 +55,11 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
         loss = 11.0 - 3.0 * end / total
         lines.append(json.dumps({"step": end - 1, "phase": phase, "loss": loss, "dino_local_crops_loss": 0.6 * loss,
                                  "dino_global_crops_loss": 0.2 * loss, "koleo_loss": -0.01 * end / total,
-                                 "ibot_loss": 0.2 * loss, "lr": 1e-3, "images_per_s": rate}))
+                                 "ibot_loss": 0.2 * loss, "lr": 1e-3, "images_per_s": rate,
+                                 **({"gpu_mem_outside_mb": gpu_mem_outside_mb} if gpu_mem_outside_mb is not None
+                                    else {})}))
     (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    (run / "run_info.json").write_text(json.dumps({"device": device, "device_name": gpu if device != "cpu" else ""}))
     log = [f"{LOG_TIME} INFO sparsity.converter: step 0: 24 linears now 2:4-sparse"]
     if log_tail:
         log.append(f"{LOG_TIME} {log_tail}")

@@ -130,7 +130,7 @@ def test_no_baselines_no_seeds_no_extra_sections(tmp_path):
 def _metrics(run_dir: Path, records: list[tuple], with_phase: bool = True) -> None:
     lines = []
     for step, phase, rate in records:
-        record = {"step": step, "loss": 9.0, "images_per_s": rate}
+        record = {"step": step, "loss": 9.0, "images_per_s": rate, "gpu_mem_outside_mb": 900.0}  # GPU to itself
         if with_phase:
             record["phase"] = phase
         lines.append(json.dumps(record))

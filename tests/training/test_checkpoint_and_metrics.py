@@ -118,3 +118,11 @@ def test_rotation_never_deletes_the_checkpoint_it_just_wrote(tmp_path):
     rotated.save({"step": 2}, 2)
     assert rotated.path_for(2).exists() and not rotated.path_for(1).exists()
     assert (tmp_path / "b" / "step_00000007.pt").exists()  # not the rotation's to judge: resume sets it aside
+
+
+def test_a_cpu_metrics_line_records_no_gpu_memory():
+    from training.run_records import metrics_line
+
+    line = metrics_line(10, "dense", 1.5, {"lr": 1e-3}, corrupt_skipped=0, images_per_s=12.5,
+                        device=torch.device("cpu"))
+    assert "gpu_mem_outside_mb" not in line and line["images_per_s"] == 12.5 and line["lr"] == 1e-3
