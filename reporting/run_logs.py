@@ -76,6 +76,7 @@ class RunSummary(EvalResults):
     device: str = ""
     device_name: str = ""
     gpu_mem_outside_mb: Optional[float] = None
+    screening: bool = False  # named by the table's maker as a run that chose settings: kept out of every mean
     final_loss: Optional[float] = None
     loss_terms: dict = field(default_factory=dict, repr=False)  # {term: [(step, value)]}, LOSS_TERMS order
     # evaluation (from eval_linear.json; top1, top5, knn, best_C, solver, n_val from EvalResults)

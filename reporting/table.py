@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from rundir.atomic import atomic_write_text
+from rundir.errors import UsageError
 
 from . import published
 from .configurations import (config_key, config_label, config_order, dense_reference, dense_reference_key,
@@ -97,6 +98,7 @@ class TableRow:
     delta_top1_same_teacher: Optional[float] = None
     delta_knn_top1_same_teacher: Optional[float] = None
     dense_warmup_steps: int = 0  # dense steps before the sparse ones (sparse_steps counts both: it is the switch)
+    screening: bool = False  # a screening run: shown, never in a mean (RunSummary.screening)
 
     @property
     def config_label(self) -> str:
@@ -202,7 +204,7 @@ def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[Ta
             path=relative_path(run.path, folder), n_val=run.n_val, differing_config=differing,
             delta_top1_same_teacher=_difference(run.top1, same_teacher.top1 if same_teacher else None),
             delta_knn_top1_same_teacher=_difference(run.knn_top1, same_teacher.knn_top1 if same_teacher else None),
-            dense_warmup_steps=run.dense_warmup_steps,
+            dense_warmup_steps=run.dense_warmup_steps, screening=run.screening,
         ))
     _name_layouts(list(zip(rows, runs)))  # rows are still in the runs' order
     return sorted(rows, key=lambda r: (r.sparse_fraction is None, r.sparse_fraction or 0.0,
@@ -240,12 +242,13 @@ def _mean_reference_key(mean: ScheduleMean) -> tuple:
 
 
 def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
-    """Per configuration (schedule and differing config keys), over its complete runs (one per seed); Δ against
+    """Per configuration (schedule and differing config keys), over its complete runs (one per seed) that are not
+    screening runs; Δ against
     the mean of the dense configuration that differs from it only in keys acting only with a sparse phase, each
     with its 95% interval."""
     groups: dict[tuple, list[TableRow]] = {}
     for row in rows:
-        if row.status == COMPLETE and row.sparse_fraction is not None:
+        if row.status == COMPLETE and row.sparse_fraction is not None and not row.screening:
             groups.setdefault(_group_key(row), []).append(row)
     ordered = sorted(groups.values(), key=lambda g: (g[0].sparse_fraction, config_order(g[0].differing_config)))
     means = [_mean_of(group) for group in ordered]
@@ -361,6 +364,11 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[Schedu
                      + interval + ("." if seeded else "; one seed per schedule."))
     if seeded:
         notes.append(noise_note(seeded, means))
+    screening = [r.run for r in rows if r.screening]
+    if screening:
+        notes.append("Screening runs (they chose the settings under test, so their seeds are not a fresh sample of "
+                     "them): shown, with their own Δ, and kept out of every mean, interval and verdict above: "
+                     + ", ".join(screening) + ".")
     incomplete = [r.run for r in rows if r.status != COMPLETE]
     if incomplete:
         notes.append("Not complete (see Status): " + ", ".join(incomplete) + ".")
@@ -411,10 +419,23 @@ MASKS_PNG = "masks.png"  # the student's 2:4 masks over training, where runs log
 DIFFERENCES_PNG = "loss_differences.png"  # one row of loss differences per dense reference
 
 
-def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = ()) -> list[Path]:
+def mark_screening(runs: list[RunSummary], screening_paths: Sequence[Path]) -> None:
+    """Mark the runs under `screening_paths` (runs or folders holding them), each of which must be among `runs`."""
+    table = {Path(run.path).resolve(): run for run in runs}
+    for path in find_run_dirs(list(screening_paths)):
+        run = table.get(Path(path).resolve())
+        if run is None:
+            raise UsageError(f"--screening {path}: not among the table's runs")
+        run.screening = True
+
+
+def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = (),
+               screening: Sequence[Path] = ()) -> list[Path]:
     """Read the runs under `run_paths` and write the table, CSV, JSON summary and (unless `plots` is False) the
-    plots into `out`; returns the paths written. `extra_notes` are added to the table's notes."""
+    plots into `out`; returns the paths written. `extra_notes` are added to the table's notes; the runs under
+    `screening` are marked as screening runs and kept out of every mean."""
     runs = mark_duplicates([read_run(path) for path in find_run_dirs(run_paths)])
+    mark_screening(runs, screening)
     folder = runs_folder(runs)  # the CSV's and JSON's paths are relative to it: no path of this machine in them
     rows = build_rows(runs, folder)
     means = schedule_means(rows)
@@ -441,4 +462,6 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
         return paths[:3]
     from .table_figures import draw_figures  # matplotlib only when plotting
 
-    return paths[:3] + draw_figures(runs, rows, baselines, out)
+    # the figures show what the means show: screening runs are left out of them
+    return paths[:3] + draw_figures([r for r in runs if not r.screening], [r for r in rows if not r.screening],
+                                    baselines, out)

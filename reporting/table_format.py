@@ -112,7 +112,7 @@ def markdown(rows, means, baselines, notes: list[str], speeds: bool = True) -> s
                  _number(r.delta_top1, "+.1f"),
                  _knn_cell(r, _number(r.knn_top1, ".1f"), name_k), _rate(r.sparse_images_per_s),
                  _rate(r.dense_images_per_s), _number(r.final_loss, ".3f"), time, _number(r.speedup, ".2f", "×"),
-                 r.status]
+                 f"{r.status}, screening" if r.screening else r.status]
         if same_teacher:
             cells[5:5] = [_number(r.delta_top1_same_teacher, "+.1f")]
         if with_published:
@@ -179,7 +179,7 @@ def published_markdown() -> str:
 # kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels). After
 # "schedule" (the row's label) come the config keys that differ between the rows, one column each; at the end the
 # k-NN top-1 per k.
-CSV_FIELDS = ["kind", "run", "schedule", "status", "sparse_fraction", "seed", "layout", "n_seeds", "sparse_steps",
+CSV_FIELDS = ["kind", "run", "schedule", "status", "screening", "sparse_fraction", "seed", "layout", "n_seeds", "sparse_steps",
               "dense_steps", "total_steps", "steps_done", "top1", "top1_spread", "top1_low", "top1_high", "top5",
               "delta_top1", "delta_top1_low", "delta_top1_high", "delta_top1_interval", "knn_top1", "knn_k",
               "knn_top1_spread", "knn_top1_low", "knn_top1_high", "delta_knn_top1", "delta_knn_top1_low",

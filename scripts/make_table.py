@@ -38,6 +38,9 @@ def main(argv=None) -> int:
     parser.add_argument("--note", action="append", default=[], help="a line added to the table's notes (repeatable)")
     parser.add_argument("--allow-missing", action="store_true",
                         help="list paths that do not exist as missing runs instead of stopping")
+    parser.add_argument("--screening", nargs="+", type=Path, default=[], metavar="RUN",
+                        help="runs (or folders of runs) among the table's that chose the settings under test: shown, "
+                             "kept out of every mean and interval")
     args = parse_command_line(parser, argv)  # run folders after options too
     absent = [path for path in args.runs if not path.exists()]
     if absent and not args.allow_missing:
@@ -50,7 +53,8 @@ def main(argv=None) -> int:
     from rundir.errors import CommandError
 
     try:
-        written = make_table(args.runs, args.out, plots=not args.no_plots, extra_notes=args.note)
+        written = make_table(args.runs, args.out, plots=not args.no_plots, extra_notes=args.note,
+                             screening=args.screening)
     except CommandError as e:  # an output that cannot be written where --out says (named in the message)
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
