@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from typing import Optional
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ PAGES = [README, *sorted(DOCS.glob("*.md"))]
 BENCH = REPO / "results" / "bench"
 STEP_LAUNCHED = BENCH / "rounds_h100" / "train_step_rounds_heated_fp32_h100.json"
 SCALING = BENCH / "scaling_dense" / "scaling_h200.json"  # the compiled step, dense phase
-CIFAR_TABLE = REPO / "results" / "cifar10" / "table" / "table.md"
+RECIPE_SUMMARY = REPO / "results" / "cifar10" / "recipe" / "table" / "summary.json"
 DIGITS_TABLE = REPO / "results" / "default" / "table.md"
 
 
@@ -152,19 +153,44 @@ README_SCHEDULES = {"0% sparse (dense)": "0% sparse (dense baseline)", "40%": "4
                     "100% (2:4 model)": "100% sparse (2:4-sparse model)"}
 
 
-def test_readme_table_is_the_published_numbers_and_the_committed_cifar10_table():
+def _readme_cell(mean: Optional[dict]) -> str:
+    """A README cell of a schedule mean: "70.51 (-1.04 [-1.89, -0.18])", the dense baseline as its mean alone."""
+    if mean["sparse_fraction"] == 0.0:
+        return f"{mean['top1']:.2f}"
+    interval = mean["delta_top1_interval"]
+    return f"{mean['top1']:.2f} ({mean['delta_top1']:+.2f} [{interval['low']:+.2f}, {interval['high']:+.2f}])"
+
+
+def test_readme_table_is_the_published_numbers_and_the_committed_recipe_table():
+    """The README's table: the published numbers, and every CIFAR-10 cell the committed recipe table's mean, Δ and
+    95% interval against its one dense baseline (three seeds): the published recipe's configuration in one column,
+    the small-model recipe's (its fresh seeds only; the screening runs are kept out of the means) in the other."""
     readme = table_rows(README.read_text())
-    cifar = CIFAR_TABLE.read_text()
-    means = table_rows(cifar[cifar.index("## Per schedule, over seeds"):])
+    means = json.loads(RECIPE_SUMMARY.read_text())["schedule_means"]
     rows = {row.label: row for row in published.ROWS}
+
+    def mean_of(fraction: float, decay: float) -> Optional[dict]:
+        found = [m for m in means if m["sparse_fraction"] == fraction
+                 and m["differing_config"]["sparsity.pruned_decay"] == decay
+                 and m["differing_config"]["teacher.momentum_restart_fraction"] == 0.0]
+        assert len(found) <= 1, found
+        return found[0] if found else None
+
     for ours, name in README_SCHEDULES.items():
-        imagenet_cell, cifar_cell = readme[ours][1], readme[ours][2]
+        imagenet_cell, published_recipe_cell, recipe_cell = readme[ours][1:4]
         row = rows[name]
         expected = f"{row.top1:.1f}" if row.sparse_steps == 0 else f"{row.top1:.1f} ({row.delta_top1:+.1f})"
         assert imagenet_cell == expected, (ours, imagenet_cell, expected)
-        mean = means[name][3].split(" ± ")[0]  # "71.65 ± 0.34"
-        delta = means[name][4]
-        assert cifar_cell == (mean if row.sparse_steps == 0 else f"{mean} ({delta})"), (ours, cifar_cell)
+        fraction = row.sparse_steps / published.TOTAL_STEPS if name != "40% sparse" else 0.4
+        dense = mean_of(0.0, 0.0)
+        assert published_recipe_cell == _readme_cell(mean_of(fraction, 0.0) if fraction else dense), ours
+        recipe = mean_of(fraction, 0.005) if fraction else dense
+        if recipe is None:
+            assert recipe_cell.startswith("no fresh seed yet"), (ours, recipe_cell)
+        else:
+            assert recipe_cell == _readme_cell(recipe), (ours, recipe_cell)
+    assert dense["n_seeds"] == 3 and f"71.55 (seeds 0-2, 95% interval {dense['top1_interval']['low']:.2f}-" \
+        f"{dense['top1_interval']['high']:.2f})" in README.read_text().replace("\n", " ")
 
 
 def test_imagenet_expected_table_is_the_published_one():
