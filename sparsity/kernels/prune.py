@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sparsity.cuda_buffers import persistent_copy
 from sparsity.kernels._util import check_launchable, interpreting
 from sparsity.pruning.reference import ROW_PAIRS, TILE_PATTERN_BITS, TILE_PATTERNS, check_shape
 
@@ -143,7 +144,11 @@ def _pattern_tables(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
         pat[:, :N_PATTERNS] = torch.tensor(TILE_PATTERNS, dtype=torch.int32).t()
         bits = torch.zeros(PATTERN_SLOTS, dtype=torch.int32)
         bits[:N_PATTERNS] = torch.tensor(TILE_PATTERN_BITS, dtype=torch.int32)
-        _TABLES[device] = (pat.to(device), bits.to(device))
+        if device.type == "cuda":  # kept across calls: from no CUDA-graph pool (cuda_buffers.py)
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            _TABLES[device] = (persistent_copy(pat, index), persistent_copy(bits, index))
+        else:
+            _TABLES[device] = (pat.to(device), bits.to(device))
     return _TABLES[device]
 
 

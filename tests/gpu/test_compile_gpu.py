@@ -72,6 +72,36 @@ def test_compiled_no_grad_forward_packs_w_alone_and_computes_the_same(pruning):
     assert [n.args[2] for n in packs] == [False, True]  # write W^T: not without gradients, yes with them
 
 
+@pytest.mark.parametrize("pruning", ["tile_greedy", "tile_optimal"])
+def test_reduce_overhead_passes_replay_the_eager_result(pruning):
+    """torch.compile(mode="reduce-overhead") (forward and backward as CUDA graphs, as bench_published runs them) of an
+    fp16 MLP with 2:4 layers built fresh inside the compile: the caches made on first use (cuSPARSELt plans and
+    compressors, the pruning tables) come from no graph pool (sparsity/cuda_buffers.py), so the graph trees' pool
+    check passes, and every replay gives the eager pass's output and gradients."""
+    torch.manual_seed(0)  # fp16 (the other tests run bf16): plans of new keys, first made inside the warm-up
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda().half()
+    swap_linear_modules(model, pattern=r"[02]", backend="cusparselt", pruning=pruning)
+    x = torch.randn(2048, 1024, device="cuda", dtype=torch.half)
+
+    def grads():
+        return [p.grad.clone() for p in model.parameters()]
+
+    compiled, passes = torch.compile(model, mode="reduce-overhead"), []
+    for _ in range(4):  # warm-up, record, then replays; first, so that the caches are first made inside them
+        torch.compiler.cudagraph_mark_step_begin()
+        model.zero_grad(set_to_none=True)
+        y = compiled(x)
+        y.float().sum().backward()
+        passes.append([y.detach().clone(), *grads()])
+    model.zero_grad(set_to_none=True)
+    eager_y = model(x)
+    eager_y.float().sum().backward()
+    eager = [eager_y.detach(), *grads()]
+    for got in passes:
+        for i, (g, e) in enumerate(zip(got, eager)):
+            assert rel_err(g, e) < 1e-2, (i, rel_err(g, e))
+
+
 def test_compiled_auto_choice_is_made_at_trace_time_and_recorded():
     from sparsity.backends import get_backend
 

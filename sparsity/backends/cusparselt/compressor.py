@@ -20,6 +20,7 @@ from typing import Optional
 
 import torch
 
+from ...cuda_buffers import persistent_empty
 from .library import ALIGN, CUDA_DTYPE, OP_N, ORDER_COL, ORDER_ROW, handle, lib
 
 
@@ -58,8 +59,7 @@ class Compressor:
         self.lay, self.dtype = lay, dtype
         self.desc = structured_descriptor(self.h, lay, dtype)
         self.compressed_size, self.buffer_size = c.sp_mma_compressed_size2(self.h, self.desc)
-        with torch.cuda.device(device_index):
-            self.buffer = torch.empty(max(int(self.buffer_size), 16), dtype=torch.uint8, device="cuda")
+        self.buffer = persistent_empty((max(int(self.buffer_size), 16),), torch.uint8, device_index)
 
     def __call__(self, dense: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """dense: the pruned matrix in the memory the layout describes (W itself for both orientations)."""

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ...cuda_buffers import persistent_empty
 from ..cuda import raw_stream
 from .compressor import OperandLayout, structured_descriptor
 from .library import ALIGN, CUDA_DTYPE, OP_N, OP_T, ORDER_COL, ORDER_ROW, handle, lib, ptr
@@ -57,13 +58,12 @@ class GemmPlan:
         d = c.dense_descriptor_init(self.h, m, n, ld_d, ALIGN, dt, self.d_order)
         self.descs = [a, b, d]
         self.matmul_desc = c.matmul_descriptor_init(self.h, OP_N, op_b, a, b, d, d, c.ComputeType.COMPUTE_32F)
-        with torch.cuda.device(self.device_index):
-            if self.has_bias:
-                self.bias_buf = torch.zeros(m, dtype=self.dtype, device="cuda")
-                self._bias_ptr = np.array([self.bias_buf.data_ptr()], dtype=np.uint64)
-                c.matmul_desc_set_attribute(
-                    self.h, self.matmul_desc, c.MatmulDescAttribute.BIAS_POINTER, ptr(self._bias_ptr), 8
-                )
+        if self.has_bias:
+            self.bias_buf = persistent_empty((m,), self.dtype, self.device_index).zero_()
+            self._bias_ptr = np.array([self.bias_buf.data_ptr()], dtype=np.uint64)
+            c.matmul_desc_set_attribute(
+                self.h, self.matmul_desc, c.MatmulDescAttribute.BIAS_POINTER, ptr(self._bias_ptr), 8
+            )
         self.alg_sel = c.matmul_alg_selection_init(self.h, self.matmul_desc, c.MatmulAlg.DEFAULT)
         if self.alg_id is not None:
             v = np.array([self.alg_id], dtype=np.int32)
@@ -81,8 +81,7 @@ class GemmPlan:
     def _alloc_workspace(self):
         ws = int(lib().matmul_get_workspace(self.h, self.plan))
         if self.workspace is None or self.workspace.numel() < ws:
-            with torch.cuda.device(self.device_index):
-                self.workspace = torch.empty(max(ws, 16), dtype=torch.uint8, device="cuda")
+            self.workspace = persistent_empty((max(ws, 16),), torch.uint8, self.device_index)
         self._ws_p = self.workspace.data_ptr()
 
     def current_alg(self) -> int:
