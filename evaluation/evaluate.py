@@ -111,7 +111,7 @@ def check_two_classes(labels: torch.Tensor, split: str) -> None:
 
 
 def _cached_or_extracted(path: Path, key: str, dataset, teacher, eval_cfg, device, amp, split: str) -> Features:
-    feats = load_cached(path, key) if eval_cfg.features.cache else None
+    feats = load_cached(path, key, rows=len(dataset)) if eval_cfg.features.cache else None
     if feats is not None:
         logger.info("%s features: %s (cached)", split, path)
         return feats

@@ -136,7 +136,9 @@ def cache_key(checkpoint_digest: str, transform: dict, dataset: dict, student_cf
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def load_cached(path: Path, key: str) -> Optional[Features]:
+def load_cached(path: Path, key: str, rows: Optional[int] = None) -> Optional[Features]:
+    """The features cached at `path` under `key` (`rows`: the split's image count, which they must cover), or None
+    where there is no usable cache: missing, unreadable, stale, or not features of that many images."""
     if not path.is_file():
         return None
     try:
@@ -144,10 +146,30 @@ def load_cached(path: Path, key: str) -> Optional[Features]:
     except Exception as e:  # noqa: BLE001 - an unreadable cache is only a cache: extract again
         logger.warning("ignoring unreadable feature cache %s (%s)", path, e)
         return None
-    if stored.get("key") != key:
+    if not isinstance(stored, dict) or stored.get("key") != key:
         logger.info("feature cache %s is stale (checkpoint, transform, data or model changed): re-extracting", path)
         return None
+    problem = _cache_problem(stored, rows)
+    if problem:
+        logger.warning("ignoring feature cache %s (%s): re-extracting", path, problem)
+        return None
     return Features(stored["features"], stored["labels"], stored.get("step"), from_cache=True)
+
+
+def _cache_problem(stored: dict, rows: Optional[int]) -> str:
+    """What makes a cache's content unusable (its key can be right and its tensors not), or ""."""
+    x, y, step = stored.get("features"), stored.get("labels"), stored.get("step")
+    if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
+        return "its features are not a 2-D float tensor"
+    if not isinstance(y, Tensor) or y.dim() != 1 or y.dtype != torch.int64:
+        return "its labels are not a 1-D int64 tensor"
+    if len(x) != len(y):
+        return f"{len(x)} feature rows for {len(y)} labels"
+    if rows is not None and len(x) != rows:
+        return f"{len(x)} rows where the split has {rows} images"
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        return "its step is not an integer"
+    return ""
 
 
 def save_cached(path: Path, key: str, features: Features) -> None:

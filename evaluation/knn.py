@@ -1,8 +1,9 @@
 """Weighted k-NN classification on frozen features, as the reference's `eval/knn.py`, with float64-exact neighbours.
 
 Features are L2-normalised, so the similarity is the cosine; each of the k nearest train features votes for its
-label with weight exp(similarity / T) (T = 0.07); the class with the largest summed weight wins. Several k are
-scored from one top-max(k) search. k is clipped to the number of train features.
+label with weight exp(similarity / T) (T = 0.07); the class with the largest summed weight wins (the sums taken as
+log-sum-exp, so that no T > 0 overflows). Several k are scored from one top-max(k) search. k is clipped to the number
+of train features.
 
 Exactness: the neighbours and their similarities are those of a float64 computation (ties: the lower train index
 first; vote ties: the lower class first), at about float32 GEMM cost. A plain float32 cosine is not enough: on
@@ -126,6 +127,16 @@ def _ordered(sims: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
     return sims, idx.gather(1, order)
 
 
+def class_log_votes(scores: Tensor, labels: Tensor, n_classes: int) -> Tensor:
+    """Per query and class, log sum over the class's neighbours of exp(score) (score = similarity / T; -inf for a
+    class without a neighbour): the vote's logarithm, which ranks the classes as the summed weights do, taken from
+    each class's largest score so that no T > 0 overflows (exp(1 / 0.001) is inf in float64) or underflows."""
+    top = torch.full((len(scores), n_classes), float("-inf"), dtype=torch.float64, device=scores.device)
+    top.scatter_reduce_(1, labels, scores, reduce="amax", include_self=True)
+    sums = torch.zeros_like(top).scatter_add_(1, labels, (scores - top.gather(1, labels)).exp())
+    return top + sums.log()  # a class without a neighbour: -inf + log 0 = -inf
+
+
 @torch.no_grad()
 def knn_classify(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor, ks: Iterable[int] = (10, 20, 100, 200),
                  temperature: float = 0.07, n_classes: Optional[int] = None, batch_size: int = 256,
@@ -142,10 +153,9 @@ def knn_classify(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor,
     for start in range(0, len(val_y), batch_size):
         sims, idx = index.search(val_x[start:start + batch_size].to(device), ks[-1])
         labels = val_y[start:start + batch_size].to(device)
-        weights, neighbour_labels = (sims / temperature).exp(), train_y[idx]
+        scores, neighbour_labels = sims / temperature, train_y[idx]
         for k in ks:
-            votes = torch.zeros(len(labels), n_classes, dtype=torch.float64, device=device)
-            votes.scatter_add_(1, neighbour_labels[:, :k], weights[:, :k])
+            votes = class_log_votes(scores[:, :k], neighbour_labels[:, :k], n_classes)
             top = votes.sort(dim=1, descending=True, stable=True).indices[:, :min(5, n_classes)]
             match = top == labels[:, None]
             hits[k][1] += int(match[:, :1].any(1).sum())

@@ -37,6 +37,29 @@ def test_cache_reused_then_invalidated_by_a_new_checkpoint(tmp_path):
 
 
 
+@pytest.mark.parametrize("damage", ["fewer rows", "other rows", "labels short", "a list", "a string step"])
+def test_a_cache_with_the_right_key_and_the_wrong_content_is_extracted_again(tmp_path, damage, caplog):
+    """The key says which checkpoint, data and transform; the content must still be features of every image of the
+    split: a cache whose rows, labels or types do not fit is ignored with a line, never used or a traceback."""
+    from rundir.torch_files import load_verified, save_verified
+
+    run = make_folder_run(tmp_path, seed=0)
+    first = _extract(run)
+    path = run / "eval" / "features_train.pt"
+    stored = load_verified(path)
+    x, y = stored["features"], stored["labels"]
+    stored.update({"fewer rows": {"features": x[:-2], "labels": y[:-2]},  # the right key, 10 of the 12 images
+                   "other rows": {"features": torch.cat([x, x[:1]]), "labels": torch.cat([y, y[:1]])},
+                   "labels short": {"labels": y[:-1]},
+                   "a list": {"features": x.tolist()},
+                   "a string step": {"step": "16"}}[damage])
+    save_verified(stored, path)
+    again = _extract(run)
+    assert not again["train"].from_cache and again["val"].from_cache  # the damaged one only: extracted again
+    assert torch.equal(again["train"].x, first["train"].x) and torch.equal(again["train"].y, first["train"].y)
+    assert "ignoring feature cache" in caplog.text and str(path) in caplog.text
+
+
 def test_cache_key_covers_transform_data_model_and_precision():
     from configs.schema import StudentConfig
 
