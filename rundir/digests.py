@@ -54,7 +54,8 @@ def recorded_digest(path: Path | str) -> Optional[str]:
     side = digest_path(path)
     if not side.is_file():
         return None
-    words = side.read_text().split()
+    with open(side, "rb") as f:  # bytes: a flipped bit must read as a digest that does not match, not as an error
+        words = f.read(4096).decode("ascii", "replace").split()
     return words[0] if words else ""
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from rundir.checkpoints import CheckpointManager
@@ -126,3 +127,21 @@ def test_a_cpu_metrics_line_records_no_gpu_memory():
     line = metrics_line(10, "dense", 1.5, {"lr": 1e-3}, corrupt_skipped=0, images_per_s=12.5,
                         device=torch.device("cpu"))
     assert "gpu_mem_outside_mb" not in line and line["images_per_s"] == 12.5 and line["lr"] == 1e-3
+
+
+def test_a_digest_with_a_flipped_byte_is_a_corrupt_checkpoint(tmp_path):
+    """Bit rot in a `.sha256` file (a byte turned 0xff, no longer UTF-8) is what digests exist for: the checkpoint
+    is set aside as corrupt and the previous one resumed, as for a damaged checkpoint, never a UnicodeDecodeError."""
+    from rundir.digests import CorruptFile, digest_path, verify
+
+    manager = CheckpointManager(tmp_path, max_to_keep=3)
+    for step in (1, 2):
+        manager.save({"step": step}, step)
+    side = digest_path(manager.path_for(2))
+    damaged = bytearray(side.read_bytes())
+    damaged[5] = 0xFF
+    side.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptFile, match="does not match its recorded SHA-256"):
+        verify(manager.path_for(2))
+    assert manager.load_latest()["step"] == 1
+    assert manager.path_for(2).with_name("step_00000002.pt.corrupt").exists()
