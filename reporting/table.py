@@ -16,13 +16,15 @@ otherwise in a section of their own. Paths in the CSV and JSON are relative to t
 import json
 import math
 import os
+import shutil
 import statistics
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
 from rundir.atomic import atomic_write_text
-from rundir.errors import UsageError
+from rundir.errors import RunDirProblem, UsageError
 
 from . import published
 from .configurations import (config_key, config_label, config_order, dense_reference, dense_reference_key,
@@ -429,13 +431,55 @@ def mark_screening(runs: list[RunSummary], screening_paths: Sequence[Path]) -> N
         run.screening = True
 
 
+TEXT_FILES = ("table.md", "table.csv", "summary.json")
+FIGURE_FILES = ("top1_vs_sparsity.png", "loss_curves.png", GAPS_PNG, DIFFERENCES_PNG, MASKS_PNG)
+
+
+def check_output_folder(out: Path) -> None:
+    """Refuse, before any work, an --out that is not a folder this process can write, or cannot become one."""
+    existing = out
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if existing != out and not existing.is_dir():
+        raise UsageError(f"--out {out}: {existing} is not a folder, so the table's folder cannot be made under it")
+    if existing == out and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: {existing} is not writable")
+
+
 def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = (),
                screening: Sequence[Path] = ()) -> list[Path]:
     """Read the runs under `run_paths` and write the table, CSV, JSON summary and (unless `plots` is False) the
     plots into `out`; returns the paths written. `extra_notes` are added to the table's notes; the runs under
-    `screening` are marked as screening runs and kept out of every mean."""
+    `screening` are marked as screening runs and kept out of every mean. The files are written into a staging
+    folder inside `out` and renamed into place once all are written (renames need no space): a full disk or a
+    failure leaves the previous table whole."""
+    out = Path(out)
+    check_output_folder(out)
     runs = mark_duplicates([read_run(path) for path in find_run_dirs(run_paths)])
     mark_screening(runs, screening)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".make_table-", dir=out))
+    try:
+        _write_table(runs, staging, plots, extra_notes)
+    except OSError as e:
+        raise RunDirProblem(f"--out {out}: the table could not be written ({e.strerror or e}); the files there are "
+                            "as they were") from e
+    finally:
+        names = TEXT_FILES + (FIGURE_FILES if plots else ())
+        staged = {name for name in names if (staging / name).exists()}
+        if staged >= set(TEXT_FILES):  # everything written: in place, and figures this table does not draw go
+            for name in names:
+                if name in staged:
+                    os.replace(staging / name, out / name)
+                else:
+                    (out / name).unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out / name for name in names if name in staged]
+
+
+def _write_table(runs: list[RunSummary], out: Path, plots: bool, extra_notes: Sequence[str]) -> None:
     folder = runs_folder(runs)  # the CSV's and JSON's paths are relative to it: no path of this machine in them
     rows = build_rows(runs, folder)
     means = schedule_means(rows)
@@ -445,23 +489,17 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     shown_means = means if any(len(m.runs) > 1 for m in means) else []  # one seed each: the rows say it all
     baselines = baseline_rows(runs, folder)
     notes = table_notes(runs, rows, means, speed) + list(extra_notes)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "table.md", out / "table.csv", out / "summary.json", out / "top1_vs_sparsity.png",
-             out / "loss_curves.png"]
-    atomic_write_text(paths[0], "# Sparse-then-dense schedules\n\n"
+    atomic_write_text(out / "table.md", "# Sparse-then-dense schedules\n\n"
                       + markdown(rows, shown_means, baselines, notes, speeds=speed.gpu is not None))
-    write_csv(rows, shown_means, baselines, paths[1])
+    write_csv(rows, shown_means, baselines, out / "table.csv")
+    if plots:
+        from .table_figures import draw_figures  # matplotlib only when plotting
+
+        # the figures show what the means show: screening runs are left out of them
+        draw_figures([r for r in runs if not r.screening], [r for r in rows if not r.screening], baselines, out)
     summary = {"rows": [asdict(r) for r in rows], "schedule_means": [asdict(m) for m in shown_means],
                "baselines": [asdict(b) for b in baselines], "notes": notes,
                "speeds": {"gpu": speed.gpu, "left_out": speed.why_not},
                "published": {"source": published.SOURCE, "total_steps": published.TOTAL_STEPS,
                              "rows": [asdict(p) for p in published.ROWS]}}
-    atomic_write_text(paths[2], json.dumps(summary, indent=2) + "\n")
-    if not plots:
-        return paths[:3]
-    from .table_figures import draw_figures  # matplotlib only when plotting
-
-    # the figures show what the means show: screening runs are left out of them
-    return paths[:3] + draw_figures([r for r in runs if not r.screening], [r for r in rows if not r.screening],
-                                    baselines, out)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")  # last: the set is complete

@@ -9,12 +9,14 @@ place, so a checkpoint never exists without its digest) and checked by `verify` 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Optional
 
 from .errors import CommandError
 
 DIGEST_SUFFIX = ".sha256"
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 16 << 20
 
 
@@ -50,13 +52,14 @@ def file_digest(path: Path | str) -> str:
 
 
 def recorded_digest(path: Path | str) -> Optional[str]:
-    """The digest written next to `path` by `save_verified`, or None (an older or foreign file)."""
+    """The digest written next to `path` by `save_verified`; None where there is none (an older or foreign file),
+    "" where the file is there but holds no SHA-256 (empty or damaged)."""
     side = digest_path(path)
     if not side.is_file():
         return None
-    with open(side, "rb") as f:  # bytes: a flipped bit must read as a digest that does not match, not as an error
+    with open(side, "rb") as f:  # bytes: a flipped bit must read as a damaged digest, not as a decoding error
         words = f.read(4096).decode("ascii", "replace").split()
-    return words[0] if words else ""
+    return words[0] if words and SHA256_HEX.fullmatch(words[0]) else ""  # "": there, but unreadable
 
 
 def verify(path: Path | str) -> bool:
@@ -64,6 +67,9 @@ def verify(path: Path | str) -> bool:
     expected = recorded_digest(path)
     if expected is None:
         return False
+    if not expected:
+        raise CorruptFile(path, f"has an unreadable recorded SHA-256 ({digest_path(path).name}): the digest was "
+                                "damaged after it was written, so the file cannot be checked")
     actual = file_digest(path)
     if actual != expected:
         raise CorruptFile(path, f"does not match its recorded SHA-256 ({digest_path(path).name}): the file was "

@@ -1,0 +1,66 @@
+"""make_table's --out: checked before any work (a file, a path under a file, a folder it cannot write: one line,
+exit 2, nothing written), and the output set replaced as a whole or not at all (a full disk midway leaves the
+previous table's files as they were, and no staging folder)."""
+
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+import reporting.table as table_module
+from reporting.table import make_table
+from reporting_runs import REPO, make_run
+from rundir.errors import RunDirProblem, UsageError
+
+
+@pytest.fixture
+def runs(tmp_path):
+    folder = tmp_path / "runs"
+    make_run(folder, "dense", 0.0, top1=80.0)
+    make_run(folder, "sparse70", 0.7, top1=79.0)
+    return folder
+
+
+def _cli(runs, out):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "make_table.py"), str(runs), "--no-plots",
+                           "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("where, message", [("a_file", "exists and is not a folder"),
+                                            ("a_file/table", "is not a folder, so the table's folder cannot be made")])
+def test_an_out_that_cannot_be_a_folder_is_one_line_before_any_work(runs, tmp_path, where, message):
+    (tmp_path / "a_file").write_text("mine")
+    result = _cli(runs, tmp_path / where)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "a_file").read_text() == "mine"
+
+
+def test_an_out_it_cannot_write_is_refused(runs, tmp_path, monkeypatch):
+    monkeypatch.setattr(table_module.os, "access", lambda path, mode: False)  # (root may write anywhere)
+    with pytest.raises(UsageError, match="is not writable"):
+        make_table([runs], tmp_path / "out", plots=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_midway_leaves_the_previous_table_whole(runs, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    before = {name: (out / name).read_bytes() for name in ("table.md", "table.csv", "summary.json")}
+    make_run(runs, "sparse40", 0.4, top1=79.5)  # a new run: the next table would differ
+    real, calls = table_module.write_csv, []
+
+    def full_disk(*args, **kwargs):  # the CSV is the second file written
+        calls.append(1)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(table_module, "write_csv", full_disk)
+    with pytest.raises(RunDirProblem, match="the table could not be written .*the files there are as they were"):
+        make_table([runs], out, plots=False)
+    assert calls and {name: (out / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)  # no staging folder left
+    monkeypatch.setattr(table_module, "write_csv", real)
+    make_table([runs], out, plots=False)
+    assert "sparse40" in (out / "table.md").read_text() and "sparse40" not in before["table.md"].decode()
