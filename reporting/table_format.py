@@ -84,11 +84,16 @@ SPEED_HEADERS = ("Images/s, sparse phase", "Images/s, dense phase", "Training ti
                  "Images/s, all steps")
 
 
+def _cell(text: str) -> str:
+    """A markdown cell: a `|` in a run's name or a config value must not open a column, nor a newline a row."""
+    return str(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
 def _table_lines(header: list[str], body: list[list[str]], speeds: bool) -> list[str]:
     """A markdown table, its speed columns dropped unless `speeds`."""
     keep = [i for i, name in enumerate(header) if speeds or name not in SPEED_HEADERS]
     lines = ["| " + " | ".join(header[i] for i in keep) + " |", "|" + "|".join("---" for _ in keep) + "|"]
-    return lines + ["| " + " | ".join(cells[i] for i in keep) + " |" for cells in body]
+    return lines + ["| " + " | ".join(_cell(cells[i]) for i in keep) + " |" for cells in body]
 
 
 def markdown(rows, means, baselines, notes: list[str], speeds: bool = True) -> str:

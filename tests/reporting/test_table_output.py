@@ -64,3 +64,16 @@ def test_a_full_disk_midway_leaves_the_previous_table_whole(runs, tmp_path, monk
     monkeypatch.setattr(table_module, "write_csv", real)
     make_table([runs], out, plots=False)
     assert "sparse40" in (out / "table.md").read_text() and "sparse40" not in before["table.md"].decode()
+
+
+def test_a_bar_in_a_run_name_stays_in_its_cell(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "dense|x", 0.0, top1=80.0)
+    make_run(runs, "sparse70", 0.7, top1=79.0)
+    make_table([runs], tmp_path / "out", plots=False)
+    lines = (tmp_path / "out" / "table.md").read_text().splitlines()
+    runs_table = lines[lines.index("## Runs") + 2:]
+    header, row = runs_table[0], next(line for line in runs_table if line.startswith("| dense"))
+    assert row.startswith("| dense\\|x |")
+    # as many unescaped bars as the header's: the same number of columns
+    assert row.replace("\\|", "").count("|") == header.count("|")
