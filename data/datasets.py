@@ -9,6 +9,7 @@ control characters) and what becomes of each: `data/tree.py`. Names reach logs a
 `tree.printable`.
 """
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -145,6 +146,9 @@ class ImageFolderDataset:
         np.cumsum([len(b) for b in encoded], out=self._offsets[1:])
         self._blob = b"".join(encoded)
         self.targets = np.asarray([t for _, t in samples], dtype=np.int64)
+        self.fingerprint = images_fingerprint(
+            "imagenet_folder", "\n".join(classes).encode("utf-8", "surrogateescape"), self._offsets.tobytes(),
+            self._blob, self.targets.tobytes())
         logger.info("ImageFolderDataset %s: %d images, %d classes", shown, len(self), len(classes))
 
     def __len__(self) -> int:
@@ -219,6 +223,7 @@ class DigitsDataset:
         self.classes = [str(c) for c in range(10)]
         self.image_size = int(image_size)
         self.split = split
+        self.fingerprint = images_fingerprint("digits", str(self.image_size).encode(), keep.astype(np.int64).tobytes())
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -233,6 +238,17 @@ class DigitsDataset:
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[index])
+
+
+def images_fingerprint(kind: str, *parts: bytes) -> str:
+    """16 hex digits naming a split's images: its class names, each image's path relative to the split (or its index
+    in a bundled set) and label, in order. The same tree at another path gives the same fingerprint, any other tree
+    another: what lets the tables tell seeds on one data set from runs on two (run_info.json's `data_fingerprint`)."""
+    digest = hashlib.sha256(kind.encode())
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()[:16]
 
 
 def build_dataset(cfg, split: Optional[str] = None, transform: Optional[Callable] = None,

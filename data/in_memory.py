@@ -35,6 +35,7 @@ class InMemoryImages:
         n = len(dataset)
         self.classes = list(getattr(dataset, "classes", []))
         self.targets = np.asarray(dataset.targets, dtype=np.int64).copy()
+        self.fingerprint = getattr(dataset, "fingerprint", "")  # the images it decodes: the same data set
         self._describe = dataset.describe
         self.notes = DataNotes()  # the tree's warnings and this decoding's, kept for the run's log
         inner = getattr(dataset, "notes", None)

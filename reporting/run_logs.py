@@ -75,6 +75,7 @@ class RunSummary(EvalResults):
     # had the GPU to itself (speed_columns.py)
     device: str = ""
     device_name: str = ""
+    data_fingerprint: str = ""  # run_info.json's: which images it trained on ("" where not recorded)
     gpu_mem_outside_mb: Optional[float] = None
     screening: bool = False  # named by the table's maker as a run that chose settings: kept out of every mean
     final_loss: Optional[float] = None
@@ -137,7 +138,8 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
     run.config = flatten_config(dataclasses.asdict(cfg))
     info = read_json(run_dir / "run_info.json")
     if isinstance(info, dict):
-        run.device, run.device_name = (str(info.get(k) or "") for k in ("device", "device_name"))
+        run.device, run.device_name, run.data_fingerprint = (
+            str(info.get(k) or "") for k in ("device", "device_name", "data_fingerprint"))
     return True
 
 

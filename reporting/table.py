@@ -421,6 +421,26 @@ MASKS_PNG = "masks.png"  # the student's 2:4 masks over training, where runs log
 DIFFERENCES_PNG = "loss_differences.png"  # one row of loss differences per dense reference
 
 
+DATA_KEY = "data.fingerprint"  # a compared key of its own where the table's runs trained on different images
+
+
+def mark_data_sets(runs: list[RunSummary]) -> str:
+    """Where the runs recorded more than one training set (run_info.json's `data_fingerprint`: the same tree at two
+    paths agrees, two trees do not), make the set a compared key, so that runs on different images are never seeds
+    of one configuration nor each other's dense reference; returns the table's note on it ("" where all agree)."""
+    known = sorted({run.data_fingerprint for run in runs if run.data_fingerprint})
+    if len(known) < 2:
+        return ""  # one set (runs that did not record theirs are taken to share it), or none recorded
+    unrecorded = [run.name for run in runs if run.config is not None and not run.data_fingerprint]
+    for run in runs:
+        if run.config is not None:
+            run.config[DATA_KEY] = run.data_fingerprint or "unrecorded"
+    return (f"These runs trained on {len(known)} different sets of images ({DATA_KEY}, run_info.json's "
+            f"data_fingerprint: {', '.join(known)}): each run is compared only with runs of its own set"
+            + (f"; {len(unrecorded)} did not record theirs and are compared only among themselves"
+               if unrecorded else "") + ".")
+
+
 def mark_screening(runs: list[RunSummary], screening_paths: Sequence[Path]) -> None:
     """Mark the runs under `screening_paths` (runs or folders holding them), each of which must be among `runs`."""
     table = {Path(run.path).resolve(): run for run in runs}
@@ -459,10 +479,11 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     check_output_folder(out)
     runs = mark_duplicates([read_run(path) for path in find_run_dirs(run_paths)])
     mark_screening(runs, screening)
+    data_note = mark_data_sets(runs)
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".make_table-", dir=out))
     try:
-        _write_table(runs, staging, plots, extra_notes)
+        _write_table(runs, staging, plots, [data_note, *extra_notes] if data_note else extra_notes)
     except OSError as e:
         raise RunDirProblem(f"--out {out}: the table could not be written ({e.strerror or e}); the files there are "
                             "as they were") from e

@@ -61,9 +61,9 @@ def _millions(n: int) -> str:
 
 
 def run_info(cfg: Config, model: torch.nn.Module, device: torch.device, world_size: int, amp_dtype: torch.dtype,
-             compiled: bool, start_step: int, last_step: int) -> dict:
+             compiled: bool, start_step: int, last_step: int, data_fingerprint: str = "") -> dict:
     """The settings a run actually uses, including those resolved at start-up (device, dtypes, compilation, scaled
-    lr): logged at start, written to `run_info.json`."""
+    lr, the training images' fingerprint): logged at start, written to `run_info.json`."""
     student_params = list(model.student.parameters())
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     s = cfg.sparsity
@@ -86,7 +86,7 @@ def run_info(cfg: Config, model: torch.nn.Module, device: torch.device, world_si
         "dense_warmup_steps": cfg.dense_warmup_steps, "sparse_fraction": s.sparse_fraction, "sparsity_kind": s.kind,
         "sparsity_backend": s.backend,
         "pruning": s.pruning, "sparse_teacher": s.teacher == "sparse", "augment_on": cfg.data.augment_on,
-        "start_step": start_step,
+        "start_step": start_step, "data_fingerprint": data_fingerprint,
         "torch": torch.__version__,
     }
 

@@ -313,7 +313,8 @@ class Trainer:
         if resumed and nothing_left(self.cfg, self.output_dir, self.step, last, say=self.ctx.is_main):
             return final
         self.records.start(self.cfg, self.step, resumed, self.checkpoints.directory, lambda: run_info(
-            self.cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype, bool(self.compiled), self.step, last))
+            self.cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype, bool(self.compiled), self.step,
+            last, getattr(self.dataset, "fingerprint", "")))
         self.monitor.truncate_after(self.step)  # as metrics.jsonl: lines after the checkpoint are logged again
         try:
             self._run(resumed, last, final)

@@ -156,3 +156,23 @@ def test_corrupt_count_travels_in_the_batch(small_cfg, corrupt_folder):
                     "data.on_corrupt=raise")
     with pytest.raises(CorruptImageError, match=r"(truncated|empty|text)\.jpg"):
         next(iter(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0)))
+
+
+def test_the_fingerprint_names_the_images_not_the_path(tmp_path):
+    """run_info.json's data_fingerprint: the same tree at another path agrees; a renamed image, an image moved to
+    another class or a different split does not; the bundled digits differ by split and image size."""
+    import shutil
+
+    write_folder(tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "elsewhere" / "b")
+    first = ImageFolderDataset(str(tmp_path / "a"), "train").fingerprint
+    assert len(first) == 16 and ImageFolderDataset(str(tmp_path / "elsewhere" / "b"), "train").fingerprint == first
+    images = sorted((tmp_path / "elsewhere" / "b" / "train" / "a_cls").iterdir())
+    images[0].rename(images[0].with_name("renamed.jpg"))
+    renamed = ImageFolderDataset(str(tmp_path / "elsewhere" / "b"), "train").fingerprint
+    (tmp_path / "elsewhere" / "b" / "train" / "a_cls" / "renamed.jpg").rename(
+        tmp_path / "elsewhere" / "b" / "train" / "b_cls" / "renamed.jpg")
+    moved = ImageFolderDataset(str(tmp_path / "elsewhere" / "b"), "train").fingerprint
+    assert len({first, renamed, moved}) == 3
+    digits = {DigitsDataset(size, split).fingerprint for size, split in ((64, "train"), (64, "val"), (32, "train"))}
+    assert len(digits) == 3 and DigitsDataset(64, "train").fingerprint == DigitsDataset(64, "train").fingerprint

@@ -28,7 +28,7 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
              sparse_images_per_s: float = 64.0, dense_images_per_s: float = 32.0, world_size: Optional[int] = None,
              top1: float = 90.0, knn20: Optional[float] = None, seed: int = 0,
              baselines: Optional[dict] = None, overrides: Sequence[str] = (), device: str = "cuda:0",
-             gpu: str = "NVIDIA H200", gpu_mem_outside_mb: Optional[float] = 900.0) -> Path:
+             gpu: str = "NVIDIA H200", gpu_mem_outside_mb: Optional[float] = 900.0, data_fingerprint: str = "") -> Path:
     """A run of the embedded default (300 steps, batch 32) or of the ViT-L recipe (125k steps, batch 64).
 
     Throughput is constant per phase, so a phase's time is exact: steps * batch / images_per_s.
@@ -37,7 +37,7 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
     ERROR). `baselines`: {file name: result dict}, e.g. {"eval_linear_pixels.json": eval_result(40.0)}.
     `overrides`: more config key=value, e.g. ["student.arch=vit_small"]. `device`, `gpu`: run_info.json's device and
     device name; `gpu_mem_outside_mb`: logged at every metrics line (None: not logged, as by older runs); the
-    defaults are a run alone on one H200."""
+    defaults are a run alone on one H200. `data_fingerprint`: run_info.json's ("" as older runs: not recorded)."""
     run = Path(root) / name
     run.mkdir(parents=True)
     overrides = [f"sparsity.sparse_fraction={fraction}", f"train.seed={seed}", *overrides]
@@ -59,7 +59,8 @@ def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int
                                  **({"gpu_mem_outside_mb": gpu_mem_outside_mb} if gpu_mem_outside_mb is not None
                                     else {})}))
     (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
-    (run / "run_info.json").write_text(json.dumps({"device": device, "device_name": gpu if device != "cpu" else ""}))
+    (run / "run_info.json").write_text(json.dumps({"device": device, "device_name": gpu if device != "cpu" else "",
+                                                   "data_fingerprint": data_fingerprint}))
     log = [f"{LOG_TIME} INFO sparsity.converter: step 0: 24 linears now 2:4-sparse"]
     if log_tail:
         log.append(f"{LOG_TIME} {log_tail}")

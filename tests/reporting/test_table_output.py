@@ -77,3 +77,32 @@ def test_a_bar_in_a_run_name_stays_in_its_cell(tmp_path):
     assert row.startswith("| dense\\|x |")
     # as many unescaped bars as the header's: the same number of columns
     assert row.replace("\\|", "").count("|") == header.count("|")
+
+
+def test_runs_on_different_images_are_never_seeds_of_one_configuration(tmp_path):
+    """Two runs of one recipe whose training images differ (run_info.json's data_fingerprint) are two rows, each
+    compared with the dense run of its own images; a table that averaged them called 75.00 +- 25.00 a result."""
+    import csv
+
+    runs = tmp_path / "runs"
+    make_run(runs, "dense_a", 0.0, top1=80.0, data_fingerprint="aaaaaaaaaaaaaaaa")
+    make_run(runs, "dense_b", 0.0, seed=1, top1=60.0, data_fingerprint="bbbbbbbbbbbbbbbb")
+    make_run(runs, "sparse_a", 0.7, top1=100.0, data_fingerprint="aaaaaaaaaaaaaaaa")
+    make_run(runs, "sparse_b", 0.7, seed=1, top1=50.0, data_fingerprint="bbbbbbbbbbbbbbbb")
+    make_table([runs], tmp_path / "out", plots=False)
+    with open(tmp_path / "out" / "table.csv") as f:
+        lines = list(csv.DictReader(f))
+    rows = {r["run"]: r for r in lines if r["kind"] == "run"}
+    assert float(rows["sparse_a"]["delta_top1"]) == 20.0 and float(rows["sparse_b"]["delta_top1"]) == -10.0
+    assert not [r for r in lines if r["kind"] == "schedule mean"]  # one seed per set: nothing averaged
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "trained on 2 different sets of images" in table and "data.fingerprint=aaaaaaaaaaaaaaaa" in table
+
+
+def test_runs_without_a_fingerprint_share_the_one_recorded(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "dense_s0", 0.0, top1=80.0, data_fingerprint="aaaaaaaaaaaaaaaa")
+    make_run(runs, "dense_s1", 0.0, seed=1, top1=81.0)  # an older run: nothing recorded
+    make_table([runs], tmp_path / "out", plots=False)
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "different sets of images" not in table and "| 0% sparse (dense baseline) | 0, 1 | 2 |" in table

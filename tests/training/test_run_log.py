@@ -47,6 +47,9 @@ def test_start_up_summary_and_the_dtype_actually_used_are_recorded(reference_run
     assert (info["amp_dtype"], info["amp_dtype_configured"]) == ("float32", "bf16")  # ... the run records the used one
     assert "WARNING training.numerics: train.amp_dtype=bf16 is not used on cpu" in log
     assert (info["device"], info["world_size"], info["global_batch"]) == ("cpu", 1, 8)
+    from data import DigitsDataset
+
+    assert info["data_fingerprint"] == DigitsDataset(cfg.data.digits_image_size, "train").fingerprint
     assert info["peak_lr"] == pytest.approx(scaled_lr(cfg, 1)) and info["param_dtype"] == "float32"
     assert info["student_params"] == info["trainable_params"] > info["backbone_params"] > 0
     assert (info["sparse_steps"], info["total_steps"], info["sparsity_backend"]) == (8, TOTAL, "auto")
