@@ -107,3 +107,24 @@ def validate_eval(cfg: EvalConfig) -> None:
 def load_eval_config(path=None, overrides=()) -> EvalConfig:
     """Schema defaults <- optional YAML `path` <- `key=value` overrides, validated (raises `ConfigError`)."""
     return load_structured(EvalConfig, path, overrides, validate_eval)
+
+
+# The probe's protocol: the features.*, linear.* and knn.* settings its numbers depend on. A run's record
+# (eval_linear.json) and the tables are the default protocol's; any other is named apart (evaluate.py).
+EXECUTION_ONLY = ("features.batch_size", "features.num_workers", "features.cache", "knn.batch_size")
+
+
+def protocol(cfg: EvalConfig) -> dict:
+    """{"knn.temperature": 0.07, ...}: the protocol settings of `cfg`."""
+    settings = {}
+    for section in ("features", "linear", "knn"):
+        for key, setting in vars(getattr(cfg, section)).items():
+            if f"{section}.{key}" not in EXECUTION_ONLY:
+                settings[f"{section}.{key}"] = list(setting) if isinstance(setting, (list, tuple)) else setting
+    return settings
+
+
+def protocol_changes(cfg: EvalConfig) -> list[str]:
+    """["knn.temperature=0.1", ...]: where `cfg`'s protocol differs from the default one (the tables')."""
+    default = protocol(EvalConfig())
+    return [f"{key}={setting}" for key, setting in protocol(cfg).items() if setting != default[key]]

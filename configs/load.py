@@ -197,6 +197,18 @@ def load_structured(schema: Type[T], path: Optional[Path | str] = None, override
     return cfg
 
 
+def load_structured_text(schema: Type[T], text: str, what: str = "saved settings") -> T:
+    """A `schema` object from YAML text that `to_yaml` wrote (e.g. the eval_config inside a result), merged over the
+    schema's defaults as a file would be; `ConfigError` naming `what` where it cannot be."""
+    try:
+        node = OmegaConf.load(io.StringIO(text))
+    except (OmegaConfBaseException, yaml.YAMLError, OSError) as e:
+        raise ConfigError(f"{what} cannot be read: {_one_line(e)}") from None
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{what} is not a mapping of sections")
+    return _to_object(_merge(OmegaConf.structured(schema), node, what, schema), what)
+
+
 # The one key in which seeds of one configuration differ (tables group runs by the others; loss comparisons check it).
 SEED_KEY = "train.seed"
 

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from configs import ConfigError, load_config, to_yaml
+from configs.eval_schema import protocol, protocol_changes
 from configs.load import saved_value_matches
 from data import build_dataset, make_eval_transform
 from rundir.atomic import atomic_write_text
@@ -296,6 +297,8 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
         "feature_dim": int(train.x.shape[1]), "features_cached": {"train": train.from_cache, "val": val.from_cache},
         "extraction_seconds": round(time.perf_counter() - start, 3),
         "top1": None, "top5": None, "best_C": None, "C_curve": [], "solver": None, "knn": {},
+        # what the numbers depend on beyond the data: the tables compare only probes under one protocol
+        "protocol": protocol(eval_cfg), "protocol_changes": protocol_changes(eval_cfg),
     }
     if eval_cfg.mode in ("linear", "both"):
         if baseline == PIXELS:

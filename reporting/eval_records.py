@@ -47,6 +47,8 @@ class EvalResults:
     best_C: Optional[float] = None
     solver: str = ""
     n_val: Optional[int] = None  # validation images behind top-1
+    # where the probe's protocol differs from the default one ("knn.temperature=0.1", ...): () for the default
+    protocol_changes: tuple = ()
 
     @property
     def knn_k(self) -> Optional[int]:
@@ -104,6 +106,9 @@ def read_eval_record(path: Path) -> EvalRecord:
         if isinstance(dataset, dict) and dataset.get("own") is False:  # written there through output=
             raise ValueError(f"a probe of other data ({dataset.get('other_because', 'not the run data')}), not the "
                              "run's record")
+        changes = result.get("protocol_changes")
+        changes = changes if isinstance(changes, list) else _older_protocol_changes(result.get("eval_config"))
+        record.protocol_changes = tuple(str(change) for change in changes)
         record.top1, record.top5 = _percentage(result.get("top1"), "top1"), _percentage(result.get("top5"), "top5")
         record.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items()
                       if (top1 := _knn_top1(v)) is not None}
@@ -116,6 +121,21 @@ def read_eval_record(path: Path) -> EvalRecord:
     record.n_val = int(result["n_val"]) if isinstance(result.get("n_val"), int) else None
     record.status = COMPLETE
     return record
+
+
+def _older_protocol_changes(eval_config) -> list:
+    """The protocol changes of a record written before records listed them, from its eval_config text; [] where
+    that cannot be read (the record is then taken as the default protocol's)."""
+    if not isinstance(eval_config, str):
+        return []
+    from configs import ConfigError
+    from configs.eval_schema import EvalConfig, protocol_changes
+    from configs.load import load_structured_text
+
+    try:
+        return protocol_changes(load_structured_text(EvalConfig, eval_config))
+    except (ConfigError, ValueError, TypeError):
+        return []
 
 
 def stale_reason(record: EvalRecord, run_dir: Path) -> str:

@@ -441,6 +441,24 @@ def mark_data_sets(runs: list[RunSummary]) -> str:
                if unrecorded else "") + ".")
 
 
+PROTOCOL_KEY = "eval.protocol"  # a compared key of its own where the runs were probed under different protocols
+
+
+def mark_protocols(runs: list[RunSummary]) -> str:
+    """Where the runs' probes differ in protocol (eval_linear.json's protocol_changes: C grid, iterations, k,
+    temperature, crops), make it a compared key, so that only probes under one protocol are compared; returns the
+    table's note on it ("" where every probe is the default protocol's)."""
+    protocols = sorted({", ".join(run.protocol_changes) or "default" for run in runs if run.eval_status == COMPLETE})
+    if len(protocols) < 2:
+        return "" if protocols in ([], ["default"]) else f"Every probe ran under another protocol than the default: " \
+                                                          f"{protocols[0]}."
+    for run in runs:
+        if run.config is not None:
+            run.config[PROTOCOL_KEY] = ", ".join(run.protocol_changes) or "default"
+    return (f"These runs were probed under {len(protocols)} protocols ({'; '.join(protocols)}): each run is compared "
+            "only with runs probed under its own.")
+
+
 def mark_screening(runs: list[RunSummary], screening_paths: Sequence[Path]) -> None:
     """Mark the runs under `screening_paths` (runs or folders holding them), each of which must be among `runs`."""
     table = {Path(run.path).resolve(): run for run in runs}
@@ -479,11 +497,11 @@ def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes
     check_output_folder(out)
     runs = mark_duplicates([read_run(path) for path in find_run_dirs(run_paths)])
     mark_screening(runs, screening)
-    data_note = mark_data_sets(runs)
+    marked = [note for note in (mark_data_sets(runs), mark_protocols(runs)) if note]
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".make_table-", dir=out))
     try:
-        _write_table(runs, staging, plots, [data_note, *extra_notes] if data_note else extra_notes)
+        _write_table(runs, staging, plots, [*marked, *extra_notes])
     except OSError as e:
         raise RunDirProblem(f"--out {out}: the table could not be written ({e.strerror or e}); the files there are "
                             "as they were") from e

@@ -7,7 +7,8 @@ over:
 - training is finished exactly when train.py would have nothing left to do (`rundir.status`: a checkpoint of the
   run's last step that matches its SHA-256 and, for a full run, the final teacher); otherwise training is
   (re)submitted, and train.py resumes from the newest checkpoint;
-- evaluation is finished when `eval_linear.json` exists;
+- evaluation is finished when the tables would show `eval_linear.json`: readable, of the run's own data and of its
+  current teacher (`reporting.eval_records`), not merely present;
 - a job recorded in `jobs.json` that Slurm still lists as pending or running is not submitted twice.
 """
 
@@ -21,6 +22,7 @@ from typing import Optional, Sequence
 from configs import Config, ConfigError, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
 from configs.sweep import refuse_fraction_override, schedule_run
+from reporting.eval_records import COMPLETE, read_eval_record, stale_reason
 from rundir.atomic import atomic_write_text
 from rundir.errors import RunDirProblem
 from rundir.guard import usable_checkpoint_dir
@@ -32,6 +34,13 @@ JOB_LOGS = "slurm"  # <run>/slurm/<job id>/: submitit's logs and pickles of the 
 
 JOBS_FILE = "jobs.json"  # the launcher's record of the jobs it submitted for a run (in the run directory)
 
+
+
+def probe_done(run_dir: Path) -> bool:
+    """Whether the run's probe is done as the tables see it: its eval_linear.json readable, of the run's own data
+    and of its current teacher; a file that is there but unreadable, of other data or stale is a probe to run."""
+    record = read_eval_record(run_dir / EVAL_RESULT)
+    return record.status == COMPLETE and not stale_reason(record, run_dir)
 
 def run_name(fraction: float) -> str:
     """sparse_0.70 (two decimals where they are exact, so names sort; every digit of the number where needed, so that
@@ -134,6 +143,6 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
                                 "remove the link")
         read_jobs(run_dir)  # RunDirProblem naming jobs.json
         plan.done_steps = resumable_step(run_dir, plan.last_step)
-        plan.eval_done = (run_dir / EVAL_RESULT).exists()
+        plan.eval_done = probe_done(run_dir)
         plans.append(plan)
     return plans

@@ -106,3 +106,29 @@ def test_runs_without_a_fingerprint_share_the_one_recorded(tmp_path):
     make_table([runs], tmp_path / "out", plots=False)
     table = (tmp_path / "out" / "table.md").read_text()
     assert "different sets of images" not in table and "| 0% sparse (dense baseline) | 0, 1 | 2 |" in table
+
+
+def test_probes_under_different_protocols_are_never_compared(tmp_path):
+    """A run probed at knn.temperature=1.0 and one at the default are two rows, each with the dense run probed as it
+    was; records written before they listed their protocol are read from their eval_config."""
+    import csv
+    import json
+
+    from reporting_runs import eval_result
+
+    runs = tmp_path / "runs"
+    other = {**eval_result(70.0), "protocol_changes": ["knn.temperature=1.0"]}
+    older = {**eval_result(50.0), "eval_config": "knn:\n  temperature: 1.0\n"}  # no protocol_changes field
+    make_run(runs, "dense", 0.0, top1=80.0)
+    make_run(runs, "dense_t1", 0.0, seed=1, result=older)
+    make_run(runs, "sparse70", 0.7, top1=79.0)
+    make_run(runs, "sparse70_t1", 0.7, seed=0, result=other)  # seed 0: only the protocol keeps it from "dense"
+    make_table([runs], tmp_path / "out", plots=False)
+    with open(tmp_path / "out" / "table.csv") as f:
+        rows = {r["run"]: r for r in csv.DictReader(f) if r["kind"] == "run"}
+    assert float(rows["sparse70"]["delta_top1"]) == -1.0 and float(rows["sparse70_t1"]["delta_top1"]) == 20.0
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "probed under 2 protocols (default; knn.temperature=1.0)" in table
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert {r["run"]: r["differing_config"]["eval.protocol"] for r in summary["rows"]}["dense_t1"] == \
+        "knn.temperature=1.0"

@@ -325,3 +325,19 @@ def test_a_recipe_with_the_teacher_restart_sweeps_every_fraction(tmp_path):
                     str(tmp_path / "s"), "--gpus-per-node", "0", "--dry-run", *overrides)
     assert f"note: {restart}=true left out: 0% sparse has no switch" in result.stdout
     assert result.stdout.count("note: ") == 2  # the lr note of the header, and the dense run's
+
+
+@pytest.mark.parametrize("record, done", [
+    ({"top1": 12.5}, True),
+    ({"top1": "nan"}, False),  # unreadable for the table: the probe is run again
+    ({"top1": 12.5, "dataset": {"own": False, "other_because": "data.root=/elsewhere"}}, False),  # other data
+    ({"top1": 12.5, "checkpoint_sha256": "0" * 64}, False),  # of an earlier teacher than the run's current one
+])
+def test_a_probe_is_done_when_the_table_would_show_it(tmp_path, record, done):
+    from slurm.sweep import probe_done
+
+    cfg = load_config(None, ["optim.epochs=2", "train.epoch_length=5"])
+    _fake_progress(tmp_path / "run", cfg, [10], eval_done=True)
+    (tmp_path / "run" / "teacher_backbone.pth.sha256").write_text("1" * 64 + "  teacher_backbone.pth\n")
+    (tmp_path / "run" / "eval_linear.json").write_text(json.dumps(record))
+    assert probe_done(tmp_path / "run") is done
