@@ -22,7 +22,7 @@ from configs import ConfigError, load_config, to_yaml
 from configs.eval_schema import protocol, protocol_changes
 from configs.load import saved_value_matches
 from data import build_dataset, make_eval_transform
-from rundir.atomic import atomic_write_text
+from rundir.atomic import atomic_write_text, name_problem
 from rundir.guard import eval_dir_problem
 from rundir.layout import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, eval_result_name
 from rundir.lock import lock
@@ -83,8 +83,12 @@ def append_index(path: Path, record: dict) -> None:
 
 
 def check_target(path: Path, key: str) -> None:
-    """Before any work: `path` (where `key` says a result goes) can be written as a file: not a directory or other
-    non-regular entry, its folder a directory. A bad target is reported now, not after the whole probe ran."""
+    """Before any work: `path` (where `key` says a result goes) can be written as a file: a name its file system
+    takes (with the temporary name it is written under), not a directory or other non-regular entry, its folder a
+    directory. A bad target is reported now, not after the whole probe ran."""
+    too_long = name_problem(path)
+    if too_long:
+        raise EvalInputError(f"{key}={str(path)[:80]}...: {too_long}")
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:

@@ -41,6 +41,41 @@ def tmp_path(path: Path | str) -> Path:
     return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}{TMP_SUFFIX}")
 
 
+# what `tmp_path` adds to a name at most: ".<pid>.<12 hex>.tmp" (pids are below 2**22 on Linux, 2**32 anywhere)
+TMP_NAME_EXTRA = len(".4294967295.") + 12 + len(TMP_SUFFIX)
+
+
+def _name_limits(folder: Path) -> tuple[int, int]:
+    """(NAME_MAX, PATH_MAX) of the nearest existing folder's file system; POSIX's usual 255 / 4096 where none tells."""
+    for candidate in (folder, *folder.parents):
+        try:
+            if candidate.is_dir():
+                return os.pathconf(candidate, "PC_NAME_MAX"), os.pathconf(candidate, "PC_PATH_MAX")
+        except (OSError, ValueError):  # a component too long to even look at: try the one above
+            continue
+    return 255, 4096
+
+
+def name_problem(path: Path | str, extra: int = TMP_NAME_EXTRA) -> str:
+    """Why `path` cannot be written the way every file here is, through a temporary name `extra` bytes longer ("" if
+    it can): a folder name, the file name with that extra, or the whole path longer than its file system takes.
+    Checked before any work: a name that fails only at the final rename loses the result."""
+    path = Path(os.path.abspath(path))
+    name_max, path_max = _name_limits(path.parent)
+    for part in path.parts[1:-1]:
+        if len(os.fsencode(part)) > name_max:
+            return f"the folder name {part[:24]}... is {len(os.fsencode(part))} bytes, over the {name_max} its file " \
+                   "system takes"
+    name_bytes = len(os.fsencode(path.name)) + extra
+    if name_bytes > name_max:
+        return f"the file name {path.name[:24]}... with the temporary name it is written under is {name_bytes} " \
+               f"bytes, over the {name_max} its file system takes"
+    path_bytes = len(os.fsencode(str(path))) + extra
+    if path_bytes >= path_max:
+        return f"the path is {path_bytes} bytes with its temporary name, over the {path_max} its file system takes"
+    return ""
+
+
 def temporary_base(name: str) -> Optional[str]:
     """The name of the file a temporary file was writing (`step_00000008.pt` for `step_00000008.pt.123.ab12cd34ef56.tmp`
     or the older `step_00000008.pt.tmp`), None for a name that is not a temporary file."""

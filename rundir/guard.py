@@ -31,11 +31,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from .atomic import temporary_base
+from .atomic import name_problem, temporary_base
 from .digests import DIGEST_SUFFIX
 from .errors import RunDirProblem
-from .layout import (CHECKPOINTS, CONFIG, CORRUPT_SUFFIX, EVAL_DIR, LOG, METRICS, RUN_INFO, SPARSITY_DECISIONS,
-                     SPARSITY_MASKS, STATUS, STUDENT, TEACHER, checkpoint_step, is_eval_result_name, list_checkpoints)
+from .layout import (CHECKPOINTS, CONFIG, CORRUPT_SUFFIX, EVAL_DIR, LOG, METRICS, RUN_FILE_ROOM, RUN_INFO,
+                     SPARSITY_DECISIONS, SPARSITY_MASKS, STATUS, STUDENT, TEACHER, checkpoint_step,
+                     is_eval_result_name, list_checkpoints)
 from .status import FINISHED, PREEMPTED, RUNNING, read_status
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ def resolve_run_dir(output_dir: Path) -> Path:
     """The run directory's real path, resolved once (see the module docstring). `RunDirProblem` for a symlink that
     leads nowhere (dangling, a loop): creating its target would write where the user did not look."""
     output_dir = Path(output_dir)
+    too_long = name_problem(output_dir / RUN_FILE_ROOM)
+    if too_long:  # before anything looks at it: the file system refuses such a path with a traceback
+        raise RunDirProblem(f"{str(output_dir)[:80]}...: too long for the files a run writes inside it ({too_long})")
     if output_dir.is_symlink() and not output_dir.is_dir():
         raise RunDirProblem(f"{output_dir} is a symlink that leads to no directory (dangling, or a loop): "
                             "point it at a directory, or choose another --output-dir")

@@ -137,3 +137,7 @@ def write_sparsity_decisions(run_dir: Path, decisions: dict, unless: str = "") -
     if text != unless:
         atomic_write_text(Path(run_dir) / SPARSITY_DECISIONS, text)
     return text
+
+# room for the longest path a run writes inside its directory (an export's digest, a probe record with suffixes):
+# what a run directory's name is checked with (guard.resolve_run_dir)
+RUN_FILE_ROOM = Path("eval", "step_00000000", "x" * 80)
