@@ -126,7 +126,7 @@ def main(argv=None) -> int:
         claimed = claim(output_dir, resume=cfg.train.resume) if launch.rank == 0 else None
     except CommandError as e:
         return refuse("--output-dir", e)
-    ctx = init_distributed()
+    ctx = init_distributed(start_timeout_s=cfg.train.dist_start_timeout_s)
     try:
         setup_logging(output_dir, ctx.is_main)
     except CommandError as e:

@@ -218,7 +218,7 @@ RESUMABLE_CHANGES = (
     "train.max_steps", "train.num_workers", "train.log_period", "train.checkpoint_period", "train.max_to_keep",
     "train.teacher_export_period", "train.resume", "train.allow_unverified_checkpoints", "train.batch_size_per_gpu",
     "train.compile", "train.compile_backend", "train.compile_mode", "train.ddp_split_compiled_graphs",
-    "train.gc_period", "train.cuda_graph", "data.root",
+    "train.gc_period", "train.cuda_graph", "train.dist_start_timeout_s", "data.root",
     "data.on_corrupt",
     "sparsity.backend", "sparsity.cslt_search", "sparsity.cslt_pack", "sparsity.fused_wgrad", "sparsity.mask_stats",
     "train.export_student",

@@ -228,6 +228,9 @@ class TrainConfig:
     # steps between collections of Python's young generations, automatic collection off in the training loop (a full
     # collection mid-step stalls the host: training/gc_control.py); 0 = Python's automatic collection
     gc_period: int = value(50, ge=0)
+    # seconds each process of a data-parallel launch waits for all of them to join (torchrun or Slurm variables left
+    # in a shell, a peer that never started) before it stops with one line and exit status 1
+    dist_start_timeout_s: float = value(600.0, gt=0)
     # the whole step (forward, backward, clipping, AdamW, EMA) captured as one CUDA graph per sparsity phase and
     # replayed (training/step_graph.py): one launch per step instead of thousands; CUDA, bf16 or fp32, one process
     cuda_graph: bool = False

@@ -17,6 +17,9 @@ import inspect
 import logging
 import os
 import re
+import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -173,8 +176,28 @@ def _cuda_device(local_rank: int) -> torch.device:
                       "process per GPU")
 
 
-def init_distributed(env: Optional[Mapping[str, str]] = None) -> DistContext:
-    """Join the process group this process was launched into (see `detect_launch`); one process: no group."""
+@contextmanager
+def bounded_wait(seconds: float, on_timeout: str):
+    """The body may block (a rendezvous whose peers never come): after `seconds`, print `on_timeout` as one line
+    and end the process with status 1. A watchdog thread, so torch's own timeouts (which also bound every later
+    collective) stay as they are; the run directory's lock is a file lock, which the exit releases."""
+    done = threading.Event()
+
+    def watchdog() -> None:
+        if not done.wait(seconds):
+            print(on_timeout, file=sys.stderr, flush=True)
+            os._exit(1)
+
+    threading.Thread(target=watchdog, name="distributed-start-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def init_distributed(env: Optional[Mapping[str, str]] = None, start_timeout_s: float = 600.0) -> DistContext:
+    """Join the process group this process was launched into (see `detect_launch`); one process: no group. The wait
+    for all processes to join is said on one line and bounded by `start_timeout_s` (train.dist_start_timeout_s)."""
     env = os.environ if env is None else env
     launch = detect_launch(env)
     if launch.note:
@@ -188,8 +211,15 @@ def init_distributed(env: Optional[Mapping[str, str]] = None) -> DistContext:
     if launch.launcher == "slurm":
         os.environ.update(launch.as_env())  # env:// reads them; so do libraries and subprocesses
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if cuda else "gloo", rank=launch.rank, world_size=launch.world_size,
-                                device_id=device if cuda else None)
+        where = f"{launch.master_addr}:{launch.master_port}"
+        print(f"rank {launch.rank}: waiting up to {start_timeout_s:g} s for the {launch.world_size} processes of this "
+              f"{launch.launcher} launch to join at {where}", file=sys.stderr, flush=True)
+        unset = "RANK, WORLD_SIZE, LOCAL_RANK" if launch.launcher == "torchrun" else "the SLURM_* variables"
+        with bounded_wait(start_timeout_s, f"rank {launch.rank}: the {launch.world_size} processes did not all join at "
+                                           f"{where} within train.dist_start_timeout_s={start_timeout_s:g} s; if no "
+                                           f"data-parallel launch was meant, unset {unset} and run again"):
+            dist.init_process_group(backend="nccl" if cuda else "gloo", rank=launch.rank,
+                                    world_size=launch.world_size, device_id=device if cuda else None)
     logger.info("rank %d/%d (%s launch, local rank %d) on %s, master %s:%d", launch.rank, launch.world_size,
                 launch.launcher, launch.local_rank, device, launch.master_addr, launch.master_port)
     return DistContext(launch.rank, launch.world_size, launch.local_rank, device)
