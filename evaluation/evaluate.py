@@ -95,9 +95,11 @@ def check_target(path: Path, key: str) -> None:
         mode = None
     except OSError as e:
         raise EvalInputError(f"{key}={path}: {e.strerror or e}") from None
+    if mode is not None and stat.S_ISLNK(mode):  # the result would replace the link, or write where it points
+        raise EvalInputError(f"{key}={path} is a symlink: name the file itself")
     if mode is not None and stat.S_ISDIR(mode):
         raise EvalInputError(f"{key}={path} is a directory: name a file (e.g. {path / 'eval_linear.json'})")
-    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+    if mode is not None and not stat.S_ISREG(mode):
         raise EvalInputError(f"{key}={path} is not a regular file (a FIFO, socket or device): name a file")
     parent = path.parent
     if parent.exists() and not parent.is_dir():

@@ -107,8 +107,9 @@ class MetricsLog:
 
 
 def open_append(path: Path):
-    """`path` opened to append text, created if absent; never through a symlink (`RunDirProblem`, naming it), so
-    the run's appended files (metrics.jsonl, log.txt) cannot be redirected outside it."""
+    """`path` opened to append text, created if absent; never through a symlink nor into a file with other hard
+    links (`RunDirProblem`, naming it), so the run's appended files (metrics.jsonl, log.txt) cannot be redirected
+    outside it."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as e:
@@ -116,4 +117,8 @@ def open_append(path: Path):
             raise
         raise RunDirProblem(f"{path} is a symlink: the run appends to a file of its own, never through a link; "
                             "remove the link") from None
+    if os.fstat(fd).st_nlink > 1:  # the same file under another name, maybe outside the run
+        os.close(fd)
+        raise RunDirProblem(f"{path} has other hard links: the run appends to a file of its own, never to one "
+                            "shared with another name; remove the links or the file")
     return os.fdopen(fd, "a")
