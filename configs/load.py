@@ -69,6 +69,13 @@ def _parse_dotlist(overrides: Sequence[str]) -> DictConfig:
             raise ConfigError(f"command-line override '{item}' names no key (key=value)")
     for item in overrides:  # one at a time, to name the one that does not parse (its value is YAML)
         try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the command line could not decode (a path in another encoding)
+            key = item.split("=", 1)[0]
+            raise ConfigError(f"command line: the value of {key} holds bytes that are not UTF-8 text "
+                              f"({ascii(item.split('=', 1)[1])[:80]}): config files and records are UTF-8; rename "
+                              "the path or give it through a link whose name is UTF-8") from None
+        try:
             OmegaConf.from_dotlist([item])
         except (OmegaConfBaseException, yaml.YAMLError) as e:
             shown = item if len(item) <= 120 else f"{item[:100]}... ({len(item)} characters)"

@@ -118,4 +118,5 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
 
 
 def atomic_write_text(path: Path | str, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+    """UTF-8 whatever the locale; a character that is not text (a path's undecodable byte) is written escaped."""
+    atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))

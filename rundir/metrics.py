@@ -121,4 +121,6 @@ def open_append(path: Path):
         os.close(fd)
         raise RunDirProblem(f"{path} has other hard links: the run appends to a file of its own, never to one "
                             "shared with another name; remove the links or the file")
-    return os.fdopen(fd, "a")
+    # UTF-8 whatever the locale (LC_ALL=C would make a non-ASCII path a logging error and lose the line); a path's
+    # bytes that the locale could not decode are written back as they were (surrogateescape)
+    return os.fdopen(fd, "a", encoding="utf-8", errors="surrogateescape")
