@@ -16,6 +16,8 @@ from typing import Any, Optional
 from .atomic import atomic_write_text
 from .errors import RunDirProblem
 from .json_files import parse_json
+from .layout import METRICS
+from .typed_records import METRICS_LINE_FIELDS, checked
 
 FORMAT_KEY = "format"  # metrics.jsonl: absent (format 1) = `step` counted from 0; 2 = steps done
 METRICS_FORMAT = 2
@@ -26,16 +28,16 @@ TIMING_FIELDS = ("images_per_s", "step_time_s", "data_time_s", "time", "max_mem_
 def steps_done(record: dict) -> int:
     """Optimizer steps done when `record` (a metrics.jsonl line) was logged, whatever its format."""
     step = int(record["step"])
-    return step if record.get(FORMAT_KEY, 1) >= 2 else step + 1
+    return step if (record.get(FORMAT_KEY) or 1) >= 2 else step + 1
 
 
 def _parsed(line: str) -> Optional[dict]:
     """A metrics line's record, None for a line cut by a kill mid-write (or anything else that is not one)."""
     try:
-        record = parse_json(line)
-    except ValueError:
+        record = checked(parse_json(line), METRICS_LINE_FIELDS, METRICS)
+    except ValueError:  # UnreadableRecord too: a line whose fields have the wrong types is as good as a torn one
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
+    return record if isinstance(record.get("step"), int) else None
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -20,6 +20,7 @@ from .digests import verify
 from .errors import CommandError
 from .json_files import read_json
 from .layout import LOG, STATUS, TEACHER, checkpoint_dir, list_checkpoints
+from .typed_records import STATUS_FIELDS, UnreadableRecord, checked
 
 RUNNING, FINISHED, PREEMPTED, FAILED = "running", "finished", "preempted", "failed"
 
@@ -96,11 +97,13 @@ def read_status(run_dir: Path) -> RunStatus:
     record = read_json(Path(run_dir) / STATUS)
     if record is None:
         return _status_from_old_log(Path(run_dir) / LOG)
-    step = record.get("step")
-    return RunStatus(state=str(record.get("state", "")), step=step if isinstance(step, int) else None,
-                     reason=str(record.get("reason", "")),
-                     resumed_at=[s for s in record.get("resumed_at") or [] if isinstance(s, int)],
-                     time=str(record.get("time", "")), run_id=str(record.get("run_id", "")))
+    try:
+        record = checked(record, STATUS_FIELDS, STATUS)
+    except UnreadableRecord as e:  # its state is unknown, and says why; the trainer writes a new one
+        return RunStatus(state="", reason=str(e))
+    return RunStatus(state=record.get("state") or "", step=record.get("step"), reason=record.get("reason") or "",
+                     resumed_at=list(record.get("resumed_at") or []), time=record.get("time") or "",
+                     run_id=record.get("run_id") or "")
 
 
 _LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) (?P<logger>\S+): (?P<message>.*)$")

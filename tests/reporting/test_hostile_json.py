@@ -60,3 +60,42 @@ def test_every_reader_skips_or_names_the_damage_and_the_table_keeps_the_good_run
     summary = json.loads((tmp_path / "table" / "summary.json").read_text())
     by_run = {row["run"]: row for row in summary["rows"]}
     assert by_run["good"]["top1"] == 71.37 and by_run["bad"]["top1"] is None
+
+
+WRONG_TYPES = {
+    "status resumed_at a number": ("status.json", {"resumed_at": 5}),
+    "status step a text": ("status.json", {"step": "20"}),
+    "status a list": ("status.json", ["finished"]),
+    "metrics format null": ("metrics.jsonl", {"format": None}),
+    "metrics phase a list": ("metrics.jsonl", {"phase": ["x"]}),
+    "metrics global_batch a text": ("metrics.jsonl", {"global_batch": "64"}),
+}
+
+
+@pytest.mark.parametrize("file, damage", WRONG_TYPES.values(), ids=WRONG_TYPES.keys())
+def test_json_that_parses_with_fields_of_the_wrong_type_costs_only_its_own_record(tmp_path, file, damage):
+    """Each run file is read through its typed fields (rundir/typed_records.py): a field of the wrong type makes
+    that record unreadable (status unknown, naming the field; a metrics line skipped), and the table, the launcher's
+    status and a resume go on."""
+    from slurm.status import run_row
+
+    bad = _copy_good(tmp_path / "runs" / "bad")
+    _copy_good(tmp_path / "runs" / "good")
+    if file == "status.json":
+        status = json.loads((bad / "status.json").read_text())
+        (bad / "status.json").write_text(json.dumps(damage if isinstance(damage, list) else {**status, **damage}))
+        read = read_status(bad)
+        assert read.state == ""  # unknown: neither finished nor running
+        if isinstance(damage, dict):  # (not an object at all: read as no status.json, from the log)
+            assert read.reason.startswith(f"unreadable status.json: {next(iter(damage))}: ")
+    else:
+        lines = (bad / "metrics.jsonl").read_text().splitlines()
+        last = {**json.loads(lines[-1]), **damage}
+        (bad / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+        expected = len(lines) - (0 if damage == {"format": None} else 1)  # null is absent: the line stays
+        assert len(read_metrics(bad / "metrics.jsonl")) == expected
+    read_run(bad)
+    run_row(bad, {})
+    make_table([tmp_path / "runs"], tmp_path / "table", plots=False)
+    summary = json.loads((tmp_path / "table" / "summary.json").read_text())
+    assert {r["run"] for r in summary["rows"]} == {"bad", "good"}
