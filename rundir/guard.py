@@ -35,8 +35,8 @@ from .atomic import name_problem, temporary_base
 from .digests import DIGEST_SUFFIX
 from .errors import RunDirProblem
 from .layout import (CHECKPOINTS, CONFIG, CORRUPT_SUFFIX, EVAL_DIR, LOG, METRICS, RUN_FILE_ROOM, RUN_INFO,
-                     SPARSITY_DECISIONS, SPARSITY_MASKS, STATUS, STUDENT, TEACHER, checkpoint_step,
-                     is_eval_result_name, list_checkpoints)
+                     SPARSITY_DECISIONS, SPARSITY_MASKS, STATUS, STUDENT, TEACHER, checkpoint_dir,
+                     checkpoint_step, is_eval_result_name, list_checkpoints)
 from .status import FINISHED, PREEMPTED, RUNNING, read_status
 
 logger = logging.getLogger(__name__)
@@ -193,13 +193,20 @@ SUPERSEDED_PREFIX = "superseded-"
 def previous_results(output_dir: Path) -> list[Path]:
     """What a previous run left that a fresh start must not be read with: its final teacher and student (and
     digests), its evaluation records (`rundir.layout.eval_result_name`) and `eval/` (teacher exports, feature caches,
-    their records)."""
+    their records); and where it left those or checkpoints, the records that describe it (config, run info, status,
+    metrics, the sparsity logs), so that they travel together. (A run killed before its first checkpoint left
+    nothing to keep: its records are rewritten. log.txt always stays: it is open, and says when the new run
+    started.)"""
     try:
         entries = sorted(Path(output_dir).iterdir())
     except FileNotFoundError:
         return []
     own = {TEACHER, TEACHER + DIGEST_SUFFIX, STUDENT, STUDENT + DIGEST_SUFFIX, EVAL_DIR}
-    return [p for p in entries if p.name in own or is_eval_result_name(p.name)]
+    results = [p for p in entries if p.name in own or is_eval_result_name(p.name)]
+    if not results and not list_checkpoints(checkpoint_dir(Path(output_dir))):
+        return []
+    records = {CONFIG, RUN_INFO, STATUS, METRICS, SPARSITY_DECISIONS, SPARSITY_MASKS, SPARSITY_MASKS + ".gz"}
+    return results + [p for p in entries if p.name in records]
 
 
 def set_aside_results(output_dir: Path) -> Optional[Path]:

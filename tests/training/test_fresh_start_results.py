@@ -37,6 +37,9 @@ def test_resume_false_over_an_evaluated_run_sets_the_old_results_aside(tmp_path)
     assert len(aside) == 1, sorted(p.name for p in run.iterdir())
     assert "moved them to" in result.stderr and str(aside[0]) in result.stderr
     assert (aside[0] / "eval_linear.json").read_text() == old_eval  # kept whole, never deleted
+    old_metrics = [json.loads(line) for line in (aside[0] / "metrics.jsonl").read_text().splitlines()]
+    assert old_metrics and (aside[0] / "config.yaml").is_file() and (aside[0] / "status.json").is_file()
+    assert "seed: 0" in (aside[0] / "config.yaml").read_text() and "seed: 1" in (run / "config.yaml").read_text()
     assert recorded_digest(aside[0] / "teacher_backbone.pth") == old_teacher
     assert sorted(p.relative_to(aside[0]) for p in (aside[0] / "eval").rglob("*") if p.is_file()) == exports
     assert not (run / "eval_linear.json").exists()  # the new teacher has no evaluation yet
@@ -56,9 +59,10 @@ def test_set_aside_moves_only_a_previous_runs_results_and_never_reuses_a_folder(
 
     run = tmp_path / "run"
     (run / "eval" / "step_00000008").mkdir(parents=True)
-    kept = ["config.yaml", "metrics.jsonl", "log.txt", "status.json", "notes_eval.json", "eval_index.jsonl"]
+    kept = ["log.txt", "notes_eval.json", "eval_index.jsonl"]
     moved = ["teacher_backbone.pth", "teacher_backbone.pth.sha256", "eval_linear.json", "eval_knn_step_00000008.json",
-             "eval_linear_pixels.json"]
+             "eval_linear_pixels.json", "config.yaml", "metrics.jsonl", "status.json", "run_info.json",
+             "sparsity_decisions.json", "sparsity_masks.jsonl"]  # the old run's records go with its results
     for name in kept + moved:
         (run / name).write_text(name)
     assert set_aside_results(tmp_path / "absent") is None
@@ -70,3 +74,18 @@ def test_set_aside_moves_only_a_previous_runs_results_and_never_reuses_a_folder(
     second = set_aside_results(run)
     assert second != first and (second / "eval_linear.json").read_text() == "again"
     assert (first / "eval_linear.json").read_text() == "eval_linear.json"
+
+
+def test_a_run_killed_before_anything_worth_keeping_is_simply_rewritten(tmp_path):
+    """No teacher, no evaluation, no checkpoint (killed before the first one): nothing to set aside, so a fresh start
+    rewrites the records as an uninterrupted run would have written them."""
+    from rundir.guard import previous_results
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("config.yaml", "metrics.jsonl", "status.json", "run_info.json", "log.txt"):
+        (run / name).write_text(name)
+    assert previous_results(run) == []
+    (run / "checkpoints" / "step_00000004.pt").write_bytes(b"x")  # a checkpoint: the records go with it
+    assert sorted(p.name for p in previous_results(run)) == ["config.yaml", "metrics.jsonl", "run_info.json",
+                                                             "status.json"]
