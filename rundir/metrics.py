@@ -84,20 +84,23 @@ class MetricsLog:
         self.path = Path(path)
         self.enabled = enabled
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int) -> Optional[int]:
         """Keep only lines logged with at most `step` steps done (those a run resumed at `step` will not log
-        again); 0 empties the file. Everything after a cut line goes too."""
+        again); 0 empties the file. Everything after a cut line goes too. Returns the steps done of the last line
+        kept (None: none)."""
         if not self.enabled or not (self.path.exists() or self.path.is_symlink()):
-            return
+            return None
         if self.path.is_symlink():  # never read or write another file through a link planted in the run
             raise RunDirProblem(f"{self.path} is a symlink: a run's metrics are a file of its own; remove the link")
-        kept = []
+        kept, last = [], None
         for line in self.path.read_text().splitlines():
             record = _parsed(line)
             if record is None or steps_done(record) > step:
                 break
             kept.append(line)
+            last = steps_done(record)
         atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))  # a kill here keeps the old file
+        return last
 
     def write(self, record: dict) -> None:
         if not self.enabled:

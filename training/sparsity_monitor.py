@@ -81,8 +81,12 @@ class SparsityMonitor:
         self.switch = SwitchLoss(sparse, window)
 
     def truncate_after(self, step: int) -> None:
-        """On a (re)start, as metrics.jsonl: lines past the checkpoint go."""
-        self.masks_log.truncate_after(step)
+        """On a (re)start, as metrics.jsonl: lines past the checkpoint go. Where the last line kept was logged at
+        `step` itself, its masks are those of the weights just restored (bit-exactly): taken again, so that the next
+        line's flip rate compares with them as the uninterrupted run's did, instead of being empty."""
+        last = self.masks_log.truncate_after(step)
+        if self.enabled and step > 0 and last == step:
+            self.stats.update({name: m.weight for name, m in self.converter.selected_linears(self.student).items()})
 
     def observe_step(self, step: int, loss: torch.Tensor) -> None:
         """After each step (0-based `step`): the loss around the switch (a no-op elsewhere)."""
