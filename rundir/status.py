@@ -143,14 +143,15 @@ def nothing_left_at(run_dir: Path, step: int, last: int, total: int) -> bool:
 
 def resumable_step(run_dir: Path, last: int) -> int:
     """The step train.py would resume from, as far as "finished" depends on it: a checkpoint at the last step counts
-    only if it matches its digest (train.py sets a damaged one aside and resumes from the one before); earlier ones
-    are taken by name (train.py checks them when it resumes), so a status does not hash every checkpoint."""
+    only if it has a digest and matches it (train.py sets a damaged one aside and refuses one without a digest; a
+    junk file named like it is not a finished run); earlier ones are taken by name (train.py checks them when it
+    resumes), so a status does not hash every checkpoint."""
     for step, path in reversed(list_checkpoints(checkpoint_dir(run_dir))):
         if step < last:
             return step
         try:
-            verify(path)
+            if verify(path):
+                return step
         except (CommandError, OSError):
             continue
-        return step
     return 0

@@ -70,8 +70,10 @@ def test_dry_run_of_the_vitl_sweep_prints_seven_jobs_and_seven_chained_evals(tmp
 def _fake_progress(run_dir, cfg, steps, eval_done=False):
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    for step in steps:
-        (run_dir / "checkpoints" / f"step_{step:08d}.pt").touch()
+    from rundir.torch_files import save_verified
+
+    for step in steps:  # with digests, as train.py writes them (a last checkpoint without one is not finished)
+        save_verified({"step": step}, run_dir / "checkpoints" / f"step_{step:08d}.pt")
     if steps and steps[-1] >= cfg.total_steps:  # trained to the end: train.py exports the final teacher last
         (run_dir / "teacher_backbone.pth").touch()
     if steps:
@@ -341,3 +343,18 @@ def test_a_probe_is_done_when_the_table_would_show_it(tmp_path, record, done):
     (tmp_path / "run" / "teacher_backbone.pth.sha256").write_text("1" * 64 + "  teacher_backbone.pth\n")
     (tmp_path / "run" / "eval_linear.json").write_text(json.dumps(record))
     assert probe_done(tmp_path / "run") is done
+
+
+def test_a_junk_file_named_like_the_last_checkpoint_is_not_a_finished_training(tmp_path):
+    """train.py refuses a checkpoint without a digest; so does the launcher's plan: the run is resumed from the one
+    before, not reported `training: done`."""
+    from rundir.status import resumable_step
+    from rundir.torch_files import save_verified
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    save_verified({"step": 6}, folder / "step_00000006.pt")
+    (folder / "step_00000010.pt").write_bytes(b"junk, no digest")
+    assert resumable_step(tmp_path / "run", 10) == 6
+    save_verified({"step": 10}, folder / "step_00000010.pt")  # the real one, with its digest
+    assert resumable_step(tmp_path / "run", 10) == 10

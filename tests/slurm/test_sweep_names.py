@@ -51,8 +51,10 @@ def test_a_run_killed_during_its_final_export_is_not_done(tmp_path):
     """The launcher's "training done" is train.py's: a checkpoint at the last step and the final teacher."""
     plan = plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0]
     run = plan.run_dir
+    from rundir.torch_files import save_verified
+
     (run / "checkpoints").mkdir(parents=True)
-    (run / "checkpoints" / f"step_{plan.last_step:08d}.pt").write_bytes(b"x")
+    save_verified({"step": plan.last_step}, run / "checkpoints" / f"step_{plan.last_step:08d}.pt")
     plan = plan_sweep(DEFAULT, [0.5], tmp_path / "s", [])[0]
     assert plan.done_steps == plan.last_step and not plan.train_done and plan.train_action.startswith("resume@")
     (run / "teacher_backbone.pth").write_bytes(b"x")
