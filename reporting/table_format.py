@@ -184,14 +184,14 @@ def published_markdown() -> str:
 # kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels). After
 # "schedule" (the row's label) come the config keys that differ between the rows, one column each; at the end the
 # k-NN top-1 per k.
-CSV_FIELDS = ["kind", "run", "schedule", "status", "screening", "sparse_fraction", "seed", "layout", "n_seeds", "sparse_steps",
-              "dense_steps", "total_steps", "steps_done", "top1", "top1_spread", "top1_low", "top1_high", "top5",
-              "delta_top1", "delta_top1_low", "delta_top1_high", "delta_top1_interval", "knn_top1", "knn_k",
-              "knn_top1_spread", "knn_top1_low", "knn_top1_high", "delta_knn_top1", "delta_knn_top1_low",
-              "delta_knn_top1_high", "delta_top1_same_teacher", "delta_top1_same_teacher_low",
-              "delta_top1_same_teacher_high", "delta_knn_top1_same_teacher", "time_s", "sparse_time_s", "dense_time_s", "images_per_s",
-              "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss", "best_C", "eval_seconds",
-              "published_top1", "published_delta_top1", "published_schedule", "path"]
+CSV_FIELDS = ["kind", "run", "schedule", "status", "screening", "sparse_fraction", "seed", "layout", "n_seeds",
+              "sparse_steps", "dense_steps", "total_steps", "steps_done", "top1", "top1_spread", "top1_low",
+              "top1_high", "top5", "delta_top1", "delta_top1_low", "delta_top1_high", "delta_top1_interval",
+              "knn_top1", "knn_k", "knn_top1_spread", "knn_top1_low", "knn_top1_high", "delta_knn_top1",
+              "delta_knn_top1_low", "delta_knn_top1_high", "delta_top1_same_teacher", "delta_top1_same_teacher_low",
+              "delta_top1_same_teacher_high", "delta_knn_top1_same_teacher", "time_s", "sparse_time_s",
+              "dense_time_s", "images_per_s", "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss",
+              "best_C", "eval_seconds", "published_top1", "published_delta_top1", "published_schedule", "path"]
 
 
 def write_csv(rows, means, baselines, path: Path) -> None:

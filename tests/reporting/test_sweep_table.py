@@ -68,7 +68,8 @@ def test_two_seeds_give_mean_spread_and_paired_deltas(seeded, tmp_path):
     assert "## Per schedule, over seeds (mean ± half the range [95% interval])" in table
     # 95% intervals by hand, t(0.975, 1 df) = 12.7062: dense 80.5 +- 12.7062 * 0.5 (the sd 0.7071 over sqrt 2);
     # k-NN 70.3 +- 12.7062 * 0.3; 70% 79.2 +- 12.7062 * 0.2, k-NN 69.5 +- 12.7062 * 0.5; the Δ paired seed by seed
-    # (both ran seeds 0 and 1): differences -1.0, -1.6, mean -1.3 +- 12.7062 * 0.3; k-NN -1.0, -0.6: -0.8 +- 12.7062 * 0.2
+    # (both ran seeds 0 and 1): differences -1.0, -1.6, mean -1.3 +- 12.7062 * 0.3; k-NN -1.0, -0.6:
+    # -0.8 +- 12.7062 * 0.2
     assert ("| 0% sparse (dense baseline) | 0, 1 | 2 | 80.50 ± 0.50 [74.15, 86.85] | +0.00 | "
             "70.30 ± 0.30 [66.49, 74.11] | +0.00 |") in table
     assert ("| 70% sparse | 0, 1 | 2 | 79.20 ± 0.20 [76.66, 81.74] | -1.30 [-5.11, +2.51] | "
