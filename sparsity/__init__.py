@@ -6,6 +6,7 @@ Typical use (the MLPs of a ViT, sparse for the first part of training, dense aft
     swap_linear_modules(model, pattern=r"blocks\\.\\d+\\.mlp\\.fc[12]", backend="auto", pruning="tile_greedy")
     ...                         # train: each forward re-prunes W into a transposable 2:4 pattern (STE to W)
     swap_to_dense(model)        # same Parameter objects: optimizer state, EMA, DDP hooks untouched
+    pruned_state_dict(model)    # (while sparse) the 2:4 network as plain weights, for a plain model to load
 
 or the same as a model converter with a schedule: `SparseThenDense(sparse_steps, backend=...).apply(model, step)`
 at every step (`convert(model)` / `revert(model)` by hand); `decisions()` says what the backends chose per shape.
@@ -36,6 +37,7 @@ from sparsity.pruning import METHODS as PRUNING_METHODS
 from sparsity.pruning import is_transposable, mvue, prune, soft_threshold_scale
 from sparsity.swap import (
     SPARSE_LINEAR_TYPES,
+    pruned_state_dict,
     set_sparse_backend,
     sparse_modules,
     swap_linear_modules,
@@ -71,6 +73,7 @@ __all__ = [
     "is_transposable",
     "mvue",
     "prune",
+    "pruned_state_dict",
     "select_blocks",
     "semi_sparse_activation_linear",
     "semi_sparse_linear",

@@ -23,10 +23,11 @@ import fnmatch
 import re
 from typing import Callable, Dict, List, Optional, Union
 
+import torch
 from torch import nn
 
 from sparsity.block_sparse import BlockSparseLinear
-from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear, SparseLinearMixin
+from sparsity.modules import SCALE_BUFFER, SemiSparseActivationLinear, SemiSparseLinear, SparseLinearMixin
 
 SPARSE_LINEAR_TYPES = (SemiSparseLinear, SemiSparseActivationLinear, BlockSparseLinear)
 
@@ -132,6 +133,33 @@ def swap_to_dense(model: nn.Module, pattern: Optional[str] = None) -> List[str]:
         else:
             _replace(model, name, m.to_dense())
     return [name for name, _ in swapped]
+
+
+@torch.no_grad()
+def pruned_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """The network a model with 2:4 weights computes, as a plain state_dict: `model.state_dict()` with each
+    SemiSparseLinear's weight replaced by the 2:4 weight its forward multiplies by (pruned with its own method; for
+    soft_threshold, shrunk and scaled), and the sparse modules' own buffers left out. The same architecture with
+    plain nn.Linear layers (timm's, your own) loads it and computes the sparse forward's function; the dense
+    weights in `model` are untouched. A module whose sparsity is not in its weight (SemiSparseActivationLinear prunes
+    its input, BlockSparseLinear its blocks at every step) cannot be baked into one: ValueError naming it."""
+    from sparsity.pruning import prune
+
+    state = model.state_dict()
+    for name, module in model.named_modules():
+        if not isinstance(module, SPARSE_LINEAR_TYPES):
+            continue
+        if type(module) is not SemiSparseLinear:
+            raise ValueError(f"{name}: {type(module).__name__} is not sparse in its weight, so no plain weight "
+                             "computes its function; swap it back (swap_to_dense) or export the model as it is")
+        prefix = f"{name}." if name else ""
+        weight, _ = prune(module.weight.detach(), module.pruning)
+        if module.pruning == "soft_threshold":
+            weight = weight * getattr(module, SCALE_BUFFER)
+        state[prefix + "weight"] = weight.to(module.weight.dtype)
+        for buffer in module._SPARSE_BUFFERS:
+            state.pop(prefix + buffer, None)
+    return state
 
 
 def sparse_modules(model: nn.Module) -> Dict[str, nn.Module]:
