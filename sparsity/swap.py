@@ -28,6 +28,7 @@ from torch import nn
 
 from sparsity.block_sparse import BlockSparseLinear
 from sparsity.modules import SCALE_BUFFER, SemiSparseActivationLinear, SemiSparseLinear, SparseLinearMixin
+from sparsity.pruning import prune
 
 SPARSE_LINEAR_TYPES = (SemiSparseLinear, SemiSparseActivationLinear, BlockSparseLinear)
 
@@ -143,8 +144,6 @@ def pruned_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
     plain nn.Linear layers (timm's, your own) loads it and computes the sparse forward's function; the dense
     weights in `model` are untouched. A module whose sparsity is not in its weight (SemiSparseActivationLinear prunes
     its input, BlockSparseLinear its blocks at every step) cannot be baked into one: ValueError naming it."""
-    from sparsity.pruning import prune
-
     state = model.state_dict()
     for name, module in model.named_modules():
         if not isinstance(module, SPARSE_LINEAR_TYPES):
