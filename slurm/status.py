@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 from configs import ConfigError, load_config  # noqa: E402
 from configs.command_line import parse_command_line  # noqa: E402
-from reporting.run_logs import COMPLETE, MISSING, read_eval_record  # noqa: E402
+from reporting.eval_records import COMPLETE, MISSING, read_eval_record  # noqa: E402
 from rundir.errors import RunDirProblem  # noqa: E402
 from rundir.layout import CONFIG, EVAL_RESULT, METRICS, newest_checkpoint  # noqa: E402
 from rundir.metrics import metrics_by_steps_done  # noqa: E402
@@ -76,8 +76,8 @@ def _total_steps(run_dir: Path) -> Optional[int]:
 
 
 def _eval_summary(run_dir: Path) -> str:
-    """The run's linear-probe top-1, read as the table reads it (`reporting.run_logs.read_eval_record`: only a finite
-    percentage; a FIFO is never opened)."""
+    """The run's linear-probe top-1, read as the table reads it (`reporting.eval_records.read_eval_record`: only a
+    finite percentage; a FIFO is never opened)."""
     record = read_eval_record(run_dir / EVAL_RESULT)
     if record.status == MISSING:
         return "-"

@@ -76,3 +76,14 @@ def test_a_value_outside_lazy_choices_is_refused_naming_them():
     with pytest.raises(ConfigError, match=r"sparsity.pruning='greedy' is not one of tile_greedy, "):
         load_config(None, ["sparsity.pruning=greedy"])
     assert load_config(None, ["sparsity.kind=block"]).sparsity.kind == "block"
+
+
+def test_the_launchers_help_does_not_import_torch():
+    """`slurm/launch.py --help` answers in well under a second: the launcher reads runs through torch-free readers."""
+    code = ("import runpy, sys\nsys.argv = ['slurm/launch.py', '--help']\ntry:\n    runpy.run_path('slurm/launch.py', "
+            "run_name='__main__')\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-500:]
