@@ -109,8 +109,8 @@ def load_eval_config(path=None, overrides=()) -> EvalConfig:
     return load_structured(EvalConfig, path, overrides, validate_eval)
 
 
-# The probe's protocol: the features.*, linear.* and knn.* settings its numbers depend on. A run's record
-# (eval_linear.json) and the tables are the default protocol's; any other is named apart (evaluate.py).
+# The probe's protocol: the features.*, linear.* and knn.* settings its numbers depend on. Each result records its
+# changes from the default, and the tables compare only probes under one protocol (reporting/table.py).
 EXECUTION_ONLY = ("features.batch_size", "features.num_workers", "features.cache", "knn.batch_size")
 
 

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from configs import ConfigError
+from configs.eval_schema import EvalConfig, protocol_changes
+from configs.load import load_structured_text
 from rundir.digests import recorded_digest
 from rundir.json_files import parse_json
 from rundir.layout import TEACHER
@@ -128,10 +131,6 @@ def _older_protocol_changes(eval_config) -> list:
     that cannot be read (the record is then taken as the default protocol's)."""
     if not isinstance(eval_config, str):
         return []
-    from configs import ConfigError
-    from configs.eval_schema import EvalConfig, protocol_changes
-    from configs.load import load_structured_text
-
     try:
         return protocol_changes(load_structured_text(EvalConfig, eval_config))
     except (ConfigError, ValueError, TypeError):

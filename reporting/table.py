@@ -245,9 +245,8 @@ def _mean_reference_key(mean: ScheduleMean) -> tuple:
 
 def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
     """Per configuration (schedule and differing config keys), over its complete runs (one per seed) that are not
-    screening runs; Δ against
-    the mean of the dense configuration that differs from it only in keys acting only with a sparse phase, each
-    with its 95% interval."""
+    screening runs; Δ against the mean of the dense configuration that differs from it only in keys acting only
+    with a sparse phase, each with its 95% interval."""
     groups: dict[tuple, list[TableRow]] = {}
     for row in rows:
         if row.status == COMPLETE and row.sparse_fraction is not None and not row.screening:
@@ -432,9 +431,7 @@ def mark_data_sets(runs: list[RunSummary]) -> str:
     if len(known) < 2:
         return ""  # one set (runs that did not record theirs are taken to share it), or none recorded
     unrecorded = [run.name for run in runs if run.config is not None and not run.data_fingerprint]
-    for run in runs:
-        if run.config is not None:
-            run.config[DATA_KEY] = run.data_fingerprint or "unrecorded"
+    _compare_by(runs, DATA_KEY, lambda run: run.data_fingerprint or "unrecorded")
     return (f"These runs trained on {len(known)} different sets of images ({DATA_KEY}, run_info.json's "
             f"data_fingerprint: {', '.join(known)}): each run is compared only with runs of its own set"
             + (f"; {len(unrecorded)} did not record theirs and are compared only among themselves"
@@ -448,15 +445,25 @@ def mark_protocols(runs: list[RunSummary]) -> str:
     """Where the runs' probes differ in protocol (eval_linear.json's protocol_changes: C grid, iterations, k,
     temperature, crops), make it a compared key, so that only probes under one protocol are compared; returns the
     table's note on it ("" where every probe is the default protocol's)."""
-    protocols = sorted({", ".join(run.protocol_changes) or "default" for run in runs if run.eval_status == COMPLETE})
+    protocols = sorted({_protocol_label(run) for run in runs if run.eval_status == COMPLETE})
     if len(protocols) < 2:
         return "" if protocols in ([], ["default"]) else f"Every probe ran under another protocol than the default: " \
                                                           f"{protocols[0]}."
-    for run in runs:
-        if run.config is not None:
-            run.config[PROTOCOL_KEY] = ", ".join(run.protocol_changes) or "default"
+    _compare_by(runs, PROTOCOL_KEY, _protocol_label)
     return (f"These runs were probed under {len(protocols)} protocols ({'; '.join(protocols)}): each run is compared "
             "only with runs probed under its own.")
+
+
+def _protocol_label(run: RunSummary) -> str:
+    return ", ".join(run.protocol_changes) or "default"
+
+
+def _compare_by(runs: list[RunSummary], key: str, value_of) -> None:
+    """Add `key` (valued `value_of(run)`) to every readable run's compared config: runs that differ in it become
+    configurations of their own (configurations.py), never seeds of one nor each other's dense reference."""
+    for run in runs:
+        if run.config is not None:
+            run.config[key] = value_of(run)
 
 
 def mark_screening(runs: list[RunSummary], screening_paths: Sequence[Path]) -> None:
