@@ -70,8 +70,12 @@ def main(argv=None) -> int:
                                                "rerun the same command (every file written is whole)", args.run,
                                                e.strerror or e, f", writing {e.filename}" if e.filename else "")
         return 1
+    from evaluation.evaluate import summary_line
+
+    logging.getLogger("eval_linear").info("%s", summary_line(record))
     headline = {k: record[k] for k in ("output", "top1", "top5", "best_C", "solver", "seconds")}
     headline["knn_top1"] = {k: round(v["top1"], 2) for k, v in record["knn"].items()}
+    headline["knn_top5"] = {k: round(v["top5"], 2) for k, v in record["knn"].items()}
     print(json.dumps(headline))
     return 0
 

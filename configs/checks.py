@@ -3,7 +3,7 @@ then the rules that relate fields to each other, each a `ConfigError` naming the
 
 import math
 
-from .errors import ConfigError
+from .errors import ConfigError, as_written
 from .fields import check_fields
 from .schema import Config
 
@@ -32,7 +32,12 @@ def validate(cfg: Config) -> None:
          f"optim.warmup_epochs={cfg.optim.warmup_epochs} must be <= optim.epochs={cfg.optim.epochs}"),
         (cfg.dino.loss_weight > 0 or cfg.ibot.loss_weight > 0,
          "dino.loss_weight and ibot.loss_weight are both 0: nothing to train"),
-        (cfg.data.dataset != "imagenet_folder" or bool(cfg.data.root), "data.root is required for imagenet_folder"),
+        (cfg.data.dataset == "digits" or bool(cfg.data.root),
+         f"data.root is required for data.dataset={cfg.data.dataset}"),
+        (cfg.data.dataset != "digits" or not cfg.data.root,
+         f"data.root={as_written(cfg, 'data.root', cfg.data.root)} is set but data.dataset=digits (the bundled set) has no root: add "
+         "data.dataset=image_folder (every image under root, flat or nested, labels ignored) or "
+         "data.dataset=imagenet_folder (root/<split>/<class>/<image>)"),
         (cfg.train.compile_mode == "default" or cfg.train.compile_backend == "inductor",
          f"train.compile_mode={cfg.train.compile_mode} needs train.compile_backend=inductor (CUDA graphs and "
          "autotuned GEMM templates are inductor's)"),

@@ -117,12 +117,17 @@ class CropsConfig:
     solarize_probability: float = value(0.2, ge=0, le=1)  # second global crop only, as the reference
 
 
+DATASETS = ("imagenet_folder", "image_folder", "digits")
+
+
 @dataclass
 class DataConfig:
-    # imagenet_folder (root/<split>/<class>/*) | digits (bundled with scikit-learn)
-    dataset: str = value("imagenet_folder", choices=("imagenet_folder", "digits"))
+    # imagenet_folder (root/<split>/<class>/*) | image_folder (every image under root, flat or nested; folder names
+    # are not labels: pre-training on one's own images) | digits (bundled with scikit-learn; no root)
+    dataset: str = value("imagenet_folder", choices=DATASETS)
     root: str = ""
-    split: str = "train"  # imagenet_folder: the sub-folder of root; digits: train (1437) | val (360) | all (1797)
+    # imagenet_folder: the sub-folder of root; digits: train (1437) | val (360) | all (1797); image_folder: unused
+    split: str = "train"
     # skip: log, count and use the next image | raise: stop with the file's path
     on_corrupt: str = value("skip", choices=("skip", "raise"))
     digits_image_size: int = value(64, ge=8)  # digits are 8x8; upscaled to this size before cropping

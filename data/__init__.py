@@ -2,7 +2,7 @@
 
 Public API:
     build_ssl_loader(cfg, *, rank, world_size, start_step) -> SSLLoader   infinite iterable of SSLBatch
-    build_dataset(cfg, split=None)                                        ImageFolderDataset | DigitsDataset
+    build_dataset(cfg, split=None)                  ImageFolderDataset | UnlabelledImageFolder | DigitsDataset
     build_training_dataset(cfg)                                           the same, decoded in memory if asked
     make_eval_transform(resize=256, crop=224)                             transform for kNN / linear probes
     DataAugmentationDINO, build_augmentation(cfg), MaskingGenerator, SSLCollate, InfiniteShardedSampler
@@ -18,7 +18,7 @@ from .batch import SSLBatch  # noqa: E402
 from .collate import SSLCollate, SSLSample, collate_ssl_samples  # noqa: E402
 from .corrupt import load_image  # noqa: E402
 from .datasets import (CorruptImageError, DatasetError, DigitsDataset, ImageFolderDataset,  # noqa: E402
-                       build_dataset)
+                       UnlabelledImageFolder, build_dataset, dataset_summary)
 from .batched_augment import BatchedAugmentationDINO  # noqa: E402
 from .in_memory import InMemoryImages  # noqa: E402
 from .loader import SSLDataset, SSLLoader, build_ssl_loader, build_training_dataset  # noqa: E402
@@ -33,5 +33,5 @@ __all__ = [
     "IMAGENET_DEFAULT_MEAN", "IMAGENET_DEFAULT_STD", "ImageFolderDataset", "InfiniteShardedSampler",
     "MaskingGenerator", "SSLBatch", "SSLCollate", "SSLDataset", "SSLLoader", "SSLSample", "build_augmentation",
     "build_dataset", "build_ssl_loader", "collate_ssl_samples", "load_image", "make_eval_transform",
-    "make_normalize_transform", "mask_targets",
+    "make_normalize_transform", "mask_targets", "UnlabelledImageFolder", "dataset_summary",
 ]

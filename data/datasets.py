@@ -1,8 +1,10 @@
-"""Image datasets for SSL training and probes: an ImageNet-style folder tree, and scikit-learn's bundled digits.
+"""Image datasets for SSL training and probes: an ImageNet-style folder tree, any folder of images (unlabelled, for
+pre-training on one's own images), and scikit-learn's bundled digits.
 
-Both return `(PIL RGB image, int label)` from `__getitem__` (or `(transform(image), label)` when given a
-`transform`, e.g. `make_eval_transform()` for a probe), and expose `classes`, `targets` and `describe(i)` (what to
-name in a log line about item i). `build_dataset(cfg)` picks one by `data.dataset`.
+Each returns `(PIL RGB image, int label)` from `__getitem__` (or `(transform(image), label)` when given a
+`transform`, e.g. `make_eval_transform()` for a probe), and exposes `kind` (its `data.dataset` name), `classes` (empty
+where unlabelled: every target is then 0), `targets` and `describe(i)` (what to name in a log line about item i).
+`build_dataset(cfg)` picks one by `data.dataset`.
 
 What the folder tree may hold (FIFOs, sockets, devices, symlinks and their loops, names that are not UTF-8 or hold
 control characters) and what becomes of each: `data/tree.py`. Names reach logs and error messages only through
@@ -20,6 +22,7 @@ from typing import Callable, List, Optional, Tuple
 import numpy as np
 from PIL import Image
 
+from configs.schema import DATASETS
 from rundir.errors import CommandError
 
 from .tree import DataNotes, NotRegularFile, TreeReport, list_classes, open_regular, printable, scan_image_tree
@@ -89,74 +92,30 @@ def _listing(path: str, limit: int = 8) -> str:
     return ", ".join(printable(n) for n in names[:limit]) + more
 
 
-class ImageFolderDataset:
-    """ImageNet-style tree `root/<split>/<class>/<image>` (extensions as torchvision's ImageFolder, any case).
+class _ImageFiles:
+    """Images read from files listed once: the paths kept in one bytes blob plus offsets rather than a list of Python
+    strings, so forked DataLoader workers do not copy them page by page on access (refcount writes), which matters
+    at ImageNet scale. Subclasses list the files (`_keep`)."""
 
-    Classes are the sorted non-hidden sub-folders of `root/<split>`; images are the regular files with an image
-    extension under them, in torchvision's `make_dataset` order (sorted, so indices are stable across processes and
-    runs), listed by `tree.scan_image_tree` (non-regular entries and symlink loops are skipped and logged). Paths are kept in one bytes blob
-    plus offsets rather than a list of Python strings, so forked DataLoader workers do not copy them page by page
-    on access (refcount writes), which matters at ImageNet scale.
-    """
+    kind = ""
 
-    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None,
-                 split_key: str = "data.split"):
-        self.transform = transform
-        self.notes = DataNotes()  # warnings about the tree, kept for the run's log (`DataNotes.log_again`)
-        if not root:
-            raise DatasetError("data.root is empty: set data.root to the folder holding "
-                               f"{split}/<class>/<image>.JPEG (e.g. data.root=/datasets/imagenet)")
-        root = os.path.expanduser(str(root))
-        if not os.path.isdir(root):
-            raise DatasetError(f"data.root={root!r} does not exist or is not a folder (config key data.root); "
-                               f"expected {printable(os.path.join(root, split, '<class>', '<image>.JPEG'))}")
-        split_dir = os.path.join(root, split)
-        if not os.path.isdir(split_dir):
-            raise DatasetError(f"data.root={root!r} has no '{printable(split)}' folder ({split_key}={split!r}): "
-                               f"expected {printable(os.path.join(split_dir, '<class>', '<image>.JPEG'))}; "
-                               f"{printable(root)} holds: {_listing(root)}")
-        shown = printable(split_dir)
-        try:
-            report = TreeReport()
-            classes = list_classes(split_dir, report)
-        except OSError as e:
-            raise DatasetError(f"cannot list {shown}: {printable(e.strerror or e)}") from None
-        if not classes:
-            raise DatasetError(f"{shown} has no class folders: expected {shown}/<class>/<image>.JPEG "
-                               f"(one sub-folder per class); it holds: {_listing(split_dir)}")
-        class_to_idx = {c: i for i, c in enumerate(classes)}
-        samples, self.tree_report = scan_image_tree(split_dir, classes, IMG_EXTENSIONS, report)
-        for line in self.tree_report.warnings(split_dir):
-            self.notes.warn(line, logger)
-        if not samples:
-            raise DatasetError(f"no images under {shown}/<class>/: expected regular files ending in "
-                               f"{', '.join(IMG_EXTENSIONS)} (any case) in its {len(classes)} class folders "
-                               f"({_listing(split_dir, 4)})")
-        counts = np.bincount([t for _, t in samples], minlength=len(classes))
-        empty = [c for c, n in zip(classes, counts) if n == 0]
-        if empty:
-            self.notes.warn(f"{len(empty)} class folders of {shown} hold no images: "
-                            f"{', '.join(printable(c) for c in empty[:10])}", logger)
-
-        self.root, self.split, self.split_dir = root, split, split_dir
-        self.classes: List[str] = classes
-        self.class_to_idx = class_to_idx
-        encoded = [os.path.relpath(p, split_dir).encode("utf-8", "surrogateescape") for p, _ in samples]
+    def _keep(self, base_dir: str, samples: List[Tuple[str, int]], classes: List[str]) -> None:
+        self.base_dir = base_dir
+        encoded = [os.path.relpath(p, base_dir).encode("utf-8", "surrogateescape") for p, _ in samples]
         self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(b) for b in encoded], out=self._offsets[1:])
         self._blob = b"".join(encoded)
         self.targets = np.asarray([t for _, t in samples], dtype=np.int64)
         self.fingerprint = images_fingerprint(
-            "imagenet_folder", "\n".join(classes).encode("utf-8", "surrogateescape"), self._offsets.tobytes(),
-            self._blob, self.targets.tobytes())
-        logger.info("ImageFolderDataset %s: %d images, %d classes", shown, len(self), len(classes))
+            self.kind, "\n".join(classes).encode("utf-8", "surrogateescape"), self._offsets.tobytes(), self._blob,
+            self.targets.tobytes())
 
     def __len__(self) -> int:
         return len(self.targets)
 
     def path(self, index: int) -> str:
         rel = self._blob[self._offsets[index]: self._offsets[index + 1]].decode("utf-8", "surrogateescape")
-        return os.path.join(self.split_dir, rel)
+        return os.path.join(self.base_dir, rel)
 
     describe = path
 
@@ -173,6 +132,96 @@ class ImageFolderDataset:
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.targets[index])
+
+
+def _existing_root(root: str, expected: str) -> str:
+    """`data.root` expanded, or a DatasetError saying what it should hold."""
+    if not root:
+        raise DatasetError(f"data.root is empty: set data.root to the folder holding {expected}")
+    root = os.path.expanduser(str(root))
+    if not os.path.isdir(root):
+        raise DatasetError(f"data.root={root!r} does not exist or is not a folder (config key data.root); "
+                           f"expected {printable(os.path.join(root, expected))}")
+    return root
+
+
+class ImageFolderDataset(_ImageFiles):
+    """ImageNet-style tree `root/<split>/<class>/<image>` (extensions as torchvision's ImageFolder, any case).
+
+    Classes are the sorted non-hidden sub-folders of `root/<split>`; images are the regular files with an image
+    extension under them, in torchvision's `make_dataset` order (sorted, so indices are stable across processes and
+    runs), listed by `tree.scan_image_tree` (non-regular entries and symlink loops are skipped and logged).
+    """
+
+    kind = "imagenet_folder"
+
+    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None,
+                 split_key: str = "data.split"):
+        self.transform = transform
+        self.notes = DataNotes()  # warnings about the tree, kept for the run's log (`DataNotes.log_again`)
+        root = _existing_root(root, os.path.join(split, "<class>", "<image>.JPEG"))
+        split_dir = os.path.join(root, split)
+        if not os.path.isdir(split_dir):
+            raise DatasetError(f"data.root={root!r} has no '{printable(split)}' folder ({split_key}={split!r}): "
+                               f"expected {printable(os.path.join(split_dir, '<class>', '<image>.JPEG'))}; "
+                               f"{printable(root)} holds: {_listing(root)}")
+        shown = printable(split_dir)
+        try:
+            report = TreeReport()
+            classes = list_classes(split_dir, report)
+        except OSError as e:
+            raise DatasetError(f"cannot list {shown}: {printable(e.strerror or e)}") from None
+        if not classes:
+            raise DatasetError(f"{shown} has no class folders: expected {shown}/<class>/<image>.JPEG "
+                               f"(one sub-folder per class; for a folder of images without classes, "
+                               f"data.dataset=image_folder); it holds: {_listing(split_dir)}")
+        samples, self.tree_report = scan_image_tree(split_dir, classes, IMG_EXTENSIONS, report)
+        for line in self.tree_report.warnings(split_dir):
+            self.notes.warn(line, logger)
+        if not samples:
+            raise DatasetError(f"no images under {shown}/<class>/: expected regular files ending in "
+                               f"{', '.join(IMG_EXTENSIONS)} (any case) in its {len(classes)} class folders "
+                               f"({_listing(split_dir, 4)})")
+        counts = np.bincount([t for _, t in samples], minlength=len(classes))
+        empty = [c for c, n in zip(classes, counts) if n == 0]
+        if empty:
+            self.notes.warn(f"{len(empty)} class folders of {shown} hold no images: "
+                            f"{', '.join(printable(c) for c in empty[:10])}", logger)
+
+        self.root, self.split, self.split_dir = root, split, split_dir
+        self.classes: List[str] = classes
+        self.class_to_idx = {c: i for i, c in enumerate(classes)}
+        self._keep(split_dir, samples, classes)
+        logger.info("ImageFolderDataset %s: %d images, %d classes", shown, len(self), len(classes))
+
+
+class UnlabelledImageFolder(_ImageFiles):
+    """Every image under `root`, at any depth (a flat folder, or nested ones), for pre-training on one's own images:
+    folder names are not labels (`classes` is empty, every target 0). Hidden files and folders (`.cache/`,
+    `.DS_Store`) are left out, the rest as `tree.scan_image_tree` lists a class folder, in its sorted order."""
+
+    kind = "image_folder"
+
+    def __init__(self, root: str, transform: Optional[Callable] = None):
+        self.transform = transform
+        self.notes = DataNotes()
+        root = _existing_root(root, "<image>.JPEG (at any depth)")
+        shown = printable(root)
+        samples, self.tree_report = scan_image_tree(root, [""], IMG_EXTENSIONS, skip_hidden=True)
+        for line in self.tree_report.warnings(root):
+            self.notes.warn(line, logger)
+        if not samples:
+            raise DatasetError(f"no images under {shown} (data.dataset=image_folder takes every image at any depth): "
+                               f"expected regular files ending in {', '.join(IMG_EXTENSIONS)} (any case); it holds: "
+                               f"{_listing(root)}")
+        held = [s for s in ("train", "val") if os.path.isdir(os.path.join(root, s))]
+        if held == ["train", "val"]:  # pre-training on a probe's held-out images is a silent leak
+            self.notes.warn(f"{shown} holds train/ and val/: data.dataset=image_folder pre-trains on the images of "
+                            f"both; set data.root={printable(os.path.join(root, 'train'))} to keep val/ out", logger)
+        self.root, self.split = root, ""
+        self.classes: List[str] = []
+        self._keep(root, [(p, 0) for p, _ in samples], [])
+        logger.info("UnlabelledImageFolder %s: %d images, unlabelled", shown, len(self))
 
 
 DIGITS_SPLITS = ("train", "val", "all")
@@ -206,6 +255,8 @@ class DigitsDataset:
     augmentation sees images larger than its crops. Splits: "val" = every 5th image (indices 0, 5, 10, ...: 360
     images), "train" = the other 1437, "all" = all 1797; the SSL run uses "train" and a probe can hold out "val".
     """
+
+    kind = "digits"
 
     def __init__(self, image_size: int = 64, split: str = "train", transform: Optional[Callable] = None):
         self.transform = transform
@@ -253,13 +304,22 @@ def images_fingerprint(kind: str, *parts: bytes) -> str:
 
 def build_dataset(cfg, split: Optional[str] = None, transform: Optional[Callable] = None,
                   split_key: str = "data.split"):
-    """The dataset named by `data.dataset` (`imagenet_folder` | `digits`), for `split` (default `data.split`),
-    applying `transform` to each image if given. `cfg` is a `Config` or its `DataConfig`.
+    """The dataset named by `data.dataset` (`imagenet_folder` | `image_folder` | `digits`), for `split` (default
+    `data.split`; image_folder has none), applying `transform` to each image if given. `cfg` is a `Config` or its
+    `DataConfig`.
     """
     data = getattr(cfg, "data", cfg)
     split = data.split if split is None else split
     if data.dataset == "imagenet_folder":
         return ImageFolderDataset(data.root, split, transform, split_key)
+    if data.dataset == "image_folder":
+        return UnlabelledImageFolder(data.root, transform)
     if data.dataset == "digits":
         return DigitsDataset(data.digits_image_size, split, transform)
-    raise DatasetError(f"data.dataset={data.dataset!r} is not one of imagenet_folder, digits")
+    raise DatasetError(f"data.dataset={data.dataset!r} is not one of {', '.join(DATASETS)}")
+
+
+def dataset_summary(dataset) -> dict:
+    """What the start-up summary and run_info.json say of the training images (no path: run_info may be published)."""
+    classes = len(getattr(dataset, "classes", []))
+    return {"dataset": getattr(dataset, "kind", ""), "images": len(dataset), "classes": classes}

@@ -36,6 +36,7 @@ class InMemoryImages:
         self.classes = list(getattr(dataset, "classes", []))
         self.targets = np.asarray(dataset.targets, dtype=np.int64).copy()
         self.fingerprint = getattr(dataset, "fingerprint", "")  # the images it decodes: the same data set
+        self.kind = getattr(dataset, "kind", "")
         self._describe = dataset.describe
         self.notes = DataNotes()  # the tree's warnings and this decoding's, kept for the run's log
         inner = getattr(dataset, "notes", None)

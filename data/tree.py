@@ -107,6 +107,7 @@ class TreeReport:
     repeated_dirs: List[str] = field(default_factory=list)  # reached again through a symlink (a loop or a 2nd link)
     unreadable_dirs: List[Tuple[str, str]] = field(default_factory=list)  # cannot be listed (permissions, ...)
     not_images: List[str] = field(default_factory=list)  # regular files without an image extension
+    hidden: List[str] = field(default_factory=list)  # names starting with "." where they are left out
 
     def warnings(self, split_dir: str) -> List[str]:
         """One line per kind of entry left out, counted, naming the first few (printable)."""
@@ -127,6 +128,9 @@ class TreeReport:
         if self.unreadable_dirs:
             lines.append(f"{len(self.unreadable_dirs)} directories under {where} cannot be listed and are not used: "
                          + names([f"{p} ({why})" for p, why in self.unreadable_dirs]))
+        if self.hidden:
+            lines.append(f"{len(self.hidden)} hidden files and folders under {where} are left out: "
+                         + names(self.hidden))
         if self.not_images:
             lines.append(f"{len(self.not_images)} files under {where} are not images PIL can read (by extension) "
                          "and are not used: " + names(self.not_images))
@@ -150,10 +154,13 @@ def list_classes(split_dir: str, report: TreeReport) -> List[str]:
 
 
 def scan_image_tree(split_dir: str, classes: Sequence[str], extensions: Tuple[str, ...],
-                    report: Optional[TreeReport] = None) -> Tuple[List[Tuple[str, int]], TreeReport]:
+                    report: Optional[TreeReport] = None,
+                    skip_hidden: bool = False) -> Tuple[List[Tuple[str, int]], TreeReport]:
     """(path, class index) of every regular file with an image extension under `split_dir/<class>/` (any depth),
     in torchvision's `make_dataset` order (per class: directories sorted by path, files by name), so indices match
-    the ones that function gave for a tree it could read; plus what was left out (`report`, or a new `TreeReport`)."""
+    the ones that function gave for a tree it could read; plus what was left out (`report`, or a new `TreeReport`).
+    `classes=[""]` lists `split_dir` itself as one class; `skip_hidden` leaves out (and reports) names starting
+    with "." (torchvision walks them, so the class trees keep them)."""
     report = TreeReport() if report is None else report
     listed = set()  # (st_dev, st_ino) of every directory listed: each is listed once
     # the split folder and the class folders are reached only as themselves: a link inside class a to the split
@@ -181,6 +188,9 @@ def scan_image_tree(split_dir: str, classes: Sequence[str], extensions: Tuple[st
             listed.add(key)
             files = []
             for entry in entries:
+                if skip_hidden and entry.name.startswith("."):
+                    report.hidden.append(os.path.relpath(entry.path, split_dir))
+                    continue
                 kind = _kind(entry)
                 if kind == "file":
                     files.append(entry.name)

@@ -7,7 +7,6 @@ as `eval_cfg.mode` says, writes `<run>/eval_linear.json` atomically and appends 
 """
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -27,12 +26,13 @@ from rundir.guard import eval_dir_problem
 from rundir.layout import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, eval_result_name
 from rundir.lock import lock
 
+from .data_names import data_identity, data_label, hashed_label, recorded_identity
 from .features import (EvalInputError, Features, PixelFeatures, cache_key, dataset_settings, extract, load_cached,
                        load_teacher, resolve_data, save_cached, transform_settings, weights_digest)
 from .knn import knn_classify
 from .logreg import build_solver, c_grid
 from .mlp_pruning import MlpPruning, prune_teacher, resolve_mlp_pruning
-from .probe import run_probe
+from .probe import run_probe, unconverged_Cs
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,9 @@ def linear_probe(train: Features, val: Features, n_classes: int, eval_cfg, devic
                        val.y.to(probe_device), n_classes=n_classes, Cs=Cs, holdout_fraction=lin.holdout_fraction,
                        seed=lin.seed, every_fit=every_fit)
     return {"top1": result.top1, "top5": result.top5, "best_C": result.best_C, "C_curve": result.C_curve,
-            "final_loss": result.final.loss, "final_n_iter": result.final.n_iter, "solver": solver.name,
+            "final_loss": result.final.loss, "final_n_iter": result.final.n_iter,
+            "final_converged": result.final.converged, "unconverged_C": unconverged_Cs(result.C_curve),
+            "solver": solver.name,
             "linear_precision": result.final.precision, "linear_seconds": round(result.seconds, 3)}
 
 
@@ -236,11 +238,11 @@ def _real(path) -> str:
     return os.path.realpath(os.path.expanduser(str(path)))
 
 
-def data_suffix(run_cfg, eval_cfg) -> str:
-    """`_data_<8 hex>` naming an evaluation of other data (dataset, root, splits) apart from the run's own."""
+def other_data_label(run_cfg, eval_cfg) -> tuple[str, list]:
+    """The readable label of a probe's data (`data_names.data_label`) and what identifies that data."""
     data_cfg = resolve_data(run_cfg, eval_cfg.data)
-    what = json.dumps([data_cfg.dataset, data_cfg.root, eval_cfg.data.train_split, eval_cfg.data.val_split])
-    return "_data_" + hashlib.sha256(what.encode()).hexdigest()[:8]
+    parts = (data_cfg.dataset, data_cfg.root, eval_cfg.data.train_split, eval_cfg.data.val_split)
+    return data_label(*parts), data_identity(*parts)
 
 
 def writes_in_run_dir(run_dir: Path, eval_cfg) -> bool:
@@ -281,9 +283,10 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     device = resolve_device(eval_cfg.device)
     mlp = resolve_mlp_pruning(eval_cfg.prune_mlp, run_cfg, has_model=baseline != PIXELS)
     elsewhere = other_data(run_dir, run_cfg, eval_cfg)
+    label, identity = other_data_label(run_cfg, eval_cfg) if elsewhere else ("", [])
     if elsewhere:
-        logger.warning("evaluating other data than the run's own (%s): the result is named apart (%s), never the "
-                       "run's record", elsewhere, data_suffix(run_cfg, eval_cfg))
+        logger.warning("evaluating other data than the run's own (%s): the result is named apart (_data_%s), never "
+                       "the run's record; `make_table.py --eval %s` tabulates such probes", elsewhere, label, label)
     what = {"random": "the untrained backbone (baseline)", "pixels": "raw pixels (baseline)"}.get(
         baseline, f"checkpoint {checkpoint}")
     logger.info("evaluating %s of run %s: %s on %s, MLP weights %s (%s)", what, run_dir,
@@ -318,9 +321,20 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     record["seconds"] = round(time.perf_counter() - start, 3)
     record["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record["eval_config"] = to_yaml(eval_cfg)
-    output = Path(eval_cfg.output) if eval_cfg.output else run_dir / default_output_name(
-        eval_cfg.mode, baseline, checkpoint, run_dir, record["checkpoint_step"],
-        (data_suffix(run_cfg, eval_cfg) if elsewhere else "") + mlp.output_suffix)
+    output = Path(eval_cfg.output) if eval_cfg.output else None
+    if output is None:
+        def named(data_suffix: str) -> Path:
+            return run_dir / default_output_name(eval_cfg.mode, baseline, checkpoint, run_dir,
+                                                 record["checkpoint_step"], data_suffix + mlp.output_suffix)
+
+        output = named(f"_data_{label}" if elsewhere else "")
+        if elsewhere and recorded_identity(output) not in (None, identity):  # another set's folder of that name
+            label = hashed_label(identity, label)
+            logger.warning("%s holds a probe of other data under the same folder name: this one is written as "
+                           "%s (set output= to choose a name)", output.name, named(f"_data_{label}").name)
+            output = named(f"_data_{label}")
+    if elsewhere:
+        record["dataset"]["label"] = label
     atomic_write_text(output, json.dumps(record, indent=1) + "\n")
     record["output"] = str(output)
     index = index_path(run_dir, eval_cfg.index)
@@ -336,7 +350,7 @@ def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional
     `*_random_init.json` for the untrained baseline (`baseline` "random"), `*_pixels.json` for the raw-pixel one,
     `*_step_XXXXXXXX.json` for a teacher export (`eval/step_XXXXXXXX/teacher_backbone.pth`), `*_<file stem>_step_X...`
     (or `*_<file stem>.json` without a recorded step) for any other checkpoint, so the final student and a teacher
-    export of the same step never share a record; `suffix` last (`_data_<hash>` for
+    export of the same step never share a record; `suffix` last (`_data_<label>` for
     other data than the run's own, `other_data`; then `_pruned_mlp` / `_dense_mlp` when the MLPs are probed otherwise
     than the run's last step ran them: `MlpPruning.output_suffix`)."""
     knn_only = mode == "knn"
@@ -354,6 +368,19 @@ def index_path(run_dir: Path, setting: str) -> Optional[Path]:
     if setting == "none":
         return None
     return Path(setting) if setting else run_dir.resolve().parent / "eval_index.jsonl"
+
+
+def summary_line(record: dict, k: str = "20") -> str:
+    """The result in one line: `linear top-1 73.21 / top-5 98.10 (C=0.316); k-NN k=20 top-1 76.76 / top-5 97.20;
+    eval_linear.json` (the k shown: 20, else the nearest evaluated)."""
+    parts = []
+    if record.get("top1") is not None:
+        parts.append(f"linear top-1 {record['top1']:.2f} / top-5 {record['top5']:.2f} (C={record['best_C']:.3g})")
+    knn = record.get("knn") or {}
+    if knn:
+        shown = k if k in knn else min(knn, key=lambda key: (abs(int(key) - int(k)), int(key)))
+        parts.append(f"k-NN k={shown} top-1 {knn[shown]['top1']:.2f} / top-5 {knn[shown]['top5']:.2f}")
+    return "; ".join(parts + [Path(record.get("output", "")).name])
 
 
 def summary(record: dict) -> dict:

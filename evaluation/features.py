@@ -105,6 +105,10 @@ def resolve_data(run_cfg, eval_data):
     only for the run's own dataset; imagenet_folder without one, or a root given for digits, is an error (never a
     silent evaluation of some other dataset)."""
     dataset = eval_data.dataset or run_cfg.data.dataset
+    if dataset == "image_folder":  # only a run's own data can be unlabelled: the eval schema does not offer it
+        raise EvalInputError("the run was trained on unlabelled images (data.dataset=image_folder), and a probe needs "
+                             "labels: add data.dataset=imagenet_folder data.root=<folder with train/<class>/<image> "
+                             "and val/<class>/<image>> (or data.dataset=digits)")
     root = eval_data.root or (run_cfg.data.root if dataset == run_cfg.data.dataset else "")
     if dataset == "imagenet_folder" and not root:
         raise EvalInputError("data.dataset=imagenet_folder needs data.root=<folder with <split>/<class>/<image> "

@@ -38,6 +38,9 @@ class LogRegFit:
     n_iter: int
     seconds: float
     precision: str = "float64"  # arithmetic of the solve (`PRECISIONS`)
+    # stopped by its tolerance, not by linear.max_iter (or the line search's evaluation budget, 2x that): a fit
+    # stopped at the cap may sit above its optimum, and its hold-out accuracy is then not the C's own
+    converged: bool = True
 
 
 def c_grid(min_power: float = -6.0, max_power: float = 5.0, n: int = 45) -> list[float]:
@@ -257,8 +260,10 @@ class TorchLBFGS:
             optimizer.step(closure)
             weight, bias = pre.to_original(scaled.detach(), bias.detach())
             loss, _, _ = objective_and_grad(X, y, weight, bias, C, self.chunk, need_grad=False, mode=mode)
-        n_iter = int(optimizer.state[scaled].get("n_iter", 0))
-        return LogRegFit(weight, bias, C, loss, n_iter, time.perf_counter() - start, precision)
+        state = optimizer.state[scaled]
+        n_iter = int(state.get("n_iter", 0))
+        converged = n_iter < self.max_iter and int(state.get("func_evals", 0)) < self.max_iter * 2
+        return LogRegFit(weight, bias, C, loss, n_iter, time.perf_counter() - start, precision, converged)
 
 
 class SklearnLBFGS:
@@ -304,7 +309,7 @@ class SklearnLBFGS:
         weight, bias = weight.to(X.device), bias.to(X.device)
         loss, _, _ = objective_and_grad(X, y, weight, bias, C, need_grad=False)
         n_iter = int(np.max(clf.n_iter_))
-        return LogRegFit(weight, bias, C, loss, n_iter, time.perf_counter() - start)
+        return LogRegFit(weight, bias, C, loss, n_iter, time.perf_counter() - start, converged=n_iter < self.max_iter)
 
 
 def build_solver(name: str, max_iter: int, tol: float, history_size: int = 10, precision: str = "auto"):

@@ -25,7 +25,7 @@ class ProbeResult:
     top1: float
     top5: float
     best_C: float
-    C_curve: list[dict]  # {C, holdout_top1, loss, n_iter, seconds} per C, in sweep order
+    C_curve: list[dict]  # {C, holdout_top1, loss, n_iter, converged, seconds} per C, in sweep order
     final: LogRegFit
     seconds: float
 
@@ -49,10 +49,29 @@ def sweep_C(solver, X_fit: Tensor, y_fit: Tensor, X_hold: Tensor, y_hold: Tensor
         fit = solver.fit(X_fit, y_fit, n_classes, C, init=previous)
         acc = topk_accuracy(X_hold, y_hold, fit, ks=(1,))
         curve.append({"C": C, "holdout_top1": acc[1], "loss": fit.loss, "n_iter": fit.n_iter,
-                      "seconds": round(fit.seconds, 4)})
+                      "converged": fit.converged, "seconds": round(fit.seconds, 4)})
         fits[C] = previous = fit
         logger.debug("C=%.3g hold-out top-1 %.2f%% loss %.5f (%d iterations)", C, acc[1], fit.loss, fit.n_iter)
     return curve, fits
+
+
+def unconverged_Cs(curve: list[dict]) -> list[float]:
+    """The sweep's C values whose fit stopped at the iteration cap (curves written before `converged`: none)."""
+    return [point["C"] for point in curve if point.get("converged") is False]
+
+
+def convergence_warning(capped: list[float], n_fits: int, final: LogRegFit, max_iter: Optional[int]) -> str:
+    """One line naming the fits that stopped at linear.max_iter, and what that means for the chosen C."""
+    cap = f"linear.max_iter={max_iter}" if max_iter else "the iteration cap"
+    shown = ", ".join(f"{c:.3g}" for c in capped[:8]) + (f", ... ({len(capped)} in all)" if len(capped) > 8 else "")
+    parts = []
+    if capped:
+        parts.append(f"{len(capped)} of {n_fits} fits of the C sweep stopped at {cap} before converging (C = "
+                     f"{shown}): their hold-out accuracy may be below their C's own, so the choice of C can differ "
+                     "from a converged sweep's")
+    parts.append(f"the final refit at C={final.C:.3g} {'converged' if final.converged else 'stopped at the cap too'}"
+                 f" ({final.n_iter} iterations)")
+    return "; ".join(parts) + f". Raise {cap.split('=')[0]} to fit them to the end (the reference also caps at 1000)"
 
 
 def best_C(curve: list[dict]) -> float:
@@ -79,4 +98,7 @@ def run_probe(solver, train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Te
     final = solver.fit(train_x, train_y, n_classes, chosen, init=fits[chosen])
     acc = topk_accuracy(val_x, val_y, final, ks=(1, 5))
     logger.info("best C %.3g: val top-1 %.2f%%, top-5 %.2f%%", chosen, acc[1], acc[5])
+    capped = unconverged_Cs(curve)
+    if capped or not final.converged:
+        logger.warning("%s", convergence_warning(capped, len(curve), final, getattr(solver, "max_iter", None)))
     return ProbeResult(acc[1], acc[5], chosen, curve, final, time.perf_counter() - start)

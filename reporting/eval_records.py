@@ -52,6 +52,10 @@ class EvalResults:
     n_val: Optional[int] = None  # validation images behind top-1
     # where the probe's protocol differs from the default one ("knn.temperature=0.1", ...): () for the default
     protocol_changes: tuple = ()
+    # C values of the sweep whose fit stopped at linear.max_iter, and whether the final refit converged (records
+    # written before these were recorded: unknown, () and None)
+    unconverged_C: tuple = ()
+    final_converged: Optional[bool] = None
 
     @property
     def knn_k(self) -> Optional[int]:
@@ -94,8 +98,9 @@ def _knn_top1(value) -> Optional[float]:
     return _percentage(top1, "top1")
 
 
-def read_eval_record(path: Path) -> EvalRecord:
-    """One result file of eval_linear.py; status says whether it was there and readable."""
+def read_eval_record(path: Path, other_data: bool = False) -> EvalRecord:
+    """One result file of eval_linear.py; status says whether it was there and readable. A probe of other data than
+    the run's own is read only when asked for (`other_data`: `make_table.py --eval LABEL`), never as the run's."""
     record = EvalRecord(path=str(path))
     if not path.is_file():
         if os.path.lexists(path):  # a FIFO (whose read would block), a directory, a dangling link
@@ -106,7 +111,7 @@ def read_eval_record(path: Path) -> EvalRecord:
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
         dataset = result.get("dataset")
-        if isinstance(dataset, dict) and dataset.get("own") is False:  # written there through output=
+        if isinstance(dataset, dict) and dataset.get("own") is False and not other_data:  # through output=
             raise ValueError(f"a probe of other data ({dataset.get('other_because', 'not the run data')}), not the "
                              "run's record")
         changes = result.get("protocol_changes")
@@ -122,6 +127,10 @@ def read_eval_record(path: Path) -> EvalRecord:
     record.solver = str(result.get("solver", ""))
     record.checkpoint_sha256 = str(result.get("checkpoint_sha256") or "")
     record.n_val = int(result["n_val"]) if isinstance(result.get("n_val"), int) else None
+    capped = result.get("unconverged_C")
+    record.unconverged_C = tuple(c for c in map(as_float, capped) if c is not None) if isinstance(capped, list) else ()
+    converged = result.get("final_converged")
+    record.final_converged = converged if isinstance(converged, bool) else None
     record.status = COMPLETE
     return record
 

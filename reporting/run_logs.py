@@ -19,8 +19,8 @@ import torch
 
 from configs import ConfigError, load_config
 from rundir.json_files import read_json
-from rundir.layout import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, TEACHER, checkpoint_dir, is_run_dir,
-                           list_checkpoints)
+from rundir.layout import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, TEACHER, checkpoint_dir,
+                           eval_result_name, is_run_dir, list_checkpoints)
 from rundir.metrics import metrics_by_steps_done
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED, read_status
 
@@ -257,8 +257,9 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
             run.reason = "preempted"
 
 
-def _read_eval(run: RunSummary, run_dir: Path) -> None:
-    own = read_eval_record(run_dir / EVAL_RESULT)
+def _read_eval(run: RunSummary, run_dir: Path, eval_label: str = "") -> None:
+    path = run_dir / (eval_result_name(False, f"_data_{eval_label}") if eval_label else EVAL_RESULT)
+    own = read_eval_record(path, other_data=bool(eval_label))
     if own.status == COMPLETE and (reason := stale_reason(own, run_dir)):
         own = EvalRecord(path=own.path, status=STALE, reason=reason)  # its numbers are never shown as the run's
     run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds
@@ -272,8 +273,9 @@ def _read_eval(run: RunSummary, run_dir: Path) -> None:
                 break
 
 
-def read_run(run_dir: Path, name: Optional[str] = None) -> RunSummary:
-    """Everything the tables need about one run directory; never raises for a damaged or absent run."""
+def read_run(run_dir: Path, name: Optional[str] = None, eval_label: str = "") -> RunSummary:
+    """Everything the tables need about one run directory; never raises for a damaged or absent run. `eval_label`:
+    the probe on other data to read (`eval_linear_data_<label>.json`) instead of the run's own `eval_linear.json`."""
     run_dir = Path(run_dir)
     run = RunSummary(name=name or run_dir.name, path=str(run_dir))
     if not run_dir.is_dir():
@@ -283,7 +285,7 @@ def read_run(run_dir: Path, name: Optional[str] = None) -> RunSummary:
         return run
     _read_metrics(run, run_dir)
     _training_status(run, run_dir)
-    _read_eval(run, run_dir)
+    _read_eval(run, run_dir, eval_label)
     return run
 
 

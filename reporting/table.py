@@ -373,6 +373,12 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[Schedu
     incomplete = [r.run for r in rows if r.status != COMPLETE]
     if incomplete:
         notes.append("Not complete (see Status): " + ", ".join(incomplete) + ".")
+    capped = [f"{r.name} ({len(r.unconverged_C)} C values" + (", the final refit too)" if r.final_converged is False
+                                                                else ")")
+              for r in runs if r.unconverged_C or r.final_converged is False]
+    if capped:
+        notes.append("Linear probes with fits stopped at linear.max_iter before converging (their C choice may differ "
+                     "from a converged sweep's; eval_linear.json's unconverged_C names them): " + ", ".join(capped) + ".")
     return notes
 
 
@@ -494,15 +500,19 @@ def check_output_folder(out: Path) -> None:
 
 
 def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = (),
-               screening: Sequence[Path] = ()) -> list[Path]:
+               screening: Sequence[Path] = (), eval_label: str = "") -> list[Path]:
     """Read the runs under `run_paths` and write the table, CSV, JSON summary and (unless `plots` is False) the
     plots into `out`; returns the paths written. `extra_notes` are added to the table's notes; the runs under
-    `screening` are marked as screening runs and kept out of every mean. The files are written into a staging
+    `screening` are marked as screening runs and kept out of every mean; `eval_label` tabulates the probes on other
+    data of that label (`eval_linear_data_<label>.json`) instead of the runs' own. The files are written into a staging
     folder inside `out` and renamed into place once all are written (renames need no space): a full disk or a
     failure leaves the previous table whole."""
     out = Path(out)
     check_output_folder(out)
-    runs = mark_duplicates([read_run(path) for path in find_run_dirs(run_paths)])
+    runs = mark_duplicates([read_run(path, eval_label=eval_label) for path in find_run_dirs(run_paths)])
+    if eval_label:
+        extra_notes = [f"Linear probe and k-NN on {eval_label} (each run's eval_linear_data_{eval_label}.json), not "
+                       "on the runs' own data.", *extra_notes]
     mark_screening(runs, screening)
     marked = [note for note in (mark_data_sets(runs), mark_protocols(runs)) if note]
     out.mkdir(parents=True, exist_ok=True)

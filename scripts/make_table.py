@@ -20,6 +20,7 @@ and JSON are relative to the folder holding the runs.
 """
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -41,7 +42,15 @@ def main(argv=None) -> int:
     parser.add_argument("--screening", nargs="+", type=Path, default=[], metavar="RUN",
                         help="runs (or folders of runs) among the table's that chose the settings under test: shown, "
                              "kept out of every mean and interval")
+    parser.add_argument("--eval", default="", metavar="LABEL",
+                        help="tabulate the probes on other data named LABEL (eval_linear_data_LABEL.json, as "
+                             "eval_linear.py names a probe on another data set: its folder's name) instead of the "
+                             "runs' own eval_linear.json")
     args = parse_command_line(parser, argv)  # run folders after options too
+    if args.eval and not re.fullmatch(r"[A-Za-z0-9._-]+", args.eval):
+        print(f"error: --eval {args.eval!r}: a label as eval_linear.py names probes on other data (letters, digits, "
+              "'.', '_' and '-'; the part after eval_linear_data_ in the file name)", file=sys.stderr)
+        return 2
     absent = [path for path in args.runs if not path.exists()]
     if absent and not args.allow_missing:
         for path in absent:
@@ -54,7 +63,7 @@ def main(argv=None) -> int:
 
     try:
         written = make_table(args.runs, args.out, plots=not args.no_plots, extra_notes=args.note,
-                             screening=args.screening)
+                             screening=args.screening, eval_label=args.eval)
     except CommandError as e:  # an output that cannot be written where --out says (named in the message)
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

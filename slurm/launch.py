@@ -128,6 +128,20 @@ def one_line_problem(args: argparse.Namespace, runs_dir: Path) -> str:
     return next((p for p in (control_character_problem(what, text) for what, text in texts) if p), "")
 
 
+def unlabelled_probe_problem(dataset: str, eval_args: list[str]) -> str:
+    """Runs on unlabelled images (data.dataset=image_folder) can only be probed on a labelled set the probe jobs are
+    told of; without one each probe job would fail after its training. '' if the probes can run."""
+    if dataset != "image_folder":
+        return ""
+    given = dict(a.split("=", 1) for a in eval_args if "=" in a)
+    kind = given.get("data.dataset", "")
+    if kind == "digits" or (kind == "imagenet_folder" and given.get("data.root")):
+        return ""
+    return ("the runs train on unlabelled images (data.dataset=image_folder); their probes need a labelled set: add "
+            "--eval-arg data.dataset=imagenet_folder --eval-arg data.root=<folder with train/<class>/ and "
+            "val/<class>/>, or --skip-eval")
+
+
 def launch(args: argparse.Namespace) -> int:
     runs_dir = args.runs_dir or Path("runs") / f"{args.config.stem}-sweep"
     problem = one_line_problem(args, runs_dir)
@@ -142,6 +156,10 @@ def launch(args: argparse.Namespace) -> int:
     except CommandError as e:  # an existing run's entries the sweep cannot use (named in the message)
         print(f"run directory: {e}", file=sys.stderr)
         return e.exit_code
+    problem = "" if args.skip_eval else unlabelled_probe_problem(plans[0].cfg.data.dataset, args.eval_arg)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     res = Resources(partition=args.partition, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                     cpus_per_task=args.cpus_per_task, cpu_tasks_per_node=args.cpu_tasks_per_node,
                     timeout_min=args.timeout_min,

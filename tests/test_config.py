@@ -129,3 +129,20 @@ def test_missing_config_file_and_missing_dataset_root(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="data.root is required"):
         load_config(VITL)
+    with pytest.raises(ConfigError, match="data.root is required for data.dataset=image_folder"):
+        load_config(None, ["data.dataset=image_folder"])
+
+
+def test_a_root_for_the_bundled_digits_is_refused_naming_the_folder_kinds():
+    """`train.py data.root=<my folder>` on the embedded default (digits) used to train on digits, exit 0."""
+    with pytest.raises(ConfigError, match=r"data.root=/my/images is set but data.dataset=digits .*has no root: add "
+                                          r"data.dataset=image_folder .* or data.dataset=imagenet_folder"):
+        load_config(None, ["data.root=/my/images"])
+    assert load_config(None, ["data.root=/my/images", "data.dataset=image_folder"]).data.dataset == "image_folder"
+
+
+def test_a_root_given_as_an_interpolation_is_shown_as_written(monkeypatch):
+    monkeypatch.setenv("DATA_TOKEN", "/secret/tok-93a1")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["data.root=${oc.env:DATA_TOKEN}"])
+    assert "data.root=${oc.env:DATA_TOKEN} is set" in str(e.value) and "tok-93a1" not in str(e.value)

@@ -122,7 +122,8 @@ def test_a_runs_config_yaml_that_cannot_be_resolved_is_a_config_error(content, e
 def test_config_yaml_stores_resolved_numbers_and_free_text_interpolations_as_written(monkeypatch):
     monkeypatch.setenv("LR", "0.25")
     monkeypatch.setenv("DATA", "/secret/token-d41d8")
-    cfg = load_config(None, ["optim.base_lr=${oc.env:LR}", "optim.min_lr=${optim.base_lr}", "data.root=${oc.env:DATA}"])
+    cfg = load_config(None, ["optim.base_lr=${oc.env:LR}", "optim.min_lr=${optim.base_lr}", "data.root=${oc.env:DATA}",
+                              "data.dataset=image_folder"])
     text = to_yaml(cfg)
     assert "base_lr: 0.25" in text and "min_lr: 0.25" in text  # what the run computes with, not the environment
     assert "root: ${oc.env:DATA}" in text and "token-d41d8" not in text  # a path may carry a credential

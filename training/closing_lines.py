@@ -28,6 +28,16 @@ def shown_path(path: Path) -> str:
     return shlex.quote(str(path))
 
 
+def next_probe(eval_script: str, run: str, dataset: str) -> str:
+    """The probe command to type next; a run on unlabelled images (image_folder) has no labels to probe with, so the
+    command names the labelled set it needs."""
+    if dataset == "image_folder":
+        return (f"next: python {eval_script} --run {run} data.dataset=imagenet_folder data.root=<a labelled set: "
+                "train/<class>/<image> and val/<class>/<image>>   (linear probe and k-NN of the teacher; the "
+                "training images have no labels)")
+    return f"next: python {eval_script} --run {run}   (linear probe and k-NN of the teacher)"
+
+
 def closing_lines(output_dir: Path, cfg, elapsed_s: float, eval_script: Path = Path("eval_linear.py")) -> list[str]:
     """What a finished `train.py` says last: the step reached and this command's time, the final logged loss, the
     files, then the next command (the linear probe once the teacher is exported; else how to continue)."""
@@ -42,7 +52,7 @@ def closing_lines(output_dir: Path, cfg, elapsed_s: float, eval_script: Path = P
     run = shown_path(output_dir)
     if teacher.is_file():
         lines.append(f"teacher: {shown_path(teacher)}; metrics: {shown_path(metrics)}")
-        lines.append(f"next: python {shown_path(eval_script)} --run {run}   (linear probe and k-NN of the teacher)")
+        lines.append(next_probe(shown_path(eval_script), run, cfg.data.dataset))
     else:  # stopped at train.max_steps: no final teacher yet
         lines.append(f"stopped at train.max_steps={last} of {total} steps: no final teacher yet; metrics: "
                      f"{shown_path(metrics)}")

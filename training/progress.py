@@ -61,9 +61,11 @@ def _millions(n: int) -> str:
 
 
 def run_info(cfg: Config, model: torch.nn.Module, device: torch.device, world_size: int, amp_dtype: torch.dtype,
-             compiled: bool, start_step: int, last_step: int, data_fingerprint: str = "") -> dict:
+             compiled: bool, start_step: int, last_step: int, data_fingerprint: str = "",
+             data: Optional[dict] = None) -> dict:
     """The settings a run actually uses, including those resolved at start-up (device, dtypes, compilation, scaled
-    lr, the training images' fingerprint): logged at start, written to `run_info.json`."""
+    lr, the training images: their fingerprint and `data`, `data.dataset_summary`'s kind, image and class counts):
+    logged at start, written to `run_info.json`."""
     student_params = list(model.student.parameters())
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     s = cfg.sparsity
@@ -86,14 +88,23 @@ def run_info(cfg: Config, model: torch.nn.Module, device: torch.device, world_si
         "dense_warmup_steps": cfg.dense_warmup_steps, "sparse_fraction": s.sparse_fraction, "sparsity_kind": s.kind,
         "sparsity_backend": s.backend,
         "pruning": s.pruning, "sparse_teacher": s.teacher == "sparse", "augment_on": cfg.data.augment_on,
-        "start_step": start_step, "data_fingerprint": data_fingerprint,
+        "start_step": start_step, "data_fingerprint": data_fingerprint, **(data or {}),
         "torch": torch.__version__,
     }
 
 
-def log_run_info(info: dict, run_dir=None) -> None:
-    """The start-up summary, a few plain lines; the first names the run directory (as given: run_info.json, which
-    may be published, holds no path)."""
+def data_line(info: dict, root: str = "") -> str:
+    """`image_folder at /data/mine: 1,234 images, unlabelled`; '' where run_info has no data summary."""
+    if "images" not in info:
+        return ""
+    where = f" at {root}" if root and info.get("dataset") != "digits" else ""
+    classes = f"{info['classes']:,} classes" if info.get("classes") else "unlabelled"
+    return f"{info.get('dataset') or 'images'}{where}: {info['images']:,} images, {classes}"
+
+
+def log_run_info(info: dict, run_dir=None, data_root: str = "") -> None:
+    """The start-up summary, a few plain lines; the first names the run directory and the data's root (as given:
+    run_info.json, which may be published, holds no path)."""
     sparse = ("dense throughout" if info["sparse_steps"] == 0 else
               f"2:4 {info['sparsity_kind']} sparse "
               f"({'student and teacher' if info.get('sparse_teacher') else 'student; teacher dense'}) "
@@ -103,6 +114,7 @@ def log_run_info(info: dict, run_dir=None) -> None:
     stop = "" if info["last_step"] == info["total_steps"] else f", stopping at step {info['last_step']} (max_steps)"
     start = f"resuming at step {info['start_step']}" if info["start_step"] else "starting at step 0"
     lines = [f"run directory {run_dir}"] if run_dir is not None else []
+    lines += [f"data: {line}" for line in [data_line(info, data_root)] if line]
     lines += [
         f"device {info['device']} ({info['device_name']}), {info['world_size']} process(es), torch {info['torch']}",
         f"global batch {info['global_batch']} ({info['world_size']} x {info['batch_size_per_gpu']}), peak lr "

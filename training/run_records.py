@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from configs import Config, to_yaml
+from configs import Config, as_written, to_yaml
 from rundir.guard import set_aside_checkpoints, set_aside_results
 from rundir.layout import METRICS, write_config, write_run_info
 from rundir.metrics import FORMAT_KEY, METRICS_FORMAT, MetricsLog
@@ -44,7 +44,7 @@ class RunRecords:
             self.resumed_at = resumed_history(read_status(self.output_dir), step, resumed)
             write_config(self.output_dir, to_yaml(cfg))
             info = run_info()
-            log_run_info(info, self.output_dir)
+            log_run_info(info, self.output_dir, as_written(cfg, "data.root", cfg.data.root))
             write_run_info(self.output_dir, info)
             self.status(RUNNING, step)
         # lines logged after the checkpoint are logged again; a fresh start in a used directory replaces the old log

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from configs import Config, to_yaml
-from data import SSLBatch, build_ssl_loader, build_training_dataset
+from data import SSLBatch, build_ssl_loader, build_training_dataset, dataset_summary
 from models.ssl_meta_arch import SSLMetaArch
 from rundir.checkpoints import CheckpointManager
 from rundir.errors import CommandError
@@ -314,7 +314,7 @@ class Trainer:
             return final
         self.records.start(self.cfg, self.step, resumed, self.checkpoints.directory, lambda: run_info(
             self.cfg, self.model, self.device, self.ctx.world_size, self.amp_dtype, bool(self.compiled), self.step,
-            last, getattr(self.dataset, "fingerprint", "")))
+            last, getattr(self.dataset, "fingerprint", ""), dataset_summary(self.dataset)))
         self.monitor.truncate_after(self.step)  # as metrics.jsonl: lines after the checkpoint are logged again
         try:
             self._run(resumed, last, final)

@@ -26,10 +26,12 @@ def test_digits_run_on_a_two_class_folder_end_to_end(tmp_path):
                              "data.dataset=imagenet_folder", f"data.root={tree}"]) == 0
     assert not (run / "eval_linear.json").exists()  # other data than the run's: named apart, never its record
     (result,) = run.glob("eval_linear_data_*.json")
+    assert result.name == "eval_linear_data_two.json"  # named after the data set's folder
     record = json.loads(result.read_text())
     assert (record["n_train"], record["n_val"], record["n_classes"]) == (12, 6, 2)
     assert record["dataset"] == {"name": "imagenet_folder", "root": str(tree.resolve()), "from": "eval", "own": False,
-                                 "other_because": "data.dataset=imagenet_folder, the run trained on digits"}
+                                 "other_because": "data.dataset=imagenet_folder, the run trained on digits",
+                                 "label": "two"}
     for role, split in (("train", "train"), ("val", "val")):
         assert record[f"{role}_dataset"]["dataset"] == "imagenet_folder"
         assert record[f"{role}_dataset"]["root"] == str(tree.resolve())
@@ -52,6 +54,38 @@ def test_a_data_root_for_a_digits_run_is_not_silently_ignored(tmp_path, caplog):
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "data.dataset=imagenet_folder"]) == 1
     assert "data.dataset=imagenet_folder needs data.root" in caplog.text
     assert not (run / "eval_linear.json").exists()
+
+
+def test_probes_on_other_data_get_readable_names_and_two_folders_of_one_name_keep_apart(tmp_path, caplog):
+    run = make_run_dir(tmp_path / "run")
+    first = make_image_tree(tmp_path / "a" / "my set", classes=2, n_train=10, n_val=1)  # 20 images: k=20 is shown
+    second = make_image_tree(tmp_path / "b" / "my set", classes=3, n_train=2, n_val=1)
+    probe = ["--run", str(run), *FAST_EVAL, "data.dataset=imagenet_folder"]
+    with caplog.at_level("INFO"):
+        assert eval_linear.main([*probe, f"data.root={first}"]) == 0
+    assert "make_table.py --eval my-set" in caplog.text
+    summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("linear top-1"))
+    record = json.loads((run / "eval_linear_data_my-set.json").read_text())
+    assert summary == (f"linear top-1 {record['top1']:.2f} / top-5 {record['top5']:.2f} (C={record['best_C']:.3g}); "
+                       f"k-NN k=20 top-1 {record['knn']['20']['top1']:.2f} / top-5 {record['knn']['20']['top5']:.2f}; "
+                       "eval_linear_data_my-set.json")
+    assert eval_linear.main([*probe, f"data.root={first}"]) == 0  # the same data again: the same file
+    assert eval_linear.main([*probe, f"data.root={second}", "data.val_split=train"]) == 0
+    assert (run / "eval_linear_data_my-set_train-train.json").is_file()
+    caplog.clear()
+    assert eval_linear.main([*probe, f"data.root={second}"]) == 0
+    assert "under the same folder name" in caplog.text
+    (hashed,) = run.glob("eval_linear_data_my-set-*.json")
+    assert json.loads(hashed.read_text())["n_classes"] == 3
+    assert json.loads((run / "eval_linear_data_my-set.json").read_text())["n_classes"] == 2  # untouched
+
+
+def test_a_run_on_unlabelled_images_is_probed_only_on_a_labelled_set_it_is_given(tmp_path, caplog):
+    images = make_image_tree(tmp_path / "mine", classes=2, n_train=2, n_val=1) / "train"
+    run = make_run_dir(tmp_path / "run", "data.dataset=image_folder", f"data.root={images}", checkpoint="dummy")
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 1
+    assert "trained on unlabelled images" in caplog.text and "data.dataset=imagenet_folder data.root=" in caplog.text
+    assert not list(run.glob("eval_linear*.json"))
 
 
 def test_bad_dataset_name_exits_2(tmp_path, capsys):

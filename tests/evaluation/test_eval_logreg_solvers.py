@@ -122,3 +122,37 @@ def test_whole_protocol_agrees(digits):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
         assert abs(a["holdout_top1"] - b["holdout_top1"]) <= 1.0  # at most one hold-out image (143 of them)
     assert ref.top1 > 90.0  # digits pixels are easy: the protocol is doing something
+
+
+def test_a_fit_stopped_at_the_cap_says_so_and_sklearns_own_warning_agrees(digits):
+    """`converged` against scikit-learn's own verdict: its ConvergenceWarning on the same problem (the solver's
+    preconditioned features and tolerance, as SklearnLBFGS passes them), at a cap too small and one large enough."""
+    x, y, _, _ = digits
+    x64 = x.double()
+    pre = Preconditioner.for_problem(x64, 10, 100.0)
+    for max_iter in (5, 1000):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            LogisticRegression(C=pre.C(100.0), solver="lbfgs", max_iter=max_iter, tol=pre.grad_tol(1e-6)).fit(
+                pre.transform(x64).numpy(), y.numpy())
+        sklearn_converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+        fit = SklearnLBFGS(max_iter=max_iter, tol=1e-6).fit(x, y, 10, 100.0)
+        assert fit.converged is sklearn_converged
+        assert sklearn_converged is (max_iter == 1000)
+    capped = TorchLBFGS(max_iter=5, tol=1e-7).fit(x, y, 10, 100.0)
+    assert (capped.converged, capped.n_iter) == (False, 5)
+    assert TorchLBFGS(max_iter=1000, tol=1e-7).fit(x, y, 10, 1e-2).converged
+
+
+def test_the_probe_names_the_C_values_whose_fits_hit_the_cap(digits, caplog):
+    x, y, xv, yv = digits
+    with caplog.at_level("WARNING", logger="evaluation.probe"):
+        result = run_probe(TorchLBFGS(max_iter=8, tol=1e-7), x, y, xv, yv, Cs=c_grid(-4, 2, 4), progress=False)
+    capped = [p["C"] for p in result.C_curve if p["n_iter"] >= 8]  # by hand: every fit that used all 8 iterations
+    assert capped and [p["C"] for p in result.C_curve if not p["converged"]] == capped
+    assert "fits of the C sweep stopped at linear.max_iter=8 before converging" in caplog.text
+    assert f"{capped[-1]:.3g}" in caplog.text and "Raise linear.max_iter" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="evaluation.probe"):
+        run_probe(TorchLBFGS(max_iter=1000, tol=1e-7), x, y, xv, yv, Cs=c_grid(-4, -2, 3), progress=False)
+    assert "before converging" not in caplog.text

@@ -1,7 +1,7 @@
 """Only a probe of the run's own data is the run's record (`eval_linear.json`): its dataset, the root it was trained
 with (for a root given as `${oc.env:...}`, the fingerprint of the value it resolved to at training, so an environment
 that points elsewhere now is noticed), its training split and the default val split. Any other probe is named apart
-(`eval_linear_data_<hash>.json`), and a table never reads a record of other data as the run's."""
+(`eval_linear_data_<label>.json`), and a table never reads a record of other data as the run's."""
 
 import json
 

@@ -137,7 +137,7 @@ def test_runs_differing_only_in_how_they_execute_are_seeds_of_one_row(tmp_path):
     make_run(runs, "b", 0.7, seed=1, top1=80.0, world_size=1,
              overrides=["train.teacher_export_period=50", "train.num_workers=0", "train.log_period=7",
                         "train.checkpoint_period=11", "train.max_to_keep=1", "train.compile=false",
-                        "data.on_corrupt=raise", "sparsity.backend=dense", "data.root=/elsewhere"])
+                        "data.on_corrupt=raise", "sparsity.backend=dense"])
     # resumed on 2 processes with half the per-GPU batch: the same global batch of 32
     make_run(runs, "c", 0.7, seed=2, top1=81.0, world_size=2, overrides=["train.batch_size_per_gpu=16"])
     out = tmp_path / "out"

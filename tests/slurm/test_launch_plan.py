@@ -158,6 +158,10 @@ def test_a_saved_run_with_unusable_entries_is_refused_naming_them(tmp_path, entr
     (["train.batchsize=3"], "unknown config key 'train.batchsize'"),
     (["--sparse-fractions", "0.5", "0.5"], "duplicates"),
     (["--sparse-fractions", "1.5"], "sparsity.sparse_fraction=1.5 is out of range: must be >= 0 and <= 1"),
+    (["data.dataset=image_folder", "data.root=/my/images"], "their probes need a labelled set"),
+    (["data.dataset=image_folder", "data.root=/my/images", "--eval-arg", "data.root=/labelled"],
+     "--eval-arg data.dataset=imagenet_folder"),
+    (["data.root=/my/images"], "data.dataset=digits (the bundled set) has no root"),
 ])
 def test_bad_sweeps_are_refused_before_anything_is_submitted(tmp_path, args, message):
     result = launch("--config", "configs/default.yaml", "--runs-dir", str(tmp_path / "s"), *args, check=False)

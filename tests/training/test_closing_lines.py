@@ -38,6 +38,16 @@ def test_a_finished_run_ends_on_its_final_loss_and_the_probe_command(tmp_path, m
     ]
 
 
+def test_a_run_on_unlabelled_images_says_which_labelled_set_its_probe_needs(tmp_path, monkeypatch):
+    run = _run(tmp_path, {16: 1.5}, teacher=True)
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, [*TINY_STEPS, "data.dataset=image_folder", "data.root=/my/images"])
+    assert closing_lines(run, cfg, 3.0, tmp_path / "eval_linear.py")[-1] == (
+        "next: python eval_linear.py --run 'runs/my run' data.dataset=imagenet_folder data.root=<a labelled set: "
+        "train/<class>/<image> and val/<class>/<image>>   (linear probe and k-NN of the teacher; the training "
+        "images have no labels)")
+
+
 def test_a_run_stopped_at_max_steps_says_how_to_continue(tmp_path, monkeypatch):
     run = _run(tmp_path, {4: 3.0, 8: 2.0}, teacher=False)
     (tmp_path / "elsewhere").mkdir()

@@ -50,6 +50,8 @@ def test_start_up_summary_and_the_dtype_actually_used_are_recorded(reference_run
     from data import DigitsDataset
 
     assert info["data_fingerprint"] == DigitsDataset(cfg.data.digits_image_size, "train").fingerprint
+    assert (info["dataset"], info["images"], info["classes"]) == ("digits", 1437, 10)
+    assert "start-up: data: digits: 1,437 images, 10 classes" in log
     assert info["peak_lr"] == pytest.approx(scaled_lr(cfg, 1)) and info["param_dtype"] == "float32"
     assert info["student_params"] == info["trainable_params"] > info["backbone_params"] > 0
     assert (info["sparse_steps"], info["total_steps"], info["sparsity_backend"]) == (8, TOTAL, "auto")

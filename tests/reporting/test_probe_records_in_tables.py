@@ -1,0 +1,44 @@
+"""What a table says of the runs' probe records beyond their numbers: which linear probes had fits stopped at
+linear.max_iter (eval_linear.json's unconverged_C and final_converged; older records and converged probes add no note),
+and probes on other data, tabulated by their label only when asked (`make_table.py --eval LABEL`)."""
+
+from reporting.table import make_table
+from reporting_runs import eval_result, make_run
+
+
+def test_runs_whose_probe_fits_hit_the_cap_are_named_in_the_notes(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "dense_s0", 0.0, result={**eval_result(80.0), "unconverged_C": [1e3, 1e4, 1e5],
+                                            "final_converged": True})
+    make_run(runs, "sparse70_s0", 0.7, result={**eval_result(79.0), "unconverged_C": [], "final_converged": False})
+    make_run(runs, "sparse40_s0", 0.4, result={**eval_result(79.5), "unconverged_C": [], "final_converged": True})
+    make_run(runs, "sparse60_s0", 0.6)  # an older record: neither field
+    make_table([runs], tmp_path / "out", plots=False)
+    table = (tmp_path / "out" / "table.md").read_text()
+    note = next(line for line in table.splitlines() if "stopped at linear.max_iter" in line)
+    assert "dense_s0 (3 C values)" in note and "sparse70_s0 (0 C values, the final refit too)" in note
+    assert "sparse40_s0" not in note and "sparse60_s0" not in note
+
+
+def test_probes_on_other_data_are_tabulated_by_their_label_and_only_when_asked(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from reporting_runs import REPO
+
+    runs = tmp_path / "runs"
+    for name, fraction, own, other in (("dense_s0", 0.0, 80.0, 60.0), ("sparse70_s0", 0.7, 79.0, 58.5)):
+        run = make_run(runs, name, fraction, top1=own)
+        record = {**eval_result(other), "dataset": {"name": "imagenet_folder", "own": False, "label": "flowers"}}
+        (run / "eval_linear_data_flowers.json").write_text(json.dumps(record))
+    make_table([runs], tmp_path / "own", plots=False)
+    make_table([runs], tmp_path / "flowers", plots=False, eval_label="flowers")
+    own = json.loads((tmp_path / "own" / "summary.json").read_text())
+    flowers = json.loads((tmp_path / "flowers" / "summary.json").read_text())
+    top1 = {r["run"]: r["top1"] for r in own["rows"]}, {r["run"]: r["top1"] for r in flowers["rows"]}
+    assert top1 == ({"dense_s0": 80.0, "sparse70_s0": 79.0}, {"dense_s0": 60.0, "sparse70_s0": 58.5})
+    assert "Linear probe and k-NN on flowers" in (tmp_path / "flowers" / "table.md").read_text()
+    bad = subprocess.run([sys.executable, "scripts/make_table.py", str(runs), "--eval", "../x", "--out",
+                          str(tmp_path / "bad")], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--eval '../x'" in bad.stderr and not (tmp_path / "bad").exists()
