@@ -19,6 +19,7 @@ Slurm signals every process of a job step (the whole tree), so the child would r
 default action kills a process: children start with USR2 ignored and are stopped only through `checkpoint()`.
 """
 
+import ctypes
 import logging
 import os
 import signal
@@ -43,8 +44,16 @@ class ChildFailed(RuntimeError):
     """The script exited with an error; its own log says why."""
 
 
-def _ignore_usr2() -> None:  # runs in the child between fork and exec; SIG_IGN survives exec
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _child_setup() -> None:
+    """Runs in the child between fork and exec (both survive exec): USR2 ignored; on Linux, SIGTERM when this task
+    dies, however it dies (a local job's controller SIGKILLs its tasks a second after SIGINT): the script then
+    checkpoints at a step boundary and exits instead of training on as an orphan."""
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 def distributed_env() -> dict[str, str]:
@@ -95,15 +104,20 @@ class ScriptJob(submitit.helpers.Checkpointable):
 
     def start(self) -> subprocess.Popen:
         logger.info("running %s", " ".join(self.command()))
-        self._child = subprocess.Popen(self.command(), cwd=self.repo, env=self.child_env(), preexec_fn=_ignore_usr2)
+        self._child = subprocess.Popen(self.command(), cwd=self.repo, env=self.child_env(), preexec_fn=_child_setup)
         return self._child
 
     def __call__(self):
         self.start()
         # Poll rather than wait(): checkpoint() runs inside a signal handler that interrupts this loop and must be
         # able to reap the child itself (a blocking Popen.wait() would hold the lock it needs).
-        while self._child.poll() is None:
-            time.sleep(0.5)
+        try:
+            while self._child.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:  # a local job stopped (its controller's SIGINT): the script stops too
+            if self._child.poll() is None:
+                self._child.send_signal(signal.SIGTERM)
+            raise
         code = self._child.returncode
         if code == 0:
             return self.result()

@@ -56,7 +56,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="sweep folder, one run directory per fraction (default: runs/<config name>-sweep)")
     slurm = p.add_argument_group("Slurm resources (training job)")
     slurm.add_argument("--nodes", type=int, default=1)
-    slurm.add_argument("--gpus-per-node", type=int, default=8, help="also the tasks per node (0: one CPU task)")
+    slurm.add_argument("--gpus-per-node", type=int, default=None,
+                       help="also the tasks per node (0: one CPU task); default 8, or with --local the GPUs this "
+                            "machine has (0 without any: one CPU process)")
     slurm.add_argument("--cpus-per-task", type=int, default=10)
     slurm.add_argument("--cpu-tasks-per-node", type=int, default=1,
                        help="training processes per node when --gpus-per-node is 0 (CPU/gloo runs)")
@@ -90,11 +92,27 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     if args.timeout_min <= 10:  # submitit: min(0.8 T, T - 10 min) is then 0, so every USR2 reads as a time-out
         print(f"warning: with --timeout-min {args.timeout_min} (<= 10) every preemption signal counts against "
               f"--max-num-timeout ({args.max_num_timeout})", file=sys.stderr)
+    if args.local and args.nodes != 1:
+        p.error("--local runs the jobs on this machine: --nodes must be 1")
+    if args.gpus_per_node is None:
+        args.gpus_per_node = visible_gpus() if args.local else 8
+        if args.local:  # said, since it sets the global batch and so the learning rate
+            print(f"--local: {args.gpus_per_node} GPU(s) here, so each run trains as "
+                  + (f"{args.gpus_per_node} process(es), one per GPU" if args.gpus_per_node else
+                     f"{args.cpu_tasks_per_node} CPU process(es)")
+                  + " (--gpus-per-node / --cpu-tasks-per-node choose)", file=sys.stderr)
     if args.eval_gpus is None:
         args.eval_gpus = min(args.gpus_per_node, 1)
     if args.gpus_per_node < 0 or args.eval_gpus < 0:
         p.error("GPU counts must be >= 0")
     return args
+
+
+def visible_gpus() -> int:
+    """The GPUs a local job can use (CUDA_VISIBLE_DEVICES applies); 0 where torch sees none."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def dry_run_header(args: argparse.Namespace, plans: list) -> str:
@@ -184,6 +202,10 @@ def launch(args: argparse.Namespace) -> int:
             print(f"note: {plan.run_dir}: {note}")
     try:
         rows = submitter.submit(plans)
+    except KeyboardInterrupt:  # --local: the job running here was stopped with it (SweepSubmitter._wait_local)
+        print("stopped: the local job and its processes were stopped; each run keeps its last checkpoint, and "
+              "rerunning the same command resumes", file=sys.stderr)
+        return 130
     except Exception as e:  # noqa: BLE001 - sbatch refusals etc.: name them, keep what was recorded
         print(f"submission failed: {type(e).__name__}: {e}\n(jobs submitted before this are recorded in each run's "
               "jobs.json; rerunning the launcher skips them)", file=sys.stderr)

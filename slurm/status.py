@@ -102,9 +102,12 @@ def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
     record = records[-1] if records else None
     total = _total_steps(run_dir)
     newest = newest_checkpoint(run_dir)
-    state = read_status(run_dir).state  # running: the Slurm state says more (a killed run cannot record its end)
+    status = read_status(run_dir)
+    state = status.state  # running: the Slurm state says more (a killed run cannot record its end)
+    # the step the run reached: metrics lines come every log_period steps, the checkpoint and status.json say more
+    step = max([record["step"] if record else 0, status.step or 0, newest[0] if newest else 0])
     row = {"run": run_dir.name,
-           "step": f"{record['step'] if record else 0}/{total if total is not None else '?'}"
+           "step": f"{step}/{total if total is not None else '?'}"
                    + (f" {state}" if state and state != RUNNING else ""),
            "phase": record.get("phase", "?") if record else "-",
            "checkpoint": str(newest[0]) if newest else "-"}

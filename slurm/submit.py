@@ -6,9 +6,12 @@ would be submitted. `--local` runs the same job objects with submitit's LocalExe
 (a workstation has one set of GPUs: parallel runs would only compete for them).
 """
 
+import contextlib
 import logging
 import re
 import shlex
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,9 +241,45 @@ class SweepSubmitter:
 
     @staticmethod
     def _wait_local(job, plan: RunPlan, kind: str) -> bool:
+        """Whether every task of the local job ended well. A stop of the launcher (Ctrl-C, SIGTERM) stops the job
+        first: its controller forwards the interrupt to every task, and the run keeps its last checkpoint."""
         try:
-            job.result()
+            with stop_signals_interrupt():
+                job.results()  # every task's: result() refuses a job of several tasks
             return True
+        except KeyboardInterrupt:
+            logger.error("stopping the local %s job %s of %s (its tasks checkpoint at a step boundary); rerun the "
+                         "same command to resume", kind, job.job_id, plan.run_dir)
+            stop_local_job(job)
+            raise
         except Exception as e:  # noqa: BLE001 - report and carry on with the other runs
             logger.error("%s of %s failed: %s (log: %s)", kind, plan.run_dir, e, job.paths.stderr)
             return False
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt():
+    """SIGTERM (and SIGHUP) raise KeyboardInterrupt while a local job is waited for, as Ctrl-C does, so that the
+    launcher can stop its job instead of dying and leaving the job's processes behind."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_local_job(job, grace_s: float = 60.0) -> None:
+    """Interrupt a local job's controller (it forwards SIGINT, then SIGKILL, to its tasks) and wait for it."""
+    process = getattr(job, "_process", None)
+    job.cancel(check=False)
+    if process is None:
+        return
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

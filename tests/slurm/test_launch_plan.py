@@ -7,6 +7,7 @@ import pickle
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import submitit
@@ -362,3 +363,68 @@ def test_a_junk_file_named_like_the_last_checkpoint_is_not_a_finished_training(t
     assert resumable_step(tmp_path / "run", 10) == 6
     save_verified({"step": 10}, folder / "step_00000010.pt")  # the real one, with its digest
     assert resumable_step(tmp_path / "run", 10) == 10
+
+
+def _processes_naming(text: str) -> list[str]:
+    """Command lines of the live processes that mention `text` (from /proc: no extra package)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and text in cmdline and (proc / "stat").read_text().split()[2] != "Z":
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads live processes from /proc")
+def test_local_mode_fits_the_machine_and_a_stop_ends_every_process_it_started(tmp_path):
+    """Without GPUs --local trains one CPU process (it used to start 8 gloo processes: another batch and lr); a
+    SIGTERM to the launcher stops the job's controller, task and train.py (none left behind), and status then
+    reports the step the run reached (metrics lines are rare here: every 50 steps)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from launcher_helpers import REPO
+
+    args = [sys.executable, "slurm/launch.py", "--config", "configs/default.yaml", "--sparse-fractions", "0.5",
+            "--runs-dir", str(tmp_path), "--local", "--skip-eval", *TINY, "optim.epochs=500", "train.log_period=50",
+            "train.checkpoint_period=2"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoints = tmp_path / "sparse_0.50" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (checkpoints.is_dir() and any(checkpoints.glob("step_00000004.pt"))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130 and "stopped: the local job and its processes were stopped" in err, err[-3000:]
+    if not torch.cuda.is_available():
+        assert "--local: 0 GPU(s) here, so each run trains as 1 CPU process(es)" in err
+        info = json.loads((tmp_path / "sparse_0.50" / "run_info.json").read_text())
+        assert info["world_size"] == 1
+    deadline = time.monotonic() + 60
+    while (left := _processes_naming(str(tmp_path))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == [], left
+    step = max(int(p.name[5:13]) for p in checkpoints.glob("step_*.pt"))
+    status = launch("status", "--runs-dir", str(tmp_path)).stdout
+    assert f"{step}/{500 * 4}" in status, status  # the checkpoint's step, not the last metrics line's 0
+
+
+@pytest.mark.slow
+def test_a_finished_local_job_of_two_processes_reads_as_done_and_its_probe_runs(tmp_path):
+    """A local job of several tasks used to be reported failed when it finished ("You should use results() if your
+    job has subtasks"), so its probe never ran."""
+    result = launch("--config", "configs/default.yaml", "--sparse-fractions", "0.5", "--runs-dir", str(tmp_path),
+                    "--local", "--gpus-per-node", "0", "--cpu-tasks-per-node", "2", *TINY, "optim.epochs=2",
+                    "train.batch_size_per_gpu=4", "--eval-arg", "linear.n_c=3", "--eval-arg", "linear.max_iter=50",
+                    "--eval-arg", "features.num_workers=0")
+    run = tmp_path / "sparse_0.50"
+    assert "FAILED" not in result.stdout, result.stdout + result.stderr[-3000:]
+    assert json.loads((run / "run_info.json").read_text())["world_size"] == 2
+    assert json.loads((run / "eval_linear.json").read_text())["top1"] is not None
