@@ -41,6 +41,14 @@ def _smooth(values: np.ndarray) -> np.ndarray:
     return np.convolve(padded, np.ones(SMOOTH) / SMOOTH, mode="valid")
 
 
+def switch_marker(steps: np.ndarray, values: np.ndarray, switch_step: int):
+    """(x, y) of a run's switch on its line: at the switch step itself (its metrics may be logged only every few
+    steps), on the line drawn between the logged values around it; None where the switch is outside them."""
+    if not len(steps) or not steps[0] <= switch_step <= steps[-1]:
+        return None
+    return float(switch_step), float(np.interp(switch_step, steps, values))
+
+
 def plot_masks(runs, path: Path, labels=None, setting: str = "", note: str = "") -> bool:
     """Draw the runs (duck-typed: `path`, `name`, `sparse_fraction`, `sparse_steps`) that logged mask statistics into
     `path`, named by `labels` (one per run; default: the run folders' names); False (and nothing written) when none
@@ -63,11 +71,10 @@ def plot_masks(runs, path: Path, labels=None, setting: str = "", note: str = "")
                 steps, values = series[key]
                 line, = ax.plot(steps, _smooth(values) if smoothed else values, color="0.35" if dense else color,
                                 linestyle="--" if dense else "-", linewidth=1.2, label=label)
-                if run.sparse_steps and 0 < run.sparse_fraction < 1:
-                    at = np.searchsorted(steps, run.sparse_steps)
-                    if at < len(steps):
-                        ax.plot(steps[at], (_smooth(values) if smoothed else values)[at], marker="|",
-                                markersize=14, color=line.get_color())
+                marker = switch_marker(steps, _smooth(values) if smoothed else values, run.sparse_steps) \
+                    if run.sparse_steps and 0 < run.sparse_fraction < 1 else None
+                if marker is not None:
+                    ax.plot(*marker, marker="|", markersize=14, color=line.get_color())
             handles.append(line)
         for ax, (key, title, log) in zip(axes, FIELDS):
             ax.set_title(title)

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from configs import ConfigError, load_config
 from rundir.json_files import read_json
 from rundir.layout import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, TEACHER, checkpoint_dir,
@@ -157,7 +155,10 @@ def _batch_layout(run_dir: Path, batch_size_per_gpu: int) -> tuple[int, int]:
     From the newest readable checkpoint, memory-mapped so a ViT-L checkpoint costs no more than its header; else
     from run_info.json (written at every start, and kept where checkpoints are not, as in committed results); else
     the config's per-GPU batch on one process."""
-    for _, path in reversed(list_checkpoints(checkpoint_dir(run_dir))):
+    checkpoints = list_checkpoints(checkpoint_dir(run_dir))
+    if checkpoints:
+        import torch  # only where there are checkpoints to read: tables of committed runs and --help go without it
+    for _, path in reversed(checkpoints):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             return int(state["world_size"]), int(state.get("batch_size_per_gpu", batch_size_per_gpu))

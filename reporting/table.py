@@ -555,7 +555,8 @@ def _write_table(runs: list[RunSummary], out: Path, plots: bool, extra_notes: Se
         draw_figures([r for r in runs if not r.screening], [r for r in rows if not r.screening], baselines, out)
     summary = {"rows": [asdict(r) for r in rows], "schedule_means": [asdict(m) for m in shown_means],
                "baselines": [asdict(b) for b in baselines], "notes": notes,
-               "speeds": {"gpu": speed.gpu, "left_out": speed.why_not},
-               "published": {"source": published.SOURCE, "total_steps": published.TOTAL_STEPS,
-                             "rows": [asdict(p) for p in published.ROWS]}}
+               "speeds": {"gpu": speed.gpu, "left_out": speed.why_not}}
+    if any(is_published_setting(run) for run in runs):  # the published numbers only beside runs of their setting
+        summary["published"] = {"source": published.SOURCE, "total_steps": published.TOTAL_STEPS,
+                                "rows": [asdict(p) for p in published.ROWS]}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")  # last: the set is complete

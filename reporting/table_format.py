@@ -132,8 +132,6 @@ def markdown(rows, means, baselines, notes: list[str], speeds: bool = True) -> s
     if means:
         text += means_markdown(means, knn_header, name_k, speeds) + "\n\n"
     text += "\n".join(f"- {n}" for n in notes) + "\n\n## Runs\n\n" + details_markdown(rows, speeds)
-    if not with_published:
-        text += "\n\n" + published_markdown()
     return text + "\n"
 
 
@@ -169,16 +167,6 @@ def details_markdown(rows, speeds: bool = True) -> str:
              ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–", _number(r.best_C, ".3g"),
              _duration(r.eval_seconds)] for r in rows]
     return "\n".join(_table_lines(header, body, speeds))
-
-
-def published_markdown() -> str:
-    lines = [f"## Published reference, a different setting: {published.SOURCE}", "",
-             "| Schedule | Sparse → dense steps | Top-1 (%) | Δ top-1 (pp) |", "|---|---|---|---|"]
-    for row in published.ROWS:
-        dense_steps = published.TOTAL_STEPS - row.sparse_steps
-        lines.append(f"| {row.label} | {_steps(row.sparse_steps)} → {_steps(dense_steps)} | {row.top1:.1f} | "
-                     f"{row.delta_top1:+.1f} |")
-    return "\n".join(lines)
 
 
 # kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels). After

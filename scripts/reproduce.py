@@ -36,14 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from configs import ConfigError
 from configs.command_line import parse_command_line
 from configs.sweep import refuse_fraction_override, schedule_run
 from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS
 from reporting.run_logs import COMPLETE, read_run
-from reporting.table import make_table
 from rundir.layout import BASELINE_RESULTS, EVAL_RESULT, TEACHER
 from slurm.sweep import run_name  # (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
 from training.terminal import track
@@ -184,6 +181,8 @@ def machine_notes(jobs: int = 1) -> list[str]:
     shared = (f" {jobs} runs trained at a time on it, so each run's images/s was measured while sharing the device "
               "with others: compare them between runs with care; results/bench/ measures speed alone."
               if jobs > 1 else "")
+    import torch  # here, not at the top: --help and a config error answer without it
+
     if torch.cuda.is_available():
         return [f"Trained by scripts/reproduce.py on {torch.cuda.get_device_name()}.{shared}"]
     return [f"Trained by scripts/reproduce.py on a CPU ({os.cpu_count()} cores).{shared} Its times say nothing about "
@@ -264,6 +263,8 @@ def main(argv=None) -> int:
         print(f"{len(planned)} runs, {args.jobs} at a time; table and plots: {args.out}")
         return 0
     failures = execute(planned, args.overrides, args.eval_overrides, args.jobs, args.config)
+    from reporting.table import make_table  # the plots' libraries: only once there is a table to write
+
     written = make_table([item.run_dir for item in planned], args.out, extra_notes=machine_notes(args.jobs))
     print("wrote " + ", ".join(str(p) for p in written))
     for line in failures:

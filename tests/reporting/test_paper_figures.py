@@ -148,3 +148,16 @@ def test_the_masks_figure_says_what_unnamed_options_stand_for(tmp_path, monkeypa
     assert mask_plots.plot_masks(runs, tmp_path / "masks.png", labels=["100% sparse · most common options"],
                                  note=note)
     assert captions[0].endswith("\n" + note) and "| : a run's switch to dense." in captions[0]
+
+
+def test_the_switch_is_marked_at_its_own_step_between_the_logged_ones():
+    """Logged every 5 steps (5, 10, 15, 20) with the switch after step 11: the mark is at 11, a fifth of the way
+    from the value at 10 to the value at 15 (it used to sit on the first logged step after the switch, 15)."""
+    import numpy as np
+
+    from reporting.mask_plots import switch_marker
+
+    steps, values = np.array([5.0, 10.0, 15.0, 20.0]), np.array([0.4, 0.2, 0.7, 0.1])
+    assert switch_marker(steps, values, 11) == (11.0, 0.2 + (0.7 - 0.2) / 5)
+    assert switch_marker(steps, values, 15) == (15.0, 0.7)
+    assert switch_marker(steps, values, 3) is None and switch_marker(steps, values, 21) is None
