@@ -12,6 +12,7 @@ Running the same command again resumes unfinished runs and skips finished ones (
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -19,14 +20,18 @@ from typing import Optional
 if __package__ in (None, ""):  # `python slurm/launch.py`: import the package from the repo root, not slurm/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from configs import ConfigError, scaled_lr, to_yaml  # noqa: E402
+from configs import ConfigError, as_written, scaled_lr, to_yaml  # noqa: E402
 from configs.command_line import parse_command_line  # noqa: E402
 from rundir.errors import CommandError  # noqa: E402
+from slurm.eval_time import FLOOR_MIN, IMAGES_PER_MIN, eval_time_min, probe_images  # noqa: E402
 from slurm.status import format_table, main as status_main  # noqa: E402
 from slurm.submit import Resources, SweepSubmitter, control_character_problem  # noqa: E402
 from slurm.sweep import plan_sweep  # noqa: E402
 
 REFERENCE_FRACTIONS = [0.0, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0]
+
+
+FALLBACK_EVAL_MIN = 720  # a probe job's request where its data cannot be counted from here
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -73,7 +78,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                        help="extra sbatch option for every job, e.g. account=abc or constraint=h100 (repeatable)")
     ev = p.add_argument_group("linear probe (eval_linear.py, chained after each training job)")
     ev.add_argument("--eval-gpus", type=int, default=None, help="default: 1, or 0 when --gpus-per-node is 0")
-    ev.add_argument("--eval-timeout-min", type=int, default=720)
+    ev.add_argument("--eval-timeout-min", type=int, default=None,
+                    help="time limit of each probe job (default: 30 min + 1 min per 5,000 images it probes, counted "
+                         f"here; {FALLBACK_EVAL_MIN} min where its data is not on this machine)")
     ev.add_argument("--skip-eval", action="store_true", help="train only (a later launch without it adds probes)")
     ev.add_argument("--eval-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="override for eval_linear.py, e.g. features.batch_size=128 (repeatable)")
@@ -87,7 +94,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     # every key=value is an override wherever it stands, also right after --sparse-fractions' list
     args = parse_command_line(p, argv)
     for name in ("nodes", "cpus_per_task", "cpu_tasks_per_node", "timeout_min", "max_num_timeout", "eval_timeout_min"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.timeout_min <= 10:  # submitit: min(0.8 T, T - 10 min) is then 0, so every USR2 reads as a time-out
         print(f"warning: with --timeout-min {args.timeout_min} (<= 10) every preemption signal counts against "
@@ -146,6 +153,32 @@ def one_line_problem(args: argparse.Namespace, runs_dir: Path) -> str:
     return next((p for p in (control_character_problem(what, text) for what, text in texts) if p), "")
 
 
+def data_notes(args: argparse.Namespace, cfg) -> list[str]:
+    """What the launcher could tell of the data from here: a training root missing on this machine (the jobs need it
+    on the nodes), and the probe jobs' time request (sets `args.eval_timeout_min` where not given)."""
+    notes = []
+    root = cfg.data.root
+    if cfg.data.dataset != "digits" and not os.path.isdir(os.path.expanduser(root)):
+        notes.append(f"data.root={as_written(cfg, 'data.root', root)} is not a folder on this machine: the training "
+                     "jobs need it where they run")
+    if args.eval_timeout_min is not None or args.skip_eval:
+        return notes
+    given = dict(a.split("=", 1) for a in args.eval_arg if "=" in a)
+    dataset = given.get("data.dataset") or cfg.data.dataset
+    probe_root = given.get("data.root") or (root if dataset == cfg.data.dataset else "")
+    splits = (given.get("data.train_split", "train"), given.get("data.val_split", "val"))
+    images = probe_images(dataset, probe_root, splits)
+    if images is None:
+        args.eval_timeout_min = FALLBACK_EVAL_MIN
+        notes.append(f"probe jobs ask {FALLBACK_EVAL_MIN} min: their data is not on this machine to size the request "
+                     "(--eval-timeout-min sets it)")
+    else:
+        args.eval_timeout_min = eval_time_min(images)
+        notes.append(f"probe jobs ask {args.eval_timeout_min} min for {images:,} images ({FLOOR_MIN} min + 1 min per "
+                     f"{IMAGES_PER_MIN:,}; --eval-timeout-min sets it)")
+    return notes
+
+
 def unlabelled_probe_problem(dataset: str, eval_args: list[str]) -> str:
     """Runs on unlabelled images (data.dataset=image_folder) can only be probed on a labelled set the probe jobs are
     told of; without one each probe job would fail after its training. '' if the probes can run."""
@@ -178,11 +211,13 @@ def launch(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    for note in data_notes(args, plans[0].cfg):
+        print(f"note: {note}", file=sys.stderr)
     res = Resources(partition=args.partition, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                     cpus_per_task=args.cpus_per_task, cpu_tasks_per_node=args.cpu_tasks_per_node,
                     timeout_min=args.timeout_min,
                     signal_delay_s=args.signal_delay_s, max_num_timeout=args.max_num_timeout, mem_gb=args.mem_gb,
-                    eval_gpus=args.eval_gpus, eval_timeout_min=args.eval_timeout_min,
+                    eval_gpus=args.eval_gpus, eval_timeout_min=args.eval_timeout_min or FALLBACK_EVAL_MIN,
                     slurm_extra=dict(args.slurm_arg))
     submitter = SweepSubmitter(args.config, res, args.eval_arg, local=args.local, evaluate=not args.skip_eval)
     if args.dry_run:

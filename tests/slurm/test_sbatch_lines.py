@@ -74,7 +74,7 @@ def test_awkward_legal_names_parse_back_to_the_intended_options(tmp_path, capsys
     scripts = re.findall(r"^#!/bin/bash\n.*?(?=^# (?:train|eval) job|^\S+\s+run dir|\Z)", out, flags=re.S | re.M)
     assert len(scripts) == 2
     folder = str(runs / "sparse_0.50" / "slurm" / "%j")
-    for script, name, time in zip(scripts, ("s24-train-sparse_0.50", "s24-eval-sparse_0.50"), ("4320", "720")):
+    for script, name, time in zip(scripts, ("s24-train-sparse_0.50", "s24-eval-sparse_0.50"), ("4320", "31")):
         options, commands = _read_like_sbatch(script)
         assert options["job-name"] == name and options["time"] == time
         assert options["partition"] == "gpu a100" and options["account"] == "x y"
