@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from configs.eval_schema import INEXACT_PRECISIONS, PRECISIONS  # the torch solver's arithmetic, declared there
+
 
 @dataclass
 class LogRegFit:
@@ -48,12 +50,6 @@ def c_grid(min_power: float = -6.0, max_power: float = 5.0, n: int = 45) -> list
     return [float(c) for c in 10.0 ** np.linspace(min_power, max_power, n)]
 
 
-# Arithmetic of the torch solver (`linear.precision`). float32_3xtf32: fp32 accuracy from TF32 tensor cores (the
-# large-GPU default); float32: IEEE fp32 GEMMs (~7x slower per GEMM on an H100); float64: sklearn's.
-PRECISIONS = ("auto", "float64", "float32", "float32_3xtf32")
-# Benchmarking only, inexact: one TF32 GEMM (weights rounded to 10 mantissa bits). The objective is then too noisy for
-# the line search: warm-started fits stop after a few iterations from C ~ 18 up, ~5% above the optimum.
-INEXACT_PRECISIONS = ("float32_tf32",)
 MATMUL_MODES = {"float32": "ieee", "float32_3xtf32": "3xtf32", "float32_tf32": "tf32", "float64": "ieee"}
 
 

@@ -11,7 +11,6 @@ from typing import Optional
 
 from rundir.atomic import atomic_write_text
 
-from . import published
 from .run_logs import KNN_SHOWN_K
 
 

@@ -25,14 +25,30 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
-from configs import load_config
 from configs.command_line import parse_command_line
-from data import build_ssl_loader, build_training_dataset
-from scripts.benchmarks.timing import time_steps
-from training.distributed import DistContext
-from training.trainer import Trainer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--workers", type=int, default=14, help="data workers of the loader-workers row")
+    ap.add_argument("--batches", type=int, default=30)
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("overrides", nargs="*")
+    return ap
+
+
+if __name__ == "__main__":  # --help and a usage error answer here, before torch is imported
+    parse_command_line(build_parser())
+
+import torch  # noqa: E402
+
+from configs import load_config  # noqa: E402
+from data import build_ssl_loader, build_training_dataset  # noqa: E402
+from scripts.benchmarks.timing import time_steps  # noqa: E402
+from training.distributed import DistContext  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
 
 
 def time_loader(cfg, device, batches: int, warmup: int, num_workers: int, to_device: bool = True) -> dict:
@@ -88,13 +104,7 @@ def time_step(cfg, device, batch: dict, warmup: int, iters: int, out_dir: Path) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--workers", type=int, default=14, help="data workers of the loader-workers row")
-    ap.add_argument("--batches", type=int, default=30)
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("overrides", nargs="*")
+    ap = build_parser()
     args = parse_command_line(ap)  # options and overrides in any order
     device = torch.device("cuda")
     base = list(args.overrides)

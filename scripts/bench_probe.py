@@ -42,20 +42,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from evaluation.logreg import (INEXACT_PRECISIONS, MATMUL_MODES, PRECISIONS, SklearnLBFGS,
-                                      TorchLBFGS, c_grid, objective_and_grad, topk_accuracy)
-from evaluation.probe import best_C, holdout_split
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-# written before measuring (module docstring): float32_3xtf32 on an H100, bf16 features
-PREDICTION = {"precision": "float32_3xtf32", "evaluation_ms": 70, "evaluation_ms_range": [60, 85],
-              "total_iterations": 1200, "total_iterations_range": [400, 3000], "seconds": 100,
-              "seconds_range": [40, 250], "float64_check_seconds": 10, "float64_rel_gap_below": 1e-6}
+from configs.eval_schema import INEXACT_PRECISIONS, PRECISIONS
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n-train", type=int, default=1_281_167)
     ap.add_argument("--n-val", type=int, default=50_000)
@@ -64,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--n-c", type=int, default=45)
     ap.add_argument("--mean-scale", type=float, default=0.16,
                     help="class-mean std (noise std 1); 0.16: 95%% val top-1 at 1024 x 1000")
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     ap.add_argument("--max-iter", type=int, default=1000)
     ap.add_argument("--tol", type=float, default=1e-6)
     ap.add_argument("--precision", choices=PRECISIONS + INEXACT_PRECISIONS, default="auto",
@@ -76,11 +66,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sklearn-n", type=int, default=20_000, help="rows of the sklearn subset (0: skip)")
     ap.add_argument("--sklearn-iters", type=int, default=20, help="lbfgs iterations per C in the sklearn timing")
     ap.add_argument("--sklearn-n-c", type=int, default=2, help="C values timed with sklearn")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default=None, help="default: cuda where there is a GPU, else cpu")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default: results/bench/probe_<gpu>.json)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--agreement", type=int, default=1, help="also compare torch and sklearn on a small problem")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    return args
+
+
+if __name__ == "__main__":  # --help and a usage error answer here, before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
+
+from evaluation.logreg import (MATMUL_MODES, SklearnLBFGS, TorchLBFGS, c_grid, objective_and_grad,  # noqa: E402
+                               topk_accuracy)
+from evaluation.probe import best_C, holdout_split  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# written before measuring (module docstring): float32_3xtf32 on an H100, bf16 features
+PREDICTION = {"precision": "float32_3xtf32", "evaluation_ms": 70, "evaluation_ms_range": [60, 85],
+              "total_iterations": 1200, "total_iterations_range": [400, 3000], "seconds": 100,
+              "seconds_range": [40, 250], "float64_check_seconds": 10, "float64_rel_gap_below": 1e-6}
 
 
 def synthetic(n: int, means: torch.Tensor, dtype: torch.dtype, generator: torch.Generator, chunk: int = 131072):

@@ -20,10 +20,30 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 
-from scripts.benchmarks.gpu_state import gpu_state
-from scripts.benchmarks.timing import heat
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="vit_large_patch16_224")
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--backend", default="cusparselt", choices=("cusparselt", "auto", "dense"))
+    ap.add_argument("--compile-mode", default="default", choices=("default", "reduce-overhead"),
+                    help="torch.compile's mode; reduce-overhead replays forward and backward as CUDA graphs (a batch "
+                         "of 8 is host-bound when launched)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--heat-s", type=float, default=20.0)
+    ap.add_argument("--out", default=None)
+    return ap
+
+
+if __name__ == "__main__":  # --help and a usage error answer here, before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
+
+from scripts.benchmarks.gpu_state import gpu_state  # noqa: E402
+from scripts.benchmarks.timing import heat  # noqa: E402
 
 PUBLISHED = {"gpu": "A100", "batch": 8, "dense_ms": 717.598748, "sparse_ms": 675.275311}  # the seed's table
 MLP_LINEARS = r"blocks\.\d+\.mlp\.fc[12]"
@@ -73,18 +93,7 @@ def summary(times: dict, batch: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", default="vit_large_patch16_224")
-    ap.add_argument("--batch", type=int, nargs="+", default=[8, 64])
-    ap.add_argument("--backend", default="cusparselt", choices=("cusparselt", "auto", "dense"))
-    ap.add_argument("--compile-mode", default="default", choices=("default", "reduce-overhead"),
-                    help="torch.compile's mode; reduce-overhead replays forward and backward as CUDA graphs (a batch "
-                         "of 8 is host-bound when launched)")
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--heat-s", type=float, default=20.0)
-    ap.add_argument("--out", default=None)
+    ap = build_parser()
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_published.py needs a CUDA GPU")

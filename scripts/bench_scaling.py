@@ -31,15 +31,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from PIL import Image
 
-from configs import load_config
 from configs.command_line import parse_command_line
-from scripts.benchmarks.batch import synthetic_batch
-from scripts.benchmarks.scaling_plots import compare_phases, plot, plot_phases
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +44,7 @@ MODELS = {  # name -> (config, description)
 BENCH_OVERRIDES = ["data.dataset=digits", "sparsity.sparse_fraction=0", "train.resume=false"]
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2, 4], help="process counts (1 must be among them)")
     ap.add_argument("--models", nargs="+", default=["small", "vitl16"], choices=sorted(MODELS))
@@ -76,6 +69,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="put results of this script side by side (the first is the baseline, e.g. the dense phase "
                          "then the sparse one): writes <--out>/scaling_phases_<gpu>.json/.png and exits")
     ap.add_argument("overrides", nargs="*", help="config overrides for every model, e.g. train.amp_dtype=fp16")
+    return ap
+
+
+if __name__ == "__main__":  # --help and a usage error answer here, before torch is imported
+    parse_command_line(build_parser())
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from configs import load_config  # noqa: E402
+from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
+from scripts.benchmarks.scaling_plots import compare_phases, plot, plot_phases  # noqa: E402
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = build_parser()
     args = parse_command_line(ap, argv)  # options and overrides in any order
     if 1 not in args.gpus:
         ap.error("--gpus must include 1: efficiencies are relative to one GPU")

@@ -26,18 +26,37 @@ import platform
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
-
 from scripts.benchmarks import bad_algs
-from scripts.benchmarks.linear_layers import linear_pair, mlp
-from scripts.benchmarks.linear_profiles import bench_host, kernel_breakdown
-from scripts.benchmarks.sparse_results import fmt_table, merge_runs, write_json
-from scripts.benchmarks.timing import graph_ms, median_ms
 
-SHAPES = [(1024, 4096), (4096, 1024)]  # (in, out): fc1, fc2
 TOKENS = [16384, 32768, 58496]
 N_SETS = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/bench/sparse_h100.json")
+    ap.add_argument("--md", default=None, help="also write the table as markdown here")
+    ap.add_argument("--tokens", type=int, nargs="*", default=TOKENS)
+    ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
+    ap.add_argument("--ops", nargs="*", default=["prune_pack", "gemm", "linear_fwd_bwd", "mlp_fwd_bwd", "kernels"])
+    bad_algs.add_argument(ap)
+    ap.add_argument("--merge", nargs="+", default=None, metavar="RUN",
+                    help="merge earlier runs (their JSON, or stdout logs) into --out/--md instead of measuring")
+    return ap
+
+
+if __name__ == "__main__":  # --help and a usage error answer here, before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from scripts.benchmarks.linear_layers import linear_pair, mlp  # noqa: E402
+from scripts.benchmarks.linear_profiles import bench_host, kernel_breakdown  # noqa: E402
+from scripts.benchmarks.sparse_results import fmt_table, merge_runs, write_json  # noqa: E402
+from scripts.benchmarks.timing import graph_ms, median_ms  # noqa: E402
+
+SHAPES = [(1024, 4096), (4096, 1024)]  # (in, out): fc1, fc2
 
 
 def rel(a, b):
@@ -254,15 +273,7 @@ def ceilings():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="results/bench/sparse_h100.json")
-    ap.add_argument("--md", default=None, help="also write the table as markdown here")
-    ap.add_argument("--tokens", type=int, nargs="*", default=TOKENS)
-    ap.add_argument("--dtypes", nargs="*", default=["bf16", "fp16"])
-    ap.add_argument("--ops", nargs="*", default=["prune_pack", "gemm", "linear_fwd_bwd", "mlp_fwd_bwd", "kernels"])
-    bad_algs.add_argument(ap)
-    ap.add_argument("--merge", nargs="+", default=None, metavar="RUN",
-                    help="merge earlier runs (their JSON, or stdout logs) into --out/--md instead of measuring")
+    ap = build_parser()
     args = ap.parse_args()
     if args.merge:
         merge_runs(args.merge, args.out, args.md)

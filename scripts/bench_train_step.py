@@ -41,25 +41,10 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
-from configs import load_config
 from configs.command_line import parse_command_line
 from configs.schema import COMPILE_MODES
 from scripts.benchmarks import bad_algs
-from scripts.benchmarks.batch import synthetic_batch
-from scripts.benchmarks.flops import gemm_rate_tflops, mfu, step_flops
-from scripts.benchmarks.gpu_state import gpu_state
-from scripts.benchmarks.ledger import COVERAGE, profile_ledger, projections, set_step_time
-from scripts.benchmarks.ledger import in_place as ledger_in_place
-from scripts.benchmarks.step_profiles import host_profile, profile_steps, stall_profile
-from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps
-from sparsity.pruning import is_transposable
-from training.distributed import DistContext
-from training.gc_control import StepGc
-from training.trainer import Trainer
 
-# `step-graph`: compile_mode=default with train.cuda_graph=true, the whole step replayed as one CUDA graph
 BENCH_MODES = (*COMPILE_MODES, "step-graph")
 MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "autotune-", "step-graph": "stepgraph-"}
 ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto",
@@ -67,6 +52,56 @@ ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto",
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs", "automatic-gc")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/vitl16_imagenet.yaml")
+    ap.add_argument("--rows", nargs="*", default=list(ROWS[:4]), choices=ROWS)
+    ap.add_argument("--ablations", nargs="*", default=[], choices=ABLATIONS)
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps per row (compiled rows compile in them)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", type=int, default=2, help="steps per row profiled for the kernel breakdown (0: off)")
+    ap.add_argument("--ledger", type=int, default=0,
+                    help="steps per row profiled with host activity for the ledger: kernel time by what it computes, "
+                         "and the dense row's projections for each set of GEMMs 2:4 could cover (0: off)")
+    ap.add_argument("--host-profile", type=int, default=0, help="steps per row under cProfile (0: off)")
+    ap.add_argument("--stall-profile", type=int, default=0,
+                    help="steps per row profiled with host activity: CUDA API calls and the GPU's longest idle gaps")
+    ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=list(BENCH_MODES),
+                    help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>, of "
+                         "max-autotune-no-cudagraphs autotune-<backend>; step-graph (train.cuda_graph=true, the "
+                         "whole step one CUDA graph) stepgraph-<backend>")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="times the rows take turns (each round --iters steps per row): rows then meet the GPU at "
+                         "the same temperature and clock, which a single pass in a fixed order does not give")
+    ap.add_argument("--heat-s", type=float, default=0.0,
+                    help="seconds of steps before each mode's first timed row, after every row's warm-up, so that "
+                         "every row runs at the clock the GPU holds under this load (an H100 at its power cap slows "
+                         "as it warms)")
+    bad_algs.add_argument(ap)
+    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
+    return ap
+
+
+if __name__ == "__main__":  # --help and a usage error answer here, before torch is imported
+    parse_command_line(build_parser())
+
+import torch  # noqa: E402
+
+from configs import load_config  # noqa: E402
+from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
+from scripts.benchmarks.flops import gemm_rate_tflops, mfu, step_flops  # noqa: E402
+from scripts.benchmarks.gpu_state import gpu_state  # noqa: E402
+from scripts.benchmarks.ledger import COVERAGE, profile_ledger, projections, set_step_time  # noqa: E402
+from scripts.benchmarks.ledger import in_place as ledger_in_place  # noqa: E402
+from scripts.benchmarks.step_profiles import host_profile, profile_steps, stall_profile  # noqa: E402
+from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps  # noqa: E402
+from sparsity.pruning import is_transposable  # noqa: E402
+from training.distributed import DistContext  # noqa: E402
+from training.gc_control import StepGc  # noqa: E402
+from training.trainer import Trainer  # noqa: E402
+
+# `step-graph`: compile_mode=default with train.cuda_graph=true, the whole step replayed as one CUDA graph
 class _Ablation:
     """Undo one of the step's choices on `trainer` inside a `with` block."""
 
@@ -237,33 +272,7 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None, extras=True)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="configs/vitl16_imagenet.yaml")
-    ap.add_argument("--rows", nargs="*", default=list(ROWS[:4]), choices=ROWS)
-    ap.add_argument("--ablations", nargs="*", default=[], choices=ABLATIONS)
-    ap.add_argument("--warmup", type=int, default=5, help="untimed steps per row (compiled rows compile in them)")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--profile", type=int, default=2, help="steps per row profiled for the kernel breakdown (0: off)")
-    ap.add_argument("--ledger", type=int, default=0,
-                    help="steps per row profiled with host activity for the ledger: kernel time by what it computes, "
-                         "and the dense row's projections for each set of GEMMs 2:4 could cover (0: off)")
-    ap.add_argument("--host-profile", type=int, default=0, help="steps per row under cProfile (0: off)")
-    ap.add_argument("--stall-profile", type=int, default=0,
-                    help="steps per row profiled with host activity: CUDA API calls and the GPU's longest idle gaps")
-    ap.add_argument("--compile-modes", nargs="*", default=["default"], choices=list(BENCH_MODES),
-                    help="train.compile_mode values; rows of reduce-overhead are named graphs-<backend>, of "
-                         "max-autotune-no-cudagraphs autotune-<backend>; step-graph (train.cuda_graph=true, the "
-                         "whole step one CUDA graph) stepgraph-<backend>")
-    ap.add_argument("--rounds", type=int, default=1,
-                    help="times the rows take turns (each round --iters steps per row): rows then meet the GPU at "
-                         "the same temperature and clock, which a single pass in a fixed order does not give")
-    ap.add_argument("--heat-s", type=float, default=0.0,
-                    help="seconds of steps before each mode's first timed row, after every row's warm-up, so that "
-                         "every row runs at the clock the GPU holds under this load (an H100 at its power cap slows "
-                         "as it warms)")
-    bad_algs.add_argument(ap)
-    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. train.batch_size_per_gpu=32")
+    ap = build_parser()
     args = parse_command_line(ap)  # options and overrides in any order
     if not torch.cuda.is_available():
         sys.exit("bench_train_step.py needs a CUDA GPU")
