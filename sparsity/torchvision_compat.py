@@ -6,8 +6,8 @@ PyPI's torchvision is a CUDA build: beside a CPU-only torch its compiled ops (`_
 Declaring the two op schemas it needs lets the Python parts (transforms, datasets, timm's layers) import; the
 compiled detection ops stay unavailable. `import sparsity` calls `ensure_torchvision_importable()`, so a script that
 imports `sparsity` before timm/torchvision works on such a machine; nothing can help once torchvision has failed.
-The installed start-up hook (`sparse24_dinov2_torchvision_hook.py`) runs this file by path before a script's first
-import of torchvision, whatever it imports first: keep it free of imports other than torch and the standard library.
+Keep this file free of imports other than torch and the standard library: it must run before anything imports
+torchvision.
 
 The schemas are declared only when torchvision's `_C` is installed and fails to load: where it loads (CUDA torch,
 PyPI's CPU builds on macOS/Windows, PyTorch's CPU index on Linux) declaring them would make its own registration
