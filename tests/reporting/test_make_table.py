@@ -186,6 +186,12 @@ def test_plots_are_written(study, tmp_path):
     assert {p.name for p in written} >= {"top1_vs_sparsity.png", "loss_curves.png"}
     _assert_drawn(out / "top1_vs_sparsity.png", 1200)  # two panels: ours, and the published setting apart
     _assert_drawn(out / "loss_curves.png", 1200)
+    from PIL import Image
+
+    for name in ("top1_vs_sparsity.png", "loss_curves.png"):  # palette PNGs: the results budget's 250 KB a figure
+        with Image.open(out / name) as image:
+            assert image.mode == "P" and len(image.getpalette()) <= 3 * 256
+        assert (out / name).stat().st_size <= 250_000
     # the ViT-L/16 ImageNet setting: ours and the published curve on one axes
     make_run(tmp_path / "vitl", "s70", 0.7, vitl=True, log_period=1250)
     plot_accuracy(build_rows([read_run(tmp_path / "vitl" / "s70")]), tmp_path / "vitl.png")
