@@ -35,8 +35,8 @@ def validate(cfg: Config) -> None:
         (cfg.data.dataset == "digits" or bool(cfg.data.root),
          f"data.root is required for data.dataset={cfg.data.dataset}"),
         (cfg.data.dataset != "digits" or not cfg.data.root,
-         f"data.root={as_written(cfg, 'data.root', cfg.data.root)} is set but data.dataset=digits (the bundled set) has no root: add "
-         "data.dataset=image_folder (every image under root, flat or nested, labels ignored) or "
+         f"data.root={as_written(cfg, 'data.root', cfg.data.root)} is set but data.dataset=digits (the bundled set) "
+         "has no root: add data.dataset=image_folder (every image under root, flat or nested, labels ignored) or "
          "data.dataset=imagenet_folder (root/<split>/<class>/<image>)"),
         (cfg.train.compile_mode == "default" or cfg.train.compile_backend == "inductor",
          f"train.compile_mode={cfg.train.compile_mode} needs train.compile_backend=inductor (CUDA graphs and "

@@ -95,9 +95,17 @@ def _listing(path: str, limit: int = 8) -> str:
 class _ImageFiles:
     """Images read from files listed once: the paths kept in one bytes blob plus offsets rather than a list of Python
     strings, so forked DataLoader workers do not copy them page by page on access (refcount writes), which matters
-    at ImageNet scale. Subclasses list the files (`_keep`)."""
+    at ImageNet scale. Subclasses list the files (`_scan`) and keep them (`_keep`)."""
 
     kind = ""
+
+    def _scan(self, base_dir: str, classes: List[str], report: Optional[TreeReport] = None,
+              skip_hidden: bool = False) -> List[Tuple[str, int]]:
+        """`tree.scan_image_tree`'s (path, class index) list; what it left out is kept (`tree_report`) and logged."""
+        samples, self.tree_report = scan_image_tree(base_dir, classes, IMG_EXTENSIONS, report, skip_hidden)
+        for line in self.tree_report.warnings(base_dir):
+            self.notes.warn(line, logger)
+        return samples
 
     def _keep(self, base_dir: str, samples: List[Tuple[str, int]], classes: List[str]) -> None:
         self.base_dir = base_dir
@@ -175,9 +183,7 @@ class ImageFolderDataset(_ImageFiles):
             raise DatasetError(f"{shown} has no class folders: expected {shown}/<class>/<image>.JPEG "
                                f"(one sub-folder per class; for a folder of images without classes, "
                                f"data.dataset=image_folder); it holds: {_listing(split_dir)}")
-        samples, self.tree_report = scan_image_tree(split_dir, classes, IMG_EXTENSIONS, report)
-        for line in self.tree_report.warnings(split_dir):
-            self.notes.warn(line, logger)
+        samples = self._scan(split_dir, classes, report)
         if not samples:
             raise DatasetError(f"no images under {shown}/<class>/: expected regular files ending in "
                                f"{', '.join(IMG_EXTENSIONS)} (any case) in its {len(classes)} class folders "
@@ -207,9 +213,7 @@ class UnlabelledImageFolder(_ImageFiles):
         self.notes = DataNotes()
         root = _existing_root(root, "<image>.JPEG (at any depth)")
         shown = printable(root)
-        samples, self.tree_report = scan_image_tree(root, [""], IMG_EXTENSIONS, skip_hidden=True)
-        for line in self.tree_report.warnings(root):
-            self.notes.warn(line, logger)
+        samples = self._scan(root, [""], skip_hidden=True)
         if not samples:
             raise DatasetError(f"no images under {shown} (data.dataset=image_folder takes every image at any depth): "
                                f"expected regular files ending in {', '.join(IMG_EXTENSIONS)} (any case); it holds: "

@@ -373,12 +373,13 @@ def table_notes(runs: list[RunSummary], rows: list[TableRow], means: list[Schedu
     incomplete = [r.run for r in rows if r.status != COMPLETE]
     if incomplete:
         notes.append("Not complete (see Status): " + ", ".join(incomplete) + ".")
-    capped = [f"{r.name} ({len(r.unconverged_C)} C values" + (", the final refit too)" if r.final_converged is False
-                                                                else ")")
+    refit = {True: ", the final refit too", False: ""}
+    capped = [f"{r.name} ({len(r.unconverged_C)} C values{refit[r.final_converged is False]})"
               for r in runs if r.unconverged_C or r.final_converged is False]
     if capped:
         notes.append("Linear probes with fits stopped at linear.max_iter before converging (their C choice may differ "
-                     "from a converged sweep's; eval_linear.json's unconverged_C names them): " + ", ".join(capped) + ".")
+                     "from a converged sweep's; eval_linear.json's unconverged_C names them): "
+                     + ", ".join(capped) + ".")
     return notes
 
 

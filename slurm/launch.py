@@ -29,8 +29,6 @@ from slurm.submit import Resources, SweepSubmitter, control_character_problem  #
 from slurm.sweep import plan_sweep  # noqa: E402
 
 REFERENCE_FRACTIONS = [0.0, 0.4, 0.6, 0.7, 0.8, 0.9, 1.0]
-
-
 FALLBACK_EVAL_MIN = 720  # a probe job's request where its data cannot be counted from here
 
 
@@ -153,6 +151,11 @@ def one_line_problem(args: argparse.Namespace, runs_dir: Path) -> str:
     return next((p for p in (control_character_problem(what, text) for what, text in texts) if p), "")
 
 
+def eval_overrides(eval_args: list[str]) -> dict[str, str]:
+    """{key: value} of the --eval-arg overrides (eval_linear.py checks them; here only their data keys are read)."""
+    return dict(a.split("=", 1) for a in eval_args if "=" in a)
+
+
 def data_notes(args: argparse.Namespace, cfg) -> list[str]:
     """What the launcher could tell of the data from here: a training root missing on this machine (the jobs need it
     on the nodes), and the probe jobs' time request (sets `args.eval_timeout_min` where not given)."""
@@ -163,7 +166,7 @@ def data_notes(args: argparse.Namespace, cfg) -> list[str]:
                      "jobs need it where they run")
     if args.eval_timeout_min is not None or args.skip_eval:
         return notes
-    given = dict(a.split("=", 1) for a in args.eval_arg if "=" in a)
+    given = eval_overrides(args.eval_arg)
     dataset = given.get("data.dataset") or cfg.data.dataset
     probe_root = given.get("data.root") or (root if dataset == cfg.data.dataset else "")
     splits = (given.get("data.train_split", "train"), given.get("data.val_split", "val"))
@@ -184,7 +187,7 @@ def unlabelled_probe_problem(dataset: str, eval_args: list[str]) -> str:
     told of; without one each probe job would fail after its training. '' if the probes can run."""
     if dataset != "image_folder":
         return ""
-    given = dict(a.split("=", 1) for a in eval_args if "=" in a)
+    given = eval_overrides(eval_args)
     kind = given.get("data.dataset", "")
     if kind == "digits" or (kind == "imagenet_folder" and given.get("data.root")):
         return ""
