@@ -12,6 +12,10 @@ Rows (`op`):
   mlp_fwd_bwd    fc1 -> GELU -> fc2 forward + backward, same set-up
   prune_pack     prune W (tile_greedy) and produce what both sparse GEMMs read (W and W^T), 4096x1024 / 1024x4096;
                  `floor_us` = bytes moved / measured copy bandwidth
+  wgrad          the weight gradient dW = dy^T @ x with dy^T pruned 2:4 along tokens by MVUE (the operand changes
+                 every step): the dense GEMM against the GEMM on cuSPARSELt, and what making the operand costs
+                 (today's kernels unfused; the floor of one pass reading dy and writing the compressed operand; the
+                 floor of a pass fused into the kernel that already writes dy: the compressed write alone)
 Timing: CUDA events around each call after warm-up, median; inputs rotated over several sets (weights over 8 for
 prune_pack) so that nothing is served from the 50 MB L2. `graph` = true rows replay a captured CUDA graph (one per
 input set), false rows run eagerly (host overhead included). `dense_ms` is the dense reference of the same row
@@ -175,6 +179,43 @@ def bench_gemms(B, dtype, in_f, out_f, tokens):
                 B.add(**base, gemm=gemm, backend="torch_cslt", ms=None, dense_ms=d, graph=graph, error=repr(e)[:200])
 
 
+def bench_wgrad(B, dtype, in_f, out_f, tokens):
+    """The `wgrad` rows of one shape: is 2:4 on the weight gradient worth a pruning pass? (graph replays only: the
+    question is GPU time)."""
+    from sparsity.backends.cusparselt.backend import CuSparseLtSparseWeight
+    from sparsity.backends.cusparselt.ops import prune_pack
+    from sparsity.packing import layout as L
+    from sparsity.pruning import mvue, prune
+
+    dn = str(dtype).replace("torch.", "")
+    xs = [torch.randn(tokens, in_f, device="cuda", dtype=dtype) for _ in range(N_SETS)]
+    dys = [torch.randn(tokens, out_f, device="cuda", dtype=dtype) for _ in range(N_SETS)]
+    operands = [prune(mvue(dy.t(), seed), "rowwise") for seed, dy in enumerate(dys)]  # (out, tokens): MVUE is 2:4
+    sws = [CuSparseLtSparseWeight((out_f, tokens), prune_pack(v, m, False)[0], None, dtype, mask=m, values=v)
+           for v, m in operands]
+    err = rel(sws[0].matmul(xs[0].t()).t(), operands[0][0].float() @ xs[0].float())  # dW^T comes back
+    written = L.compressed_size(out_f, tokens)
+    read = tokens * out_f * dtype.itemsize
+    base = {"op": "wgrad", "gemm": "wgrad", "tokens": tokens, "in_features": in_f, "out_features": out_f,
+            "dtype": dn, "graph": True}
+    dense = graph_ms(lambda i: dys[i].t() @ xs[i], N_SETS)
+    B.add(**base, backend="dense", ms=dense, dense_ms=dense)
+    B.add(**base, backend="cusparselt", ms=graph_ms(lambda i: sws[i].matmul(xs[i].t()), N_SETS), dense_ms=dense,
+          rel_err=round(err, 7))
+    B.add(**base, backend="pass: mvue24 kernel (strided dy^T read)",
+          ms=graph_ms(lambda i: mvue(dys[i].t(), i), N_SETS), dense_ms=None)
+    B.add(**base, backend="pass: pack of the pruned operand",
+          ms=graph_ms(lambda i: prune_pack(operands[i][0], operands[i][1], False), N_SETS), dense_ms=None)
+    half = (read + written) // 2  # a copy of n bytes reads n and writes n
+    srcs = [torch.empty(half, dtype=torch.uint8, device="cuda") for _ in range(N_SETS)]
+    dsts = [torch.empty(half, dtype=torch.uint8, device="cuda") for _ in range(N_SETS)]
+    B.add(**base, backend="floor: one pass, dy read + operand written", bytes=read + written,
+          ms=graph_ms(lambda i: dsts[i].copy_(srcs[i]), N_SETS), dense_ms=None)
+    outs = [torch.empty(written, dtype=torch.uint8, device="cuda") for _ in range(N_SETS)]
+    B.add(**base, backend="floor: fused, operand written alone", bytes=written,
+          ms=graph_ms(lambda i: outs[i].zero_(), N_SETS), dense_ms=None)
+
+
 def bench_modules(B, dtype, op, tokens, in_f, out_f, backends, x_dtype=torch.float32, input_note=""):
     """x_dtype: the layer input's dtype. Under autocast a ViT MLP's fc1 reads the LayerNorm output (fp32) and fc2
     the GELU output (already bf16/fp16, no cast); both are measured, each row says which (`input_dtype`)."""
@@ -323,6 +364,8 @@ def main():
             for (in_f, out_f) in SHAPES:
                 if "gemm" in args.ops:
                     bench_gemms(B, dtype, in_f, out_f, tokens)
+                if "wgrad" in args.ops:
+                    bench_wgrad(B, dtype, in_f, out_f, tokens)
                 if "linear_fwd_bwd" in args.ops:
                     fc1 = in_f < out_f
                     bench_modules(B, dtype, "linear_fwd_bwd", tokens, in_f, out_f, ["dense"] + backends,
