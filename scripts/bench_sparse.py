@@ -214,6 +214,16 @@ def bench_wgrad(B, dtype, in_f, out_f, tokens):
     outs = [torch.empty(written, dtype=torch.uint8, device="cuda") for _ in range(N_SETS)]
     B.add(**base, backend="floor: fused, operand written alone", bytes=written,
           ms=graph_ms(lambda i: outs[i].zero_(), N_SETS), dense_ms=None)
+    # what `sparsity.weight_grad=mvue24` runs: the one-pass kernel, and the whole weight gradient (pass + 2:4 GEMM)
+    from sparsity.backends.cusparselt.ops import cslt_mvue_wgrad
+    from sparsity.kernels.mvue import mvue_pack_t
+
+    seeds = [torch.tensor([i], device="cuda") for i in range(N_SETS)]
+    B.add(**base, backend="pass: mvue_pack_t (one pass)", ms=graph_ms(lambda i: mvue_pack_t(dys[i], seeds[i]), N_SETS),
+          dense_ms=None)
+    err = rel(cslt_mvue_wgrad(dys[0], xs[0], seeds[0]), mvue(dys[0].t(), 0).float() @ xs[0].float())
+    B.add(**base, backend="mvue24 weight gradient (pass + 2:4 GEMM)", rel_err=round(err, 7),
+          ms=graph_ms(lambda i: cslt_mvue_wgrad(dys[i], xs[i], seeds[i]), N_SETS), dense_ms=dense)
 
 
 def bench_modules(B, dtype, op, tokens, in_f, out_f, backends, x_dtype=torch.float32, input_note=""):

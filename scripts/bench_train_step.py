@@ -5,7 +5,9 @@
 Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-dense` (the baseline of every ratio),
 `compiled-cusparselt`, `compiled-auto`, and optionally `eager-cusparselt` / `eager-auto`, and
 `compiled-cusparselt+teacher` / `compiled-auto+teacher`: the sparse phase with the teacher's MLPs 2:4 too
-(`sparsity.teacher=sparse`; the per-step prune + pack of the EMA weights is in the step). `--compile-modes default
+(`sparsity.teacher=sparse`; the per-step prune + pack of the EMA weights is in the step), and `+mvue` rows
+(`compiled-auto+mvue`, `compiled-auto+teacher+mvue`, ...): the student's MLP weight gradients on 2:4 as well
+(`sparsity.weight_grad=mvue24`: dy^T pruned by MVUE and compressed in one pass per layer). `--compile-modes default
 reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...), `step-graph`
 with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three
 steps per row run eagerly, the fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs at its
@@ -48,7 +50,8 @@ from scripts.benchmarks import bad_algs
 BENCH_MODES = (*COMPILE_MODES, "step-graph")
 MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "autotune-", "step-graph": "stepgraph-"}
 ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto",
-        "compiled-cusparselt+teacher", "compiled-auto+teacher")
+        "compiled-cusparselt+teacher", "compiled-auto+teacher", "compiled-auto+mvue", "compiled-cusparselt+teacher+mvue",
+        "compiled-auto+teacher+mvue")
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs", "automatic-gc")
 
 
@@ -159,28 +162,36 @@ class _Ablation:
             undo()
 
 
-def parse_row(row: str) -> tuple[str, str, bool]:
-    """(mode, backend, whether the row's teacher runs 2:4 whatever the config says) of a row name."""
-    spec, _, extra = row.partition("+")
+def parse_row(row: str) -> tuple[str, str, frozenset]:
+    """(mode, backend, the row's `+` flags: "teacher", "mvue") of a row name."""
+    spec, *flags = row.split("+")
     mode, backend = spec.split("-", 1)
-    return mode, backend, extra == "teacher"
+    return mode, backend, frozenset(flags)
 
 
 def teacher_sparse(trainer: Trainer, row: str) -> bool:
     """Whether the row's sparse phase runs the teacher's MLPs 2:4 (`+teacher`, or `sparsity.teacher=sparse`)."""
-    _, backend, plus_teacher = parse_row(row)
-    return backend != "dense" and (plus_teacher or trainer.cfg.sparsity.teacher == "sparse")
+    _, backend, flags = parse_row(row)
+    return backend != "dense" and ("teacher" in flags or trainer.cfg.sparsity.teacher == "sparse")
+
+
+def wgrad_sparse(trainer: Trainer, row: str) -> bool:
+    """Whether the row's student MLPs take their weight gradients on 2:4 (`+mvue`, or `sparsity.weight_grad`)."""
+    _, backend, flags = parse_row(row)
+    return backend != "dense" and ("mvue" in flags or trainer.cfg.sparsity.weight_grad == "mvue24")
 
 
 def set_row(trainer: Trainer, row: str) -> tuple[str, str]:
-    """Put the student (and with `+teacher` the teacher) in the row's phase and backend; returns (mode, backend)."""
+    """Put the student (and with `+teacher` the teacher) in the row's phase and backend, with `+mvue` its weight
+    gradients on 2:4; returns (mode, backend)."""
     mode, backend, _ = parse_row(row)
     student, teacher = trainer.model.student.backbone, trainer.model.teacher.backbone
     trainer.sparse_targets = [student, teacher]  # whatever the previous row made sparse goes dense
     trainer.enter_phase("dense")
     trainer.sparse_targets = [student, teacher] if teacher_sparse(trainer, row) else [student]
     if backend != "dense":
-        trainer.sparsity.backend = backend  # the converter's next convert() uses it
+        trainer.sparsity.backend = backend  # the converter's next convert() uses both
+        trainer.sparsity.weight_grad = "mvue24" if wgrad_sparse(trainer, row) else "dense"
         trainer.enter_phase("sparse")
     return mode, backend
 
@@ -356,8 +367,9 @@ def mark_sparse_gemms(trainer: Trainer, rows: list[dict]) -> None:
     where the mask is transposable) and whether the teacher's did, for the MFU's executed FLOPs."""
     per_linear = 2 if is_transposable(trainer.cfg.sparsity.pruning) else 1
     for r in rows:
-        r["sparse"] = {"student_gemms_2to4": 0 if parse_row(r["spec"])[1] == "dense" else per_linear,
-                       "teacher": teacher_sparse(trainer, r["spec"])}
+        dense = parse_row(r["spec"])[1] == "dense"
+        r["sparse"] = {"student_gemms_2to4": 0 if dense else per_linear + wgrad_sparse(trainer, r["spec"]),
+                       "teacher": teacher_sparse(trainer, r["spec"]), "weight_grad": wgrad_sparse(trainer, r["spec"])}
 
 
 def mlp_dims(trainer: Trainer) -> tuple[int, int]:
@@ -379,6 +391,8 @@ def finish_ledgers(rows: list[dict]) -> None:
         dense = next((d for d in rows if d["row"] == r["row"].split("-")[0] + "-dense" and "ledger" in d), None)
         if dense is not None:
             covered = COVERAGE[1][1] if r["sparse"]["teacher"] else COVERAGE[0][1]
+            if r["sparse"].get("weight_grad"):
+                covered = covered + ("student_mlp_weight_grad",)
             led["in_place"] = ledger_in_place(dense["ledger"], led, covered)
 
 

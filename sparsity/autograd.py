@@ -9,7 +9,8 @@
                                           that also reduces the bias gradient and writes fp32 directly
                                           (`weight_grad.py`; off with the backend setting fused_wgrad=False),
                                           else the torch ops; with `weight_grad="mvue24"` dW = MVUE24(dy^T) @ x,
-                                          dy^T pruned 2:4 along tokens, unbiased (`mvue_grad.py`; eager only)
+                                          dy^T pruned 2:4 along tokens, unbiased, on the backend's 2:4 GEMM
+                                          where it has one (`mvue_grad.py`; compiled: on cuSPARSELt only)
 
 `semi_sparse_activation_linear(x, weight, bias, ...)`: torchao's SemiSparseActivationLinear semantics: the input
 x (tokens x in) is pruned 2:4 along features, y = x_s @ W^T + b, dW = dy^T @ x_s, dx = dy @ W (straight-through to x).
@@ -107,6 +108,7 @@ class SemiSparseWeightFunction(torch.autograd.Function):
         ctx.masked_grad = masked_grad
         ctx.fused_wgrad = backend.settings.fused_wgrad
         ctx.weight_grad = weight_grad
+        ctx.backend = backend  # its 2:4 GEMM runs the MVUE weight gradient where it has one
         record_input_meta(ctx, x, weight, bias)
         ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, scale)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
@@ -129,7 +131,7 @@ class SemiSparseWeightFunction(torch.autograd.Function):
                 # settings allow it), else the torch ops
                 fused = None
                 if ctx.weight_grad == "mvue24":
-                    fused = (mvue_weight_grad(dy2, x2), None)  # the bias gradient below stays the exact sum of dy
+                    fused = (mvue_weight_grad(dy2, x2, ctx.backend), None)  # the bias gradient stays the exact sum
                 elif ctx.fused_wgrad:
                     fused = weight_bias_grad(dy2, x2, ctx.w_dtype, ctx.b_dtype if ctx.needs_input_grad[2] else None)
                 dw, db = fused if fused is not None else (dy2.t() @ x2, None)
@@ -189,15 +191,14 @@ def semi_sparse_linear(
     """y = x @ prune(weight)^T [* scale] + bias with straight-through weight gradients (see the module docstring).
 
     `scale`: optional 0-d tensor multiplying the pruned weight (S-STE's beta for pruning="soft_threshold").
-    `weight_grad`: "dense" (dy^T @ x) | "mvue24" (MVUE24(dy^T) @ x, `sparsity.mvue_grad`; eager only).
+    `weight_grad`: "dense" (dy^T @ x) | "mvue24" (MVUE24(dy^T) @ x, `sparsity.mvue_grad`; under torch.compile on
+    cuSPARSELt only).
     """
     check_method(pruning)
     check_weight_grad(weight_grad)
     if torch.compiler.is_compiling():  # the compiler's form: ops it can see and fuse (sparsity/traced.py)
-        if weight_grad != "dense":
-            raise NotImplementedError(f"weight_grad={weight_grad!r} runs in eager mode only (its seed is drawn on the "
-                                      "host at every backward): set train.compile=false")
-        return traced.semi_sparse_linear(x, weight, bias, backend, pruning, masked_grad, scale, compute_dtype_for(x))
+        return traced.semi_sparse_linear(x, weight, bias, backend, pruning, masked_grad, scale, compute_dtype_for(x),
+                                         weight_grad)
     return SemiSparseWeightFunction.apply(
         x, weight, bias, get_backend(backend), pruning, masked_grad, scale, compute_dtype_for(x), weight_grad
     )

@@ -6,25 +6,29 @@
                                           Variance Unbiased N:M Sparsity for the Neural Gradients"; S-STE's gradient
                                           path): E[dW] is the dense dW, and the GEMM's A operand is 2:4 along K.
 
-The product runs as a dense GEMM on the pruned operand (the estimator, not a sparse-GEMM speed-up: the operand
-changes every call, and compressing it for cuSPARSELt would cost more than the GEMM saves at these sizes). Token
-counts that are not a multiple of 4 are padded with zero rows (their gradient contribution is zero). The bias
-gradient stays the exact sum of dy.
+The first tokens - tokens % 64 tokens are pruned; the last tokens % 64 (fewer than 64) enter dW exactly, on every
+device and backend, so that one seed gives one estimate everywhere (the 2:4 GEMM needs whole blocks of 64 tokens).
+Where the layer's backend has a 2:4 GEMM for it (`Backend.mvue_weight_grad`: `cusparselt`, and `auto` where
+cuSPARSELt runs, fp16/bf16 on CUDA) the product runs on the sparse tensor cores, its operand compressed by the
+pruning pass itself (`sparsity.backends.cusparselt.wgrad`); elsewhere it is a dense GEMM on the pruned operand. The
+bias gradient stays the exact sum of dy.
 
-Each call draws its MVUE seed from torch's default CPU generator, so a run is reproducible from its seed and a
-resumed run (the checkpoint holds every rank's RNG states) draws the same seeds. Eager only: under torch.compile
-the layer refuses (`sparsity.weight_grad=mvue24` needs `train.compile=false`).
+Eagerly, each call draws its MVUE seed from torch's default CPU generator; under torch.compile (cuSPARSELt only:
+`sparsity::cslt_linear`'s backward) from torch's CUDA generator on the GPU, so the seed never stops the host and
+the step can be one CUDA graph. Either way a run is reproducible from its seed, and a resumed run (the checkpoint
+holds every rank's RNG states) draws the same seeds. Compiled on another backend or off CUDA the layer refuses
+(`train.compile=false` runs it eagerly).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from sparsity.pruning import mvue
 
 WEIGHT_GRADS = ("dense", "mvue24")
 SEED_HIGH = 2**62
+TOKEN_BLOCK = 64  # tokens are pruned in whole blocks of this many (the 2:4 GEMM's operand kernel needs it)
 
 _counts = {"mvue24": 0}
 
@@ -40,11 +44,20 @@ def mvue_calls() -> int:
     return _counts["mvue24"]
 
 
-def mvue_weight_grad(dy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """MVUE24(dy2^T) @ x2 for dy2 (tokens x out) and x2 (tokens x in) of one dtype: (out x in) in that dtype."""
-    pad = -dy2.shape[0] % 4
-    if pad:
-        dy2, x2 = F.pad(dy2, (0, 0, 0, pad)), F.pad(x2, (0, 0, 0, pad))
+def mvue_sparse_tokens(tokens: int) -> int:
+    """How many of `tokens` the estimator prunes (whole blocks of 64); the rest enter dW exactly."""
+    return tokens - tokens % TOKEN_BLOCK
+
+
+def mvue_weight_grad(dy2: torch.Tensor, x2: torch.Tensor, backend=None) -> torch.Tensor:
+    """MVUE24(dy2[:n]^T) @ x2[:n] + dy2[n:]^T @ x2[n:] (n = `mvue_sparse_tokens`) for dy2 (tokens x out) and x2
+    (tokens x in) of one dtype: (out x in) in that dtype, on `backend`'s 2:4 GEMM where it has one."""
     seed = int(torch.randint(0, SEED_HIGH, ()))
     _counts["mvue24"] += 1
-    return mvue(dy2.t(), seed) @ x2
+    if backend is not None:
+        dw = backend.mvue_weight_grad(dy2, x2, seed)
+        if dw is not None:
+            return dw
+    n = mvue_sparse_tokens(dy2.shape[0])
+    dw = mvue(dy2[:n].t(), seed) @ x2[:n]
+    return dw if n == dy2.shape[0] else dw.addmm(dy2[n:].t(), x2[n:])

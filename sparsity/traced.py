@@ -9,7 +9,9 @@ time, symbolic shapes accepted):
   from the custom op `sparsity::prune`, a straight-through weight W_ste = W_s + (W - W.detach()) (times the mask with
   `masked_grad`), then `F.linear`: the compiler fuses the casts, the straight-through sum and the bias;
 - `cusparselt`: `sparsity::cslt_prune_pack` (fused prune + compression of W and W^T), then `sparsity::cslt_linear`,
-  whose registered autograd formula runs the input gradient on the compressed W^T and returns dy^T x for W;
+  whose registered autograd formula runs the input gradient on the compressed W^T and returns dy^T x for W (with
+  `weight_grad="mvue24"`, its MVUE estimate on the 2:4 GEMM, seeded on the GPU: the only way that option compiles,
+  so an `auto` layer with it runs on cuSPARSELt);
 - `auto`: its per-shape choice is made once, while the graph is traced, never inside it (`AutoBackend.choice_for_trace`,
   timing both ways on the GPU if the shape is new), and is a constant of the graph: no guard, no recompile.
   Logged and listed in `describe()` like the eager decisions. Under dynamic shapes an `auto` layer's graph is
@@ -99,19 +101,32 @@ def _rows(x: torch.Tensor, features: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def semi_sparse_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], backend: str, pruning: str,
-                       masked_grad: bool, scale: Optional[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+                       masked_grad: bool, scale: Optional[torch.Tensor], dtype: torch.dtype,
+                       weight_grad: str = "dense") -> torch.Tensor:
     """The traced form of `sparsity.autograd.semi_sparse_linear` (same arguments, resolved)."""
     out_f, in_f = weight.shape
     x2 = _rows(x, in_f, dtype)
     w = weight if weight.dtype == dtype else weight.to(dtype)
+    mvue = weight_grad == "mvue24"
+    if mvue:
+        backend = _mvue_backend(backend, x.device)
     tokens = _specialized(x2.shape[0]) if backend == "auto" else 0  # auto's choice is per token count
     path = _path(backend, pruning, str(x.device), str(dtype).replace("torch.", ""), out_f, in_f, tokens,
                  bias is not None)
     if path == "dense":
         y = _dense(x2, w, bias, pruning, masked_grad, scale)
     else:
-        y = _cusparselt(x2, w, bias, pruning, masked_grad, scale, library=path == "cusparselt-library")
+        y = _cusparselt(x2, w, bias, pruning, masked_grad, scale, library=path == "cusparselt-library", mvue=mvue)
     return y.reshape(*x.shape[:-1], out_f)
+
+
+def _mvue_backend(backend: str, device: torch.device) -> str:
+    """The backend an MVUE layer compiles on: cuSPARSELt (its GEMM takes a seed drawn on the GPU), else refused."""
+    if backend not in ("cusparselt", "auto") or device.type != "cuda":
+        raise NotImplementedError(
+            f"weight_grad='mvue24' compiles only on cuSPARSELt (backend cusparselt or auto, on a CUDA GPU), not "
+            f"backend {backend!r} on {device.type}: set train.compile=false to run it eagerly")
+    return "cusparselt"
 
 
 def _dense(x2, w, bias, pruning, masked_grad, scale):
@@ -123,7 +138,7 @@ def _dense(x2, w, bias, pruning, masked_grad, scale):
     return y if bias is None else y + bias.to(x2.dtype)
 
 
-def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool):
+def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: bool = False):
     out_f, in_f = w.shape
     rows_pad = -(-out_f // 16) * 16
     wd = w.detach()
@@ -159,7 +174,7 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool):
     if pad:
         x2 = F.pad(x2, (0, 0, 0, pad))
     y = torch.ops.sparsity.cslt_linear(x2, w_grad, bias if scale is None else None, fwd, dgrad, rows_pad,
-                                       transposable, ref, _cslt_search())
+                                       transposable, ref, _cslt_search(), mvue)
     if pad:
         y = y[:tokens]
     if scale is None:

@@ -179,6 +179,8 @@ def classify(r: KernelRecord, mlp_dims: tuple[int, int]) -> str:
     role = "teacher" if r.owner.startswith("teacher") else "student"
     if r.category == "prune_pack":
         return f"{role}_prune_pack"
+    if "cslt_mvue_wgrad" in r.op:  # the 2:4 weight gradient: its pruning pass, its GEMM and its exact tail GEMM
+        return "student_mlp_weight_grad"
     if "convolution" in r.op:  # the patch embedding (cuDNN's kernels, whose names read as attention's)
         return "other_linears"
     if r.category == "attention":

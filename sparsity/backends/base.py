@@ -69,6 +69,11 @@ class Backend(abc.ABC):
     def sparsify(self, weight: torch.Tensor, pruning: str) -> SparseWeight:
         """Prune `weight` (out, in) with the named transposable method and pack it. Called every step."""
 
+    def mvue_weight_grad(self, dy: torch.Tensor, x: torch.Tensor, seed: int) -> Optional[torch.Tensor]:
+        """dW = MVUE(dy^T) @ x on this backend's sparse GEMM where it has one for these operands (`sparsity.mvue_grad`
+        says which tokens are pruned), else None: the caller runs the dense GEMM on the pruned operand."""
+        return None
+
     def describe(self) -> dict:
         """What this backend decided (e.g. `auto`'s per-shape choices), for the run log."""
         return {"backend": self.name}

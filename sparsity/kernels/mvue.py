@@ -1,9 +1,15 @@
 """Triton MVUE 2:4 (unbiased stochastic pruning along the last dim), bit-identical to `reference.mvue24`.
 
-One program handles BLOCK_G groups of 4 as four (BLOCK_G,) vectors; (u1, u2) = the first two outputs of
-tl.rand4x(seed, g), g = the group's row-major index. The arithmetic follows the reference expression by expression
-in fp32, with IEEE-rounded divisions (tl.math.div_rn; Triton's `/` is approximate on GPUs), and the launch disables
-FMA contraction (enable_fp_fusion=False) so that p_i = t_i + a_i * (k - k_i) rounds exactly as in torch.
+    mvue24(x, seed)         x pruned along its last dim, dense output (zeros where pruned)
+    mvue_pack_t(dy, seed)   dy (tokens x out) row-major: A = MVUE(dy^T) (out x tokens, 2:4 along tokens) written
+                            straight in cuSPARSELt's compressed "col" layout (`sparsity.packing.layout`), the A
+                            operand of the weight-gradient GEMM dW = A @ x; one read of dy, no dense pruned copy
+
+(u1, u2) = the first two outputs of tl.rand4x(seed, g), g = the group's row-major index in the pruned tensor's
+(..., C/4) layout (for mvue_pack_t: in dy^T's, g = o * tokens/4 + t/4). The arithmetic follows the reference
+expression by expression in fp32, with IEEE-rounded divisions (tl.math.div_rn; Triton's `/` is approximate on GPUs),
+and the launches disable FMA contraction (enable_fp_fusion=False) so that p_i = t_i + a_i * (k - k_i) rounds exactly
+as in torch.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import triton
 import triton.language as tl
 
 from sparsity.kernels._util import check_launchable, interpreting
+from sparsity.kernels.pack_cusparselt import _meta_addr
+from sparsity.packing import layout as L
 from sparsity.pruning.reference import MVUE_EPS
 
 
@@ -22,18 +30,8 @@ def _div(x, y):
 
 
 @triton.jit
-def _mvue24_kernel(x_ptr, out_ptr, seed, n_groups, groups_per_row, stride_r, stride_c, n_cols, EPS: tl.constexpr,
-                   BLOCK_G: tl.constexpr):
-    g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
-    valid = g < n_groups
-    r = g // groups_per_row
-    c = (g % groups_per_row) * 4
-    src = x_ptr + r * stride_r + c * stride_c
-    x0 = tl.load(src, mask=valid, other=0.0).to(tl.float32)
-    x1 = tl.load(src + stride_c, mask=valid, other=0.0).to(tl.float32)
-    x2 = tl.load(src + 2 * stride_c, mask=valid, other=0.0).to(tl.float32)
-    x3 = tl.load(src + 3 * stride_c, mask=valid, other=0.0).to(tl.float32)
-    u1, u2, _, _ = tl.rand4x(seed, g)
+def _mvue_group(x0, x1, x2, x3, u1, u2, EPS: tl.constexpr):
+    """Groups (x0, x1, x2, x3) in fp32: the kept indices (i1 drawn first, then i2) and q_i = x_i / p_i."""
     a0 = tl.abs(x0) + EPS
     a1 = tl.abs(x1) + EPS
     a2 = tl.abs(x2) + EPS
@@ -64,12 +62,66 @@ def _mvue24_kernel(x_ptr, out_ptr, seed, n_groups, groups_per_row, stride_r, str
     tt = u2 * (e1 + r2)
     m = (tt > e0).to(tl.int32) + (tt > e1).to(tl.int32)
     i2 = m + (m >= i1).to(tl.int32)
+    return i1, i2, _div(x0, p0), _div(x1, p1), _div(x2, p2), _div(x3, p3)
+
+
+@triton.jit
+def _mvue24_kernel(x_ptr, out_ptr, seed, n_groups, groups_per_row, stride_r, stride_c, n_cols, EPS: tl.constexpr,
+                   BLOCK_G: tl.constexpr):
+    g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
+    valid = g < n_groups
+    r = g // groups_per_row
+    c = (g % groups_per_row) * 4
+    src = x_ptr + r * stride_r + c * stride_c
+    x0 = tl.load(src, mask=valid, other=0.0).to(tl.float32)
+    x1 = tl.load(src + stride_c, mask=valid, other=0.0).to(tl.float32)
+    x2 = tl.load(src + 2 * stride_c, mask=valid, other=0.0).to(tl.float32)
+    x3 = tl.load(src + 3 * stride_c, mask=valid, other=0.0).to(tl.float32)
+    u1, u2, _, _ = tl.rand4x(seed, g)
+    i1, i2, q0, q1, q2, q3 = _mvue_group(x0, x1, x2, x3, u1, u2, EPS)
     dst = out_ptr + r * n_cols + c
     ty = out_ptr.dtype.element_ty
-    tl.store(dst, tl.where((i1 == 0) | (i2 == 0), _div(x0, p0), 0.0).to(ty), mask=valid)
-    tl.store(dst + 1, tl.where((i1 == 1) | (i2 == 1), _div(x1, p1), 0.0).to(ty), mask=valid)
-    tl.store(dst + 2, tl.where((i1 == 2) | (i2 == 2), _div(x2, p2), 0.0).to(ty), mask=valid)
-    tl.store(dst + 3, tl.where((i1 == 3) | (i2 == 3), _div(x3, p3), 0.0).to(ty), mask=valid)
+    tl.store(dst, tl.where((i1 == 0) | (i2 == 0), q0, 0.0).to(ty), mask=valid)
+    tl.store(dst + 1, tl.where((i1 == 1) | (i2 == 1), q1, 0.0).to(ty), mask=valid)
+    tl.store(dst + 2, tl.where((i1 == 2) | (i2 == 2), q2, 0.0).to(ty), mask=valid)
+    tl.store(dst + 3, tl.where((i1 == 3) | (i2 == 3), q3, 0.0).to(ty), mask=valid)
+
+
+@triton.jit
+def _pack_t_half(dy_ptr, val_ptr, seed, g, o, ok, O, G, EPS: tl.constexpr):
+    """MVUE of the groups (tokens 4g..4g+3, feature o) of dy; stores their two values in the "col" values region
+    ((2G x O) row-major: slots 2g and 2g + 1 of row o of A) and returns their metadata nibbles i_lo | i_hi << 2."""
+    src = dy_ptr + (4 * g) * O + o
+    x0 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    x1 = tl.load(src + O, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + 2 * O, mask=ok, other=0.0).to(tl.float32)
+    x3 = tl.load(src + 3 * O, mask=ok, other=0.0).to(tl.float32)
+    u1, u2, _, _ = tl.rand4x(seed, o * G + g)  # the group's index in dy^T's row-major (O x G) layout
+    i1, i2, q0, q1, q2, q3 = _mvue_group(x0, x1, x2, x3, u1, u2, EPS)
+    lo = tl.minimum(i1, i2)  # in {0, 1, 2}
+    hi = tl.maximum(i1, i2)  # in {1, 2, 3}
+    v_lo = tl.where(lo == 0, q0, tl.where(lo == 1, q1, q2))
+    v_hi = tl.where(hi == 3, q3, tl.where(hi == 2, q2, q1))
+    ty = val_ptr.dtype.element_ty
+    tl.store(val_ptr + (2 * g) * O + o, v_lo.to(ty), mask=ok)
+    tl.store(val_ptr + (2 * g + 1) * O + o, v_hi.to(ty), mask=ok)
+    return lo | (hi << 2)
+
+
+@triton.jit
+def _mvue_pack_t_kernel(dy_ptr, val_ptr, meta_ptr, seed, O, G, NKT, EPS: tl.constexpr, BLOCK_G: tl.constexpr,
+                        BLOCK_H: tl.constexpr, SEED_IN_MEMORY: tl.constexpr):
+    # a program: BLOCK_G token groups x 2 * BLOCK_H features, in pairs (o, o + 8) with o % 16 < 8: the two rows of A
+    # whose nibbles share a metadata byte, so every byte is written whole by one thread
+    if SEED_IN_MEMORY:  # a device tensor: drawn inside a compiled (or CUDA-graph) backward, never seen by the host
+        seed = tl.load(seed)
+    g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)[:, None]
+    j = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
+    o = 16 * (j // 8) + j % 8
+    ok = (g < G) & (o < O)  # O % 16 == 0: o + 8 < O too
+    lo = _pack_t_half(dy_ptr, val_ptr, seed, g, o, ok, O, G, EPS)
+    hi = _pack_t_half(dy_ptr, val_ptr, seed, g, o + 8, ok, O, G, EPS)
+    tl.store(meta_ptr + _meta_addr(o, g, NKT), (lo | (hi << 4)).to(tl.uint8), mask=ok)
 
 
 def mvue24(x: torch.Tensor, seed: int) -> torch.Tensor:
@@ -91,3 +143,35 @@ def mvue24(x: torch.Tensor, seed: int) -> torch.Tensor:
             num_warps=4, enable_fp_fusion=False,
         )
     return out.reshape(shape)
+
+
+def mvue_pack_t(dy: torch.Tensor, seed) -> torch.Tensor:
+    """A = MVUE(dy^T) compressed for cuSPARSELt, "col" orientation: dy (tokens x out, fp16/bf16, row-major) with
+    tokens % 64 == 0 and out % 16 == 0 -> the uint8 buffer of `layout.compressed_size(out, tokens)` bytes that
+    `layout.unpack_reference(buf, out, tokens, "col", dtype)` decodes to `reference.mvue24(dy.t(), seed)`. `seed`: an
+    int, or a one-element int64 tensor on dy's device (read by the kernel: no host synchronisation)."""
+    if dy.dim() != 2 or dy.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"mvue_pack_t needs a 2-D fp16/bf16 tensor, got {tuple(dy.shape)} {dy.dtype}")
+    tokens, out = dy.shape
+    if tokens % 64 or out % 16 or not tokens or not out:
+        raise ValueError(f"mvue_pack_t needs tokens % 64 == 0 and out % 16 == 0, got {tuple(dy.shape)}")
+    in_memory = isinstance(seed, torch.Tensor)
+    if in_memory:
+        if seed.dtype != torch.int64 or seed.numel() != 1 or seed.device != dy.device:
+            raise ValueError(f"a seed tensor must be one int64 on {dy.device}, got {seed.dtype} {tuple(seed.shape)} "
+                             f"on {seed.device}")
+    elif not 0 <= int(seed) < 2**63:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    check_launchable(dy)
+    dy = dy.contiguous()
+    size = L.compressed_size(out, tokens)
+    # metadata rows past `out` in a partial band of 64 are never written: zeros, as the library leaves defined bytes
+    buf = (torch.empty if out % 64 == 0 else torch.zeros)(size, dtype=torch.uint8, device=dy.device)
+    values = buf[: L.values_bytes(out, tokens)].view(dy.dtype)
+    groups = tokens // 4
+    block_g, block_h = (64, 64) if interpreting() else (16, 32)
+    grid = (triton.cdiv(groups, block_g), triton.cdiv(out // 2, block_h))
+    _mvue_pack_t_kernel[grid](dy, values, buf[L.values_bytes(out, tokens):], seed if in_memory else int(seed), out,
+                              groups, -(-tokens // 32), EPS=MVUE_EPS, BLOCK_G=block_g, BLOCK_H=block_h,
+                              SEED_IN_MEMORY=in_memory, num_warps=4, enable_fp_fusion=False)
+    return buf

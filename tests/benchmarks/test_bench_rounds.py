@@ -116,11 +116,14 @@ def test_rows_of_a_mode_are_named_after_it_and_eager_rows_run_in_the_default_mod
     assert B.mode_rows(rows, "reduce-overhead") == ["graphs-dense", "graphs-cusparselt"]
 
 
-def test_row_names_say_mode_backend_and_teacher():
-    cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense"))
+def test_row_names_say_mode_backend_teacher_and_weight_gradient():
+    cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense", weight_grad="dense"))
     trainer = SimpleNamespace(cfg=cfg)
-    assert B.parse_row("compiled-auto+teacher") == ("compiled", "auto", True)
-    assert B.parse_row("eager-dense") == ("eager", "dense", False)
+    assert B.parse_row("compiled-auto+teacher") == ("compiled", "auto", {"teacher"})
+    assert B.parse_row("compiled-auto+teacher+mvue") == ("compiled", "auto", {"teacher", "mvue"})
+    assert B.parse_row("eager-dense") == ("eager", "dense", set())
+    assert B.wgrad_sparse(trainer, "compiled-auto+mvue") and not B.wgrad_sparse(trainer, "compiled-auto+teacher")
+    assert not B.wgrad_sparse(trainer, "compiled-dense+mvue")  # a dense row runs no 2:4 GEMM
     assert B.teacher_sparse(trainer, "compiled-auto+teacher") and not B.teacher_sparse(trainer, "compiled-auto")
     assert not B.teacher_sparse(trainer, "compiled-dense")  # a dense row has no sparse teacher
     cfg.sparsity.teacher = "sparse"  # the config's own setting makes every sparse row's teacher 2:4
@@ -131,8 +134,8 @@ def test_set_row_makes_the_teacher_sparse_only_in_its_rows():
     class FakeTrainer:
         def __init__(self):
             self.model = SimpleNamespace(student=SimpleNamespace(backbone="S"), teacher=SimpleNamespace(backbone="T"))
-            self.cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense"))
-            self.sparsity = SimpleNamespace(backend="auto")
+            self.cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense", weight_grad="dense"))
+            self.sparsity = SimpleNamespace(backend="auto", weight_grad="dense")
             self.sparse = set()
 
         def enter_phase(self, phase):
@@ -140,9 +143,11 @@ def test_set_row_makes_the_teacher_sparse_only_in_its_rows():
 
     t = FakeTrainer()
     B.set_row(t, "compiled-cusparselt+teacher")
-    assert t.sparse == {"S", "T"} and t.sparsity.backend == "cusparselt"
-    B.set_row(t, "compiled-auto")  # the teacher the last row made sparse goes dense
-    assert t.sparse == {"S"}
+    assert t.sparse == {"S", "T"} and t.sparsity.backend == "cusparselt" and t.sparsity.weight_grad == "dense"
+    B.set_row(t, "compiled-auto+mvue")  # the teacher the last row made sparse goes dense; MVUE weight gradients
+    assert t.sparse == {"S"} and t.sparsity.weight_grad == "mvue24"
+    B.set_row(t, "compiled-auto")
+    assert t.sparse == {"S"} and t.sparsity.weight_grad == "dense"
     B.set_row(t, "compiled-dense")
     assert t.sparse == set()
 

@@ -139,3 +139,8 @@ def test_the_patch_embedding_convolution_is_a_linear_not_attention():
     flash = L.KernelRecord("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 10.0, "attention",
                            "aten::_cudnn_attention_forward", 2, (), "forward", "student.backbone")
     assert L.classify(conv, (8, 32)) == "other_linears" and L.classify(flash, (8, 32)) == "attention"
+    # the 2:4 weight gradient (sparsity.weight_grad=mvue24): its pruning pass and its sparse GEMM are the weight
+    # gradient's, not the input gradient's (a sparse GEMM in the backward) nor elementwise work
+    for name, category in (("_mvue_pack_t_kernel", "other"), ("sm90_xmma_sparse_gemm", "sparse_gemm")):
+        rec = L.KernelRecord(name, 5.0, category, "sparsity::cslt_mvue_wgrad", 0, (), "backward", "student.backbone")
+        assert L.classify(rec, (8, 32)) == "student_mlp_weight_grad"

@@ -49,6 +49,37 @@ def test_compiled_sparse_linear_equals_eager(backend, pruning, masked_grad, toke
         assert torch.equal(g, a), name
 
 
+@pytest.mark.parametrize("backend", ["cusparselt", "auto"])
+def test_compiled_mvue24_weight_gradient_is_seeded_on_the_gpu_and_unbiased(backend):
+    """Compiled, the MVUE weight gradient runs on cuSPARSELt with its seed drawn from torch's CUDA generator: each
+    backward a new estimate, the same sequence after reseeding, the mean over 64 draws near the straight-through
+    dense gradient dy^T x (unbiased: its error shrinks like 1/sqrt(draws)); y, dx and db as without it."""
+    torch.manual_seed(0)
+    holder = nn.Sequential(nn.Linear(512, 1024)).cuda()
+    swap_linear_modules(holder, pattern="0", backend=backend, weight_grad="mvue24")
+    layer = holder[0]
+    x = torch.randn(1003, 512, device="cuda")  # 960 tokens pruned, 43 exact (and 5 zero rows of padding to 8)
+    dy = torch.randn(1003, 1024, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(layer, fullgraph=True, dynamic=False)
+    reference = dy.float().t() @ x.bfloat16().float()
+    torch.cuda.manual_seed(7)
+    draws = [fwd_bwd(compiled, layer, x, dy) for _ in range(64)]
+    torch.cuda.manual_seed(7)
+    assert torch.equal(fwd_bwd(compiled, layer, x, dy)[2], draws[0][2])  # reproducible from the CUDA generator
+    assert not torch.equal(draws[0][2], draws[1][2])  # a new seed every backward
+    single = rel_err(draws[0][2], reference)
+    mean = rel_err(torch.stack([d[2] for d in draws]).mean(0), reference)
+    assert 0.05 < single < 2.0, single
+    assert mean < single / 4, (mean, single)
+    holder_dense = nn.Sequential(nn.Linear(512, 1024)).cuda()
+    holder_dense.load_state_dict(holder.state_dict())
+    swap_linear_modules(holder_dense, pattern="0", backend=backend)
+    plain = fwd_bwd(torch.compile(holder_dense[0], fullgraph=True, dynamic=False), holder_dense[0], x, dy)
+    assert torch.equal(draws[0][0], plain[0]) and torch.equal(draws[0][1], plain[1])  # y, dx: the same GEMMs
+    assert rel_err(draws[0][3], plain[3]) < 1e-3  # db: the exact sum (its reduction may fuse differently)
+
+
+
 @pytest.mark.parametrize("pruning", ["tile_greedy", "tile_optimal"])
 def test_compiled_no_grad_forward_packs_w_alone_and_computes_the_same(pruning):
     """The EMA teacher's forward (no gradient) packs only W for cuSPARSELt, not W^T: the same output as the eager

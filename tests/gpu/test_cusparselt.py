@@ -430,3 +430,65 @@ def test_mvue_kernel_equals_reference_on_gpu():
 
     x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     assert torch.equal(mvue(x, 1234, impl="triton"), mvue(x, 1234, impl="reference"))
+
+
+def test_mvue_pack_t_equals_the_references_on_gpu():
+    """The weight gradient's compressed operand, bit for bit: values as `reference.mvue24(dy^T)`, all defined bytes
+    as `layout.pack_reference` (the layout checked against cuSPARSELt's own compressor in test_pack_layout)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from sparsity.kernels.mvue import mvue_pack_t
+    from sparsity.packing import layout as L
+    from sparsity.pruning import mvue
+
+    for dtype in DTYPES:
+        dy = torch.randn(1024, 192, device="cuda", dtype=dtype)
+        ref = mvue(dy.t(), 99, impl="reference")
+        buf = mvue_pack_t(dy, 99)
+        valid = L.valid_byte_mask(192, 1024, "cuda")
+        assert torch.equal(buf[valid], L.pack_reference(ref, "col")[valid])
+
+
+@pytest.mark.parametrize("tokens", [1024, 1000])  # 1000: 960 pruned, the last 40 exact through a dense GEMM
+def test_mvue_weight_grad_on_cusparselt_equals_the_dense_product_of_the_reference(cs, tokens):
+    from sparsity.backends import get_backend
+    from sparsity.pruning import mvue
+
+    n = tokens - tokens % 64
+    for dtype in DTYPES:
+        dy = torch.randn(tokens, 256, device="cuda", dtype=dtype)
+        x = torch.randn(tokens, 128, device="cuda", dtype=dtype)
+        got = cs.mvue_weight_grad(dy, x, 7)
+        assert got is not None and got.shape == (256, 128) and got.dtype == dtype
+        pruned = mvue(dy[:n].t(), 7, impl="reference").float()
+        expected = pruned @ x[:n].float() + dy[n:].t().float() @ x[n:].float()
+        assert _rel(got, expected) < 1e-2
+        assert _rel(got, dy.t().float() @ x.float()) > 0.1  # an estimate, not the dense gradient
+        assert torch.equal(get_backend("auto").mvue_weight_grad(dy, x, 7), got)  # auto runs it on cuSPARSELt too
+        seed = torch.tensor([7], device="cuda")  # the compiled backward's op, its seed on the GPU: the same GEMM
+        assert torch.equal(torch.ops.sparsity.cslt_mvue_wgrad(dy, x, seed, cs.settings.cslt_search), got)
+    assert cs.mvue_weight_grad(dy[:32], x[:32], 7) is None  # under 64 tokens: the caller's dense GEMM
+
+
+def test_mvue24_layer_trains_its_weight_gradient_on_cusparselt(cs):
+    """The eager layer under bf16 autocast with fp32 master weights: its weight gradient is the 2:4 GEMM's estimate
+    (the seed drawn from torch's CPU generator), dx and db exact."""
+    from sparsity.modules import SemiSparseLinear
+    from sparsity.pruning import mvue
+
+    torch.manual_seed(0)
+    layer = SemiSparseLinear.from_dense(nn.Linear(256, 512).cuda(), backend="cusparselt", weight_grad="mvue24")
+    x = torch.randn(4, 200, 256, device="cuda", requires_grad=True)  # 800 tokens: 768 pruned
+    dy = torch.randn(4, 200, 512, device="cuda")
+    torch.manual_seed(3)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = layer(x)
+    y.backward(dy)
+    torch.manual_seed(3)
+    seed = int(torch.randint(0, 2**62, ()))
+    dy2, x2 = dy.reshape(800, 512).bfloat16(), x.detach().reshape(800, 256).bfloat16()
+    expected = mvue(dy2[:768].t(), seed, impl="reference").float() @ x2[:768].float() \
+        + dy2[768:].t().float() @ x2[768:].float()
+    assert layer.weight.grad.dtype == torch.float32
+    assert _rel(layer.weight.grad, expected) < 1e-2
+    torch.testing.assert_close(layer.bias.grad, dy.reshape(800, 512).sum(0), rtol=1e-2, atol=0.5)

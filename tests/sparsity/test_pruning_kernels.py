@@ -103,6 +103,46 @@ def test_mvue_kernel_equals_reference(dtype):
             assert_values_equal(got, ref, computed=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_mvue_pack_t_decodes_to_the_reference(dtype):
+    """The weight gradient's operand, MVUE(dy^T) written straight in cuSPARSELt's "col" layout, against the torch
+    references of MVUE and of the layout: decoded values equal `reference.mvue24(dy^T)`, metadata bytes equal
+    `layout.pack_reference`'s (dy without zeros, so every kept entry is nonzero and both name the same pair)."""
+    from sparsity.kernels.mvue import mvue_pack_t
+    from sparsity.packing import layout as L
+
+    g = torch.Generator().manual_seed(5)
+    for tokens, out in ((64, 16), (128, 48), (192, 64)):  # 48: a partial band of 64 metadata rows
+        dy = torch.randn(tokens, out, generator=g)
+        dy[::7] *= 1e-3  # groups with one large entry and tiny ones, where the draw probabilities are uneven
+        dy = dy.to(dtype).to(DEVICE)
+        for seed in (0, 2**40 + 7):
+            ref = mvue(dy.t(), seed, impl="reference")  # (out, tokens), 2:4 along tokens
+            buf = mvue_pack_t(dy, seed)
+            assert buf.numel() == L.compressed_size(out, tokens)
+            got = L.unpack_reference(buf, out, tokens, "col", dtype)
+            assert torch.equal(got != 0, ref != 0)
+            assert_values_equal(got, ref, computed=True)
+            meta = slice(L.values_bytes(out, tokens), None)
+            valid = L.valid_byte_mask(out, tokens, DEVICE)[meta]
+            assert torch.equal(buf[meta][valid], L.pack_reference(ref, "col")[meta][valid])
+            # the seed read from a device tensor (a compiled backward's draw) gives the same bytes
+            assert torch.equal(mvue_pack_t(dy, torch.tensor([seed], device=DEVICE)), buf)
+
+
+def test_mvue_pack_t_refuses_shapes_the_layout_cannot_hold():
+    from sparsity.kernels.mvue import mvue_pack_t
+
+    with pytest.raises(ValueError, match=r"tokens % 64 == 0 and out % 16 == 0, got \(96, 16\)"):
+        mvue_pack_t(torch.zeros(96, 16, dtype=torch.bfloat16, device=DEVICE), 0)
+    with pytest.raises(ValueError, match=r"\(64, 8\)"):
+        mvue_pack_t(torch.zeros(64, 8, dtype=torch.bfloat16, device=DEVICE), 0)
+    with pytest.raises(TypeError, match="fp16/bf16"):
+        mvue_pack_t(torch.zeros(64, 16, device=DEVICE), 0)
+    with pytest.raises(ValueError, match="one int64"):
+        mvue_pack_t(torch.zeros(64, 16, dtype=torch.bfloat16, device=DEVICE), torch.tensor([1.0], device=DEVICE))
+
+
 def test_philox_reference_equals_tl_rand4x():
     import triton
     import triton.language as tl

@@ -137,7 +137,7 @@ def test_function_local_imports_are_only_optional_dependencies_and_say_so():
             assert "optional dependency" in context, f"{path.relative_to(PACKAGE)}:{lineno}: say why it is lazy"
 
 
-CSLT_LAYERS = ["library", "compressor", "plans", "search", "packing", "ops", "backend"]
+CSLT_LAYERS = ["library", "compressor", "plans", "search", "packing", "wgrad", "ops", "backend"]
 
 
 def test_cusparselt_layers_import_only_downward():

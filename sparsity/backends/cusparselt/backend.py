@@ -33,6 +33,7 @@ from .library import lib
 from .ops import mm, prune_pack
 from .packing import layout_records, layout_status
 from .search import plan_records
+from .wgrad import maybe_mvue_weight_grad
 
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -161,6 +162,9 @@ class CuSparseLtBackend(Backend):
         return CuSparseLtSparseWeight((out_f, in_f), fwd, dgrad, w.dtype, mask=mask[:out_f],
                                       values=None if dgrad is not None else values[:out_f], rows_pad=rows_pad,
                                       ref=values, search=search)
+
+    def mvue_weight_grad(self, dy: torch.Tensor, x: torch.Tensor, seed: int) -> Optional[torch.Tensor]:
+        return maybe_mvue_weight_grad(dy, x, seed, self.settings.cslt_search)
 
     def describe(self) -> dict:
         """The settings, how each (device, dtype) packs, and the algorithm chosen per GEMM shape."""

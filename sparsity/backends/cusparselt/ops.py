@@ -6,8 +6,11 @@ layers call the same Python functions directly).
                                or, with `library`, the library compressor on an already pruned W
     sparsity::cslt_linear      a 2:4 linear layer's forward GEMM with its registered autograd formula: the input
                                gradient on the compressed W_s^T, the straight-through weight gradient dy^T x for
-                               the dense weight, the bias gradient. This is what a compiled graph sees of a sparse
-                               layer; eager layers use `sparsity.autograd` instead (no dispatcher overhead).
+                               the dense weight (or, with `mvue_wgrad`, its MVUE estimate on the 2:4 GEMM), the
+                               bias gradient. This is what a compiled graph sees of a sparse layer; eager layers use
+                               `sparsity.autograd` instead (no dispatcher overhead).
+    sparsity::cslt_mvue_wgrad  dW = MVUE(dy^T) @ x on cuSPARSELt (`wgrad.py`), its seed a device tensor: what the
+                               compiled backward of an `mvue_wgrad` layer calls after drawing the seed on the GPU
 
 The fake (meta) implementations take symbolic shapes, so the ops trace under dynamic shapes too; the real
 implementations run eagerly at run time (plans are built, and their algorithm checked, at the first call of a shape).
@@ -22,12 +25,14 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from sparsity.mvue_grad import SEED_HIGH, TOKEN_BLOCK
 from sparsity.packing import layout as L
 
 from ..settings import CSLT_SEARCH_MODES
 from .compressor import compress_weight
 from .library import TOKEN_MULTIPLE  # cuSPARSELt 0.8 refuses dense operands whose token count is not a multiple of 8
 from .search import get_plan
+from .wgrad import mvue_weight_grad
 
 DEFAULT_SEARCH = CSLT_SEARCH_MODES[0]
 SPLIT_MIN_TOKENS = 64  # below this a padded copy of x is cheaper than a second GEMM call
@@ -109,7 +114,9 @@ _LIB.define("cslt_mm(Tensor packed, Tensor x, Tensor? bias, int out_features, in
             f"Tensor? dense_ref=None, str search='{DEFAULT_SEARCH}') -> Tensor")
 _LIB.define("cslt_prune_pack(Tensor w, Tensor? mask, bool write_t, bool library=False) -> (Tensor, Tensor, Tensor)")
 _LIB.define("cslt_linear(Tensor x, Tensor w, Tensor? bias, Tensor packed, Tensor dgrad, int rows_pad, "
-            f"bool dgrad_sparse, Tensor? dense_ref=None, str search='{DEFAULT_SEARCH}') -> Tensor")
+            f"bool dgrad_sparse, Tensor? dense_ref=None, str search='{DEFAULT_SEARCH}', bool mvue_wgrad=False) "
+            "-> Tensor")
+_LIB.define(f"cslt_mvue_wgrad(Tensor dy, Tensor x, Tensor seed, str search='{DEFAULT_SEARCH}') -> Tensor")
 
 
 def cslt_mm(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], out_features: int,
@@ -190,13 +197,15 @@ def prune_pack(w, mask, write_t, library=False):
 
 def cslt_linear(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], packed: torch.Tensor,
                 dgrad: torch.Tensor, rows_pad: int, dgrad_sparse: bool,
-                dense_ref: Optional[torch.Tensor] = None, search: str = DEFAULT_SEARCH) -> torch.Tensor:
+                dense_ref: Optional[torch.Tensor] = None, search: str = DEFAULT_SEARCH,
+                mvue_wgrad: bool = False) -> torch.Tensor:
     """`sparsity::cslt_linear`: y = x @ W_s^T + bias (tokens, out) in x's dtype, W_s (out, in) given compressed in
     `packed` (rows zero-padded to `rows_pad`). `w` (out, in) is not read: it is the tensor the straight-through weight
     gradient dy^T x is returned for. `dgrad`: W_s^T compressed (`dgrad_sparse`) or W_s dense (out, in) for a dense
     input gradient. `bias` may be in any float dtype (the plan's copy casts it). `dense_ref`: the padded pruned W,
     needed only where the library compressor packs (its layout cannot be decoded here to check a new plan's
-    algorithm). `search`: `BackendSettings.cslt_search`."""
+    algorithm). `search`: `BackendSettings.cslt_search`. `mvue_wgrad`: the weight gradient is MVUE(dy^T) @ x on
+    the 2:4 GEMM (`sparsity.mvue_grad`), its seed drawn from torch's CUDA generator in the backward."""
     out_features, in_features = w.shape
     if bias is not None and rows_pad != out_features:
         bias = F.pad(bias, (0, rows_pad - out_features))
@@ -208,19 +217,43 @@ _LIB.impl("cslt_linear", cslt_linear, "CUDA")
 
 
 @torch.library.register_fake("sparsity::cslt_linear", lib=_LIB)
-def _(x, w, bias, packed, dgrad, rows_pad, dgrad_sparse, dense_ref=None, search=DEFAULT_SEARCH):
+def _(x, w, bias, packed, dgrad, rows_pad, dgrad_sparse, dense_ref=None, search=DEFAULT_SEARCH, mvue_wgrad=False):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
+def cslt_mvue_wgrad(dy: torch.Tensor, x: torch.Tensor, seed: torch.Tensor,
+                    search: str = DEFAULT_SEARCH) -> torch.Tensor:
+    """`sparsity::cslt_mvue_wgrad`: MVUE(dy^T) @ x (out x in) in dy's dtype, as `sparsity.mvue_grad` defines it
+    (whole blocks of 64 tokens pruned, the rest exact), on cuSPARSELt; `seed`: one int64 on dy's device. Operands
+    the GEMM cannot read in place (x not row-major or not 16-byte aligned, out % 16 != 0) are copied first."""
+    tokens, out = dy.shape
+    if tokens < TOKEN_BLOCK:
+        return dy.t() @ x  # nothing to prune: exact, as the estimator says
+    pad = -out % 16
+    dyp = F.pad(dy, (0, pad)) if pad else dy
+    if x.stride(1) != 1 or x.stride(0) != x.shape[1] or x.data_ptr() % 16:
+        x = x.clone(memory_format=torch.contiguous_format)
+    dw = mvue_weight_grad(dyp, x, seed, search)
+    return dw[:out] if pad else dw
+
+
+_LIB.impl("cslt_mvue_wgrad", cslt_mvue_wgrad, "CUDA")
+
+
+@torch.library.register_fake("sparsity::cslt_mvue_wgrad", lib=_LIB)
+def _(dy, x, seed, search=DEFAULT_SEARCH):
+    return dy.new_empty(dy.shape[1], x.shape[1])
+
+
 def _linear_setup_context(ctx, inputs, output):
-    x, w, bias, packed, dgrad, rows_pad, dgrad_sparse, dense_ref, search = inputs
+    x, w, bias, packed, dgrad, rows_pad, dgrad_sparse, dense_ref, search, mvue_wgrad = inputs
     ctx.save_for_backward(x, dgrad, dense_ref)
-    ctx.meta = (w.shape, w.dtype, None if bias is None else bias.dtype, rows_pad, dgrad_sparse, search)
+    ctx.meta = (w.shape, w.dtype, None if bias is None else bias.dtype, rows_pad, dgrad_sparse, search, mvue_wgrad)
 
 
 def _linear_backward(ctx, dy):
     x, dgrad, dense_ref = ctx.saved_tensors
-    (out_features, in_features), w_dtype, b_dtype, rows_pad, dgrad_sparse, search = ctx.meta
+    (out_features, in_features), w_dtype, b_dtype, rows_pad, dgrad_sparse, search, mvue_wgrad = ctx.meta
     dx = dw = db = None
     if ctx.needs_input_grad[0]:
         if dgrad_sparse:
@@ -229,10 +262,14 @@ def _linear_backward(ctx, dy):
         else:
             dx = dy @ dgrad
     if ctx.needs_input_grad[1]:
-        dw = (dy.t() @ x).to(w_dtype)
+        if mvue_wgrad:  # the seed drawn on the GPU: reproducible from torch's CUDA generator, capturable in a graph
+            seed = torch.randint(0, SEED_HIGH, (1,), device=dy.device)
+            dw = torch.ops.sparsity.cslt_mvue_wgrad(dy, x, seed, search).to(w_dtype)
+        else:
+            dw = (dy.t() @ x).to(w_dtype)
     if ctx.needs_input_grad[2]:
         db = dy.sum(0).to(b_dtype)
-    return dx, dw, db, None, None, None, None, None, None
+    return dx, dw, db, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("sparsity::cslt_linear", _linear_backward, setup_context=_linear_setup_context,
