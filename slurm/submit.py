@@ -20,6 +20,7 @@ from typing import Optional
 import submitit
 from submitit.slurm.slurm import _make_sbatch_string  # noqa: PLC2701 - the formatter submit() itself uses
 
+from . import processes
 from .jobs import REPO, EvalJob, TrainJob
 from .status import ACTIVE_STATES, query_states
 from .sweep import JOB_LOGS, RunPlan, latest_job, record_job
@@ -273,8 +274,10 @@ def stop_signals_interrupt():
 
 
 def stop_local_job(job, grace_s: float = 60.0) -> None:
-    """Interrupt a local job's controller (it forwards SIGINT, then SIGKILL, to its tasks) and wait for it."""
+    """Interrupt a local job's controller (it forwards SIGINT, then SIGKILL, to its tasks) and wait for it; then
+    end whatever it started that still runs (a controller killed after `grace_s` leaves its tasks behind)."""
     process = getattr(job, "_process", None)
+    members = processes.family(process.pid) if process is not None else {}
     job.cancel(check=False)
     if process is None:
         return
@@ -283,3 +286,5 @@ def stop_local_job(job, grace_s: float = 60.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    if killed := processes.kill_left(members):
+        logger.warning("stop: %d process(es) of the local job outlived its controller: killed", len(killed))
