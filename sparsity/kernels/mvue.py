@@ -5,11 +5,11 @@
                             straight in cuSPARSELt's compressed "col" layout (`sparsity.packing.layout`), the A
                             operand of the weight-gradient GEMM dW = A @ x; one read of dy, no dense pruned copy
 
-(u1, u2) = the first two outputs of tl.rand4x(seed, g), g = the group's row-major index in the pruned tensor's
-(..., C/4) layout (for mvue_pack_t: in dy^T's, g = o * tokens/4 + t/4). The arithmetic follows the reference
-expression by expression in fp32, with IEEE-rounded divisions (tl.math.div_rn; Triton's `/` is approximate on GPUs),
-and the launches disable FMA contraction (enable_fp_fusion=False) so that p_i = t_i + a_i * (k - k_i) rounds exactly
-as in torch.
+(u1, u2) as `reference.mvue_uniforms`: groups 2h and 2h + 1 share one tl.rand4x(seed, h), g the group's row-major
+index in the pruned tensor's (..., C/4) layout (for mvue_pack_t: in dy^T's, g = o * tokens/4 + t/4). The arithmetic
+follows the reference expression by expression in fp32: the draws compare products and sums only, the six
+divisions of a group (four w_i, two kept values) are IEEE-rounded (tl.math.div_rn; Triton's `/` is approximate on
+GPUs), and the launches disable FMA contraction (enable_fp_fusion=False) so that every product rounds as in torch.
 """
 
 from __future__ import annotations
@@ -31,38 +31,48 @@ def _div(x, y):
 
 @triton.jit
 def _mvue_group(x0, x1, x2, x3, u1, u2, EPS: tl.constexpr):
-    """Groups (x0, x1, x2, x3) in fp32: the kept indices (i1 drawn first, then i2) and q_i = x_i / p_i."""
+    """Groups (x0, x1, x2, x3) in fp32: the kept indices lo < hi and their values x_i * S / (a_i (1 + W - w_i)),
+    as `reference.mvue24` computes them (its comments say why the draws need no division)."""
     a0 = tl.abs(x0) + EPS
     a1 = tl.abs(x1) + EPS
     a2 = tl.abs(x2) + EPS
     a3 = tl.abs(x3) + EPS
-    s = a0 + a1 + a2 + a3
-    t0 = _div(a0, s)
-    t1 = _div(a1, s)
-    t2 = _div(a2, s)
-    t3 = _div(a3, s)
-    k0 = _div(t0, s - a0)
-    k1 = _div(t1, s - a1)
-    k2 = _div(t2, s - a2)
-    k3 = _div(t3, s - a3)
-    k = k0 + k1 + k2 + k3
-    p0 = t0 + a0 * (k - k0)
-    p1 = t1 + a1 * (k - k1)
-    p2 = t2 + a2 * (k - k2)
-    p3 = t3 + a3 * (k - k3)
-    c0 = t0
-    c1 = c0 + t1
-    c2 = c1 + t2
-    i1 = (u1 > c0).to(tl.int32) + (u1 > c1).to(tl.int32) + (u1 > c2).to(tl.int32)
+    c1 = a0 + a1
+    c2 = c1 + a2
+    s = c2 + a3
+    us = u1 * s
+    i1 = (us > a0).to(tl.int32) + (us > c1).to(tl.int32) + (us > c2).to(tl.int32)
     r0 = tl.where(i1 == 0, a1, a0)
     r1 = tl.where(i1 <= 1, a2, a1)
     r2 = tl.where(i1 <= 2, a3, a2)
-    e0 = r0
-    e1 = e0 + r1
+    e1 = r0 + r1
     tt = u2 * (e1 + r2)
-    m = (tt > e0).to(tl.int32) + (tt > e1).to(tl.int32)
+    m = (tt > r0).to(tl.int32) + (tt > e1).to(tl.int32)
     i2 = m + (m >= i1).to(tl.int32)
-    return i1, i2, _div(x0, p0), _div(x1, p1), _div(x2, p2), _div(x3, p3)
+    w0 = _div(a0, s - a0)
+    w1 = _div(a1, s - a1)
+    w2 = _div(a2, s - a2)
+    w3 = _div(a3, s - a3)
+    big_w = ((w0 + w1) + w2) + w3
+    lo = tl.minimum(i1, i2)  # in {0, 1, 2}
+    hi = tl.maximum(i1, i2)  # in {1, 2, 3}
+    x_lo = tl.where(lo == 0, x0, tl.where(lo == 1, x1, x2))
+    a_lo = tl.where(lo == 0, a0, tl.where(lo == 1, a1, a2))
+    w_lo = tl.where(lo == 0, w0, tl.where(lo == 1, w1, w2))
+    x_hi = tl.where(hi == 3, x3, tl.where(hi == 2, x2, x1))
+    a_hi = tl.where(hi == 3, a3, tl.where(hi == 2, a2, a1))
+    w_hi = tl.where(hi == 3, w3, tl.where(hi == 2, w2, w1))
+    q_lo = _div(x_lo * s, a_lo * (1.0 + (big_w - w_lo)))
+    q_hi = _div(x_hi * s, a_hi * (1.0 + (big_w - w_hi)))
+    return lo, hi, q_lo, q_hi
+
+
+@triton.jit
+def _uniforms(seed, g):
+    """(u1, u2) of groups g: groups 2h and 2h + 1 share tl.rand4x(seed, h) (`reference.mvue_uniforms`)."""
+    r0, r1, r2, r3 = tl.rand4x(seed, g // 2)
+    odd = (g % 2) == 1
+    return tl.where(odd, r2, r0), tl.where(odd, r3, r1)
 
 
 @triton.jit
@@ -77,51 +87,56 @@ def _mvue24_kernel(x_ptr, out_ptr, seed, n_groups, groups_per_row, stride_r, str
     x1 = tl.load(src + stride_c, mask=valid, other=0.0).to(tl.float32)
     x2 = tl.load(src + 2 * stride_c, mask=valid, other=0.0).to(tl.float32)
     x3 = tl.load(src + 3 * stride_c, mask=valid, other=0.0).to(tl.float32)
-    u1, u2, _, _ = tl.rand4x(seed, g)
-    i1, i2, q0, q1, q2, q3 = _mvue_group(x0, x1, x2, x3, u1, u2, EPS)
+    u1, u2 = _uniforms(seed, g)
+    lo, hi, q_lo, q_hi = _mvue_group(x0, x1, x2, x3, u1, u2, EPS)
     dst = out_ptr + r * n_cols + c
     ty = out_ptr.dtype.element_ty
-    tl.store(dst, tl.where((i1 == 0) | (i2 == 0), q0, 0.0).to(ty), mask=valid)
-    tl.store(dst + 1, tl.where((i1 == 1) | (i2 == 1), q1, 0.0).to(ty), mask=valid)
-    tl.store(dst + 2, tl.where((i1 == 2) | (i2 == 2), q2, 0.0).to(ty), mask=valid)
-    tl.store(dst + 3, tl.where((i1 == 3) | (i2 == 3), q3, 0.0).to(ty), mask=valid)
+    tl.store(dst, tl.where(lo == 0, q_lo, 0.0).to(ty), mask=valid)
+    tl.store(dst + 1, tl.where(lo == 1, q_lo, tl.where(hi == 1, q_hi, 0.0)).to(ty), mask=valid)
+    tl.store(dst + 2, tl.where(lo == 2, q_lo, tl.where(hi == 2, q_hi, 0.0)).to(ty), mask=valid)
+    tl.store(dst + 3, tl.where(hi == 3, q_hi, 0.0).to(ty), mask=valid)
 
 
 @triton.jit
-def _pack_t_half(dy_ptr, val_ptr, seed, g, o, ok, O, G, EPS: tl.constexpr):
+def _pack_t_group(dy_ptr, val_ptr, g, o, ok, O, u1, u2, EPS: tl.constexpr):
     """MVUE of the groups (tokens 4g..4g+3, feature o) of dy; stores their two values in the "col" values region
-    ((2G x O) row-major: slots 2g and 2g + 1 of row o of A) and returns their metadata nibbles i_lo | i_hi << 2."""
+    ((2G x O) row-major: slots 2g and 2g + 1 of row o of A) and returns their metadata nibbles lo | hi << 2."""
     src = dy_ptr + (4 * g) * O + o
     x0 = tl.load(src, mask=ok, other=0.0).to(tl.float32)
     x1 = tl.load(src + O, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(src + 2 * O, mask=ok, other=0.0).to(tl.float32)
     x3 = tl.load(src + 3 * O, mask=ok, other=0.0).to(tl.float32)
-    u1, u2, _, _ = tl.rand4x(seed, o * G + g)  # the group's index in dy^T's row-major (O x G) layout
-    i1, i2, q0, q1, q2, q3 = _mvue_group(x0, x1, x2, x3, u1, u2, EPS)
-    lo = tl.minimum(i1, i2)  # in {0, 1, 2}
-    hi = tl.maximum(i1, i2)  # in {1, 2, 3}
-    v_lo = tl.where(lo == 0, q0, tl.where(lo == 1, q1, q2))
-    v_hi = tl.where(hi == 3, q3, tl.where(hi == 2, q2, q1))
+    lo, hi, q_lo, q_hi = _mvue_group(x0, x1, x2, x3, u1, u2, EPS)
     ty = val_ptr.dtype.element_ty
-    tl.store(val_ptr + (2 * g) * O + o, v_lo.to(ty), mask=ok)
-    tl.store(val_ptr + (2 * g + 1) * O + o, v_hi.to(ty), mask=ok)
+    tl.store(val_ptr + (2 * g) * O + o, q_lo.to(ty), mask=ok)
+    tl.store(val_ptr + (2 * g + 1) * O + o, q_hi.to(ty), mask=ok)
     return lo | (hi << 2)
 
 
 @triton.jit
-def _mvue_pack_t_kernel(dy_ptr, val_ptr, meta_ptr, seed, O, G, NKT, EPS: tl.constexpr, BLOCK_G: tl.constexpr,
+def _pack_t_feature(dy_ptr, val_ptr, seed, h, o, ok, O, G, EPS: tl.constexpr):
+    """Groups 2h and 2h + 1 of feature o (one Philox draw: its group pair index is o * G/2 + h); their nibbles."""
+    r0, r1, r2, r3 = tl.rand4x(seed, o * (G // 2) + h)
+    even = _pack_t_group(dy_ptr, val_ptr, 2 * h, o, ok, O, r0, r1, EPS)
+    odd = _pack_t_group(dy_ptr, val_ptr, 2 * h + 1, o, ok, O, r2, r3, EPS)
+    return even, odd
+
+
+@triton.jit
+def _mvue_pack_t_kernel(dy_ptr, val_ptr, meta_ptr, seed, O, G, NKT, EPS: tl.constexpr, BLOCK_P: tl.constexpr,
                         BLOCK_H: tl.constexpr, SEED_IN_MEMORY: tl.constexpr):
-    # a program: BLOCK_G token groups x 2 * BLOCK_H features, in pairs (o, o + 8) with o % 16 < 8: the two rows of A
-    # whose nibbles share a metadata byte, so every byte is written whole by one thread
+    # a thread: token groups 2h and 2h + 1 (one Philox draw each) of features o and o + 8 (o % 16 < 8: the two rows
+    # of A whose nibbles share a metadata byte, so every byte is written whole by one thread)
     if SEED_IN_MEMORY:  # a device tensor: drawn inside a compiled (or CUDA-graph) backward, never seen by the host
         seed = tl.load(seed)
-    g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)[:, None]
+    h = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)[:, None]
     j = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
     o = 16 * (j // 8) + j % 8
-    ok = (g < G) & (o < O)  # O % 16 == 0: o + 8 < O too
-    lo = _pack_t_half(dy_ptr, val_ptr, seed, g, o, ok, O, G, EPS)
-    hi = _pack_t_half(dy_ptr, val_ptr, seed, g, o + 8, ok, O, G, EPS)
-    tl.store(meta_ptr + _meta_addr(o, g, NKT), (lo | (hi << 4)).to(tl.uint8), mask=ok)
+    ok = (2 * h < G) & (o < O)  # G even, O % 16 == 0: o + 8 < O too
+    lo_even, lo_odd = _pack_t_feature(dy_ptr, val_ptr, seed, h, o, ok, O, G, EPS)
+    hi_even, hi_odd = _pack_t_feature(dy_ptr, val_ptr, seed, h, o + 8, ok, O, G, EPS)
+    tl.store(meta_ptr + _meta_addr(o, 2 * h, NKT), (lo_even | (hi_even << 4)).to(tl.uint8), mask=ok)
+    tl.store(meta_ptr + _meta_addr(o, 2 * h + 1, NKT), (lo_odd | (hi_odd << 4)).to(tl.uint8), mask=ok)
 
 
 def mvue24(x: torch.Tensor, seed: int) -> torch.Tensor:
@@ -169,9 +184,9 @@ def mvue_pack_t(dy: torch.Tensor, seed) -> torch.Tensor:
     buf = (torch.empty if out % 64 == 0 else torch.zeros)(size, dtype=torch.uint8, device=dy.device)
     values = buf[: L.values_bytes(out, tokens)].view(dy.dtype)
     groups = tokens // 4
-    block_g, block_h = (64, 64) if interpreting() else (16, 32)
-    grid = (triton.cdiv(groups, block_g), triton.cdiv(out // 2, block_h))
+    block_p, block_h = (32, 64) if interpreting() else (8, 32)
+    grid = (triton.cdiv(groups // 2, block_p), triton.cdiv(out // 2, block_h))
     _mvue_pack_t_kernel[grid](dy, values, buf[L.values_bytes(out, tokens):], seed if in_memory else int(seed), out,
-                              groups, -(-tokens // 32), EPS=MVUE_EPS, BLOCK_G=block_g, BLOCK_H=block_h,
+                              groups, -(-tokens // 32), EPS=MVUE_EPS, BLOCK_P=block_p, BLOCK_H=block_h,
                               SEED_IN_MEMORY=in_memory, num_warps=4, enable_fp_fusion=False)
     return buf

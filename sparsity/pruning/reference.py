@@ -270,46 +270,53 @@ def philox_uniform4(seed: int, offsets: torch.Tensor, n_rounds: int = 10) -> Tup
 MVUE_EPS = 1.19209e-07  # added to |x| so that zeros can be drawn (the S-STE reference's eps)
 
 
+def mvue_uniforms(seed: int, n_groups: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(u1, u2) of groups 0..n_groups-1: groups 2h and 2h + 1 share the draw ``tl.rand4x(seed, h)``, the first
+    taking its outputs 0 and 1, the second its outputs 2 and 3 (one Philox call per two groups)."""
+    g = torch.arange(n_groups, device=device)
+    r0, r1, r2, r3 = philox_uniform4(seed, g // 2)
+    odd = (g % 2).bool()
+    return torch.where(odd, r2, r0), torch.where(odd, r3, r1)
+
+
 def mvue24(x: torch.Tensor, seed: int) -> torch.Tensor:
     """Unbiased stochastic 2:4 along the last dim: E[mvue24(x, seed)] = x over seeds. Deterministic per seed.
 
-    Per group of 4 (a_i = |x_i| + eps, S = sum a): draw index i1 with probability a_i / S (uniform u1 against the
-    cumulative a/S), then i2 among the 3 others with probability a_j / (S - a_i1) (u2 * remaining sum against the
-    cumulative of the others, in index order). Kept x_i are divided by their inclusion probability
-    p_i = a_i/S + a_i * sum_{j != i} (a_j/S) / (S - a_j), the rest are 0. (u1, u2) are the first two outputs of
-    ``tl.rand4x(seed, g)`` with g the group's row-major index in the logical (..., C/4) layout.
-    All arithmetic in fp32 in the order written below; the result is rounded once to x.dtype.
+    Per group of 4 (a_i = |x_i| + eps, S = sum a, in index order): draw index i1 with probability a_i / S (u1 * S
+    against the running sum of a), then i2 among the 3 others with probability a_j / (S - a_i1) (u2 * their sum
+    against their running sum, in index order). The draws compare products and sums only, so a kernel reproduces
+    them exactly. Kept x_i are divided by their inclusion probability
+    p_i = (a_i / S) (1 + W - w_i), w_j = a_j / (S - a_j), W = sum w_j  (i first, or j first and then i),
+    computed as x_i * S / (a_i * (1 + (W - w_i))); the rest are 0. (u1, u2): `mvue_uniforms`, g the group's
+    row-major index in the logical (..., C/4) layout. fp32 throughout; the result is rounded once to x.dtype.
     """
     if x.shape[-1] % 4:
         raise ValueError(f"mvue24 needs the last dim divisible by 4, got shape {tuple(x.shape)}")
     shape = x.shape
     g = x.detach().to(torch.float32).reshape(-1, 4)
-    u1, u2, _, _ = philox_uniform4(seed, torch.arange(g.shape[0], device=x.device))
-    x0, x1, x2, x3 = g.unbind(1)
-    a0, a1, a2, a3 = (xi.abs() + MVUE_EPS for xi in (x0, x1, x2, x3))
-    s = a0 + a1 + a2 + a3
-    t0, t1, t2, t3 = a0 / s, a1 / s, a2 / s, a3 / s
-    k0, k1, k2, k3 = t0 / (s - a0), t1 / (s - a1), t2 / (s - a2), t3 / (s - a3)
-    k = k0 + k1 + k2 + k3
-    p0, p1, p2, p3 = t0 + a0 * (k - k0), t1 + a1 * (k - k1), t2 + a2 * (k - k2), t3 + a3 * (k - k3)
-    # first draw
-    c0 = t0
-    c1 = c0 + t1
-    c2 = c1 + t2
-    i1 = (u1 > c0).long() + (u1 > c1).long() + (u1 > c2).long()
+    u1, u2 = mvue_uniforms(seed, g.shape[0], x.device)
+    a = g.abs() + MVUE_EPS
+    a0, a1, a2, a3 = a.unbind(1)
+    c0 = a0
+    c1 = c0 + a1
+    c2 = c1 + a2
+    s = c2 + a3
+    us = u1 * s
+    i1 = (us > c0).long() + (us > c1).long() + (us > c2).long()
     # second draw among the other three, in index order: r_m = a[m + (m >= i1)]
     r0 = torch.where(i1 == 0, a1, a0)
     r1 = torch.where(i1 <= 1, a2, a1)
     r2 = torch.where(i1 <= 2, a3, a2)
-    e0 = r0
-    e1 = e0 + r1
+    e1 = r0 + r1
     tt = u2 * (e1 + r2)
-    m = (tt > e0).long() + (tt > e1).long()
+    m = (tt > r0).long() + (tt > e1).long()
     i2 = m + (m >= i1).long()
+    w = a / (s[:, None] - a)
+    big_w = ((w[:, 0] + w[:, 1]) + w[:, 2]) + w[:, 3]
+    q = g * s[:, None] / (a * (1.0 + (big_w[:, None] - w)))
     idx = torch.arange(4, device=x.device)
     keep = (idx == i1[:, None]) | (idx == i2[:, None])
-    p = torch.stack([p0, p1, p2, p3], dim=1)
-    out = torch.where(keep, g / p, torch.zeros((), dtype=torch.float32, device=x.device))
+    out = torch.where(keep, q, torch.zeros((), dtype=torch.float32, device=x.device))
     return out.reshape(shape).to(x.dtype)
 
 

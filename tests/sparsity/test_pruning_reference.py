@@ -239,6 +239,15 @@ def test_mvue_keeps_two_and_is_deterministic():
     assert mvue24(z, 3).reshape(-1, 4).ne(0).sum(-1).tolist() == [1, 0, 0, 0, 0, 0, 0, 0]  # zeros stay zero
 
 
+def test_mvue_uniforms_give_two_groups_one_philox_draw():
+    from sparsity.pruning.reference import mvue_uniforms
+
+    u1, u2 = mvue_uniforms(11, 7)
+    r0, r1, r2, r3 = philox_uniform4(11, torch.arange(4))
+    assert torch.equal(u1, torch.stack([r0, r2]).t().reshape(-1)[:7])  # groups 0, 1 from draw 0, groups 2, 3 ...
+    assert torch.equal(u2, torch.stack([r1, r3]).t().reshape(-1)[:7])
+
+
 def _mvue_bias_z(estimate_fn, n_rep=20000):
     x = torch.tensor([[3.0, -1.0, 0.25, 0.5], [0.1, 0.2, -2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [-4, 0.01, 0.5, 2]])
     big = x.repeat(n_rep, 1)  # every copy of a group gets its own random stream (group index offsets)
