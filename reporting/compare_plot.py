@@ -16,10 +16,7 @@ def plot_comparison(candidate: Path, baseline: Path, other_seeds: Sequence[Path]
                     png: Path) -> list[str]:
     """Write `png`: one column per loss term all runs log (the total first), curves above, differences below.
     Returns the terms drawn."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .figures import plt, save_png  # matplotlib, on the Agg backend: only where a figure is drawn
 
     runs = [(Path(candidate), "candidate", "C3", "-"), (Path(baseline), "baseline", "black", "-")]
     runs += [(Path(r), "another seed of the baseline", "0.55", "--") for r in other_seeds]
@@ -52,6 +49,5 @@ def plot_comparison(candidate: Path, baseline: Path, other_seeds: Sequence[Path]
     fig.suptitle(f"Does {Path(candidate).name} train like {Path(baseline).name}? "
                  f"Moving average over {window} logged values", fontsize=11)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(png, dpi=130)
-    plt.close(fig)
+    save_png(fig, png, dpi=130, tight=False)
     return terms

@@ -2,6 +2,7 @@
 style, the palette and how a figure is saved with its caption."""
 
 import io
+import math
 
 import matplotlib
 from PIL import Image
@@ -12,16 +13,21 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 DPI = 150
+MAX_PIXELS = 2.0e6  # about 1,700 x 1,200: a figure of many panels is drawn at a lower dpi than DPI to fit
 STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9, "xtick.labelsize": 9,
          "ytick.labelsize": 9, "axes.spines.top": False, "axes.spines.right": False}
 LEGEND_WIDTH = 80  # characters of a legend entry before it wraps
 
 
-def palette_png(fig) -> bytes:
+def palette_png(fig, dpi: float = DPI, tight: bool = True) -> bytes:
     """The figure as a PNG of at most 256 colours: line plots use a few dozen plus their anti-aliasing, and the
-    palette makes the file about a third of the full-colour one, with no visible change (no dithering)."""
+    palette makes the file about a third of the full-colour one, with no visible change (no dithering). A figure
+    larger than `MAX_PIXELS` at `dpi` is drawn at the resolution that fits it (its text stays the same size
+    relative to it), so that no figure of many panels costs the repository more than a few hundred kilobytes."""
+    width, height = fig.get_size_inches()
+    dpi = min(dpi, math.sqrt(MAX_PIXELS / (width * height)))
     full = io.BytesIO()
-    fig.savefig(full, format="png", dpi=DPI, bbox_inches="tight")
+    fig.savefig(full, format="png", dpi=dpi, bbox_inches="tight" if tight else None)
     # the fast octree palette and zlib's default level: a fifth of a second a figure, where median cut with
     # optimize=True took twice as long for files about a tenth smaller (the tests draw many figures)
     image = Image.open(full).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE,
@@ -31,11 +37,11 @@ def palette_png(fig) -> bytes:
     return out.getvalue()
 
 
-def save_png(fig, path) -> None:
+def save_png(fig, path, dpi: float = DPI, tight: bool = True) -> None:
     """Write the figure as a palette PNG the way every output is written (`rundir.atomic`: a temporary file renamed
     into place, so a link planted at `path` is replaced, not written through, and a kill leaves the old figure), then
     free it."""
-    data = palette_png(fig)
+    data = palette_png(fig, dpi, tight)
     write_atomically(path, lambda f: f.write(data))
     plt.close(fig)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from configs import ConfigError, load_config
+from rundir import compressed
 from rundir.json_files import read_json
 from rundir.layout import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, TEACHER, checkpoint_dir,
                            eval_result_name, is_run_dir, list_checkpoints)
@@ -246,7 +247,7 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
         return
     if status.state == RUN_FAILED:
         run.train_status, run.reason = FAILED, short_text(status.reason)
-    elif run.steps_done == 0 and not (run_dir / METRICS).is_file():
+    elif run.steps_done == 0 and not compressed.exists(run_dir / METRICS):
         run.train_status, run.reason = PARTIAL, "no steps logged"
     elif run.steps_done == 0:  # the file is there, yet not one line of it reads as a step
         run.train_status, run.reason = PARTIAL, f"no readable step line in {METRICS}"

@@ -10,6 +10,7 @@ trains, evaluates or reports, and import nothing of the project:
   planted link; a kill leaves the old file or the new one);
 - `json_files`: one bounded JSON reader, which turns any damaged or hostile file into "unreadable: why";
 - `metrics`: metrics.jsonl, appended per logged step and truncated on resume;
+- `compressed`: the committed runs' metrics.jsonl, log.txt and sparsity_masks.jsonl stored as `.xz`, read as if plain;
 - `status`: status.json, the run's identity, and the one definition of "finished" (train.py's and the launcher's);
 - `digests` (torch-free) and `torch_files`: SHA-256 beside every checkpoint and export, weights-only loading;
 - `checkpoints`: the resumable checkpoints' rotation, and what happens to an unreadable one;

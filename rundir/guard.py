@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from . import compressed
 from .atomic import name_problem, temporary_base
 from .digests import DIGEST_SUFFIX
 from .errors import RunDirProblem
@@ -205,7 +206,8 @@ def previous_results(output_dir: Path) -> list[Path]:
     results = [p for p in entries if p.name in own or is_eval_result_name(p.name)]
     if not results and not list_checkpoints(checkpoint_dir(Path(output_dir))):
         return []
-    records = {CONFIG, RUN_INFO, STATUS, METRICS, SPARSITY_DECISIONS, SPARSITY_MASKS, SPARSITY_MASKS + ".gz"}
+    records = {CONFIG, RUN_INFO, STATUS, METRICS, SPARSITY_DECISIONS, SPARSITY_MASKS,
+               *(name + suffix for name in (METRICS, SPARSITY_MASKS) for suffix in compressed.SUFFIXES)}
     return results + [p for p in entries if p.name in records]
 
 

@@ -39,6 +39,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from . import compressed
 from .atomic import atomic_write_text
 
 CONFIG = "config.yaml"
@@ -77,7 +78,7 @@ BASELINE_RESULTS = {key: (eval_result_name(False, suffix), eval_result_name(True
 
 
 def is_run_dir(path: Path) -> bool:
-    return (Path(path) / CONFIG).is_file() or (Path(path) / METRICS).is_file()
+    return (Path(path) / CONFIG).is_file() or compressed.exists(Path(path) / METRICS)
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from . import compressed
 from .atomic import atomic_write_text
 from .errors import RunDirProblem
 from .json_files import parse_json
@@ -41,10 +42,10 @@ def _parsed(line: str) -> Optional[dict]:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl as written (`step` in the file's own format), unparsable lines skipped;
-    FileNotFoundError if there is no such file."""
+    """The records of a metrics.jsonl as written (`step` in the file's own format), unparsable lines skipped; the
+    file may be stored compressed (`rundir.compressed`). FileNotFoundError if there is no such file."""
     # bytes that are not UTF-8 (a damaged or foreign file) spoil their line only, which is then skipped
-    lines = Path(path).read_bytes().decode("utf-8", "replace").splitlines()
+    lines = compressed.read_bytes(path).decode("utf-8", "replace").splitlines()
     return [r for line in lines if line.strip() and (r := _parsed(line)) is not None]
 
 
@@ -53,7 +54,7 @@ def metrics_by_steps_done(path: Path) -> list[dict]:
     means the run restarted there (train.py truncates the file when it resumes, but files written by older versions
     may repeat steps): the later lines replace the earlier ones from that step on."""
     records: list[dict] = []
-    for record in read_metrics(path) if Path(path).is_file() else []:
+    for record in read_metrics(path) if compressed.exists(path) else []:
         record = {**record, "step": steps_done(record)}
         while records and records[-1]["step"] >= record["step"]:
             records.pop()

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from . import compressed
 from .atomic import atomic_write_text
 from .digests import verify
 from .errors import CommandError
@@ -115,9 +116,10 @@ def _status_from_old_log(path: Path) -> RunStatus:
     """Runs written before status.json: the last log event tells a failure (ERROR / CRITICAL) or a preemption (the
     trainer's "SIGTERM: checkpoint saved at step N"); "resumed at step N" lines give the resumptions."""
     status = RunStatus(recorded=False)
-    if not path.is_file():
+    if not compressed.exists(path):
         return status
-    events = [m for line in path.read_text(errors="replace").splitlines() if (m := _LOG_LINE.match(line))]
+    text = compressed.read_bytes(path).decode("utf-8", "replace")
+    events = [m for line in text.splitlines() if (m := _LOG_LINE.match(line))]
     status.resumed_at = [int(r.group(1)) for m in events if (r := _RESUMED.match(m.group("message")))]
     if events:
         level, message = events[-1].group("level"), events[-1].group("message")

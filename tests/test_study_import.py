@@ -1,11 +1,12 @@
 """scripts/experiments/study_import.py: a study's runs copied into results/ as records only, with the machine's paths
 replaced, and nothing written where a path would be left."""
 
-import gzip
 import json
+import lzma
 
 import pytest
 
+from rundir.metrics import read_metrics
 from scripts.experiments.study_import import main
 
 
@@ -25,7 +26,7 @@ def _run(root, name, data_root="/scratch/job7/cifar10"):
     return run
 
 
-def test_records_are_copied_with_paths_replaced_and_masks_gzipped(tmp_path):
+def test_records_are_copied_with_paths_replaced_and_logs_compressed(tmp_path):
     runs = tmp_path / "scratch" / "runs"
     runs.mkdir(parents=True)
     _run(runs, "sparse70_s0")
@@ -35,12 +36,14 @@ def test_records_are_copied_with_paths_replaced_and_masks_gzipped(tmp_path):
     assert main([str(runs), "--to", str(dest), "--replace", f"{runs}/=", "--replace", "/scratch/job7/cifar10=cifar10",
                  "--check-prefix", str(tmp_path), "--check-prefix", "/scratch/", "--check-prefix", "/usr/"]) == 0
     out = dest / "sparse70_s0"
-    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "eval_linear.json", "log.txt", "metrics.jsonl",
-                                                      "sparsity_masks.jsonl.gz", "status.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "eval_linear.json", "log.txt.xz",
+                                                      "metrics.jsonl.xz", "sparsity_masks.jsonl.xz", "status.json"]
     assert "root: cifar10\n" in (out / "config.yaml").read_text()
-    assert (out / "log.txt").read_text() == "writing to sparse70_s0\nimport from site-packages/torch\n"
+    log = lzma.decompress((out / "log.txt.xz").read_bytes())
+    assert log == b"writing to sparse70_s0\nimport from site-packages/torch\n"
     assert json.loads((out / "eval_linear.json").read_text())["checkpoint"] == "sparse70_s0/teacher_backbone.pth"
-    assert gzip.decompress((out / "sparsity_masks.jsonl.gz").read_bytes()) == b'{"step": 1, "flip_rate": {}}\n'
+    assert lzma.decompress((out / "sparsity_masks.jsonl.xz").read_bytes()) == b'{"step": 1, "flip_rate": {}}\n'
+    assert read_metrics(out / "metrics.jsonl") == [{"step": 1, "loss": 2.0}]  # the readers take the .xz
     assert [p.name for p in dest.iterdir()] == ["sparse70_s0"]  # no staging folder left behind
 
 

@@ -1,6 +1,7 @@
 """Copy what a study's runs wrote into `results/`, as the committed runs are kept: the records a table, a plot or a
-reader needs, never weights, checkpoints, feature caches or TensorBoard files; the per-layer mask log gzipped; and
-every path of the machine that ran them replaced, so that the files name runs and data the same way on any machine.
+reader needs, never weights, checkpoints, feature caches or TensorBoard files; the logs (metrics.jsonl, log.txt and
+the per-layer mask log) compressed as `.xz`, which every reader takes (`rundir.compressed`); and every path of the
+machine that ran them replaced, so that the files name runs and data the same way on any machine.
 
     python -m scripts.experiments.study_import RUNS_DIR [RUNS_DIR ...] --to results/cifar10/recipe/screen \\
         --replace /tmp/runs/screen4_1/= --replace /tmp/cifar10=cifar10
@@ -13,14 +14,16 @@ nothing is written. A run already under --to is refused unless --overwrite.
 """
 
 import argparse
-import gzip
 import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from rundir import compressed
+
 RECORDS = ("config.yaml", "log.txt", "metrics.jsonl", "run_info.json", "sparsity_decisions.json", "status.json")
+LOGS = ("log.txt", "metrics.jsonl")  # of RECORDS, the ones kept compressed
 EVAL_RECORDS = "eval_*.json"
 MASKS = "sparsity_masks.jsonl"
 SITE_PACKAGES = re.compile(r"/[^\s\"'=:]*/site-packages/")  # an installed library's folder, whatever the machine
@@ -70,10 +73,12 @@ def import_run(run: Path, staging: Path, pairs: list[tuple[str, str]], prefixes:
         left = [p for p in prefixes if p in text]
         if left:
             problems.append(f"{run.name}/{source.name}: still holds {', '.join(left)} after the replacements")
-        (dest / source.name).write_text(text, encoding="utf-8")
-    if (run / MASKS).is_file():  # per-layer statistics of every logged step: large, and read only by the plots
-        with open(run / MASKS, "rb") as raw, gzip.open(dest / f"{MASKS}.gz", "wb") as packed:
-            shutil.copyfileobj(raw, packed)
+        if source.name in LOGS:
+            compressed.write_xz(text.encode("utf-8"), dest / source.name)
+        else:
+            (dest / source.name).write_text(text, encoding="utf-8")
+    if (run / MASKS).is_file():  # per-layer statistics of every logged step: large, kept for whoever wants them
+        compressed.write_xz((run / MASKS).read_bytes(), dest / MASKS)
     return problems
 
 
