@@ -3,11 +3,11 @@ status, the trainer's resume) never open it, so nothing blocks. Run in a thread 
 instead of hanging the suite."""
 
 import os
-import shutil
 import threading
 from pathlib import Path
 
 from reporting.run_logs import read_run
+from rundir import compressed
 from rundir.layout import list_checkpoints, newest_checkpoint
 
 RUN = Path(__file__).resolve().parents[2] / "results" / "cifar10" / "recipe" / "screen" / "dense_s2"
@@ -17,7 +17,7 @@ def test_a_fifo_named_like_a_checkpoint_is_skipped_without_blocking(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     for name in ("config.yaml", "metrics.jsonl", "eval_linear.json", "status.json"):
-        shutil.copy(RUN / name, run / name)
+        (run / name).write_bytes(compressed.read_bytes(RUN / name))  # committed runs keep their logs as .xz
     (run / "checkpoints").mkdir()
     os.mkfifo(run / "checkpoints" / "step_00007760.pt")
     assert list_checkpoints(run / "checkpoints") == [] and newest_checkpoint(run) is None
