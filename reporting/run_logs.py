@@ -17,9 +17,8 @@ from typing import Optional
 
 from configs import ConfigError, load_config
 from rundir import compressed
-from rundir.json_files import read_json
 from rundir.layout import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, TEACHER, checkpoint_dir,
-                           eval_result_name, is_run_dir, list_checkpoints)
+                           eval_result_name, is_run_dir, list_checkpoints, read_run_info)
 from rundir.metrics import metrics_by_steps_done
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED, read_status
 
@@ -135,10 +134,9 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
     run.global_batch = run.processes * per_process
     run.seed = cfg.train.seed
     run.config = flatten_config(dataclasses.asdict(cfg))
-    info = read_json(run_dir / "run_info.json")
-    if isinstance(info, dict):
-        run.device, run.device_name, run.data_fingerprint = (
-            str(info.get(k) or "") for k in ("device", "device_name", "data_fingerprint"))
+    info = read_run_info(run_dir)
+    run.device, run.device_name, run.data_fingerprint = (
+        info.get(k) or "" for k in ("device", "device_name", "data_fingerprint"))
     return True
 
 
@@ -165,11 +163,10 @@ def _batch_layout(run_dir: Path, batch_size_per_gpu: int) -> tuple[int, int]:
             return int(state["world_size"]), int(state.get("batch_size_per_gpu", batch_size_per_gpu))
         except Exception:  # noqa: BLE001 - an unreadable checkpoint: try the previous one
             continue
-    info = read_json(run_dir / "run_info.json") or {}
-    try:
-        return int(info["world_size"]), int(info["batch_size_per_gpu"])
-    except (KeyError, TypeError, ValueError):  # missing, unreadable or older: the config alone
-        return 1, batch_size_per_gpu
+    info = read_run_info(run_dir)
+    if info.get("world_size") and info.get("batch_size_per_gpu"):
+        return info["world_size"], info["batch_size_per_gpu"]
+    return 1, batch_size_per_gpu  # missing, unreadable or older: the config alone
 
 
 def _read_metrics(run: RunSummary, run_dir: Path) -> None:

@@ -41,6 +41,8 @@ from typing import Optional
 
 from . import compressed
 from .atomic import atomic_write_text
+from .json_files import read_json
+from .typed_records import RUN_INFO_FIELDS, UnreadableRecord, checked
 
 CONFIG = "config.yaml"
 RUN_INFO = "run_info.json"
@@ -130,6 +132,15 @@ def write_config(run_dir: Path, yaml_text: str) -> None:
 
 def write_run_info(run_dir: Path, info: dict) -> None:
     atomic_write_text(Path(run_dir) / RUN_INFO, json.dumps(info, indent=1) + "\n")
+
+
+def read_run_info(run_dir: Path) -> dict:
+    """run_info.json with its typed fields checked; {} where it is absent or unreadable (a field of the wrong type
+    included: the readers then go by the config alone, as for a run that never wrote one)."""
+    try:
+        return checked(read_json(Path(run_dir) / RUN_INFO), RUN_INFO_FIELDS, RUN_INFO)
+    except UnreadableRecord:
+        return {}
 
 
 def write_sparsity_decisions(run_dir: Path, decisions: dict, unless: str = "") -> str:

@@ -1,4 +1,5 @@
-"""The field types of the JSON records a run keeps (status.json, a metrics.jsonl line), checked where they are read:
+"""The field types of the JSON records a run keeps (status.json, a metrics.jsonl line, run_info.json, a jobs.json
+entry), checked where they are read:
 JSON that parses can still hold a text where a step belongs, a number where a list does. A field of the wrong type
 makes the record unreadable with one line naming the file and the field (`UnreadableRecord`), which each reader turns
 into what a damaged file means there (a status unknown, a metrics line skipped), never a traceback further on."""
@@ -63,3 +64,6 @@ STATUS_FIELDS = (Field("state", (str,)), Field("step", (int,)), Field("reason", 
 METRICS_LINE_FIELDS = (Field("step", (int,)), Field("format", (int,)), Field("phase", (str,)),
                        Field("loss", NUMBER), Field("images_per_s", NUMBER), Field("global_batch", (int,)),
                        Field("time", NUMBER), Field("gpu_mem_outside_mb", NUMBER))
+RUN_INFO_FIELDS = (Field("device", (str,)), Field("device_name", (str,)), Field("data_fingerprint", (str,)),
+                   Field("world_size", (int,)), Field("batch_size_per_gpu", (int,)))
+JOB_FIELDS = (Field("kind", (str,)), Field("job_id", (str,)), Field("cluster", (str,)), Field("submitted", (str,)))

@@ -29,6 +29,7 @@ from rundir.guard import usable_checkpoint_dir
 from rundir.json_files import parse_json
 from rundir.layout import CONFIG, EVAL_RESULT, checkpoint_dir
 from rundir.status import last_step, nothing_left_at, resumable_step
+from rundir.typed_records import JOB_FIELDS, checked
 
 JOB_LOGS = "slurm"  # <run>/slurm/<job id>/: submitit's logs and pickles of the run's jobs
 
@@ -64,8 +65,11 @@ def read_jobs(run_dir: Path) -> list[JobRecord]:
     if not path.is_file():  # a directory, a FIFO (whose read would block), a dangling link
         raise RunDirProblem(f"{path}: not a regular file; move it away to start the record afresh")
     try:
-        return [JobRecord(**r) for r in parse_json(path.read_bytes())]
-    except (OSError, ValueError, TypeError) as e:  # (json's and UTF-8's errors are ValueErrors)
+        records = parse_json(path.read_bytes())
+        if not isinstance(records, list):
+            raise ValueError("not a JSON list")
+        return [JobRecord(**checked(r, JOB_FIELDS, JOBS_FILE)) for r in records]
+    except (OSError, ValueError, TypeError) as e:  # (json's, UTF-8's and a wrong field type's errors: ValueErrors)
         raise RunDirProblem(f"{path}: unreadable job record ({e}); move it away to start the record afresh") from None
 
 

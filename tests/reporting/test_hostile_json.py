@@ -99,3 +99,35 @@ def test_json_that_parses_with_fields_of_the_wrong_type_costs_only_its_own_recor
     make_table([tmp_path / "runs"], tmp_path / "table", plots=False)
     summary = json.loads((tmp_path / "table" / "summary.json").read_text())
     assert {r["run"] for r in summary["rows"]} == {"bad", "good"}
+
+
+GOOD_INFO = {"device": "cuda", "device_name": "NVIDIA H200", "data_fingerprint": "3f2a", "world_size": 2,
+             "batch_size_per_gpu": 256}
+
+
+@pytest.mark.parametrize("damage", [{"world_size": "2"}, {"device_name": 5}, {"batch_size_per_gpu": True}, ["x"]],
+                         ids=["world_size a text", "device_name a number", "batch a boolean", "a list"])
+def test_run_info_with_a_field_of_the_wrong_type_reads_as_absent(tmp_path, damage):
+    """run_info.json through its typed fields: a wrong type is not coerced (a text "2" once became 2 processes), the
+    run is read as one that recorded nothing, by its config alone."""
+    run = _copy_good(tmp_path / "run")
+    (run / "run_info.json").write_text(json.dumps(GOOD_INFO))
+    read = read_run(run)
+    assert (read.device_name, read.data_fingerprint, read.processes) == ("NVIDIA H200", "3f2a", 2)
+    (run / "run_info.json").write_text(json.dumps(damage if isinstance(damage, list) else {**GOOD_INFO, **damage}))
+    read = read_run(run)
+    assert (read.device_name, read.data_fingerprint, read.processes) == ("", "", 1)
+
+
+def test_a_job_record_with_a_field_of_the_wrong_type_is_named_and_costs_only_its_row(tmp_path):
+    from slurm.status import run_row
+    from slurm.sweep import read_jobs
+
+    run = _copy_good(tmp_path / "run")
+    record = {"kind": "train", "job_id": "12", "cluster": "slurm", "submitted": "2026-11-29T10:00:00"}
+    (run / "jobs.json").write_text(json.dumps([record]))
+    assert read_jobs(run)[0].job_id == "12"
+    (run / "jobs.json").write_text(json.dumps([{**record, "job_id": 12}]))
+    with pytest.raises(RunDirProblem, match="unreadable jobs.json: job_id: int 12 where str belongs"):
+        read_jobs(run)
+    assert run_row(run, {})["train job"] == "unreadable jobs.json"
