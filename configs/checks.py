@@ -87,8 +87,11 @@ def validate(cfg: Config) -> None:
          f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g} restarts the teacher "
          f"momentum at step {cfg.momentum_restart_step} of {cfg.total_steps}: it must fall strictly inside the run "
          f"(between 1/{cfg.total_steps} and {cfg.total_steps - 1}/{cfg.total_steps} of it), or be 0 for no restart"),
-        (cfg.sparsity.weight_grad == "dense" or cfg.train.compile == "false",
-         f"sparsity.weight_grad={cfg.sparsity.weight_grad} runs in eager mode only: set train.compile=false"),
+        (cfg.sparsity.weight_grad == "dense" or cfg.train.compile == "false"
+         or cfg.sparsity.backend in ("cusparselt", "auto"),
+         f"sparsity.weight_grad={cfg.sparsity.weight_grad} compiles on cuSPARSELt only (sparsity.backend=cusparselt "
+         f"or auto, on a CUDA GPU), not sparsity.backend={cfg.sparsity.backend}: change the backend or set "
+         "train.compile=false"),
     ]
     for ok, message in checks:
         if not ok:

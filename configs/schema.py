@@ -165,7 +165,7 @@ class SparsityConfig:
     # SemiSparseLinear used) | tile_optimal | rowwise | soft_threshold (sparsity/pruning/reference.py)
     pruning: str = value("tile_greedy", choices=PRUNING_METHODS)
     # kind=weight: the weight gradient dy^T @ x as is (dense) or from the MVUE 2:4-sparse dy^T (mvue24: unbiased,
-    # sparsity/mvue_grad.py; eager only, needs train.compile=false)
+    # sparsity/mvue_grad.py; on the 2:4 tensor cores with backend cusparselt or auto; compiled on those alone)
     weight_grad: str = value("dense", choices=WEIGHT_GRADS)
     # kind=weight: the gradient of the entries the 2:4 mask drops: ste (the dense straight-through gradient, the
     # published recipe) | masked (none: AdamW's weight decay alone moves them) (sparsity/pruned_entries.py)

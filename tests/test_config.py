@@ -104,7 +104,9 @@ def test_bad_overrides_are_errors_that_name_the_key(override, message):
         (["sparsity.kind=block", "sparsity.block_density=1.5"], r"sparsity.block_density=1.5 is out of range"),
         (["sparsity.kind=block", "sparsity.block_size=0"], r"sparsity.block_size=0 is out of range: must be >= 1"),
         (["sparsity.weight_grad=mvue"], "sparsity.weight_grad='mvue' is not one of dense, mvue24"),
-        (["sparsity.weight_grad=mvue24"], "sparsity.weight_grad=mvue24 runs in eager mode only: set train.compile=false"),
+        (["sparsity.weight_grad=mvue24", "sparsity.backend=dense"],
+         "sparsity.weight_grad=mvue24 compiles on cuSPARSELt only .* not sparsity.backend=dense: change the backend "
+         "or set train.compile=false"),
         (["sparsity.weight_grad=mvue24", "sparsity.kind=block", "train.compile=false"],
          "sparsity.weight_grad=mvue24 applies to sparsity.kind=weight only, not block"),
     ],
@@ -115,6 +117,7 @@ def test_bad_sparsity_options_name_the_key(overrides, message):
     # the same options with valid values load
     load_config(None, ["sparsity.kind=block", "sparsity.block_density=0.25", "sparsity.block_size=64"])
     load_config(None, ["sparsity.weight_grad=mvue24", "train.compile=false"])
+    load_config(None, ["sparsity.weight_grad=mvue24"])  # compiled, on the default backend (auto: cuSPARSELt)
 
 
 def test_unknown_key_in_a_yaml_file_is_an_error(tmp_path):
