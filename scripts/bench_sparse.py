@@ -221,6 +221,8 @@ def bench_wgrad(B, dtype, in_f, out_f, tokens):
     seeds = [torch.tensor([i], device="cuda") for i in range(N_SETS)]
     B.add(**base, backend="pass: mvue_pack_t (one pass)", ms=graph_ms(lambda i: mvue_pack_t(dys[i], seeds[i]), N_SETS),
           dense_ms=None)
+    B.add(**base, backend="pass: mvue_pack_t (one pass, approximate division)", dense_ms=None,
+          ms=graph_ms(lambda i: mvue_pack_t(dys[i], seeds[i], exact=False), N_SETS))
     err = rel(cslt_mvue_wgrad(dys[0], xs[0], seeds[0]), mvue(dys[0].t(), 0).float() @ xs[0].float())
     B.add(**base, backend="mvue24 weight gradient (pass + 2:4 GEMM)", rel_err=round(err, 7),
           ms=graph_ms(lambda i: cslt_mvue_wgrad(dys[i], xs[i], seeds[i]), N_SETS), dense_ms=dense)

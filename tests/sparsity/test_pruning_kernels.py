@@ -128,6 +128,10 @@ def test_mvue_pack_t_decodes_to_the_reference(dtype):
             assert torch.equal(buf[meta][valid], L.pack_reference(ref, "col")[meta][valid])
             # the seed read from a device tensor (a compiled backward's draw) gives the same bytes
             assert torch.equal(mvue_pack_t(dy, torch.tensor([seed], device=DEVICE)), buf)
+            # approximate division: the same kept entries (the draws divide nothing), values within an ulp
+            approx = L.unpack_reference(mvue_pack_t(dy, seed, exact=False), out, tokens, "col", dtype)
+            assert torch.equal(approx != 0, ref != 0)
+            assert ((approx.view(torch.int16).int() - ref.view(torch.int16).int()).abs() <= 1).all()
 
 
 def test_mvue_pack_t_refuses_shapes_the_layout_cannot_hold():
