@@ -1,6 +1,6 @@
 """Listing an image tree that may hold anything, and naming its entries safely in logs.
 
-Rules for the entries under `root/<split>/<class>/` (docs/training.md states them for users too):
+Rules for the entries under `root/<split>/<class>/` (docs/run-directory.md states them for users too):
 
 * Only regular files are images. FIFOs, sockets, device nodes and dangling or looping symlinks are never opened:
   a FIFO with no writer would block the reading process (or data worker) forever, out of reach of the trainer's
