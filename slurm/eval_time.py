@@ -21,9 +21,14 @@ def probe_images(dataset: str, root: str, splits: tuple[str, ...]) -> Optional[i
     root = os.path.expanduser(root)
     if not all(os.path.isdir(os.path.join(root, split)) for split in splits):
         return None
-    count = 0
+    count, seen = 0, set()
     for split in splits:
-        for _, dirs, files in os.walk(os.path.join(root, split), followlinks=True):
+        for top, dirs, files in os.walk(os.path.join(root, split), followlinks=True):
+            st = os.stat(top)
+            if (st.st_dev, st.st_ino) in seen:  # a link back to a folder already counted: a loop, or a second path
+                dirs[:] = []
+                continue
+            seen.add((st.st_dev, st.st_ino))
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             count += sum(1 for f in files if not f.startswith("."))
     return count

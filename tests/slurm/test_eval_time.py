@@ -21,6 +21,16 @@ def test_the_request_grows_with_the_images_from_a_floor(tmp_path):
     assert probe_images("image_folder", str(tmp_path), ("train", "val")) is None  # no labels to probe with
 
 
+def test_a_link_loop_in_the_data_tree_is_counted_once_and_ends(tmp_path):
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    (tmp_path / "val" / "a").mkdir(parents=True)
+    (tmp_path / "train" / "a" / "0.JPEG").write_bytes(b"x")
+    (tmp_path / "val" / "a" / "1.JPEG").write_bytes(b"x")
+    (tmp_path / "train" / "a" / "loop").symlink_to(tmp_path / "train")  # followed, it would never end
+    (tmp_path / "val" / "again").symlink_to(tmp_path / "val" / "a")  # the same folder by a second path
+    assert probe_images("imagenet_folder", str(tmp_path), ("train", "val")) == 2
+
+
 def test_a_dry_run_sizes_the_probe_jobs_and_notes_a_root_not_on_this_machine(tmp_path):
     digits = launch("--config", "configs/default.yaml", "--sparse-fractions", "0.5", "--runs-dir", str(tmp_path / "d"),
                     "--dry-run")
