@@ -14,7 +14,7 @@ device and backend). Measured against the dense GEMM at ViT-L's MLP shapes in `s
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -37,9 +37,10 @@ def can_run(dy: torch.Tensor, x: torch.Tensor) -> bool:
             and x.stride(1) == 1 and x.stride(0) == x.shape[1] and x.data_ptr() % 16 == 0)
 
 
-def mvue_weight_grad(dy: torch.Tensor, x: torch.Tensor, seed: int, search: str) -> torch.Tensor:
+def mvue_weight_grad(dy: torch.Tensor, x: torch.Tensor, seed: Union[int, torch.Tensor], search: str) -> torch.Tensor:
     """MVUE(dy[:n]^T) @ x[:n] + dy[n:]^T @ x[n:] with n = `mvue_sparse_tokens(tokens)`: (out x in) in dy's dtype.
-    `search`: how a new shape's algorithm is chosen (`BackendSettings.cslt_search`). Check `can_run` first."""
+    `seed`: an int, or one int64 on dy's device (a compiled backward's draw). `search`: how a new shape's algorithm
+    is chosen (`BackendSettings.cslt_search`). Check `can_run` first."""
     # Triton (an optional dependency on CPU) is imported by the kernel modules, on first use
     from sparsity.kernels.mvue import mvue_pack_t
 
