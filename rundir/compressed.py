@@ -34,7 +34,7 @@ def read_bytes(path: Path) -> bytes:
     found = stored(path)
     if found is None:
         raise FileNotFoundError(f"{path}: no such file (nor {', '.join(Path(path).name + s for s in SUFFIXES)})")
-    if found.suffix not in SUFFIXES or found == Path(path):
+    if found == Path(path):  # the plain file
         return found.read_bytes()
     try:
         return (lzma if found.suffix == ".xz" else gzip).decompress(found.read_bytes())

@@ -50,8 +50,8 @@ from scripts.benchmarks import bad_algs
 BENCH_MODES = (*COMPILE_MODES, "step-graph")
 MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "autotune-", "step-graph": "stepgraph-"}
 ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto",
-        "compiled-cusparselt+teacher", "compiled-auto+teacher", "compiled-auto+mvue", "compiled-cusparselt+teacher+mvue",
-        "compiled-auto+teacher+mvue")
+        "compiled-cusparselt+teacher", "compiled-auto+teacher", "compiled-auto+mvue",
+        "compiled-cusparselt+teacher+mvue", "compiled-auto+teacher+mvue")
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs", "automatic-gc")
 
 
@@ -367,9 +367,9 @@ def mark_sparse_gemms(trainer: Trainer, rows: list[dict]) -> None:
     where the mask is transposable) and whether the teacher's did, for the MFU's executed FLOPs."""
     per_linear = 2 if is_transposable(trainer.cfg.sparsity.pruning) else 1
     for r in rows:
-        dense = parse_row(r["spec"])[1] == "dense"
-        r["sparse"] = {"student_gemms_2to4": 0 if dense else per_linear + wgrad_sparse(trainer, r["spec"]),
-                       "teacher": teacher_sparse(trainer, r["spec"]), "weight_grad": wgrad_sparse(trainer, r["spec"])}
+        dense, wgrad = parse_row(r["spec"])[1] == "dense", wgrad_sparse(trainer, r["spec"])
+        r["sparse"] = {"student_gemms_2to4": 0 if dense else per_linear + wgrad,
+                       "teacher": teacher_sparse(trainer, r["spec"]), "weight_grad": wgrad}
 
 
 def mlp_dims(trainer: Trainer) -> tuple[int, int]:

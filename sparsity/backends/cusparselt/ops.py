@@ -32,7 +32,7 @@ from ..settings import CSLT_SEARCH_MODES
 from .compressor import compress_weight
 from .library import TOKEN_MULTIPLE  # cuSPARSELt 0.8 refuses dense operands whose token count is not a multiple of 8
 from .search import get_plan
-from .wgrad import mvue_weight_grad
+from .wgrad import mvue_weight_grad, row_major_aligned
 
 DEFAULT_SEARCH = CSLT_SEARCH_MODES[0]
 SPLIT_MIN_TOKENS = 64  # below this a padded copy of x is cheaper than a second GEMM call
@@ -231,7 +231,7 @@ def cslt_mvue_wgrad(dy: torch.Tensor, x: torch.Tensor, seed: torch.Tensor,
         return dy.t() @ x  # nothing to prune: exact, as the estimator says
     pad = -out % 16
     dyp = F.pad(dy, (0, pad)) if pad else dy
-    if x.stride(1) != 1 or x.stride(0) != x.shape[1] or x.data_ptr() % 16:
+    if not row_major_aligned(x):
         x = x.clone(memory_format=torch.contiguous_format)
     dw = mvue_weight_grad(dyp, x, seed, search)
     return dw[:out] if pad else dw

@@ -1,10 +1,11 @@
 """A cuSPARSELt GEMM plan: descriptors, algorithm, workspace and bias buffer of one GEMM shape, built once.
 
 Why not torch's `_cslt_sparse_mm`: it builds descriptors and a plan on every call (about 0.5 ms of host time on an
-H100, measured by `scripts/bench_sparse.py`'s `torch_cslt` rows), which starves the GPU at ViT-L MLP shapes. A `GemmPlan` is built once per (device, dtype,
-orientation, m, k, n, bias, output order) and a call costs one `cusparseLtMatmul` (microseconds). Each plan owns its
-workspace and (optional) bias buffer, allocated when it is built, so a call allocates nothing and does not
-synchronise: it can be captured in a CUDA graph. Which algorithm a plan runs is chosen in `search.py`.
+H100, measured by `scripts/bench_sparse.py`'s `torch_cslt` rows), which starves the GPU at ViT-L MLP shapes. A
+`GemmPlan` is built once per (device, dtype, orientation, m, k, n, bias, output order) and a call costs one
+`cusparseLtMatmul` (microseconds). Each plan owns its workspace and (optional) bias buffer, allocated when it is
+built, so a call allocates nothing and does not synchronise: it can be captured in a CUDA graph. Which algorithm a
+plan runs is chosen in `search.py`.
 """
 
 from __future__ import annotations

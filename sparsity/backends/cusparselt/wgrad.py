@@ -27,6 +27,11 @@ from .search import get_plan
 DTYPES = (torch.float16, torch.bfloat16)
 
 
+def row_major_aligned(x: torch.Tensor) -> bool:
+    """Whether the GEMM reads the 2-D `x` in place as its B operand: row-major and 16-byte aligned."""
+    return x.stride(1) == 1 and x.stride(0) == x.shape[1] and x.data_ptr() % 16 == 0
+
+
 def can_run(dy: torch.Tensor, x: torch.Tensor) -> bool:
     """Whether this GEMM runs here: CUDA fp16/bf16 2-D operands of one dtype, out % 16 == 0 (the structured
     operand's rows), in % 8 == 0 (B's and D's leading dim), at least 64 tokens, x row-major and 16-byte aligned."""
@@ -34,7 +39,7 @@ def can_run(dy: torch.Tensor, x: torch.Tensor) -> bool:
         return False
     tokens, out = dy.shape
     return (x.shape[0] == tokens and out % 16 == 0 and x.shape[1] % 8 == 0 and tokens >= TOKEN_BLOCK
-            and x.stride(1) == 1 and x.stride(0) == x.shape[1] and x.data_ptr() % 16 == 0)
+            and row_major_aligned(x))
 
 
 def mvue_weight_grad(dy: torch.Tensor, x: torch.Tensor, seed: Union[int, torch.Tensor], search: str) -> torch.Tensor:
