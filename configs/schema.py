@@ -167,6 +167,10 @@ class SparsityConfig:
     # kind=weight: the weight gradient dy^T @ x as is (dense) or from the MVUE 2:4-sparse dy^T (mvue24: unbiased,
     # sparsity/mvue_grad.py; on the 2:4 tensor cores with backend cusparselt or auto; compiled on those alone)
     weight_grad: str = value("dense", choices=WEIGHT_GRADS)
+    # with weight_grad=mvue24: which of the converted linears take it (a pattern as `modules`; the others keep the
+    # dense weight gradient). MVUE pays per GEMM shape: on one H200 at ViT-L's it speeds up fc2's and slows fc1's
+    # (results/bench/NOTES.md), so `.*\.fc2` there
+    weight_grad_modules: str = ".*"
     # kind=weight: the gradient of the entries the 2:4 mask drops: ste (the dense straight-through gradient, the
     # published recipe) | masked (none: AdamW's weight decay alone moves them) (sparsity/pruned_entries.py)
     pruned_grad: str = value("ste", choices=PRUNED_GRADS)

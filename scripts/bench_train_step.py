@@ -7,7 +7,8 @@ Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-de
 `compiled-cusparselt+teacher` / `compiled-auto+teacher`: the sparse phase with the teacher's MLPs 2:4 too
 (`sparsity.teacher=sparse`; the per-step prune + pack of the EMA weights is in the step), and `+mvue` rows
 (`compiled-auto+mvue`, `compiled-auto+teacher+mvue`, ...): the student's MLP weight gradients on 2:4 as well
-(`sparsity.weight_grad=mvue24`: dy^T pruned by MVUE and compressed in one pass per layer). `--compile-modes default
+(`sparsity.weight_grad=mvue24`: dy^T pruned by MVUE and compressed in one pass per layer); `+mvue-fc2` on the second
+MLP linear alone (`sparsity.weight_grad_modules=.*\\.fc2`, where MVUE pays at ViT-L's shapes). `--compile-modes default
 reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...), `step-graph`
 with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three
 steps per row run eagerly, the fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs at its
@@ -42,6 +43,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 from configs.command_line import parse_command_line
 from configs.schema import COMPILE_MODES
@@ -51,7 +53,9 @@ BENCH_MODES = (*COMPILE_MODES, "step-graph")
 MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "autotune-", "step-graph": "stepgraph-"}
 ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto",
         "compiled-cusparselt+teacher", "compiled-auto+teacher", "compiled-auto+mvue",
-        "compiled-cusparselt+teacher+mvue", "compiled-auto+teacher+mvue")
+        "compiled-cusparselt+teacher+mvue", "compiled-auto+teacher+mvue", "compiled-auto+mvue-fc2",
+        "compiled-auto+teacher+mvue-fc2")
+ALL_MODULES, FC2_ONLY = ".*", r".*\.fc2"  # sparsity.weight_grad_modules of the `+mvue` and `+mvue-fc2` rows
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs", "automatic-gc")
 
 
@@ -100,6 +104,7 @@ from scripts.benchmarks.ledger import in_place as ledger_in_place  # noqa: E402
 from scripts.benchmarks.step_profiles import host_profile, profile_steps, stall_profile  # noqa: E402
 from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps  # noqa: E402
 from sparsity.pruning import is_transposable  # noqa: E402
+from sparsity.swap import name_matcher  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
 from training.gc_control import StepGc  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
@@ -175,10 +180,34 @@ def teacher_sparse(trainer: Trainer, row: str) -> bool:
     return backend != "dense" and ("teacher" in flags or trainer.cfg.sparsity.teacher == "sparse")
 
 
-def wgrad_sparse(trainer: Trainer, row: str) -> bool:
-    """Whether the row's student MLPs take their weight gradients on 2:4 (`+mvue`, or `sparsity.weight_grad`)."""
+def wgrad_modules(trainer: Trainer, row: str) -> Optional[str]:
+    """The pattern of the student linears whose weight gradients run on 2:4 in the row (`+mvue`: all, `+mvue-fc2`:
+    the second MLP linear alone, else the config's `sparsity.weight_grad` and `weight_grad_modules`); None: none."""
     _, backend, flags = parse_row(row)
-    return backend != "dense" and ("mvue" in flags or trainer.cfg.sparsity.weight_grad == "mvue24")
+    if backend == "dense":
+        return None
+    if "mvue-fc2" in flags:
+        return FC2_ONLY
+    if "mvue" in flags:
+        return ALL_MODULES
+    sp = trainer.cfg.sparsity
+    return sp.weight_grad_modules if sp.weight_grad == "mvue24" else None
+
+
+def wgrad_sparse(trainer: Trainer, row: str) -> bool:
+    """Whether any of the row's student MLPs take their weight gradients on 2:4."""
+    return wgrad_modules(trainer, row) is not None
+
+
+def wgrad_share(trainer: Trainer, row: str) -> float:
+    """The share of the student's converted linears whose weight gradient runs on 2:4 in the row (a ViT's fc1 and
+    fc2 cost the same FLOPs, so it is also the share of their weight-gradient FLOPs)."""
+    pattern = wgrad_modules(trainer, row)
+    if pattern is None:
+        return 0.0
+    names = list(trainer.sparsity.selected_linears(trainer.model.student.backbone))
+    match = name_matcher(pattern)
+    return sum(map(match, names)) / max(len(names), 1)
 
 
 def set_row(trainer: Trainer, row: str) -> tuple[str, str]:
@@ -191,7 +220,9 @@ def set_row(trainer: Trainer, row: str) -> tuple[str, str]:
     trainer.sparse_targets = [student, teacher] if teacher_sparse(trainer, row) else [student]
     if backend != "dense":
         trainer.sparsity.backend = backend  # the converter's next convert() uses both
-        trainer.sparsity.weight_grad = "mvue24" if wgrad_sparse(trainer, row) else "dense"
+        pattern = wgrad_modules(trainer, row)
+        trainer.sparsity.weight_grad = "dense" if pattern is None else "mvue24"
+        trainer.sparsity.weight_grad_modules = pattern or ALL_MODULES
         trainer.enter_phase("sparse")
     return mode, backend
 
@@ -367,7 +398,7 @@ def mark_sparse_gemms(trainer: Trainer, rows: list[dict]) -> None:
     where the mask is transposable) and whether the teacher's did, for the MFU's executed FLOPs."""
     per_linear = 2 if is_transposable(trainer.cfg.sparsity.pruning) else 1
     for r in rows:
-        dense, wgrad = parse_row(r["spec"])[1] == "dense", wgrad_sparse(trainer, r["spec"])
+        dense, wgrad = parse_row(r["spec"])[1] == "dense", wgrad_share(trainer, r["spec"])
         r["sparse"] = {"student_gemms_2to4": 0 if dense else per_linear + wgrad,
                        "teacher": teacher_sparse(trainer, r["spec"]), "weight_grad": wgrad}
 

@@ -60,7 +60,9 @@ class SparseThenDense:
 
     modules: regex over module names (full match), or a glob after "glob:"; kind: one of KINDS; backend: a GEMM
     backend name; pruning: a transposable 2:4 method; cslt_search, cslt_pack, fused_wgrad: `BackendSettings`;
-    weight_grad (kind weight): "dense" | "mvue24" (`sparsity.mvue_grad`); pruned_grad (kind weight): the pruned
+    weight_grad (kind weight): "dense" | "mvue24" (`sparsity.mvue_grad`); weight_grad_modules: of the selected
+    linears, those whose name this pattern matches (as `modules`) take `weight_grad`, the others the dense weight
+    gradient (MVUE pays per GEMM shape: at ViT-L's, on fc2 alone); pruned_grad (kind weight): the pruned
     entries' gradient, "ste" (the dense straight-through one) | "masked" (none); pruned_decay (kind weight, a masking
     method): the masked decay's strength, applied by `decay_pruned` (`sparsity.pruned_entries`); block_density,
     block_size (kind block): the fraction of blocks kept, in (0, 1], and the block's side, which must divide both
@@ -71,8 +73,8 @@ class SparseThenDense:
     def __init__(self, sparse_steps: int = 0, *, modules: str = DEFAULT_MODULES, kind: str = "weight",
                  backend: str = "auto", pruning: str = "tile_greedy", cslt_search: str = BackendSettings.cslt_search,
                  cslt_pack: str = BackendSettings.cslt_pack, fused_wgrad: bool = BackendSettings.fused_wgrad,
-                 weight_grad: str = "dense", pruned_grad: str = "ste", pruned_decay: float = 0.0,
-                 block_density: float = 0.5, block_size: int = 32, dense_warmup_steps: int = 0):
+                 weight_grad: str = "dense", weight_grad_modules: str = ".*", pruned_grad: str = "ste",
+                 pruned_decay: float = 0.0, block_density: float = 0.5, block_size: int = 32, dense_warmup_steps: int = 0):
         if kind not in KINDS:
             raise ValueError(f"sparsity.kind={kind!r} is not one of {', '.join(KINDS)}")
         check_backend_name(backend)
@@ -102,6 +104,7 @@ class SparseThenDense:
         self.sparse_steps, self.dense_warmup_steps = sparse_steps, dense_warmup_steps if sparse_steps else 0
         self.modules, self.kind, self.backend, self.pruning = modules, kind, backend, pruning
         self.weight_grad, self.block_density, self.block_size = weight_grad, float(block_density), int(block_size)
+        self.weight_grad_modules = weight_grad_modules
         self.pruned_grad, self.pruned_decay = pruned_grad, pruned_decay
         self.settings = BackendSettings(cslt_search=cslt_search, cslt_pack=cslt_pack, fused_wgrad=fused_wgrad)
         self.phase = DENSE
@@ -133,6 +136,23 @@ class SparseThenDense:
             problem = self._shape_problem(m.out_features, m.in_features)
             if problem:
                 raise ConversionError(f"{problem}: {name} is (out, in) = ({m.out_features}, {m.in_features})")
+        self._check_weight_grad_modules([name for found in selected for name in found])
+
+    def _check_weight_grad_modules(self, selected: List[str]) -> None:
+        key = f"sparsity.weight_grad_modules={self.weight_grad_modules!r}"
+        if self.weight_grad == "dense":
+            if self.weight_grad_modules != ".*":
+                raise ConversionError(f"{key} picks the linears of sparsity.weight_grad=mvue24; with the dense weight "
+                                      "gradient it means nothing: leave it at .*")
+            return
+        try:
+            match = name_matcher(self.weight_grad_modules)
+        except re.error as e:
+            raise ConversionError(f"{key} is not a valid regular expression ({e})") from None
+        if self.sparse_steps > 0 and not any(match(name) for name in selected):
+            shown = ", ".join(selected[:4]) + (", ..." if len(selected) > 4 else "")
+            raise ConversionError(f"{key} matches none of the linears sparsity.modules selects ({shown}): full match "
+                                  "of the module name, e.g. .*fc2, or glob:PATTERN")
 
     def _shape_problem(self, out_features: int, in_features: int) -> str:
         if self.kind == "block":
@@ -163,8 +183,19 @@ class SparseThenDense:
             raise
         self.converted = converted
         self._weight_sparse = [m for model in _each(models) for m in model.modules() if isinstance(m, SemiSparseLinear)]
+        self._dense_weight_grad_outside(models)
         self.phase = SPARSE
         return self.converted
+
+    def _dense_weight_grad_outside(self, models: Models) -> None:
+        """The converted linears `weight_grad_modules` leaves out take the dense weight gradient."""
+        if self.weight_grad == "dense" or self.weight_grad_modules == ".*":
+            return
+        match = name_matcher(self.weight_grad_modules)
+        for model in _each(models):
+            for name, m in model.named_modules():
+                if isinstance(m, SemiSparseLinear) and not match(name):
+                    m.configure(weight_grad="dense")
 
     def revert(self, models: Models) -> List[str]:
         """Every sparse linear of `models` back to nn.Linear (same module objects and Parameters); returns names."""
@@ -234,6 +265,7 @@ class SparseThenDense:
         if self.kind == "block":
             return f"block-sparse (density {self.block_density:g}, {self.block_size}x{self.block_size} blocks)"
         grad = f", weight gradient {self.weight_grad}" if self.weight_grad != "dense" else ""
+        grad += f" on {self.weight_grad_modules}" if grad and self.weight_grad_modules != ".*" else ""
         grad += ", pruned entries get no gradient" if self.pruned_grad == "masked" else ""
         grad += f", pruned entries decayed ({self.pruned_decay:g})" if self.pruned_decay else ""
         return f"2:4-sparse ({self.kind}, backend={self.backend}, pruning={self.pruning}{grad})"

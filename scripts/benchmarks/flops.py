@@ -52,9 +52,11 @@ def gemm_rate_tflops(device, n: int = 8192, dtype=torch.bfloat16, sets: int = 3,
     return 2 * n**3 / ms / 1e9
 
 
-def mfu(flops: dict, step_ms: float, rate_tflops: float, student_sparse_gemms: int = 0,
+def mfu(flops: dict, step_ms: float, rate_tflops: float, student_sparse_gemms: float = 0,
         teacher_sparse: bool = False) -> dict:
-    """Nominal and executed TFLOP per step and their MFU: FLOPs per second of the step over `rate_tflops`."""
+    """Nominal and executed TFLOP per step and their MFU: FLOPs per second of the step over `rate_tflops`.
+    `student_sparse_gemms`: how many of a student MLP linear's three GEMMs run 2:4, on average over its linears (the
+    weight gradient of one linear in two: 0.5 of a GEMM)."""
     if not 0 <= student_sparse_gemms <= 3:
         raise ValueError(f"student_sparse_gemms={student_sparse_gemms}: a linear runs 3 GEMMs")
     nominal = flops["total"]

@@ -124,6 +124,10 @@ def test_row_names_say_mode_backend_teacher_and_weight_gradient():
     assert B.parse_row("eager-dense") == ("eager", "dense", set())
     assert B.wgrad_sparse(trainer, "compiled-auto+mvue") and not B.wgrad_sparse(trainer, "compiled-auto+teacher")
     assert not B.wgrad_sparse(trainer, "compiled-dense+mvue")  # a dense row runs no 2:4 GEMM
+    assert B.parse_row("compiled-auto+teacher+mvue-fc2") == ("compiled", "auto", {"teacher", "mvue-fc2"})
+    assert B.wgrad_modules(trainer, "compiled-auto+mvue-fc2") == r".*\.fc2"
+    cfg.sparsity.weight_grad, cfg.sparsity.weight_grad_modules = "mvue24", "blocks.0.mlp.fc1"
+    assert B.wgrad_modules(trainer, "compiled-auto") == "blocks.0.mlp.fc1"  # the config's own setting
     assert B.teacher_sparse(trainer, "compiled-auto+teacher") and not B.teacher_sparse(trainer, "compiled-auto")
     assert not B.teacher_sparse(trainer, "compiled-dense")  # a dense row has no sparse teacher
     cfg.sparsity.teacher = "sparse"  # the config's own setting makes every sparse row's teacher 2:4
@@ -135,7 +139,7 @@ def test_set_row_makes_the_teacher_sparse_only_in_its_rows():
         def __init__(self):
             self.model = SimpleNamespace(student=SimpleNamespace(backbone="S"), teacher=SimpleNamespace(backbone="T"))
             self.cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense", weight_grad="dense"))
-            self.sparsity = SimpleNamespace(backend="auto", weight_grad="dense")
+            self.sparsity = SimpleNamespace(backend="auto", weight_grad="dense", weight_grad_modules=".*")
             self.sparse = set()
 
         def enter_phase(self, phase):
@@ -146,6 +150,10 @@ def test_set_row_makes_the_teacher_sparse_only_in_its_rows():
     assert t.sparse == {"S", "T"} and t.sparsity.backend == "cusparselt" and t.sparsity.weight_grad == "dense"
     B.set_row(t, "compiled-auto+mvue")  # the teacher the last row made sparse goes dense; MVUE weight gradients
     assert t.sparse == {"S"} and t.sparsity.weight_grad == "mvue24"
+    B.set_row(t, "compiled-auto+mvue-fc2")  # MVUE on the second MLP linear alone
+    assert t.sparsity.weight_grad == "mvue24" and t.sparsity.weight_grad_modules == r".*\.fc2"
+    B.set_row(t, "compiled-auto+mvue")
+    assert t.sparsity.weight_grad_modules == ".*"
     B.set_row(t, "compiled-auto")
     assert t.sparse == {"S"} and t.sparsity.weight_grad == "dense"
     B.set_row(t, "compiled-dense")
@@ -168,3 +176,23 @@ def test_finish_ledgers_idle_projections_and_in_place():
     assert dense["idle_ms"] == 50.0 and sparse["idle_ms"] == 40.0
     assert dense["projections"][0]["coverage"] == "today" and "projections" not in sparse
     assert sparse["in_place"]["dense_ms"] == 50.0 and sparse["in_place"]["sparse_ms"] == 40.0
+
+
+def test_wgrad_share_counts_the_student_linears_the_row_puts_on_mvue():
+    from torch import nn
+
+    from sparsity import SparseThenDense
+
+    block = lambda: nn.Module()  # noqa: E731
+    backbone = nn.Module()
+    backbone.blocks = nn.ModuleList([block() for _ in range(3)])
+    for b in backbone.blocks:
+        b.mlp = nn.ModuleDict({"fc1": nn.Linear(8, 32), "fc2": nn.Linear(32, 8)})
+    cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense", weight_grad="dense", weight_grad_modules=".*"))
+    trainer = SimpleNamespace(cfg=cfg, sparsity=SparseThenDense(1),
+                              model=SimpleNamespace(student=SimpleNamespace(backbone=backbone)))
+    assert B.wgrad_share(trainer, "compiled-auto+mvue") == 1.0
+    assert B.wgrad_share(trainer, "compiled-auto+mvue-fc2") == 0.5
+    assert B.wgrad_share(trainer, "compiled-auto") == 0.0 == B.wgrad_share(trainer, "compiled-dense+mvue")
+    cfg.sparsity.weight_grad, cfg.sparsity.weight_grad_modules = "mvue24", r"blocks\.0\.mlp\.fc1"
+    assert B.wgrad_share(trainer, "compiled-auto") == 1 / 6

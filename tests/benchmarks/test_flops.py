@@ -38,5 +38,7 @@ def test_mfu_by_hand():
     sparse = F.mfu(flops, step_ms=100.0, rate_tflops=20.0, student_sparse_gemms=2, teacher_sparse=True)
     # half of 2/3 of the student's MLP FLOPs (0.2e12) and half of the teacher's (0.05e12) skipped
     assert sparse["executed_tflop"] == 0.75 and sparse["executed_mfu"] == 0.375 and sparse["nominal_mfu"] == 0.5
+    # the weight gradient of one linear in two on 2:4 besides the forward and input gradient: half of 2.5/3
+    assert F.mfu(flops, step_ms=100.0, rate_tflops=20.0, student_sparse_gemms=2.5)["executed_tflop"] == 0.75
     with pytest.raises(ValueError, match="3 GEMMs"):
         F.mfu(flops, 1.0, 1.0, student_sparse_gemms=4)

@@ -1,6 +1,8 @@
 """The converter's block-sparse kind and MVUE weight gradient (the config's sparsity.kind=block,
 sparsity.block_density / block_size, sparsity.weight_grad=mvue24)."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,3 +121,37 @@ def test_mvue_converter_and_compile():
     assert mvue_calls() == before + 2
     with pytest.raises(Exception, match="train.compile=false"):
         torch.compile(model.fc1, backend="eager", fullgraph=True)(torch.randn(8, 64))
+
+
+def test_mvue_on_the_linears_weight_grad_modules_picks_and_the_dense_weight_gradient_elsewhere():
+    model = mlp(width=16, hidden=32)
+    conv = SparseThenDense(1, modules=r"fc[12]", backend="dense", weight_grad="mvue24", weight_grad_modules="fc2")
+    conv.convert(model)
+    assert (model.fc1.weight_grad, model.fc2.weight_grad) == ("dense", "mvue24")
+    assert "weight gradient mvue24 on fc2" in conv.describe()
+    x = torch.randn(70, 16)  # 70 tokens: MVUE draws on the first 64
+    h = model.fc1(x)
+    h.retain_grad()
+    before = mvue_calls()
+    model.fc2(h).square().sum().backward()
+    assert mvue_calls() == before + 1
+    # fc1's weight gradient is the straight-through one, dy^T @ x, computed here by hand
+    torch.testing.assert_close(model.fc1.weight.grad, h.grad.t() @ x)
+    conv.revert(model)
+    conv.convert(model)  # a second sparse phase picks the same linears
+    assert (model.fc1.weight_grad, model.fc2.weight_grad) == ("dense", "mvue24")
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(weight_grad_modules="fc2"), "sparsity.weight_grad_modules='fc2' picks the linears of sparsity.weight_grad"),
+    (dict(weight_grad="mvue24", weight_grad_modules="fc["), "sparsity.weight_grad_modules='fc[' is not a valid"),
+    (dict(weight_grad="mvue24", weight_grad_modules="fc3"), "sparsity.weight_grad_modules='fc3' matches none of "
+                                                            "the linears sparsity.modules selects (fc1, fc2)"),
+])
+def test_weight_grad_modules_that_mean_nothing_are_refused_naming_the_key(values, message):
+    from sparsity.converter import ConversionError
+
+    model = mlp()
+    with pytest.raises(ConversionError, match=re.escape(message)):
+        SparseThenDense(1, modules=r"fc[12]", backend="dense", **values).convert(model)
+    assert isinstance(model.fc1, nn.Linear) and not isinstance(model.fc1, SemiSparseLinear)  # nothing converted

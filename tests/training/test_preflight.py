@@ -19,6 +19,9 @@ def _cases(tmp_path):
     return [
         ("sparsity.modules=blocks[", "sparsity.modules='blocks[' is not a valid regular expression"),
         ("sparsity.modules=nothing_matches", "selects no nn.Linear of the model"),
+        ("sparsity.weight_grad=mvue24 sparsity.weight_grad_modules=.*fc3 train.compile=false",
+         "sparsity.weight_grad_modules='.*fc3' matches none of the linears sparsity.modules selects (blocks.0.mlp.fc1"),
+        ("sparsity.weight_grad_modules=.*fc2", "with the dense weight gradient it means nothing"),
         # batch 3, drop path 0.2: the MLPs get int(6 * 0.8) = 4 of the 6 global crops, 1 + (16 // 8) ** 2 = 5
         # tokens each, and int(12 * 0.8) = 9 of the 12 local crops (1 + 1 tokens): 4 * 5 + 9 * 2 = 38 rows, no 4x4 tiles
         ("sparsity.kind=activation train.batch_size_per_gpu=3 crops.local_crops_number=4",
