@@ -166,6 +166,21 @@ def test_study_runs_trains_and_probes_each_run_and_reports_a_failure(workdir):
     assert not (workdir / "runs" / "bad_run" / "evals.txt").exists()
 
 
+def test_study_runs_starts_an_after_line_when_the_line_above_has_trained(workdir):
+    (workdir / "plan.txt").write_text("first 0 steps=4 train.seed=0\nsecond after steps=1 train.seed=1\n"
+                                      "third after fail=1 train.seed=2\nfourth after steps=1 train.seed=3\n")
+    (workdir / "runs").mkdir()
+    (workdir / "runs" / "first.trained").write_text("")  # an earlier driver's marker must not start `second`
+    result = run_script(workdir, "scripts/experiments/study_runs.sh", "plan.txt", "runs", "data")
+    assert result.returncode == 0, result.stderr
+    events = [line.split(" ", 1)[1].split(" (")[0] for line in
+              (workdir / "runs" / "driver.log").read_text().splitlines()]
+    assert events.index("trained first") < events.index("start second") < events.index("trained second")
+    # a failed run lets the next one start all the same
+    assert events.index("FAILED training third") < events.index("start fourth")
+    assert "done fourth" in events and events[-1] == "all done"
+
+
 def _driver(path: Path, done: bool) -> Path:
     path.mkdir()
     events = ["2026-11-26T09:44:05Z start a (x=1)", "2026-11-26T10:05:00Z trained a", "2026-11-26T10:06:00Z done a"]
@@ -229,6 +244,19 @@ def test_every_driver_refuses_wrong_arguments_with_its_usage_before_any_work(tmp
     assert list(tmp_path.iterdir()) == []  # nothing made: no output folder, no driver log
 
 
+@pytest.mark.parametrize("plan, says", [
+    ("a after x=1\n", "a starts 'after' the line above it, and has none"),
+    ("# c\na 0 x=1\nb soon x=1\n", "b: the start delay must be whole seconds or 'after', not 'soon'"),
+])
+def test_study_runs_refuses_a_plan_line_it_cannot_schedule_before_any_run(tmp_path, plan, says):
+    (tmp_path / "plan.txt").write_text(plan)
+    out = subprocess.run(["bash", str(DRIVER_DIR / "study_runs.sh"), "plan.txt", "runs", "data",
+                          str(REPO / "configs" / "cifar10.yaml")], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and out.stderr.splitlines()[0] == f"study_runs.sh: PLAN plan.txt: {says}"
+    assert not (tmp_path / "runs").exists()
+
+
 def _plan_lines():
     """(plan, line number, name, delay, overrides) of every run line of the committed study plans."""
     for plan in sorted((REPO / "results").rglob("plans/*.txt")):
@@ -246,10 +274,11 @@ def test_every_committed_plan_line_is_a_valid_run():
 
     lines = list(_plan_lines())
     assert len(lines) > 40
-    seen = {}
+    seen, previous_plan = {}, None
     for plan, number, name, delay, overrides in lines:
         where = f"{plan}:{number}"
-        assert delay.isdigit(), where
+        assert delay.isdigit() or (delay == "after" and previous_plan == plan), where
+        previous_plan = plan
         assert all("=" in o for o in overrides), where
         cfg = load_config(REPO / "configs/cifar10.yaml", ["data.root=cifar10", *overrides])
         assert name.rsplit("_s", 1)[-1] == str(cfg.train.seed), f"{where}: {name} is not train.seed={cfg.train.seed}"

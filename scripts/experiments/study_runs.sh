@@ -5,7 +5,9 @@
 #   scripts/experiments/study_runs.sh PLAN RUNS_DIR DATA_ROOT [CONFIG]
 #
 # PLAN: one run per line, "NAME START_DELAY_S [key=value ...]" (# comments allowed); each run starts START_DELAY_S
-# seconds after the driver (staggered starts line up one run alone, two, three, ... for the throughput table) and is
+# seconds after the driver (staggered starts line up one run alone, two, three, ... for the throughput table), or,
+# with "after" in place of the delay, when the line above has finished training: runs in series, each one's probes
+# beside the next one's training (runs with train.cuda_graph=true keep the GPU busy alone). Each run is
 # trained with `train.py --config CONFIG` (default configs/cifar10.yaml) and the line's overrides, then probed with
 # `eval_linear.py` (linear + k-NN on the final teacher, then again with its MLPs the other way: pruned 2:4 where the
 # run ended dense, dense where it ended sparse) and k-NN on every intermediate teacher export, as it is and pruned
@@ -18,19 +20,24 @@
 set -u
 plan=$1 runs=$2 data=$3 config=${4:-configs/cifar10.yaml}
 [ -f "$config" ] || die "CONFIG $config: no such file"
-mkdir -p "$runs"
 say() { echo "$(date -u +%FT%TZ) $*" >>"$runs/driver.log"; }
 
 one_run() {
   local name=$1 delay=$2
   shift 2
-  sleep "$delay"
+  if [[ $delay == after:* ]]; then
+    until [ -e "$runs/${delay#after:}.trained" ]; do sleep 2; done
+  else
+    sleep "$delay"
+  fi
   say "start $name ($*)"
   if ! python train.py --config "$config" --output-dir "$runs/$name" "data.root=$data" "$@" \
       >"$runs/$name.train.log" 2>&1; then
     say "FAILED training $name"
+    touch "$runs/$name.trained"  # a run waiting for this one starts all the same
     return
   fi
+  touch "$runs/$name.trained"
   say "trained $name"
   python eval_linear.py --run "$runs/$name" >"$runs/$name.eval.log" 2>&1 || say "FAILED eval $name"
   # the final teacher probed the other way too: 2:4-pruned where the run ended dense (*_pruned_mlp.json: for a dense
@@ -59,10 +66,26 @@ print("false" if i["sparse_steps"] >= i["total_steps"] else "true")' "$runs/$nam
   say "done $name"
 }
 
+# the whole plan checked before any run starts
+prev=""
+while read -r name delay _; do
+  case "$name" in '' | '#'*) continue ;; esac
+  if [ "$delay" = after ]; then
+    [ -n "$prev" ] || die "PLAN $plan: $name starts 'after' the line above it, and has none"
+  elif ! [[ $delay =~ ^[0-9]+$ ]]; then
+    die "PLAN $plan: $name: the start delay must be whole seconds or 'after', not '$delay'"
+  fi
+  prev=$name
+done <"$plan"
+mkdir -p "$runs"
+prev=""
 while read -r name delay overrides; do
   case "$name" in '' | '#'*) continue ;; esac
+  [ "$delay" = after ] && delay="after:$prev"
+  rm -f "$runs/$name.trained"  # an earlier driver's, on this folder
   # shellcheck disable=SC2086  # the overrides are words
   one_run "$name" "$delay" $overrides &
+  prev=$name
 done <"$plan"
 wait
 say "all done"
