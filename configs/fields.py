@@ -104,9 +104,25 @@ class Range:
                 and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
 
 
-def value(default: Any, **limits) -> Any:
-    """A dataclass field with `default` and the valid range `limits` (see `Range`)."""
-    meta = {"range": Range(**limits)}
+# What a field may declare about itself besides its range, so that no list elsewhere has to be kept in step with the
+# schema (`flagged_keys` reads them):
+FLAGS = (
+    # how a run executes or is observed, never what it computes: may change when a run resumes, and seeds of one
+    # configuration may differ in it (configs.load.RESUMABLE_CHANGES, the tables' grouping)
+    "execution",
+    # acts at the sparse-to-dense switch, so a sweep turns it off (to its default) in runs without one
+    # (configs.sweep.SWITCH_KEYS)
+    "at_switch",
+    # a `sparsity` key the trainer acts on itself, not the library's converter (training/sparsity_setup.py)
+    "trainer",
+)
+
+
+def value(default: Any, *, execution: bool = False, at_switch: bool = False, trainer: bool = False, **limits) -> Any:
+    """A dataclass field with `default`, the valid range `limits` (see `Range`; none: any value of the type) and the
+    `FLAGS` that apply to it."""
+    meta = {"range": Range(**limits)} if limits else {}
+    meta.update({flag: True for flag, on in zip(FLAGS, (execution, at_switch, trainer)) if on})
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -148,3 +164,18 @@ def schema_ranges(schema: type, prefix: str = "") -> dict:
         elif "range" in f.metadata:
             out[key] = f.metadata["range"]
     return out
+
+
+def flagged_keys(schema: type, flag: str, prefix: str = "") -> tuple:
+    """The dotted keys of a schema class's fields that carry `flag` (one of `FLAGS`), in schema order."""
+    if flag not in FLAGS:
+        raise ValueError(f"unknown field flag {flag!r}: one of {', '.join(FLAGS)}")
+    out = []
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if factory is not None and dataclasses.is_dataclass(factory):
+            out.extend(flagged_keys(factory, flag, key + "."))
+        elif f.metadata.get(flag):
+            out.append(key)
+    return tuple(out)

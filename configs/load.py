@@ -20,6 +20,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from .checks import MAX_TOTAL_STEPS, validate  # noqa: F401  (MAX_TOTAL_STEPS: re-exported)
 from .errors import ConfigError
+from .fields import flagged_keys
 from .schema import Config
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -220,16 +221,9 @@ def load_structured_text(schema: Type[T], text: str, what: str = "saved settings
 SEED_KEY = "train.seed"
 
 # What may differ between a run's saved config and the config it is resumed with: how the run is executed and
-# observed, never what it computes (the global batch has its own check, see Trainer._check_resumable).
-RESUMABLE_CHANGES = (
-    "train.max_steps", "train.num_workers", "train.log_period", "train.checkpoint_period", "train.max_to_keep",
-    "train.teacher_export_period", "train.resume", "train.allow_unverified_checkpoints", "train.batch_size_per_gpu",
-    "train.compile", "train.compile_backend", "train.compile_mode", "train.ddp_split_compiled_graphs",
-    "train.gc_period", "train.cuda_graph", "train.dist_start_timeout_s", "data.root",
-    "data.on_corrupt",
-    "sparsity.backend", "sparsity.cslt_search", "sparsity.cslt_pack", "sparsity.fused_wgrad", "sparsity.mask_stats",
-    "train.export_student",
-)
+# observed, never what it computes (the fields flagged `execution=True` in schema.py; the global batch has its own
+# check, see Trainer._check_resumable).
+RESUMABLE_CHANGES = flagged_keys(Config, "execution")
 
 
 def _free_text(key: str, schema: type) -> bool:

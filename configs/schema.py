@@ -3,7 +3,10 @@
 Defaults are the reference DINOv2 values (`ssl_default_config.yaml`); YAML files in this folder and command-line
 dotlists only override them. Every key is declared here, so a typo or a wrong type is an error, and every number and
 choice declares its valid range (`value(default, ...)`, `fields.py`), so a meaningless value is an error naming the
-key and the range (see `load.py`). The choices of the `sparsity` section are the tuples the `sparsity` library owns
+key and the range (see `load.py`). A field also says what it is to the rest of the code (`fields.FLAGS`):
+`execution=True` (how a run executes, which may change on resume), `at_switch=True` (acts at the sparse-to-dense
+switch), `trainer=True` (a `sparsity` key the trainer acts on, not the library's converter); the lists the
+other modules use are read from these flags. The choices of the `sparsity` section are the tuples the `sparsity` library owns
 (never listed twice), imported only when a value is checked against them (`LazyChoices`): the library imports torch,
 which `train.py --help` and a misspelt key do not need. The cuSPARSELt defaults are `BackendSettings`' (a test
 holds them equal).
@@ -56,7 +59,7 @@ class TeacherConfig:
     # true: the momentum's cosine restarts at the sparse -> dense switch and runs over the dense steps alone, so that
     # the final teacher averages the dense phase (with the whole-run cosine, 27% of a 7,760-step run's final teacher is
     # still the switch-time teacher at 70% sparse, 95% at 90%; at 125k steps, 0% and 44%) | false: dinov2's schedule
-    momentum_restart_at_switch: bool = False
+    momentum_restart_at_switch: bool = value(False, at_switch=True)
     # > 0: the same restart at this fraction of the steps (round(fraction x steps), where a run of that
     # sparsity.sparse_fraction switches), in any run: the dense control of momentum_restart_at_switch | 0: no restart
     momentum_restart_fraction: float = value(0.0, ge=0, lt=1)
@@ -125,11 +128,11 @@ class DataConfig:
     # imagenet_folder (root/<split>/<class>/*) | image_folder (every image under root, flat or nested; folder names
     # are not labels: pre-training on one's own images) | digits (bundled with scikit-learn; no root)
     dataset: str = value("imagenet_folder", choices=DATASETS)
-    root: str = ""
+    root: str = value("", execution=True)
     # imagenet_folder: the sub-folder of root; digits: train (1437) | val (360) | all (1797); image_folder: unused
     split: str = "train"
     # skip: log, count and use the next image | raise: stop with the file's path
-    on_corrupt: str = value("skip", choices=("skip", "raise"))
+    on_corrupt: str = value("skip", choices=("skip", "raise"), execution=True)
     digits_image_size: int = value(64, ge=8)  # digits are 8x8; upscaled to this size before cropping
     # decode the split once into memory (uint8) instead of reading files every step: small datasets (CIFAR-size);
     # needs images of one size
@@ -142,25 +145,25 @@ class DataConfig:
 @dataclass
 class SparsityConfig:
     # first `sparse_fraction * total_steps` steps 2:4-sparse, then dense
-    sparse_fraction: float = value(0.0, ge=0, le=1)
+    sparse_fraction: float = value(0.0, ge=0, le=1, trainer=True)
     # the first `dense_warmup_fraction * total_steps` of those steps dense (a warm-up before the sparse phase, the
     # switch staying at sparse_fraction); 0 = sparse from the first step (the published recipe); a dense run ignores it
-    dense_warmup_fraction: float = value(0.0, ge=0, lt=1)
+    dense_warmup_fraction: float = value(0.0, ge=0, lt=1, trainer=True)
     # the EMA teacher's backbone in the sparse phase: dense (its MLPs use the whole EMA weights, which the student never
     # uses whole) | sparse (its MLP linears are pruned 2:4 like the student's: a swap by name over the whole
     # meta-architecture). The exported teacher is always the dense EMA weights.
-    teacher: str = value("dense", choices=("dense", "sparse"))
+    teacher: str = value("dense", choices=("dense", "sparse"), trainer=True)
     # the weights the dense phase starts from: dense (the published recipe: the master weights as trained, with the
     # entries the sparse phase pruned) | pruned (those entries zeroed at the switch, in the student and in the EMA
     # teacher, each by its own 2:4 mask: the dense phase starts from the network the sparse phase computed)
-    switch_weights: str = value("dense", choices=("dense", "pruned"))
+    switch_weights: str = value("dense", choices=("dense", "pruned"), trainer=True)
     modules: str = r"blocks\.\d+\.mlp\.fc[12]"  # regex over module names (full match); glob if it starts with glob:
     # weight (SemiSparseLinear: 2:4 weight) | activation (SemiSparseActivationLinear: 2:4 input) | block
     # (BlockSparseLinear: block_density of the weight's block_size x block_size blocks; backend, pruning unused)
     kind: str = value("weight", choices=KINDS)
     # the GEMMs of a 2:4 layer: auto (per GEMM shape the faster of cusparselt and dense, timed once; its choices are
     # written to the run's sparsity_decisions.json) | cusparselt | cutlass (A100) | dense (the pruned weight dense)
-    backend: str = value("auto", choices=BACKENDS)
+    backend: str = value("auto", choices=BACKENDS, execution=True)
     # tile_greedy (4x4 tiles, largest |w| first) | tile_greedy_signed (largest w first: torch's default, which torchao's
     # SemiSparseLinear used) | tile_optimal | rowwise | soft_threshold (sparsity/pruning/reference.py)
     pruning: str = value("tile_greedy", choices=PRUNING_METHODS)
@@ -180,29 +183,29 @@ class SparsityConfig:
     pruned_decay: float = value(0.0, ge=0)
     # per logged step, the student's mask flip rate, pruned share of |W| and the switch's loss jump (metrics.jsonl,
     # sparsity_masks.jsonl, TensorBoard; training/sparsity_monitor.py): a few prunes per logged step, none per step
-    mask_stats: bool = True
+    mask_stats: bool = value(True, execution=True, trainer=True)
     # How cuSPARSELt chooses a GEMM shape's algorithm, once per process (sparsity/backends/cusparselt/search.py):
     # sweep (every algorithm checked against the dense product and timed; ids known to crash are skipped, and where
     # no such list exists for the GPU and library version the default algorithm is used) | sweep_unsafe (the sweep
     # there too) | library (cusparseLtMatmulSearch, checked) | none (the library's default)
-    cslt_search: str = value("sweep", choices=CSLT_SEARCH_MODES)  # BackendSettings.cslt_search
+    cslt_search: str = value("sweep", choices=CSLT_SEARCH_MODES, execution=True)  # BackendSettings.cslt_search
     # How W is compressed for cuSPARSELt (sparsity/backends/cusparselt/packing.py): auto (the fused Triton packer
     # where its byte layout is validated or a start-up probe matches the library's, else the library compressor) |
     # triton (no check) | library (cusparseLtSpMMACompress2, slower)
-    cslt_pack: str = value("auto", choices=CSLT_PACK_MODES)  # BackendSettings.cslt_pack
+    cslt_pack: str = value("auto", choices=CSLT_PACK_MODES, execution=True)  # BackendSettings.cslt_pack
     # The weight gradient of a 2:4 layer as one cuBLASLt call that also reduces the bias gradient and writes fp32
     # (sparsity/weight_grad.py; eager CUDA only, timed against the torch ops per shape and used where faster)
-    fused_wgrad: bool = True  # BackendSettings.fused_wgrad
+    fused_wgrad: bool = value(True, execution=True)  # BackendSettings.fused_wgrad
     block_density: float = value(0.5, gt=0, le=1)  # kind=block: fraction of the weight's blocks kept and trained
     block_size: int = value(32, ge=1)  # kind=block: side of a block; must divide both dims of every converted linear
 
 
 @dataclass
 class TrainConfig:
-    batch_size_per_gpu: int = value(64, ge=2)
+    batch_size_per_gpu: int = value(64, ge=2, execution=True)
     epoch_length: int = value(1250, ge=1)  # iterations per "epoch" (the reference's OFFICIAL_EPOCH_LENGTH)
     seed: int = value(0, ge=0)
-    num_workers: int = value(10, ge=0)
+    num_workers: int = value(10, ge=0, execution=True)
     # centering (softmax, EMA center) | sinkhorn_knopp
     centering: str = value("centering", choices=("centering", "sinkhorn_knopp"))
     # autocast dtype on GPU; CPU always runs fp32
@@ -210,39 +213,41 @@ class TrainConfig:
     # under autocast, the backbone's residual stream, LayerNorm and LayerScale in fp32, or in amp_dtype as the
     # reference's FSDP param_dtype computes them ("amp"; masters, optimizer and losses stay fp32): training/numerics.py
     residual_dtype: str = value("fp32", choices=("fp32", "amp"))
-    log_period: int = value(10, ge=1)  # iterations between metrics.jsonl lines
-    checkpoint_period: int = value(3750, ge=1)  # iterations between resumable checkpoints
-    max_to_keep: int = value(3, ge=1)
-    teacher_export_period: int = value(12500, ge=1)  # iterations between teacher backbone exports for evaluation
+    log_period: int = value(10, ge=1, execution=True)  # iterations between metrics.jsonl lines
+    checkpoint_period: int = value(3750, ge=1, execution=True)  # iterations between resumable checkpoints
+    max_to_keep: int = value(3, ge=1, execution=True)
+    # iterations between teacher backbone exports for evaluation
+    teacher_export_period: int = value(12500, ge=1, execution=True)
     # at the end, the student backbone too (student_backbone.pth, the teacher's format): after a late switch the EMA
     # teacher has barely moved, and the student is the network the dense steps trained
-    export_student: bool = False
-    resume: bool = True
+    export_student: bool = value(False, execution=True)
+    resume: bool = value(True, execution=True)
     # resume from a checkpoint that has no .sha256 beside it (written by an older version); logged when used
-    allow_unverified_checkpoints: bool = False
-    max_steps: int = value(0, ge=0)  # > 0: stop after this many steps (schedules still span epochs * epoch_length)
+    allow_unverified_checkpoints: bool = value(False, execution=True)
+    # > 0: stop after this many steps (schedules still span epochs * epoch_length)
+    max_steps: int = value(0, ge=0, execution=True)
     # torch.compile of the blocks, heads and losses (training/compile.py): auto = on for CUDA, off on CPU
-    compile: str = value("auto", choices=("auto", "true", "false"))
+    compile: str = value("auto", choices=("auto", "true", "false"), execution=True)
     # torch.compile backend (aot_eager and eager to debug)
-    compile_backend: str = value("inductor", choices=("inductor", "aot_eager", "eager"))
+    compile_backend: str = value("inductor", choices=("inductor", "aot_eager", "eager"), execution=True)
     # the blocks' torch.compile mode (training/compile.py): reduce-overhead replays the student's blocks as CUDA graphs;
     # max-autotune-no-cudagraphs times inductor's GEMM templates, whose epilogues can take the bias and GELU, against
     # cuBLAS for every block's GEMMs (minutes of compiling per phase)
-    compile_mode: str = value("default", choices=COMPILE_MODES)
+    compile_mode: str = value("default", choices=COMPILE_MODES, execution=True)
     # under DDP, dynamo cuts a compiled graph whose gradients span several of DDP's 25 MB buckets (a ViT-L block's
     # are 50 MB) at the bucket boundaries, so that a bucket's all-reduce can start inside the graph's backward; each
     # cut also ends the kernel fusions across it (training/compile.py). false: whole graphs, all-reduces start
     # between them
-    ddp_split_compiled_graphs: bool = True
+    ddp_split_compiled_graphs: bool = value(True, execution=True)
     # steps between collections of Python's young generations, automatic collection off in the training loop (a full
     # collection mid-step stalls the host: training/gc_control.py); 0 = Python's automatic collection
-    gc_period: int = value(50, ge=0)
+    gc_period: int = value(50, ge=0, execution=True)
     # seconds each process of a data-parallel launch waits for all of them to join (torchrun or Slurm variables left
     # in a shell, a peer that never started) before it stops with one line and exit status 1
-    dist_start_timeout_s: float = value(600.0, gt=0)
+    dist_start_timeout_s: float = value(600.0, gt=0, execution=True)
     # the whole step (forward, backward, clipping, AdamW, EMA) captured as one CUDA graph per sparsity phase and
     # replayed (training/step_graph.py): one launch per step instead of thousands; CUDA, bf16 or fp32, one process
-    cuda_graph: bool = False
+    cuda_graph: bool = value(False, execution=True)
 
 
 @dataclass

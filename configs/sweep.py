@@ -12,11 +12,13 @@ from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
+from .fields import flagged_keys
 from .load import DEFAULT_CONFIG, ConfigError, _merged, load_config
 from .schema import Config
 
 SPARSE_PHASE_PREFIX = "sparsity."
-SWITCH_KEYS = {"teacher.momentum_restart_at_switch": False}  # key: its value where a run has no switch
+# key: its value where a run has no switch (the fields flagged `at_switch=True` in schema.py, off at their default)
+SWITCH_KEYS = {key: OmegaConf.select(OmegaConf.structured(Config), key) for key in flagged_keys(Config, "at_switch")}
 
 
 def acts_only_with_a_sparse_phase(key: str) -> bool:

@@ -4,14 +4,16 @@ import dataclasses
 from typing import Optional
 
 from configs import Config
+from configs.fields import flagged_keys
+from configs.schema import SparsityConfig
 from rundir.errors import UsageError
 from sparsity import SparseThenDense, build_converter
 from sparsity.converter import ConversionError
 
-# keys the trainer acts on itself, not the converter: the number of sparse steps comes from `sparse_fraction` (and
-# the warm-up's from `dense_warmup_fraction`), `teacher` says which backbones it converts, `switch_weights` what it
-# prunes at the switch and `mask_stats` whether it logs the masks (sparsity_monitor.py)
-TRAINER_KEYS = ("sparse_fraction", "dense_warmup_fraction", "teacher", "switch_weights", "mask_stats")
+# keys the trainer acts on itself, not the converter (flagged `trainer=True` in configs/schema.py): the number of
+# sparse steps comes from `sparse_fraction` (and the warm-up's from `dense_warmup_fraction`), `teacher` says which
+# backbones it converts, `switch_weights` what it prunes at the switch and `mask_stats` whether it logs the masks
+TRAINER_KEYS = flagged_keys(SparsityConfig, "trainer")
 
 
 class ModelConfigError(UsageError, ValueError):
