@@ -2,10 +2,11 @@
 then the rules that relate fields to each other, each a `ConfigError` naming the keys and what is valid."""
 
 import math
+from typing import Optional
 
 from .errors import ConfigError, as_written
 from .fields import check_fields
-from .schema import Config
+from .schema import Config, SparsityConfig
 
 # 80x the ViT-L recipe (100 x 1250); the schedules (training/schedules.py) take 40 bytes per step, 400 MB here
 MAX_TOTAL_STEPS = 10_000_000
@@ -47,20 +48,10 @@ def validate(cfg: Config) -> None:
         (not cfg.train.cuda_graph or cfg.train.compile_mode != "reduce-overhead",
          "train.cuda_graph=true captures the whole step already: use train.compile_mode=default or "
          "max-autotune-no-cudagraphs, not reduce-overhead (graphs of blocks inside it)"),
-        (cfg.sparsity.weight_grad == "dense" or cfg.sparsity.kind == "weight",
-         f"sparsity.weight_grad={cfg.sparsity.weight_grad} applies to sparsity.kind=weight only, not "
-         f"{cfg.sparsity.kind}"),
         (cfg.sparsity.switch_weights == "dense" or (cfg.sparsity.kind == "weight"
                                                      and cfg.sparsity.pruning != "soft_threshold"),
          f"sparsity.switch_weights=pruned needs sparsity.kind=weight and a masking sparsity.pruning, not kind="
          f"{cfg.sparsity.kind}, pruning={cfg.sparsity.pruning}"),
-        ((cfg.sparsity.pruned_grad == "ste" and cfg.sparsity.pruned_decay == 0) or cfg.sparsity.kind == "weight",
-         f"sparsity.pruned_grad={cfg.sparsity.pruned_grad} and sparsity.pruned_decay={cfg.sparsity.pruned_decay:g} "
-         f"apply to sparsity.kind=weight only, not {cfg.sparsity.kind}"),
-        (cfg.sparsity.pruned_decay == 0 or cfg.sparsity.pruning != "soft_threshold",
-         f"sparsity.pruned_decay={cfg.sparsity.pruned_decay:g} needs a masking sparsity.pruning, not soft_threshold "
-         "(S-STE shrinks the kept entries instead of masking)"),
-        (math.isfinite(cfg.sparsity.pruned_decay), "sparsity.pruned_decay must be a finite number"),
         (1 - (1 - cfg.teacher.momentum_teacher) * cfg.momentum_scale >= 0,
          f"teacher.momentum_reference_steps={cfg.teacher.momentum_reference_steps} with teacher.momentum_teacher="
          f"{cfg.teacher.momentum_teacher:g} over {cfg.total_steps} steps gives a starting momentum 1 - (1 - "
@@ -96,6 +87,25 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    problem = converter_problem(cfg.sparsity)
+    if problem:
+        raise ConfigError(problem)
+
+
+# the converter's keys its rules relate (`sparsity.converter.options_problem`: the library states them once)
+CONVERTER_RULE_KEYS = ("kind", "backend", "pruning", "weight_grad", "pruned_grad", "pruned_decay", "block_density",
+                       "block_size")
+
+
+def converter_problem(sparsity: SparsityConfig) -> Optional[str]:
+    """The library's own rules on the converter's options, or None. At their defaults (valid: a test holds it) the
+    library is not imported, so that `--help` and a config typo answer without torch."""
+    values = {key: getattr(sparsity, key) for key in CONVERTER_RULE_KEYS}
+    if values == {key: getattr(SparsityConfig, key) for key in CONVERTER_RULE_KEYS}:
+        return None
+    from sparsity.converter import options_problem
+
+    return options_problem(**values)
 
 
 def _restart_setting(cfg: Config) -> str:

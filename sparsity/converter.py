@@ -16,19 +16,20 @@ settings the GEMM backends are built with (`configure_backends`).
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
-from sparsity.backends import BackendSettings, check_backend_name, configure_backends, get_backend
+from sparsity.backends import BACKENDS, BackendSettings, check_backend_name, configure_backends, get_backend
 from sparsity.block_sparse import BlockSparseLinear
 from sparsity.decisions import decisions
 from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
 from sparsity.mvue_grad import WEIGHT_GRADS
-from sparsity.pruned_entries import PRUNED_GRADS, check_pruned_decay, decay_pruned_grads
-from sparsity.pruning import check_method, check_shape, prune
+from sparsity.pruned_entries import MASKING_METHODS_ONLY, PRUNED_GRADS, decay_pruned_grads
+from sparsity.pruning import METHODS, check_method, check_shape, prune
 from sparsity.swap import name_matcher, swap_linear_modules, swap_to_dense
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,31 @@ class ConversionError(ValueError):
     """The converter's options do not fit the model (the message names the `sparsity.` config key)."""
 
 
+def options_problem(*, kind: str, backend: str, pruning: str, weight_grad: str, pruned_grad: str,
+                    pruned_decay: float, block_density: float, block_size: int) -> Optional[str]:
+    """What is wrong with these converter options, as one message naming the `sparsity.` config keys, or None: the
+    library's one statement of its rules, which `SparseThenDense` raises and the training config's checks report."""
+    for key, v, choices in (("kind", kind, KINDS), ("backend", backend, BACKENDS), ("pruning", pruning, METHODS),
+                            ("weight_grad", weight_grad, WEIGHT_GRADS), ("pruned_grad", pruned_grad, PRUNED_GRADS)):
+        if v not in choices:
+            return f"sparsity.{key}={v!r} is not one of {', '.join(choices)}"
+    if weight_grad != "dense" and kind != "weight":
+        return f"sparsity.weight_grad={weight_grad} applies to sparsity.kind=weight only, not {kind}"
+    if not (float(pruned_decay) >= 0 and math.isfinite(pruned_decay)):
+        return f"sparsity.pruned_decay={pruned_decay} must be a finite number >= 0"
+    if (pruned_grad != "ste" or pruned_decay) and kind != "weight":
+        return (f"sparsity.pruned_grad={pruned_grad} and sparsity.pruned_decay={pruned_decay:g} apply to "
+                f"sparsity.kind=weight only, not {kind}")
+    if pruned_decay and pruning == MASKING_METHODS_ONLY:
+        return (f"sparsity.pruned_decay={pruned_decay:g} needs a masking sparsity.pruning, not {pruning} (S-STE "
+                "shrinks the kept entries instead of masking)")
+    if not 0.0 < block_density <= 1.0:
+        return f"sparsity.block_density={block_density} must be in (0, 1]"
+    if int(block_size) != block_size or block_size < 1:
+        return f"sparsity.block_size={block_size} must be a positive integer"
+    return None
+
+
 class SparseThenDense:
     """2:4-sparse linears for the first `sparse_steps` steps, dense afterwards; with `dense_warmup_steps`, the first
     that many of them dense too (a warm-up before the sparse phase; the switch to dense stays at `sparse_steps`).
@@ -75,32 +101,19 @@ class SparseThenDense:
                  cslt_pack: str = BackendSettings.cslt_pack, fused_wgrad: bool = BackendSettings.fused_wgrad,
                  weight_grad: str = "dense", weight_grad_modules: str = ".*", pruned_grad: str = "ste",
                  pruned_decay: float = 0.0, block_density: float = 0.5, block_size: int = 32, dense_warmup_steps: int = 0):
-        if kind not in KINDS:
-            raise ValueError(f"sparsity.kind={kind!r} is not one of {', '.join(KINDS)}")
         check_backend_name(backend)
         check_method(pruning)
+        problem = options_problem(kind=kind, backend=backend, pruning=pruning, weight_grad=weight_grad,
+                                  pruned_grad=pruned_grad, pruned_decay=pruned_decay, block_density=block_density,
+                                  block_size=block_size)
+        if problem:
+            raise ValueError(problem)
         if sparse_steps < 0:
             raise ValueError(f"sparse_steps={sparse_steps} must be >= 0")
         if dense_warmup_steps < 0 or (sparse_steps and dense_warmup_steps >= sparse_steps):
             raise ValueError(f"dense_warmup_steps={dense_warmup_steps} must be >= 0 and leave a sparse step before the "
                              f"switch at step {sparse_steps}")
-        if weight_grad not in WEIGHT_GRADS:
-            raise ValueError(f"sparsity.weight_grad={weight_grad!r} is not one of {', '.join(WEIGHT_GRADS)}")
-        if weight_grad != "dense" and kind != "weight":
-            raise ValueError(f"sparsity.weight_grad={weight_grad} applies to sparsity.kind=weight only, not {kind}")
-        if pruned_grad not in PRUNED_GRADS:
-            raise ValueError(f"sparsity.pruned_grad={pruned_grad!r} is not one of {', '.join(PRUNED_GRADS)}")
-        if (pruned_grad != "ste" or pruned_decay) and kind != "weight":
-            raise ValueError(f"sparsity.pruned_grad and sparsity.pruned_decay apply to sparsity.kind=weight only, "
-                             f"not {kind}")
-        try:
-            pruned_decay = check_pruned_decay(pruned_decay, pruning)
-        except ValueError as e:
-            raise ValueError(f"sparsity.{e}") from None
-        if not 0.0 < block_density <= 1.0:
-            raise ValueError(f"sparsity.block_density={block_density} must be in (0, 1]")
-        if int(block_size) != block_size or block_size < 1:
-            raise ValueError(f"sparsity.block_size={block_size} must be a positive integer")
+        pruned_decay = float(pruned_decay)
         self.sparse_steps, self.dense_warmup_steps = sparse_steps, dense_warmup_steps if sparse_steps else 0
         self.modules, self.kind, self.backend, self.pruning = modules, kind, backend, pruning
         self.weight_grad, self.block_density, self.block_size = weight_grad, float(block_density), int(block_size)

@@ -44,3 +44,16 @@ def test_every_sparsity_key_is_the_converters_or_the_trainers_and_not_both():
 def test_an_unknown_flag_is_an_error():
     with pytest.raises(ValueError, match="unknown field flag 'resumable': one of execution, at_switch, trainer"):
         flagged_keys(Config, "resumable")
+
+
+def test_the_configs_converter_rules_are_the_librarys_and_its_defaults_pass_them():
+    """configs/checks.py reports the converter's rules by calling the library (`options_problem`), skipping the call
+    at the defaults: they must pass, and the keys it hands over must be the function's parameters."""
+    from configs.checks import CONVERTER_RULE_KEYS
+    from sparsity.converter import options_problem
+
+    assert set(CONVERTER_RULE_KEYS) == set(inspect.signature(options_problem).parameters)
+    assert options_problem(**{key: getattr(SparsityConfig, key) for key in CONVERTER_RULE_KEYS}) is None
+    assert options_problem(**{**{key: getattr(SparsityConfig, key) for key in CONVERTER_RULE_KEYS},
+                              "kind": "block", "weight_grad": "mvue24"}) == \
+        "sparsity.weight_grad=mvue24 applies to sparsity.kind=weight only, not block"

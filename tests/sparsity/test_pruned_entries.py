@@ -70,7 +70,7 @@ def test_converter_pruned_grad_sets_the_layers_and_refuses_other_kinds():
         SparseThenDense(4, kind="activation", pruned_grad="masked")
     with pytest.raises(ValueError, match="apply to sparsity.kind=weight only, not block"):
         SparseThenDense(4, kind="block", pruned_decay=1e-3)
-    with pytest.raises(ValueError, match="needs a masking pruning method, not soft_threshold"):
+    with pytest.raises(ValueError, match="needs a masking sparsity.pruning, not soft_threshold"):
         SparseThenDense(4, pruning="soft_threshold", pruned_decay=1e-3)
     with pytest.raises(ValueError, match="must be a finite number >= 0"):
         SparseThenDense(4, pruned_decay=-1.0)
