@@ -33,6 +33,7 @@ from .configurations import (config_key, config_label, config_order, dense_refer
 from .intervals import Interval, difference_interval, mean_interval, wilson_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs, mark_duplicates, read_run
 from .speed_columns import SpeedVerdict, speed_verdict
+from .table_files import FIGURE_FILES, TEXT_FILES
 from .table_format import markdown, write_csv
 
 BASELINE_LABELS = {"random_init": "random-init network", "pixels": "raw pixels (logistic regression)"}
@@ -422,11 +423,6 @@ def leave_out_speeds(rows: list[TableRow], means: list[ScheduleMean]) -> None:
                 setattr(item, name, None)
 
 
-GAPS_PNG = "gaps_to_dense.png"
-MASKS_PNG = "masks.png"  # the student's 2:4 masks over training, where runs logged them
-DIFFERENCES_PNG = "loss_differences.png"  # one row of loss differences per dense reference
-
-
 DATA_KEY = "data.fingerprint"  # a compared key of its own where the table's runs trained on different images
 
 
@@ -481,10 +477,6 @@ def mark_screening(runs: list[RunSummary], screening_paths: Sequence[Path]) -> N
         if run is None:
             raise UsageError(f"--screening {path}: not among the table's runs")
         run.screening = True
-
-
-TEXT_FILES = ("table.md", "table.csv", "summary.json")
-FIGURE_FILES = ("top1_vs_sparsity.png", "loss_curves.png", GAPS_PNG, DIFFERENCES_PNG, MASKS_PNG)
 
 
 def check_output_folder(out: Path) -> None:

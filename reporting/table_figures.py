@@ -15,7 +15,7 @@ from .mask_plots import plot_masks
 from .names import paper_names, run_label, study_setting
 from .plots import plot_accuracy, series
 from .run_logs import DUPLICATE
-from .table import DIFFERENCES_PNG, GAPS_PNG, MASKS_PNG
+from .table_files import ACCURACY_PNG, DIFFERENCES_PNG, GAPS_PNG, LOSSES_PNG, MASKS_PNG
 
 
 def _schedule(fraction) -> str:
@@ -46,7 +46,7 @@ def draw_figures(runs, rows, baselines, out: Path) -> list[Path]:
     series_names, series_note = (names, note) if not drawn or drawn >= set(whole) else paper_names(
         {label: config for label, config in whole.items() if label in drawn})
     setting = study_setting(runs)
-    accuracy, losses = out / "top1_vs_sparsity.png", out / "loss_curves.png"
+    accuracy, losses = out / ACCURACY_PNG, out / LOSSES_PNG
     plot_accuracy(rows, accuracy, baselines=baselines, setting=setting, names=series_names,
                   note=series_note if keys else "")
     paths = [accuracy, losses]

@@ -9,7 +9,8 @@ from reporting import gap_plot
 from reporting.configurations import short_labels, short_row_label
 from reporting.gap_plot import gaps
 from reporting.run_logs import read_run
-from reporting.table import GAPS_PNG, build_rows, make_table
+from reporting.table import build_rows, make_table
+from reporting.table_files import GAPS_PNG
 from reporting_runs import make_run
 
 

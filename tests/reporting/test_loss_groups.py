@@ -9,7 +9,8 @@ import pytest
 
 from reporting.loss_groups import differences_figure, groups_of, plot_loss_differences
 from reporting.run_logs import COMPLETE, RunSummary
-from reporting.table import DIFFERENCES_PNG, make_table
+from reporting.table import make_table
+from reporting.table_files import DIFFERENCES_PNG
 from reporting_runs import make_run
 
 STEPS = list(range(5, 301, 5))
