@@ -92,20 +92,16 @@ def validate(cfg: Config) -> None:
         raise ConfigError(problem)
 
 
-# the converter's keys its rules relate (`sparsity.converter.options_problem`: the library states them once)
+# the converter's keys its rules relate (`sparsity.options.options_problem`: the library states them once)
 CONVERTER_RULE_KEYS = ("kind", "backend", "pruning", "weight_grad", "pruned_grad", "pruned_decay", "block_density",
                        "block_size")
 
 
 def converter_problem(sparsity: SparsityConfig) -> Optional[str]:
-    """The library's own rules on the converter's options, or None. At their defaults (valid: a test holds it) the
-    library is not imported, so that `--help` and a config typo answer without torch."""
-    values = {key: getattr(sparsity, key) for key in CONVERTER_RULE_KEYS}
-    if values == {key: getattr(SparsityConfig, key) for key in CONVERTER_RULE_KEYS}:
-        return None
-    from sparsity.converter import options_problem
+    """The library's own rules on the converter's options (torch-free), or None."""
+    from sparsity.options import options_problem  # only once a config is checked: --help loads none of the library
 
-    return options_problem(**values)
+    return options_problem(**{key: getattr(sparsity, key) for key in CONVERTER_RULE_KEYS})
 
 
 def _restart_setting(cfg: Config) -> str:

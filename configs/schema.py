@@ -7,8 +7,8 @@ key and the range (see `load.py`). A field also says what it is to the rest of t
 `execution=True` (how a run executes, which may change on resume), `at_switch=True` (acts at the sparse-to-dense
 switch), `trainer=True` (a `sparsity` key the trainer acts on, not the library's converter); the lists the
 other modules use are read from these flags. The choices of the `sparsity` section are the tuples the `sparsity` library owns
-(never listed twice), imported only when a value is checked against them (`LazyChoices`): the library imports torch,
-which `train.py --help` and a misspelt key do not need. The cuSPARSELt defaults are `BackendSettings`' (a test
+(never listed twice) in `sparsity.options`, which imports no torch, read only when a value is checked against them
+(`LazyChoices`), so that `train.py --help` and a misspelt key load nothing of the library. The cuSPARSELt defaults are `BackendSettings`' (a test
 holds them equal).
 """
 
@@ -17,13 +17,13 @@ from typing import List, Optional
 
 from .fields import LazyChoices, value
 
-BACKENDS = LazyChoices("sparsity.backends", "BACKENDS")
-CSLT_PACK_MODES = LazyChoices("sparsity.backends.settings", "CSLT_PACK_MODES")
-CSLT_SEARCH_MODES = LazyChoices("sparsity.backends.settings", "CSLT_SEARCH_MODES")
-KINDS = LazyChoices("sparsity.converter", "KINDS")
-WEIGHT_GRADS = LazyChoices("sparsity.mvue_grad", "WEIGHT_GRADS")
-PRUNED_GRADS = LazyChoices("sparsity.pruned_entries", "PRUNED_GRADS")
-PRUNING_METHODS = LazyChoices("sparsity.pruning", "METHODS")
+BACKENDS = LazyChoices("sparsity.options", "BACKENDS")
+CSLT_PACK_MODES = LazyChoices("sparsity.options", "CSLT_PACK_MODES")
+CSLT_SEARCH_MODES = LazyChoices("sparsity.options", "CSLT_SEARCH_MODES")
+KINDS = LazyChoices("sparsity.options", "KINDS")
+WEIGHT_GRADS = LazyChoices("sparsity.options", "WEIGHT_GRADS")
+PRUNED_GRADS = LazyChoices("sparsity.options", "PRUNED_GRADS")
+PRUNING_METHODS = LazyChoices("sparsity.options", "PRUNING_METHODS")
 
 ARCHS = ("vit_tiny", "vit_small", "vit_base", "vit_large")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # inductor's modes (train.compile_mode)

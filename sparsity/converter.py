@@ -16,20 +16,19 @@ settings the GEMM backends are built with (`configure_backends`).
 from __future__ import annotations
 
 import logging
-import math
 import re
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 
-from sparsity.backends import BACKENDS, BackendSettings, check_backend_name, configure_backends, get_backend
+from sparsity.backends import BackendSettings, check_backend_name, configure_backends, get_backend
 from sparsity.block_sparse import BlockSparseLinear
-from sparsity.decisions import decisions
+from sparsity.backend_decisions import decisions
 from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
-from sparsity.mvue_grad import WEIGHT_GRADS
-from sparsity.pruned_entries import MASKING_METHODS_ONLY, PRUNED_GRADS, decay_pruned_grads
-from sparsity.pruning import METHODS, check_method, check_shape, prune
+from sparsity.options import KINDS, options_problem  # noqa: F401  (KINDS: sparsity.converter.KINDS, as before)
+from sparsity.pruned_entries import decay_pruned_grads
+from sparsity.pruning import check_method, check_shape, prune
 from sparsity.swap import name_matcher, swap_linear_modules, swap_to_dense
 
 log = logging.getLogger(__name__)
@@ -39,7 +38,6 @@ PHASES = (SPARSE, DENSE)
 # weight: the weight is pruned 2:4 (SemiSparseLinear) | activation: the input is (SemiSparseActivationLinear) |
 # block: a fixed `block_density` of the weight's (block_size x block_size) blocks is used and trained
 # (BlockSparseLinear; backend and pruning do not apply)
-KINDS = ("weight", "activation", "block")
 MODULE_CLASSES = {"weight": SemiSparseLinear, "activation": SemiSparseActivationLinear, "block": BlockSparseLinear}
 DEFAULT_MODULES = r"blocks\.\d+\.mlp\.fc[12]"  # a ViT's MLP linears
 
@@ -53,31 +51,6 @@ def _each(models: Models) -> List[nn.Module]:
 
 class ConversionError(ValueError):
     """The converter's options do not fit the model (the message names the `sparsity.` config key)."""
-
-
-def options_problem(*, kind: str, backend: str, pruning: str, weight_grad: str, pruned_grad: str,
-                    pruned_decay: float, block_density: float, block_size: int) -> Optional[str]:
-    """What is wrong with these converter options, as one message naming the `sparsity.` config keys, or None: the
-    library's one statement of its rules, which `SparseThenDense` raises and the training config's checks report."""
-    for key, v, choices in (("kind", kind, KINDS), ("backend", backend, BACKENDS), ("pruning", pruning, METHODS),
-                            ("weight_grad", weight_grad, WEIGHT_GRADS), ("pruned_grad", pruned_grad, PRUNED_GRADS)):
-        if v not in choices:
-            return f"sparsity.{key}={v!r} is not one of {', '.join(choices)}"
-    if weight_grad != "dense" and kind != "weight":
-        return f"sparsity.weight_grad={weight_grad} applies to sparsity.kind=weight only, not {kind}"
-    if not (float(pruned_decay) >= 0 and math.isfinite(pruned_decay)):
-        return f"sparsity.pruned_decay={pruned_decay} must be a finite number >= 0"
-    if (pruned_grad != "ste" or pruned_decay) and kind != "weight":
-        return (f"sparsity.pruned_grad={pruned_grad} and sparsity.pruned_decay={pruned_decay:g} apply to "
-                f"sparsity.kind=weight only, not {kind}")
-    if pruned_decay and pruning == MASKING_METHODS_ONLY:
-        return (f"sparsity.pruned_decay={pruned_decay:g} needs a masking sparsity.pruning, not {pruning} (S-STE "
-                "shrinks the kept entries instead of masking)")
-    if not 0.0 < block_density <= 1.0:
-        return f"sparsity.block_density={block_density} must be in (0, 1]"
-    if int(block_size) != block_size or block_size < 1:
-        return f"sparsity.block_size={block_size} must be a positive integer"
-    return None
 
 
 class SparseThenDense:

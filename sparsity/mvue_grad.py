@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
+from sparsity.options import WEIGHT_GRADS
 from sparsity.pruning import mvue
 
-WEIGHT_GRADS = ("dense", "mvue24")
 SEED_HIGH = 2**62
 TOKEN_BLOCK = 64  # tokens are pruned in whole blocks of this many (the 2:4 GEMM's operand kernel needs it)
 

@@ -28,10 +28,9 @@ import torch
 from torch import nn
 
 from sparsity.modules import SemiSparseLinear
+from sparsity.options import NOT_MASKING, PRUNED_GRADS
 from sparsity.pruning import prune
 
-PRUNED_GRADS = ("ste", "masked")  # what a pruned entry's gradient is: the dense straight-through one | none
-MASKING_METHODS_ONLY = "soft_threshold"  # rescales the kept entries: its zeros are not a mask these remedies assume
 
 
 def check_pruned_grad(name: str) -> str:
@@ -45,7 +44,7 @@ def check_pruned_decay(strength: float, pruning: str) -> float:
     strength = float(strength)
     if not strength >= 0 or strength == float("inf"):
         raise ValueError(f"pruned_decay={strength} must be a finite number >= 0")
-    if strength and pruning == MASKING_METHODS_ONLY:
+    if strength and pruning == NOT_MASKING:
         raise ValueError(f"pruned_decay={strength:g} needs a masking pruning method, not {pruning} (S-STE shrinks the "
                          "kept entries instead of masking)")
     return strength

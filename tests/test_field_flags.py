@@ -50,7 +50,7 @@ def test_the_configs_converter_rules_are_the_librarys_and_its_defaults_pass_them
     """configs/checks.py reports the converter's rules by calling the library (`options_problem`), skipping the call
     at the defaults: they must pass, and the keys it hands over must be the function's parameters."""
     from configs.checks import CONVERTER_RULE_KEYS
-    from sparsity.converter import options_problem
+    from sparsity.options import options_problem
 
     assert set(CONVERTER_RULE_KEYS) == set(inspect.signature(options_problem).parameters)
     assert options_problem(**{key: getattr(SparsityConfig, key) for key in CONVERTER_RULE_KEYS}) is None

@@ -96,3 +96,29 @@ def test_every_commands_help_answers_without_torch(entry):
                             check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout and result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-500:]
+
+
+# The run readers (a result table, the launcher's status) read configs with non-default `sparsity` choices and check
+# them against the library's rules, all without torch: on a login node they answer at once.
+READERS_NO_TORCH = """
+import shutil, sys, tempfile
+from pathlib import Path
+from configs import load_config
+load_config(None, ["sparsity.backend=cusparselt", "sparsity.weight_grad=mvue24", "sparsity.pruning=tile_optimal"])
+from reporting.table import make_table
+tmp = Path(tempfile.mkdtemp())
+run = Path("results/cifar10/recipe/mvue_wgrad/sparse70_decay0005_restart_mvue_s0")
+assert load_config(run / "config.yaml").sparsity.backend == "cusparselt"
+make_table([run], tmp / "table", plots=False)
+shutil.copytree(run, tmp / "sweep" / "sparse_0.7")
+from slurm.launch import main
+assert main(["status", "--runs-dir", str(tmp / "sweep")]) == 0
+print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+"""
+
+
+def test_tables_and_the_launchers_status_read_runs_without_torch():
+    result = subprocess.run([sys.executable, "-c", READERS_NO_TORCH], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout[-2000:]

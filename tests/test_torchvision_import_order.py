@@ -1,7 +1,7 @@
-"""The install adds nothing that runs at interpreter start-up (no `.pth` hook): a user's script that imports
-`sparsity` first, then timm or torchvision, works beside a CPU-only torch, since `import sparsity` applies
-`sparsity/torchvision_compat.py`, and the shim declares torchvision's op schemas only where its compiled ops fail to
-load. Each case runs a fresh interpreter outside the repository, so what is tested is the installed package."""
+"""The install adds nothing that runs at interpreter start-up (no `.pth` hook): a user's script that uses `sparsity`
+first (`import torch` then `import sparsity`, or any name of the library), then imports timm or torchvision, works
+beside a CPU-only torch, since either applies `sparsity/torchvision_compat.py`, and the shim declares torchvision's
+op schemas only where its compiled ops fail to load. Each case runs a fresh interpreter outside the repository, so what is tested is the installed package."""
 
 import importlib.machinery
 import os
@@ -25,10 +25,11 @@ def run_python(code: str, cwd, env=None) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.parametrize("first", ["import torch; import sparsity", "import sparsity; sparsity.SemiSparseLinear"])
 @pytest.mark.parametrize("then", ["timm", "torchvision"])
-def test_sparsity_first_then_timm_or_torchvision_works(tmp_path, then):
+def test_sparsity_first_then_timm_or_torchvision_works(tmp_path, first, then):
     result = run_python(f"""
-        import sparsity
+        {first}
         import {then}
         import timm
         import torch
@@ -82,6 +83,6 @@ def test_the_shim_declares_the_schemas_only_where_torchvisions_ops_fail_to_load(
     else:
         (package / f"_C{suffix}").write_bytes(b"not an ELF file, as a CUDA _C beside CPU torch fails to load")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "stand_in")}
-    result = run_python("import sparsity\nimport torchvision", cwd=tmp_path, env=env)
+    result = run_python("import torch\nimport sparsity\nimport torchvision", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == expected, result.stdout

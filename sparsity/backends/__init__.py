@@ -20,8 +20,8 @@ import torch
 
 from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
 from .settings import CSLT_PACK_MODES, CSLT_SEARCH_MODES, BackendSettings
+from sparsity.options import BACKENDS
 
-BACKENDS = ("dense", "cusparselt", "cutlass", "auto")
 _IMPLEMENTATIONS = {
     "dense": ("sparsity.backends.dense", "DenseBackend"),
     "cusparselt": ("sparsity.backends.cusparselt", "CuSparseLtBackend"),

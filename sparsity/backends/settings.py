@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CSLT_SEARCH_MODES = ("sweep", "sweep_unsafe", "library", "none")
-CSLT_PACK_MODES = ("auto", "triton", "library")
+from sparsity.options import CSLT_PACK_MODES, CSLT_SEARCH_MODES
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from typing import Tuple
 
 import torch
 
-METHODS = ("tile_greedy", "tile_greedy_signed", "tile_optimal", "rowwise", "soft_threshold")
+from sparsity.options import PRUNING_METHODS as METHODS
 TRANSPOSABLE_METHODS = frozenset({"tile_greedy", "tile_greedy_signed", "tile_optimal"})
 
 # Pairs of kept columns inside one row of a tile, in this fixed order (index k = 0..5).
