@@ -167,7 +167,7 @@ def test_study_runs_trains_and_probes_each_run_and_reports_a_failure(workdir):
 
 
 def test_study_runs_starts_an_after_line_when_the_line_above_has_trained(workdir):
-    (workdir / "plan.txt").write_text("first 0 steps=4 train.seed=0\nsecond after steps=1 train.seed=1\n"
+    (workdir / "plan.txt").write_text("first 0 steps=2 train.seed=0\nsecond after steps=1 train.seed=1\n"
                                       "third after fail=1 train.seed=2\nfourth after steps=1 train.seed=3\n")
     (workdir / "runs").mkdir()
     (workdir / "runs" / "first.trained").write_text("")  # an earlier driver's marker must not start `second`

@@ -25,8 +25,8 @@ def run_python(code: str, cwd, env=None) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("first", ["import torch; import sparsity", "import sparsity; sparsity.SemiSparseLinear"])
-@pytest.mark.parametrize("then", ["timm", "torchvision"])
+@pytest.mark.parametrize("first, then", [("import torch; import sparsity", "timm"),
+                                         ("import sparsity; sparsity.SemiSparseLinear", "torchvision")])
 def test_sparsity_first_then_timm_or_torchvision_works(tmp_path, first, then):
     result = run_python(f"""
         {first}

@@ -26,7 +26,7 @@ one_run() {
   local name=$1 delay=$2
   shift 2
   if [[ $delay == after:* ]]; then
-    until [ -e "$runs/${delay#after:}.trained" ]; do sleep 2; done
+    until [ -e "$runs/${delay#after:}.trained" ]; do sleep 1; done
   else
     sleep "$delay"
   fi
