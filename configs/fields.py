@@ -17,7 +17,7 @@ import dataclasses
 import importlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 
 # Every integer of a config (a count, a size, a step, a seed) is at most this: it then fits the int32/int64 of
@@ -153,29 +153,29 @@ def check_fields(cfg: Any, prefix: str = "") -> Optional[str]:
     return None
 
 
+def schema_fields(schema: type, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field]]:
+    """(dotted key, field) of every leaf field of a schema class, its sections walked in schema order."""
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if factory is not None and dataclasses.is_dataclass(factory):
+            yield from schema_fields(factory, key + ".")
+        else:
+            yield key, f
+
+
 def schema_ranges(schema: type, prefix: str = "") -> dict:
     """{key: Range} of every ranged field of a schema class (for tests and documentation)."""
-    out = {}
-    for f in dataclasses.fields(schema):
-        key = f"{prefix}{f.name}"
-        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if factory is not None and dataclasses.is_dataclass(factory):
-            out.update(schema_ranges(factory, key + "."))
-        elif "range" in f.metadata:
-            out[key] = f.metadata["range"]
-    return out
+    return {key: f.metadata["range"] for key, f in schema_fields(schema, prefix) if "range" in f.metadata}
 
 
-def flagged_keys(schema: type, flag: str, prefix: str = "") -> tuple:
-    """The dotted keys of a schema class's fields that carry `flag` (one of `FLAGS`), in schema order."""
+def flagged_fields(schema: type, flag: str) -> dict:
+    """{dotted key: field} of a schema class's fields that carry `flag` (one of `FLAGS`), in schema order."""
     if flag not in FLAGS:
         raise ValueError(f"unknown field flag {flag!r}: one of {', '.join(FLAGS)}")
-    out = []
-    for f in dataclasses.fields(schema):
-        key = f"{prefix}{f.name}"
-        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if factory is not None and dataclasses.is_dataclass(factory):
-            out.extend(flagged_keys(factory, flag, key + "."))
-        elif f.metadata.get(flag):
-            out.append(key)
-    return tuple(out)
+    return {key: f for key, f in schema_fields(schema) if f.metadata.get(flag)}
+
+
+def flagged_keys(schema: type, flag: str) -> tuple:
+    """The dotted keys of a schema class's fields that carry `flag` (one of `FLAGS`), in schema order."""
+    return tuple(flagged_fields(schema, flag))

@@ -12,13 +12,13 @@ from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from .fields import flagged_keys
+from .fields import flagged_fields
 from .load import DEFAULT_CONFIG, ConfigError, _merged, load_config
 from .schema import Config
 
 SPARSE_PHASE_PREFIX = "sparsity."
 # key: its value where a run has no switch (the fields flagged `at_switch=True` in schema.py, off at their default)
-SWITCH_KEYS = {key: OmegaConf.select(OmegaConf.structured(Config), key) for key in flagged_keys(Config, "at_switch")}
+SWITCH_KEYS = {key: f.default for key, f in flagged_fields(Config, "at_switch").items()}
 
 
 def acts_only_with_a_sparse_phase(key: str) -> bool:

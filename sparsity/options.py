@@ -31,16 +31,24 @@ def options_problem(*, kind: str, backend: str, pruning: str, weight_grad: str, 
             return f"sparsity.{key}={v!r} is not one of {', '.join(choices)}"
     if weight_grad != "dense" and kind != "weight":
         return f"sparsity.weight_grad={weight_grad} applies to sparsity.kind=weight only, not {kind}"
-    if not (float(pruned_decay) >= 0 and math.isfinite(pruned_decay)):
-        return f"sparsity.pruned_decay={pruned_decay} must be a finite number >= 0"
+    problem = pruned_decay_problem(pruned_decay, pruning)
+    if problem:
+        return problem
     if (pruned_grad != "ste" or pruned_decay) and kind != "weight":
         return (f"sparsity.pruned_grad={pruned_grad} and sparsity.pruned_decay={pruned_decay:g} apply to "
                 f"sparsity.kind=weight only, not {kind}")
-    if pruned_decay and pruning == NOT_MASKING:
-        return (f"sparsity.pruned_decay={pruned_decay:g} needs a masking sparsity.pruning, not {pruning} (S-STE "
-                "shrinks the kept entries instead of masking)")
     if not 0.0 < block_density <= 1.0:
         return f"sparsity.block_density={block_density} must be in (0, 1]"
     if int(block_size) != block_size or block_size < 1:
         return f"sparsity.block_size={block_size} must be a positive integer"
+    return None
+
+
+def pruned_decay_problem(strength: float, pruning: str) -> Optional[str]:
+    """The masked decay's strength must be a finite number >= 0, and 0 with a method that does not mask."""
+    if not (float(strength) >= 0 and math.isfinite(strength)):
+        return f"sparsity.pruned_decay={strength} must be a finite number >= 0"
+    if strength and pruning == NOT_MASKING:
+        return (f"sparsity.pruned_decay={strength:g} needs a masking sparsity.pruning, not {pruning} (S-STE "
+                "shrinks the kept entries instead of masking)")
     return None

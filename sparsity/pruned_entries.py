@@ -28,9 +28,8 @@ import torch
 from torch import nn
 
 from sparsity.modules import SemiSparseLinear
-from sparsity.options import NOT_MASKING, PRUNED_GRADS
+from sparsity.options import PRUNED_GRADS, pruned_decay_problem
 from sparsity.pruning import prune
-
 
 
 def check_pruned_grad(name: str) -> str:
@@ -41,13 +40,10 @@ def check_pruned_grad(name: str) -> str:
 
 def check_pruned_decay(strength: float, pruning: str) -> float:
     """The masked decay's strength: a finite number >= 0, and 0 with a method that does not mask."""
-    strength = float(strength)
-    if not strength >= 0 or strength == float("inf"):
-        raise ValueError(f"pruned_decay={strength} must be a finite number >= 0")
-    if strength and pruning == NOT_MASKING:
-        raise ValueError(f"pruned_decay={strength:g} needs a masking pruning method, not {pruning} (S-STE shrinks the "
-                         "kept entries instead of masking)")
-    return strength
+    problem = pruned_decay_problem(strength, pruning)
+    if problem:
+        raise ValueError(problem)
+    return float(strength)
 
 
 def weight_mask(weight: torch.Tensor, method: str, mask_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
