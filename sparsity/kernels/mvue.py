@@ -126,15 +126,14 @@ def _pack_t_feature(dy_ptr, val_ptr, seed, h, o, ok, O, G, EPS: tl.constexpr, EX
 
 @triton.jit
 def _mvue_pack_t_kernel(dy_ptr, val_ptr, meta_ptr, seed, O, G, NKT, EPS: tl.constexpr, BLOCK_P: tl.constexpr,
-                        BLOCK_J: tl.constexpr, SEED_IN_MEMORY: tl.constexpr, EXACT: tl.constexpr):
+                        BLOCK_H: tl.constexpr, SEED_IN_MEMORY: tl.constexpr, EXACT: tl.constexpr):
     # a thread: token groups 2h and 2h + 1 (one Philox draw each) of features o and o + 8 (o % 16 < 8: the two rows
-    # of A whose nibbles share a metadata byte, so every byte is written whole by one thread). The features are a
-    # block's last dim, 8 consecutive ones (16 bytes of a dy row) a unit, so that loads and value stores vectorise
+    # of A whose nibbles share a metadata byte, so every byte is written whole by one thread)
     if SEED_IN_MEMORY:  # a device tensor: drawn inside a compiled (or CUDA-graph) backward, never seen by the host
         seed = tl.load(seed)
-    h = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)[:, None, None]
-    band = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)[None, :, None]  # 16 features: o and o + 8
-    o = 16 * band + tl.arange(0, 8)[None, None, :]
+    h = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)[:, None]
+    j = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]
+    o = 16 * (j // 8) + j % 8
     ok = (2 * h < G) & (o < O)  # G even, O % 16 == 0: o + 8 < O too
     lo_even, lo_odd = _pack_t_feature(dy_ptr, val_ptr, seed, h, o, ok, O, G, EPS, EXACT)
     hi_even, hi_odd = _pack_t_feature(dy_ptr, val_ptr, seed, h, o + 8, ok, O, G, EPS, EXACT)
@@ -189,9 +188,9 @@ def mvue_pack_t(dy: torch.Tensor, seed, exact: bool = True) -> torch.Tensor:
     buf = (torch.empty if out % 64 == 0 else torch.zeros)(size, dtype=torch.uint8, device=dy.device)
     values = buf[: L.values_bytes(out, tokens)].view(dy.dtype)
     groups = tokens // 4
-    block_p, block_j = (32, 8) if interpreting() else (8, 4)
-    grid = (triton.cdiv(groups // 2, block_p), triton.cdiv(out // 16, block_j))
+    block_p, block_h = (32, 64) if interpreting() else (8, 32)
+    grid = (triton.cdiv(groups // 2, block_p), triton.cdiv(out // 2, block_h))
     _mvue_pack_t_kernel[grid](dy, values, buf[L.values_bytes(out, tokens):], seed if in_memory else int(seed), out,
-                              groups, -(-tokens // 32), EPS=MVUE_EPS, BLOCK_P=block_p, BLOCK_J=block_j,
+                              groups, -(-tokens // 32), EPS=MVUE_EPS, BLOCK_P=block_p, BLOCK_H=block_h,
                               SEED_IN_MEMORY=in_memory, EXACT=exact, num_warps=4, enable_fp_fusion=False)
     return buf
