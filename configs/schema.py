@@ -6,10 +6,10 @@ choice declares its valid range (`value(default, ...)`, `fields.py`), so a meani
 key and the range (see `load.py`). A field also says what it is to the rest of the code (`fields.FLAGS`):
 `execution=True` (how a run executes, which may change on resume), `at_switch=True` (acts at the sparse-to-dense
 switch), `trainer=True` (a `sparsity` key the trainer acts on, not the library's converter); the lists the
-other modules use are read from these flags. The choices of the `sparsity` section are the tuples the `sparsity` library owns
-(never listed twice) in `sparsity.options`, which imports no torch, read only when a value is checked against them
-(`LazyChoices`), so that `train.py --help` and a misspelt key load nothing of the library. The cuSPARSELt defaults are `BackendSettings`' (a test
-holds them equal).
+other modules use are read from these flags. The choices of the `sparsity` section are the tuples the `sparsity`
+library owns (never listed twice) in `sparsity.options`, which imports no torch, read only when a value is checked
+against them (`LazyChoices`), so that `train.py --help` and a misspelt key load nothing of the library. The cuSPARSELt
+defaults are `BackendSettings`' (a test holds them equal).
 """
 
 from dataclasses import dataclass, field

@@ -21,7 +21,7 @@ from models.vit_block import NORM_LAYER, Block
 
 ensure_torchvision_importable()  # before timm, which imports torchvision (see configs/torch_env.py)
 
-from timm.layers import PatchEmbed
+from timm.layers import PatchEmbed  # noqa: E402 (after the shim above)
 
 ARCH_SIZES: dict[str, tuple[int, int, int]] = {  # embed_dim, depth, num_heads
     "vit_tiny": (192, 12, 3),

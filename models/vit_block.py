@@ -28,7 +28,7 @@ from models.stochastic_depth import SUBSET_DROP_PATH_MIN_RATE, add_to_subset, ba
 
 ensure_torchvision_importable()  # before timm, which imports torchvision (see configs/torch_env.py)
 
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath, Mlp  # noqa: E402 (after the shim above)
 
 try:  # timm >= 1.0.? exports it from timm.layers; older 1.0.x only defines it in the ViT module
     from timm.layers import LayerScale

@@ -73,7 +73,8 @@ class SparseThenDense:
                  backend: str = "auto", pruning: str = "tile_greedy", cslt_search: str = BackendSettings.cslt_search,
                  cslt_pack: str = BackendSettings.cslt_pack, fused_wgrad: bool = BackendSettings.fused_wgrad,
                  weight_grad: str = "dense", weight_grad_modules: str = ".*", pruned_grad: str = "ste",
-                 pruned_decay: float = 0.0, block_density: float = 0.5, block_size: int = 32, dense_warmup_steps: int = 0):
+                 pruned_decay: float = 0.0, block_density: float = 0.5, block_size: int = 32,
+                 dense_warmup_steps: int = 0):
         check_backend_name(backend)
         check_method(pruning)
         problem = options_problem(kind=kind, backend=backend, pruning=pruning, weight_grad=weight_grad,

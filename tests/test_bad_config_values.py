@@ -2,7 +2,6 @@
 NaN and inf), and the malformed configs and output directories of a hostile user: each is exit 2 with one line that
 names the key or the file, never a traceback."""
 
-import math
 import subprocess
 import sys
 from pathlib import Path

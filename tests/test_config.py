@@ -100,7 +100,8 @@ def test_bad_overrides_are_errors_that_name_the_key(override, message):
     "overrides,message",
     [
         (["sparsity.kind=blocks"], "sparsity.kind='blocks' is not one of weight, activation, block"),
-        (["sparsity.kind=block", "sparsity.block_density=0"], r"sparsity.block_density=0.0 is out of range: must be > 0"),
+        (["sparsity.kind=block", "sparsity.block_density=0"],
+         r"sparsity.block_density=0.0 is out of range: must be > 0"),
         (["sparsity.kind=block", "sparsity.block_density=1.5"], r"sparsity.block_density=1.5 is out of range"),
         (["sparsity.kind=block", "sparsity.block_size=0"], r"sparsity.block_size=0 is out of range: must be >= 1"),
         (["sparsity.weight_grad=mvue"], "sparsity.weight_grad='mvue' is not one of dense, mvue24"),

@@ -1,7 +1,8 @@
 """The install adds nothing that runs at interpreter start-up (no `.pth` hook): a user's script that uses `sparsity`
 first (`import torch` then `import sparsity`, or any name of the library), then imports timm or torchvision, works
 beside a CPU-only torch, since either applies `sparsity/torchvision_compat.py`, and the shim declares torchvision's
-op schemas only where its compiled ops fail to load. Each case runs a fresh interpreter outside the repository, so what is tested is the installed package."""
+op schemas only where its compiled ops fail to load. Each case runs a fresh interpreter outside the repository, so
+what is tested is the installed package."""
 
 import importlib.machinery
 import os

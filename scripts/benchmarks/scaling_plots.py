@@ -75,7 +75,8 @@ def plot(result: dict, png: Path) -> None:
     device = "GPU" if result["gpu"] != "cpu" else "CPU rank"
     for model, b in sorted({(r["model"], r["per_gpu_batch"]) for r in rows}):
         pts = sorted((r["gpus"], r["efficiency"]) for r in rows if (r["model"], r["per_gpu_batch"]) == (model, b))
-        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-", label=f"{series_name(model)}, {b} images/{device}")
+        ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], "o-",
+                label=f"{series_name(model)}, {b} images/{device}")
     ax.axhline(90, color="gray", ls=":", lw=1, label="90% (target)")
     where = "CPU, gloo" if result["gpu"] == "cpu" else result["gpu"]
     ax.set(xlabel=f"{device}s (data parallel)", ylabel="weak-scaling efficiency (%)",

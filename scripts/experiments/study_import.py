@@ -89,7 +89,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"study_import: no such folder: {', '.join(missing)}")
     runs = find_runs(args.runs_dirs)
     if not runs:
-        raise SystemExit(f"study_import: no run (a folder holding config.yaml) in {', '.join(map(str, args.runs_dirs))}")
+        where = ", ".join(map(str, args.runs_dirs))
+        raise SystemExit(f"study_import: no run (a folder holding config.yaml) in {where}")
     existing = [r.name for r in runs if (args.to / r.name).exists()]
     if existing and not args.overwrite:
         raise SystemExit(f"study_import: already under {args.to}: {', '.join(existing)} (--overwrite replaces them)")

@@ -100,8 +100,8 @@ def _prune_pack_kernel(
                                            LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
     if not PRELOAD:
         t0, t1, t2, t3 = _load_tile(w_ptr, tr + 2, tc + 2, ok, C)
-    g0, g1, g2, g3, h0, h1, h2, h3 = _tile(t0, t1, t2, t3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr + 2, tc + 2, ok, C,
-                                           LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
+    g0, g1, g2, g3, h0, h1, h2, h3 = _tile(t0, t1, t2, t3, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, tr + 2, tc + 2, ok,
+                                           C, LUT_LO, LUT_HI, GIVEN_MASK, WRITE_T, PACK, DENSE_OUT)
     if not PACK:
         return
     # forward operand: rows 4tr + r (low nibble, tile tr) and 4tr + 8 + r (high nibble, tile tr + 2)

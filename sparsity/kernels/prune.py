@@ -6,11 +6,11 @@ Every kernel reads its input once (any strides), computes in fp32, is branch-fre
 (|w_j| > |w_i|, or equal and j < i) gives each element its rank in the documented order.
 
 - groups of 4 (rowwise, soft_threshold): one program handles BLOCK_G groups laid out as (BLOCK_G, 4).
-- 4x4 tiles (tile_greedy, tile_greedy_signed, tile_optimal): one program handles BLOCK_T tiles laid out as (BLOCK_T, 16), entries in
-  row-major order inside the tile. Greedy: ranks from 16x16 pairwise comparisons, then the greedy walk as 16 unrolled
-  steps on a 16-bit kept mask per tile (row/column "has < 2 kept" = popcount < 2 = x & (x - 1) == 0). Optimal: the
-  24 pair sums, the 90 pattern scores summed in the reference's order (patterns from a small table), argmax with the
-  first-max rule.
+- 4x4 tiles (tile_greedy, tile_greedy_signed, tile_optimal): one program handles BLOCK_T tiles laid out as
+  (BLOCK_T, 16), entries in row-major order inside the tile. Greedy: ranks from 16x16 pairwise comparisons, then the
+  greedy walk as 16 unrolled steps on a 16-bit kept mask per tile (row/column "has < 2 kept" = popcount < 2 =
+  x & (x - 1) == 0). Optimal: the 24 pair sums, the 90 pattern scores summed in the reference's order (patterns
+  from a small table), argmax with the first-max rule.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def _groups4_kernel(
 
 @triton.jit
 def _greedy_bits(mag, p):
-    """(T, 16) ordering keys (|w|, or w for the signed walk) -> (T,) int32 kept mask (bit p = row-major position p) of the greedy walk."""
+    """(T, 16) ordering keys (|w|, or w for the signed walk) -> (T,) int32 kept mask of the greedy walk (bit p =
+    row-major position p)."""
     mi = mag[:, :, None]
     mj = mag[:, None, :]
     beats = (mj > mi) | ((mj == mi) & (p[None, None, :] < p[None, :, None]))

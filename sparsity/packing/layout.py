@@ -1,9 +1,9 @@
 """Pure-torch reference of cuSPARSELt's compressed 2:4 layout for 16-bit types (fp16, bf16).
 
 Reverse-engineered on an H100 (sm90) with cuSPARSELt 0.8.0 by compressing known inputs with the library's own
-compressor (`scripts/experiments/probes/probe_layout.py`, analysis in results/bench/NOTES.md); the library says this layout is
-internal and "can change at any time", so the backend re-checks it at start-up on every (arch, version) pair it has
-not been validated on (`sparsity/backends/cusparselt/packing.py`).
+compressor (`scripts/experiments/probes/probe_layout.py`, analysis in results/bench/NOTES.md); the library says this
+layout is internal and "can change at any time", so the backend re-checks it at start-up on every (arch, version)
+pair it has not been validated on (`sparsity/backends/cusparselt/packing.py`).
 
 Vocabulary. The structured operand A is a logical (m x k) matrix, 2:4 along k, with m % 16 == 0 and k % 16 == 0
 (the library refuses other shapes). It lies in memory either row-major ("row": W in the forward GEMM, A = W) or

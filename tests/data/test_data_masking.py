@@ -87,8 +87,9 @@ def test_collate_shapes_order_and_weights():
     B = 3
     batch = collate(_samples(B))
     assert isinstance(batch, SSLBatch)
-    assert {k for k, v in batch.fields().items() if v is not None} == {"global_crops", "local_crops", "masks", "mask_indices", "masks_weight",
-                          "n_masked_patches", "upperbound", "labels", "corrupt_skipped"}
+    assert {k for k, v in batch.fields().items() if v is not None} == {
+        "global_crops", "local_crops", "masks", "mask_indices", "masks_weight", "n_masked_patches", "upperbound",
+        "labels", "corrupt_skipped"}
     g, loc = batch.global_crops, batch.local_crops
     assert g.shape == (2 * B, 3, 8, 8) and g.dtype == torch.float32
     assert loc.shape == (2 * B, 3, 4, 4) and loc.dtype == torch.float32

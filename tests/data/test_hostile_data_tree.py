@@ -67,7 +67,8 @@ def test_dangling_and_self_looping_file_links_are_skipped(tmp_path, caplog):
     os.symlink("self.png", root / "train" / "a" / "self.png")
     ds, warnings = build(root, caplog)
     assert len(ds) == 4
-    assert sorted(ds.tree_report.not_regular) == [("a/dangling.png", "dangling symlink"), ("a/self.png", "symlink loop")]
+    assert sorted(ds.tree_report.not_regular) == [("a/dangling.png", "dangling symlink"),
+                                                  ("a/self.png", "symlink loop")]
     assert "dangling.png (dangling symlink)" in warnings[0] and "self.png (symlink loop)" in warnings[0]
 
 

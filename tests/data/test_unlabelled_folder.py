@@ -31,7 +31,8 @@ def _independent_listing(root):
     found = []
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found += [(folder, name) for name in files if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS)]
+        found += [(folder, name) for name in files
+                  if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS)]
     return [os.path.join(folder, name) for folder, name in sorted(found)]
 
 

@@ -42,8 +42,8 @@ def test_folder_run_in_a_subprocess(tmp_path):
     done = re.findall(r"INFO evaluation\.features: (train|val) features: (\d+)/\2 batches \(100%\)", result.stderr)
     assert "\r" not in result.stderr and sorted(split for split, _ in done) == ["train", "val"], result.stderr[-3000:]
     # a first line says what is evaluated, before any work
-    said = f"INFO evaluation.evaluate: evaluating checkpoint {run / 'teacher_backbone.pth'} of run {run}: linear probe " \
-           "and k-NN on cpu"
+    said = (f"INFO evaluation.evaluate: evaluating checkpoint {run / 'teacher_backbone.pth'} of run {run}: "
+            "linear probe and k-NN on cpu")
     assert said in result.stderr.splitlines()[0], result.stderr[:1000]
     record = json.loads((run / "eval_linear.json").read_text())
     assert REQUIRED <= set(record) and record["n_train"] == 12 and record["n_val"] == 6

@@ -2,7 +2,6 @@
 
 import warnings
 
-import numpy as np
 import pytest
 import torch
 from sklearn.datasets import load_digits

@@ -84,7 +84,8 @@ def test_sparse_linear_gradients_with_fused_wgrad_under_autocast_and_graph(wg):
         y.backward(dy)
 
     def reference():
-        wp = get_backend("cusparselt").sparsify(lin.weight.detach().to(torch.bfloat16), "tile_greedy").to_dense().float()
+        pruned = get_backend("cusparselt").sparsify(lin.weight.detach().to(torch.bfloat16), "tile_greedy")
+        wp = pruned.to_dense().float()
         return dy.float().t() @ x.detach().to(torch.bfloat16).float(), dy.float().sum(0), dy.float() @ wp
 
     step()

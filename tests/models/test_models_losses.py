@@ -38,7 +38,7 @@ def test_ibot_sinkhorn_uses_n_masked_patches():
     torch.testing.assert_close(q, torch.tensor([[3 / 7, 4 / 7], [9 / 17, 8 / 17]]), rtol=0, atol=1e-6)
 
 
-# softmax centering + center EMA 
+# softmax centering + center EMA
 def test_softmax_centering_and_center_ema():
     loss = DINOLoss(2, center_momentum=0.9)
     t = torch.tensor([[1.0, 0.0], [3.0, 0.0]])
@@ -66,7 +66,7 @@ def test_ibot_center_ema_and_shape():
     torch.testing.assert_close(p, torch.full((4, 3), 1 / 3))
 
 
-# DINO cross-entropy 
+# DINO cross-entropy
 def test_dino_loss_sums_pairs_of_batch_means():
     loss = DINOLoss(2)
     # student logits s/0.1 = [ln 3, 0] -> log_softmax = [ln 3/4, ln 1/4]; zeros -> [ln 1/2, ln 1/2]
@@ -83,7 +83,7 @@ def test_dino_loss_sums_pairs_of_batch_means():
     torch.testing.assert_close(ce(ls1, t1), torch.tensor(-(math.log(0.75) + math.log(0.5)) / 2))
 
 
-# iBOT masked loss 
+# iBOT masked loss
 def test_ibot_forward_masked_weights_each_image_by_its_masked_count():
     # 3 images of 4 patches: image 0 has 1 masked patch, image 1 has 3, image 2 none.
     masks = torch.tensor([[1, 0, 0, 0], [0, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
@@ -115,7 +115,7 @@ def test_ibot_dense_forward_matches_masked_forward():
     torch.testing.assert_close(dense, masked)
 
 
-# KoLeo 
+# KoLeo
 def test_koleo_known_nearest_neighbour_distances():
     # unit vectors at angles 0, 60, 180 degrees (scaled: KoLeo normalises first).
     # chord = 2 sin(d/2): NN distances are 1 (0<->60), 1 (60<->0), 2 sin(60 deg) = sqrt(3) (180 -> 60).

@@ -223,8 +223,8 @@ def test_batch_is_typed_and_moved_once_by_its_owner():
     model = build(tiny_cfg())
     batch = make_batch()
     moved = batch.to("meta")
-    assert all(getattr(moved, k).device.type == "meta" for k in ("global_crops", "local_crops", "masks",
-                                                                     "mask_indices", "masks_weight", "n_masked_patches"))
+    on_device = ("global_crops", "local_crops", "masks", "mask_indices", "masks_weight", "n_masked_patches")
+    assert all(getattr(moved, k).device.type == "meta" for k in on_device)
     assert moved.labels is batch.labels and moved.corrupt_skipped is batch.corrupt_skipped  # host bookkeeping
     assert batch.to("cpu").global_crops is batch.global_crops  # already there: no copy
     with pytest.raises(ValueError, match=r"batch.to\(device\)"):

@@ -267,9 +267,9 @@ def testadd_to_subset_is_index_add_with_its_gradients(dtype):
 
 
 def test_add_to_rows_compiles_whole_with_index_adds_gradients():
-    """The bf16/fp16 stream's add: under torch.compile(fullgraph=True) (a graph break here would split every block) the add and its hand-written
-    backward give torch.index_add's values and gradients, also for a residual in another dtype than the stream
-    (its gradient comes back in the residual's dtype)."""
+    """The bf16/fp16 stream's add: under torch.compile(fullgraph=True) (a graph break here would split every block)
+    the add and its hand-written backward give torch.index_add's values and gradients, also for a residual in another
+    dtype than the stream (its gradient comes back in the residual's dtype)."""
     from models.stochastic_depth import AddToRows
 
     torch.manual_seed(4)

@@ -44,7 +44,8 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
         sys.path.insert(0, {os.getcwd()!r})
         from rundir.torch_files import save_verified
         print("start", flush=True)
-        save_verified({{"step": 2, "w": torch.randn(64, 1024, 1024)}}, __import__("pathlib").Path({str(manager.path_for(2))!r}))
+        save_verified({{"step": 2, "w": torch.randn(64, 1024, 1024)}},
+                      __import__("pathlib").Path({str(manager.path_for(2))!r}))
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)

@@ -61,8 +61,8 @@ def test_start_up_summary_and_the_dtype_actually_used_are_recorded(reference_run
                  "start-up: dtypes: parameters float32, autocast float32 (train.amp_dtype=bf16), residual stream "
                  "float32 (train.residual_dtype=fp32), grad scaler off; "
                  "torch.compile off",
-                 f"start-up: schedule: {TOTAL} steps, 2:4 weight sparse (student; teacher dense) for steps 1-8 of {TOTAL} (sparse_fraction "
-                 "0.5), then dense; backend auto, pruning tile_greedy; starting at step 0"):
+                 f"start-up: schedule: {TOTAL} steps, 2:4 weight sparse (student; teacher dense) for steps 1-8 of "
+                 f"{TOTAL} (sparse_fraction 0.5), then dense; backend auto, pruning tile_greedy; starting at step 0"):
         assert line in log, line
     # backend=auto on a CPU: dense, said once with the reason
     assert log.count("auto backend: cpu float32 -> dense for every layer (weights on cpu: cuSPARSELt runs only on "

@@ -56,7 +56,8 @@ def main():
     part = args.part
     try:
         if part == "basic":
-            res["compress_ms"] = {"fwd": median_cuda_ms(lambda: cf(Wm, cw), 10, 50), "dgrad": median_cuda_ms(lambda: cd(Wm, cwt), 10, 50)}
+            res["compress_ms"] = {"fwd": median_cuda_ms(lambda: cf(Wm, cw), 10, 50),
+                                  "dgrad": median_cuda_ms(lambda: cd(Wm, cwt), 10, 50)}
             for tokens in (4096, 32768):
                 x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
                 dy = torch.randn(tokens, out_f, device=dev, dtype=dtype)
@@ -93,7 +94,8 @@ def main():
             pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, d_order=ORDER_ROW, search=False)
             y = empty_d(pl, dev)
             pl.run(cw, x, y)
-            res["fwd_row"] = {"err": rel(y.t(), F.linear(x, Wm)), "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
+            res["fwd_row"] = {"err": rel(y.t(), F.linear(x, Wm)),
+                              "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
                               "alg": pl.current_alg()}
         elif part == "bN":
             tokens = 32768
@@ -110,7 +112,8 @@ def main():
             pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, has_bias=True, search=False)
             y = empty_d(pl, dev)
             pl.run(cw, x, y, bias)
-            res["fwd_bias"] = {"err": rel(y, F.linear(x, Wm) + bias), "ms": median_cuda_ms(lambda: pl.run(cw, x, y, bias), 10, 50)}
+            res["fwd_bias"] = {"err": rel(y, F.linear(x, Wm) + bias),
+                               "ms": median_cuda_ms(lambda: pl.run(cw, x, y, bias), 10, 50)}
         elif part == "search":
             for tokens in (16384, 32768, 58496):
                 x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
@@ -120,7 +123,8 @@ def main():
                                     reference=ref)
                     d = empty_d(pl, dev)
                     pl.run(a, b, d)
-                    res[f"{kind}_{tokens}"] = {"err": rel(d, ref()), "ms": median_cuda_ms(lambda: pl.run(a, b, d), 10, 50),
+                    res[f"{kind}_{tokens}"] = {"err": rel(d, ref()),
+                                               "ms": median_cuda_ms(lambda: pl.run(a, b, d), 10, 50),
                                                "record": choice_record(pl.key), "ws": pl.workspace.numel()}
                     torch.cuda.synchronize()
                     flush()

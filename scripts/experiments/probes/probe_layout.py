@@ -111,7 +111,8 @@ def main():
                 mask = expand_mask(nib)
                 e["code_mask"] = nib.cpu()
                 for which in ("row", "col"):
-                    a = torch.where(mask, code_values(m, k, which, dtype, dev), torch.zeros((), dtype=dtype, device=dev))
+                    zero = torch.zeros((), dtype=dtype, device=dev)
+                    a = torch.where(mask, code_values(m, k, which, dtype, dev), zero)
                     e[f"code_{which}"] = comp(to_memory(a, orient)).cpu()
                 meta_trials = []
                 for t in range(6):
@@ -130,7 +131,8 @@ def main():
                         nib = torch.full((m, k // 4), s, dtype=torch.uint8, device=dev)
                         vals = rand_values(m, k, dtype, gen, dev)
                         a = torch.where(expand_mask(nib), vals, torch.zeros((), dtype=dtype, device=dev))
-                        uni.append({"subset": s, "dense": to_memory(a, orient).cpu(), "bytes": comp(to_memory(a, orient)).cpu()})
+                        in_memory = to_memory(a, orient)
+                        uni.append({"subset": s, "dense": in_memory.cpu(), "bytes": comp(in_memory).cpu()})
                     e["uniform"] = uni
                     # -0.0 trial: some kept values replaced by -0.0
                     nib = rand_nibbles(m, k, TWO_KEPT, gen, dev)
@@ -150,7 +152,8 @@ def main():
         w = rand_values(o, i, torch.float16, gen, dev)
         nib = rand_nibbles(lay.rows, lay.cols, TWO_KEPT, gen, dev)
         mask_l = expand_mask(nib)  # logical (m, k) of A
-        a_log = torch.where(mask_l, w.reshape(lay.rows, lay.cols) if kind == "fwd" else w.t(), torch.zeros((), dtype=torch.float16, device=dev))
+        logical = w.reshape(lay.rows, lay.cols) if kind == "fwd" else w.t()
+        a_log = torch.where(mask_l, logical, torch.zeros((), dtype=torch.float16, device=dev))
         mem = to_memory(a_log, "row" if kind == "fwd" else "col")
         ref = comp(mem)
         res = {}

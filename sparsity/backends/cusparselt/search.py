@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MODE = CSLT_SEARCH_MODES[0]
 
 # Algorithm ids that must never be run: on cuSPARSELt 0.8.0 / sm90 some fp16 algorithms die with an illegal
-# instruction, which kills the CUDA context (found with scripts/experiments/probes/probe_algs.py; results/bench/NOTES.md).
+# instruction, which kills the CUDA context (found with scripts/experiments/probes/probe_algs.py;
+# results/bench/NOTES.md).
 # Keyed by (arch, cuSPARSELt version, dtype). The sweep runs only where an entry exists (bf16 and fp16 alike), or
 # with mode "sweep_unsafe"; elsewhere the default algorithm is used.
 BAD_ALGS: dict = {
@@ -56,8 +57,8 @@ BAD_ALGS: dict = {
 
 def register_bad_algs(arch: str, cusparselt_version: int, dtype: torch.dtype, alg_ids) -> None:
     """Declare the algorithm ids that crash the GPU on (arch, cuSPARSELt version, dtype), as found by running each id
-    in a process of its own (scripts/experiments/probes/probe_algs.py): "sweep" then runs there too, skipping them. Adds to
-    what is known; choices already made in this process stay."""
+    in a process of its own (scripts/experiments/probes/probe_algs.py): "sweep" then runs there too, skipping them.
+    Adds to what is known; choices already made in this process stay."""
     if not (isinstance(arch, str) and arch.startswith("sm") and arch[2:].isdigit()):
         raise ValueError(f"arch={arch!r}: expected 'sm' and the compute capability's digits, e.g. 'sm90'")
     if not isinstance(cusparselt_version, int) or cusparselt_version <= 0:

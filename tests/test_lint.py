@@ -1,0 +1,30 @@
+"""The repository passes `ruff check` with the rules of pyproject.toml ([tool.ruff.lint]: unused or undefined names,
+pycodestyle's errors and warnings, lines within the project's length), and the check fails where it should."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ruff", reason="ruff comes with the test extras: pip install -e '.[test]'")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ruff_check(*paths: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(REPO / "pyproject.toml")]
+    return subprocess.run([*command, *map(str, paths)], cwd=REPO, capture_output=True, text=True)
+
+
+def test_the_repository_passes_ruff_check():
+    done = ruff_check(REPO)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_check_finds_an_unused_import_and_an_overlong_line(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\n\nx = '" + "a" * 130 + "'\n")
+    done = ruff_check(planted)
+    assert done.returncode == 1
+    assert "F401" in done.stdout and "E501" in done.stdout
