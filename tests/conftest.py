@@ -15,7 +15,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from configs.torch_env import ensure_torchvision_importable  # noqa: E402
-from file_seconds import read_table  # noqa: E402
 
 ensure_torchvision_importable()
 
@@ -30,9 +29,6 @@ def pytest_cmdline_main(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # the longest files first, so that the workers end together (tests/file_seconds.py); order inside a file kept
-    seconds = read_table()
-    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0))
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on a GPU machine")
