@@ -107,7 +107,7 @@ def _bm(m: int) -> int:
 def bsmm_forward(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], layout) -> torch.Tensor:
     """x (M, K) @ (W * block mask)^T + bias -> (M, N) in x.dtype."""
     check_launchable(x, w)
-    m, n, bs = x.shape[0], w.shape[0], layout.block_size
+    (m, _), n, bs = x.shape, w.shape[0], layout.block_size  # x must be 2-D
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
