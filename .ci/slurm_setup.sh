@@ -93,12 +93,19 @@ SHIM
 chmod 755 /usr/local/bin/sacct
 
 rm -f /run/slurmctld.pid   # left behind by a previous SIGTERM (gotcha 14)
-/usr/sbin/slurmctld
-{ [ -f /run/slurmd.pid ] && kill -0 "$(cat /run/slurmd.pid)" 2>/dev/null; } || /usr/sbin/slurmd -N localhost
+# -c: start from an empty queue. A machine that ran these tests before keeps the old controller's saved jobs, and one
+# whose batch directory could not be made (a full disk) holds the only node allocated, so no test job would ever start.
+/usr/sbin/slurmctld -c
+{ [ -f /run/slurmd.pid ] && kill -0 "$(cat /run/slurmd.pid)" 2>/dev/null; } || /usr/sbin/slurmd -c -N localhost
 for _ in $(seq 100); do
   sinfo -h -o '%t' 2>/dev/null | grep -qx idle && break
   sleep 0.2
 done
+# A node left down or drained by an earlier run (a failed batch setup drains it) is put back once.
+if sinfo -h -o '%t' | grep -qE '^(down|drain|drng|fail)'; then
+  scontrol update NodeName=localhost State=RESUME || true
+  for _ in $(seq 50); do sinfo -h -o '%t' 2>/dev/null | grep -qx idle && break; sleep 0.2; done
+fi
 sinfo -h -o '%t' | grep -qx idle || { echo "slurm: node did not become idle" >&2; sinfo >&2; \
   tail -n 20 /var/log/slurm/slurmctld.log /var/log/slurm/slurmd.log >&2; exit 1; }
 echo "slurm: up in $(( $(date +%s) - start )) s"; sinfo
