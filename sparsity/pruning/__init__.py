@@ -1,4 +1,5 @@
-"""2:4 pruning: pure-PyTorch oracles (`reference`) and one dispatcher that runs Triton kernels on CUDA.
+"""2:4 pruning: pure-PyTorch oracles (`reference`) and one dispatcher that runs Triton kernels on CUDA and the greedy
+tile walk by a transition table on the CPU (`greedy_table`), each equal to the oracle bit for bit.
 
 `prune(w, method)` -> (pruned values in w.dtype, bool mask). Methods: see `reference.METHODS`;
 `is_transposable(method)` says whether W^T is 2:4 too (only then may the input-gradient GEMM run sparse).
@@ -11,6 +12,7 @@ from typing import Tuple
 
 import torch
 
+from . import greedy_table
 from .reference import (
     METHODS,
     MVUE_EPS,
@@ -45,8 +47,9 @@ def _use_triton(t: torch.Tensor, impl: str) -> bool:
 def prune(w: torch.Tensor, method: str, *, impl: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     """Prune a 2-D tensor with `method`: (values in w.dtype, bool mask), identical for every impl.
 
-    impl: "auto" = Triton kernel on CUDA tensors, the torch reference elsewhere; "reference"; "triton" (forced; on CPU
-    it needs TRITON_INTERPRET=1 set before the kernels are first imported).
+    impl: "auto" = Triton kernel on CUDA tensors, the table walk for the greedy tile methods on the CPU, the torch
+    reference elsewhere; "reference"; "triton" (forced; on CPU it needs TRITON_INTERPRET=1 set before the kernels are
+    first imported).
     """
     check_shape(w.shape, method)
     if _use_triton(w, impl):
@@ -54,6 +57,9 @@ def prune(w: torch.Tensor, method: str, *, impl: str = "auto") -> Tuple[torch.Te
         from sparsity.kernels import prune as kernels
 
         return kernels.prune(w.detach(), method)
+    if impl == "auto" and method in greedy_table.METHODS and w.device.type == "cpu":
+        mask = greedy_table.greedy_mask(w, method)
+        return torch.where(mask, w.detach(), torch.zeros((), dtype=w.dtype)), mask
     return prune_reference(w, method)
 
 

@@ -23,6 +23,7 @@ from sparsity.pruning import (
     tile_greedy_signed_mask,
     tile_optimal_mask,
 )
+from sparsity.pruning import greedy_table
 
 # ------------------------------------------------------------------------------------------------ literal oracles
 
@@ -285,3 +286,41 @@ def test_enumeration_helpers_are_consistent():
         m = [[(bits >> (4 * r + c)) & 1 for c in range(4)] for r in range(4)]
         for r, k in enumerate(pat):
             assert tuple(c for c in range(4) if m[r][c]) == list(itertools.combinations(range(4), 2))[k]
+
+
+# ------------------------------------------------------------------------ the table walk (prune's CPU path)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=16, max_size=16), st.sampled_from(["tile_greedy", "tile_greedy_signed"]))
+def test_the_table_walk_equals_the_literal_walk_on_tied_tiles(vals, method):
+    tile = [vals[4 * r : 4 * r + 4] for r in range(4)]
+    got = greedy_table.greedy_mask(torch.tensor(tile, dtype=torch.float32), method)
+    assert got.tolist() == greedy_tile_literal(tile, signed=method == "tile_greedy_signed")
+
+
+@pytest.mark.parametrize("method", ["tile_greedy", "tile_greedy_signed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prune_on_the_cpu_takes_the_table_walk_and_equals_the_reference(method, dtype, monkeypatch):
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 96, generator=g).to(dtype)
+    w[::3, 5] = w[::3, 6]  # ties inside tiles
+    w[8:12] = 0.0  # whole tiles of zeros
+    w[16:20, :8] = -0.0
+    w[24:28, :8] = torch.tensor([-2.0, 2.0]).repeat(4, 4).to(dtype)  # equal magnitudes, opposite signs
+    values, mask = prune(w, method)
+    ref_values, ref_mask = prune(w, method, impl="reference")
+    assert torch.equal(mask, ref_mask) and torch.equal(values, ref_values) and values.dtype == dtype
+
+    def refuse(*args):
+        raise AssertionError("the table walk ran")
+
+    monkeypatch.setattr(greedy_table, "greedy_mask", refuse)
+    prune(w, method, impl="reference")  # the oracle stays the reference
+    with pytest.raises(AssertionError, match="the table walk ran"):
+        prune(w, method)
+
+
+def test_the_table_walk_refuses_other_methods():
+    with pytest.raises(ValueError, match="rowwise"):
+        greedy_table.greedy_mask(torch.ones(4, 4), "rowwise")
