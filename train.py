@@ -17,8 +17,8 @@ from pathlib import Path
 
 from configs import DEFAULT_CONFIG, ConfigError, load_config
 from configs.command_line import parse_command_line
-from rundir.layout import LOG
 from rundir.metrics import open_append
+from rundir.run_dir import RunDir
 from rundir.status import DISK_FULL
 from training.closing_lines import closing_lines
 
@@ -65,7 +65,7 @@ def setup_logging(output_dir: Path, is_main: bool) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if is_main:
         output_dir.mkdir(parents=True, exist_ok=True)
-        handlers.append(_RunLogHandler(output_dir / LOG))
+        handlers.append(_RunLogHandler(RunDir(output_dir).log_file))
     logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=handlers,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
 

@@ -23,8 +23,9 @@ from configs.load import saved_value_matches
 from data import build_dataset, make_eval_transform
 from rundir.atomic import atomic_write_text, name_problem
 from rundir.guard import eval_dir_problem
-from rundir.layout import BASELINE_SUFFIXES, CONFIG, EVAL_DIR, TEACHER, eval_result_name
+from rundir.layout import BASELINE_SUFFIXES, TEACHER, eval_result_name
 from rundir.lock import lock
+from rundir.run_dir import RunDir
 
 from .data_names import data_identity, data_label, hashed_label, recorded_identity
 from .features import (EvalInputError, Features, PixelFeatures, cache_key, dataset_settings, extract, load_cached,
@@ -47,7 +48,7 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 def load_run_config(run_dir: Path):
     if not run_dir.is_dir():
         raise EvalInputError(f"run directory not found: {run_dir}")
-    path = run_dir / CONFIG
+    path = RunDir(run_dir).config_file
     if not path.is_file():
         raise EvalInputError(f"{path} not found: --run must be a directory written by train.py")
     try:
@@ -173,7 +174,7 @@ def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[
         dsettings = {**dataset_settings(data_cfg, split), "n_images": len(datasets[role]), "classes": classes[role]}
         key = cache_key(digest, tsettings, dsettings, run_cfg.student, precision,
                         mlp.cache_tag if mlp is not None else "dense")
-        path = run_dir / EVAL_DIR / f"features_{split}{suffix}.pt"
+        path = RunDir(run_dir).eval_dir / f"features_{split}{suffix}.pt"
         out[role] = _cached_or_extracted(path, key, datasets[role], teacher, eval_cfg, device, amp, split)
         out[f"{role}_dataset"] = {"root": root, **{k: v for k, v in dsettings.items() if k != "classes"}}
     check_two_classes(out["train"].y, splits["train"])
@@ -221,7 +222,7 @@ def other_data(run_dir: Path, run_cfg, eval_cfg) -> str:
         return f"data.dataset={data_cfg.dataset}, the run trained on {run_cfg.data.dataset}"
     if data_cfg.dataset == "imagenet_folder":
         try:
-            same_root = saved_value_matches((run_dir / CONFIG).read_text(), "data.root", data_cfg.root,
+            same_root = saved_value_matches(RunDir(run_dir).config_file.read_text(), "data.root", data_cfg.root,
                                             same=lambda old, new: _real(old) == _real(new))
         except (OSError, ConfigError):
             same_root = False
@@ -279,7 +280,7 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     if problem:  # the feature cache goes there
         raise EvalInputError(problem)
     baseline = eval_cfg.checkpoint if eval_cfg.checkpoint in BASELINES else None
-    checkpoint = None if baseline else Path(eval_cfg.checkpoint or run_dir / TEACHER)
+    checkpoint = None if baseline else Path(eval_cfg.checkpoint or RunDir(run_dir).teacher)
     device = resolve_device(eval_cfg.device)
     mlp = resolve_mlp_pruning(eval_cfg.prune_mlp, run_cfg, has_model=baseline != PIXELS)
     elsewhere = other_data(run_dir, run_cfg, eval_cfg)
@@ -356,7 +357,7 @@ def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional
     knn_only = mode == "knn"
     if baseline:
         return eval_result_name(knn_only, BASELINES[baseline] + suffix)
-    if checkpoint is not None and checkpoint.resolve() != (run_dir / TEACHER).resolve():
+    if checkpoint is not None and checkpoint.resolve() != RunDir(run_dir).teacher.resolve():
         which = f"_step_{step:08d}" if step is not None else ""
         if checkpoint.name != TEACHER or not which:  # not a teacher export (or no step to tell it by): its name too
             which = f"_{checkpoint.stem}{which}"

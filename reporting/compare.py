@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from configs.load import RESUMABLE_CHANGES, SEED_KEY, config_difference, read_config_text
-from rundir.layout import CONFIG, METRICS
-from rundir.metrics import metrics_by_steps_done
+from rundir.run_dir import RunDir
 
 TOTAL = "loss"
 
@@ -30,7 +29,7 @@ class TermComparison:
 def loss_curves(run_dir: Path) -> dict[str, dict[int, float]]:
     """{term: {step: value}} of a run's metrics.jsonl (the total `loss` and every `*_loss` term; NaN/inf left out)."""
     curves: dict[str, dict[int, float]] = {}
-    for record in metrics_by_steps_done(Path(run_dir) / METRICS):
+    for record in RunDir(run_dir).read_metrics():
         for key, value in record.items():
             if (key == TOTAL or key.endswith("_loss")) and isinstance(value, (int, float)) and math.isfinite(value):
                 curves.setdefault(key, {})[record["step"]] = float(value)
@@ -79,7 +78,7 @@ def as_json(comparisons: list[TermComparison]) -> list[dict]:
 
 def _changes(old_run: Path, new_run: Path) -> list[str]:
     """'key: old -> new' for the config keys that change what a run computes (not how it executes, as for a resume)."""
-    old, new = (read_config_text(Path(run) / CONFIG) for run in (old_run, new_run))
+    old, new = (read_config_text(RunDir(run).config_file) for run in (old_run, new_run))
     return config_difference(old, new, allowed=RESUMABLE_CHANGES)
 
 

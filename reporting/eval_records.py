@@ -13,7 +13,7 @@ from configs.eval_schema import EvalConfig, protocol_changes
 from configs.load import load_structured_text
 from rundir.digests import recorded_digest
 from rundir.json_files import parse_json
-from rundir.layout import TEACHER
+from rundir.run_dir import RunDir
 
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
 STALE = "stale"  # an evaluation of another teacher than the run's current one (the run was trained again since)
@@ -150,7 +150,7 @@ def stale_reason(record: EvalRecord, run_dir: Path) -> str:
     """Why the run's own evaluation is not of its current teacher ("" when it is, or when nothing tells: a run
     published without weights keeps the teacher's digest file, one of an older version may have none)."""
     try:
-        current = recorded_digest(run_dir / TEACHER)
+        current = recorded_digest(RunDir(run_dir).teacher)
     except (OSError, ValueError):  # an unreadable digest file tells nothing
         return ""
     if not current or not record.checkpoint_sha256 or record.checkpoint_sha256 == current:

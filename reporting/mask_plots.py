@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from rundir.metrics import read_metrics
+from rundir.run_dir import RunDir
 
 from .figures import STYLE, palette, plt, save_with_legend_below
 
@@ -24,7 +25,7 @@ SMOOTH = 5  # logged values per centred moving average of the noisy flip rate an
 
 def mask_series(run_path) -> dict:
     """{field: (steps, values)} of one run's metrics.jsonl (fields it never logged are absent)."""
-    records = read_metrics(Path(run_path) / "metrics.jsonl")
+    records = read_metrics(RunDir(run_path).metrics_file)
     series = {}
     for key, _, _ in FIELDS:
         points = [(r["step"], r[key]) for r in records

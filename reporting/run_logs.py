@@ -16,11 +16,9 @@ from pathlib import Path
 from typing import Optional
 
 from configs import ConfigError, load_config
-from rundir import compressed
-from rundir.layout import (BASELINE_RESULTS, CONFIG, EVAL_RESULT, METRICS, TEACHER, checkpoint_dir,
-                           eval_result_name, is_run_dir, list_checkpoints, read_run_info)
-from rundir.metrics import metrics_by_steps_done
-from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED, read_status
+from rundir.layout import BASELINE_RESULTS, CONFIG, METRICS, TEACHER, is_run_dir
+from rundir.run_dir import RunDir
+from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED
 
 from .eval_records import (COMPLETE, FAILED, KNN_SHOWN_K, MISSING, PARTIAL, STALE, UNREADABLE,  # noqa: F401
                            EvalRecord, EvalResults, as_float, read_eval_record, shown_k, short_text, stale_reason)
@@ -113,8 +111,8 @@ class RunSummary(EvalResults):
         return f"{self.train_status} ({self.reason})" if self.reason else self.train_status
 
 
-def _read_config(run: RunSummary, run_dir: Path) -> bool:
-    path = run_dir / CONFIG
+def _read_config(run: RunSummary, run_dir: RunDir) -> bool:
+    path = run_dir.config_file
     if not path.is_file():
         there = os.path.lexists(path)  # a FIFO, a directory or a dangling link: never opened
         run.train_status, run.reason = UNREADABLE, f"{CONFIG} is not a regular file" if there else f"no {CONFIG}"
@@ -134,7 +132,7 @@ def _read_config(run: RunSummary, run_dir: Path) -> bool:
     run.global_batch = run.processes * per_process
     run.seed = cfg.train.seed
     run.config = flatten_config(dataclasses.asdict(cfg))
-    info = read_run_info(run_dir)
+    info = run_dir.read_run_info()
     run.device, run.device_name, run.data_fingerprint = (
         info.get(k) or "" for k in ("device", "device_name", "data_fingerprint"))
     return True
@@ -149,12 +147,12 @@ def flatten_config(node: dict, prefix: str = "") -> dict:
     return out
 
 
-def _batch_layout(run_dir: Path, batch_size_per_gpu: int) -> tuple[int, int]:
+def _batch_layout(run_dir: RunDir, batch_size_per_gpu: int) -> tuple[int, int]:
     """(processes, per-GPU batch) of the run: its images per step are their product (metrics' images/s are global).
     From the newest readable checkpoint, memory-mapped so a ViT-L checkpoint costs no more than its header; else
     from run_info.json (written at every start, and kept where checkpoints are not, as in committed results); else
     the config's per-GPU batch on one process."""
-    checkpoints = list_checkpoints(checkpoint_dir(run_dir))
+    checkpoints = run_dir.checkpoints()
     if checkpoints:
         import torch  # only where there are checkpoints to read: tables of committed runs and --help go without it
     for _, path in reversed(checkpoints):
@@ -163,18 +161,18 @@ def _batch_layout(run_dir: Path, batch_size_per_gpu: int) -> tuple[int, int]:
             return int(state["world_size"]), int(state.get("batch_size_per_gpu", batch_size_per_gpu))
         except Exception:  # noqa: BLE001 - an unreadable checkpoint: try the previous one
             continue
-    info = read_run_info(run_dir)
+    info = run_dir.read_run_info()
     if info.get("world_size") and info.get("batch_size_per_gpu"):
         return info["world_size"], info["batch_size_per_gpu"]
     return 1, batch_size_per_gpu  # missing, unreadable or older: the config alone
 
 
-def _read_metrics(run: RunSummary, run_dir: Path) -> None:
+def _read_metrics(run: RunSummary, run_dir: RunDir) -> None:
     """Progress, loss curve and phase times. Each record's images/s covers the steps since the previous record,
     so a window took steps * global_batch / images_per_s seconds; a window straddling the sparse->dense switch is
     split between the phases by its step count."""
-    records = metrics_by_steps_done(run_dir / METRICS)  # a line cut by a kill mid-write is skipped
-    checkpoint_steps = [step for step, _ in list_checkpoints(checkpoint_dir(run_dir))]
+    records = run_dir.read_metrics()
+    checkpoint_steps = [step for step, _ in run_dir.checkpoints()]
     run.steps_done = max([r["step"] for r in records] + checkpoint_steps + [0])
     terms = list(LOSS_TERMS) + sorted({k for r in records for k in r if k.endswith("_loss")} - set(LOSS_TERMS))
     for term in terms:
@@ -184,7 +182,7 @@ def _read_metrics(run: RunSummary, run_dir: Path) -> None:
     if run.loss_curve:
         run.final_loss = run.loss_curve[-1][1]
     run.sparse_images_per_s, run.dense_images_per_s = _phase_rates(records, run.sparse_steps,
-                                                                   read_status(run_dir).resumed_at)
+                                                                   run_dir.read_status().resumed_at)
     outside = [v for r in records if (v := as_float(r.get("gpu_mem_outside_mb"))) is not None]
     run.gpu_mem_outside_mb = max(outside) if outside else None
     if not run.global_batch:
@@ -232,19 +230,19 @@ def _phase_rates(records: list[dict], sparse_steps: Optional[int], restarts: lis
     return tuple(statistics.median(rates[p]) if rates[p] else None for p in ("sparse", "dense"))
 
 
-def _training_status(run: RunSummary, run_dir: Path) -> None:
+def _training_status(run: RunSummary, run_dir: RunDir) -> None:
     """Complete when trained to the end with the teacher exported (the export itself, or status.json's "finished",
     written after it: published results carry no weights); otherwise what status.json (or, for older runs, their
     log) recorded: failed with its reason, or partial (preempted, or still running / killed)."""
     finished = run.total_steps is not None and run.steps_done >= run.total_steps
-    status = read_status(run_dir)
+    status = run_dir.read_status()
     run.run_id = status.run_id  # what a copy of the directory keeps: `mark_duplicates`
-    if finished and ((run_dir / TEACHER).is_file() or status.state == RUN_FINISHED):
+    if finished and (run_dir.teacher.is_file() or status.state == RUN_FINISHED):
         run.train_status = COMPLETE
         return
     if status.state == RUN_FAILED:
         run.train_status, run.reason = FAILED, short_text(status.reason)
-    elif run.steps_done == 0 and not compressed.exists(run_dir / METRICS):
+    elif run.steps_done == 0 and not run_dir.has_metrics():
         run.train_status, run.reason = PARTIAL, "no steps logged"
     elif run.steps_done == 0:  # the file is there, yet not one line of it reads as a step
         run.train_status, run.reason = PARTIAL, f"no readable step line in {METRICS}"
@@ -256,17 +254,17 @@ def _training_status(run: RunSummary, run_dir: Path) -> None:
             run.reason = "preempted"
 
 
-def _read_eval(run: RunSummary, run_dir: Path, eval_label: str = "") -> None:
-    path = run_dir / (eval_result_name(False, f"_data_{eval_label}") if eval_label else EVAL_RESULT)
+def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "") -> None:
+    path = run_dir.eval_result(suffix=f"_data_{eval_label}" if eval_label else "")
     own = read_eval_record(path, other_data=bool(eval_label))
-    if own.status == COMPLETE and (reason := stale_reason(own, run_dir)):
+    if own.status == COMPLETE and (reason := stale_reason(own, run_dir.path)):
         own = EvalRecord(path=own.path, status=STALE, reason=reason)  # its numbers are never shown as the run's
     run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds
     for f in fields(EvalResults):
         setattr(run, f.name, getattr(own, f.name))
     for key, names in BASELINE_RESULTS.items():
         for name in names:
-            record = read_eval_record(run_dir / name)
+            record = read_eval_record(run_dir.path / name)
             if record.status == COMPLETE:
                 run.baselines[key] = record
                 break
@@ -275,9 +273,9 @@ def _read_eval(run: RunSummary, run_dir: Path, eval_label: str = "") -> None:
 def read_run(run_dir: Path, name: Optional[str] = None, eval_label: str = "") -> RunSummary:
     """Everything the tables need about one run directory; never raises for a damaged or absent run. `eval_label`:
     the probe on other data to read (`eval_linear_data_<label>.json`) instead of the run's own `eval_linear.json`."""
-    run_dir = Path(run_dir)
-    run = RunSummary(name=name or run_dir.name, path=str(run_dir))
-    if not run_dir.is_dir():
+    run_dir = RunDir(run_dir)
+    run = RunSummary(name=name or run_dir.path.name, path=str(run_dir))
+    if not run_dir.path.is_dir():
         run.train_status, run.reason = MISSING, "no run directory"
         return run
     if not _read_config(run, run_dir):

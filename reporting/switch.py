@@ -24,7 +24,8 @@ import numpy as np
 from configs import ConfigError, load_config
 from evaluation.evaluate import default_output_name
 from evaluation.mlp_pruning import probe_suffix, run_ended_sparse
-from rundir.layout import CONFIG, EVAL_RESULT, teacher_export_path
+from rundir.layout import teacher_export_path
+from rundir.run_dir import RunDir
 from training.schedules import build_schedules
 
 from .run_logs import COMPLETE, read_eval_record
@@ -63,11 +64,11 @@ def teacher_left(momentum: np.ndarray, first_dense_step: int) -> float:
 
 def switch_row(run_dir: Path) -> SwitchRow:
     """One run's row; ConfigError if its config.yaml cannot be read."""
-    cfg = load_config(run_dir / CONFIG)
+    cfg = load_config(RunDir(run_dir).config_file)
     ended_sparse = run_ended_sparse(cfg)
     switches = cfg.switches
     step = cfg.sparse_steps if switches else None
-    final = read_eval_record(run_dir / EVAL_RESULT)
+    final = read_eval_record(RunDir(run_dir).eval_result())
     return SwitchRow(
         run=run_dir.name, sparse_fraction=cfg.sparsity.sparse_fraction, switch_weights=cfg.sparsity.switch_weights,
         seed=cfg.train.seed, switch_step=step,

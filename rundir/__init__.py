@@ -4,6 +4,8 @@ A run directory (`train.py --output-dir`) is written by the trainer and the eval
 (`scripts/make_table.py`) and the Slurm launcher (`slurm/launch.py`). Its rules live here, below everything that
 trains, evaluates or reports, and import nothing of the project:
 
+- `run_dir`: `RunDir(path)`, one run's paths and readers in one object: what every other package uses, so that no
+  command spells a run's file names itself (`tests/test_run_dir_object.py` holds it);
 - `layout`: the names of its files and folders (config.yaml, metrics.jsonl, status.json, checkpoints/, eval/, ...)
   and the writers of its small records;
 - `atomic`: every write goes to an exclusively created temporary file, then is renamed into place (never through a

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rundir.run_dir import RunDir
+
 REPO = Path(__file__).resolve().parents[1]
 NEIGHBOUR = "import torch\na = torch.randn(1500, 1500)\nwhile True:\n    a @ a\n"
 POLICIES = {"passive": "PASSIVE", "runtime default": ""}  # "" : unset for libgomp (train.py's setdefault keeps it)
@@ -41,7 +43,7 @@ def one_run(steps: int, policy: str, beside_neighbour: bool, folder: Path) -> di
             neighbour.kill()
             neighbour.wait()
     wall = time.perf_counter() - start
-    rates = [json.loads(line)["images_per_s"] for line in (run / "metrics.jsonl").read_text().splitlines()][2:]
+    rates = [record["images_per_s"] for record in RunDir(run).read_metrics()][2:]
     return {"wall_s": round(wall, 1), "median_images_per_s": round(statistics.median(rates), 2)}
 
 

@@ -36,11 +36,12 @@ def main(argv=None) -> int:
     from configs import ConfigError
     from reporting.compare import as_json, compare_runs, setting_changes
     from rundir.atomic import atomic_write_text
+    from rundir.run_dir import RunDir
 
     if args.more_seeds and args.plot is None:
         parser.error("--more-seeds is only drawn: it needs --plot")
     for path in (args.candidate, args.baseline, args.spread, *args.more_seeds):
-        if path is not None and not (path / "metrics.jsonl").is_file():
+        if path is not None and not RunDir(path).has_metrics():
             print(f"{path}: no metrics.jsonl (not a run directory written by train.py)", file=sys.stderr)
             return 2
     try:

@@ -41,7 +41,8 @@ from configs.command_line import parse_command_line
 from configs.sweep import refuse_fraction_override, schedule_run
 from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS
 from reporting.run_logs import COMPLETE, read_run
-from rundir.layout import BASELINE_RESULTS, EVAL_RESULT, TEACHER
+from rundir.layout import BASELINE_RESULTS
+from rundir.run_dir import RunDir
 from slurm.sweep import run_name  # (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
 from training.terminal import track
 
@@ -91,7 +92,7 @@ def seeded_run_name(fraction: float, seed: Optional[int]) -> str:
 
 
 def _eval_is_stale(run_dir: Path) -> bool:
-    result, teacher = run_dir / EVAL_RESULT, run_dir / TEACHER
+    result, teacher = RunDir(run_dir).eval_result(), RunDir(run_dir).teacher
     return not result.is_file() or (teacher.is_file() and result.stat().st_mtime < teacher.stat().st_mtime)
 
 

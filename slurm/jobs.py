@@ -32,7 +32,7 @@ from typing import Optional
 import submitit
 
 from rundir.json_files import parse_json
-from rundir.layout import EVAL_RESULT, TEACHER
+from rundir.run_dir import RunDir
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class TrainJob(ScriptJob):
         self.run_dir = Path(run_dir)
 
     def result(self) -> dict:
-        return {"run_dir": str(self.run_dir), "teacher": str(self.run_dir / TEACHER)}
+        return {"run_dir": str(self.run_dir), "teacher": str(RunDir(self.run_dir).teacher)}
 
 
 class EvalJob(ScriptJob):
@@ -173,7 +173,7 @@ class EvalJob(ScriptJob):
         self.run_dir = Path(run_dir)
 
     def result(self) -> dict:
-        path = self.run_dir / EVAL_RESULT
+        path = RunDir(self.run_dir).eval_result()
         if not path.exists():
             raise ChildFailed(f"eval_linear.py exited cleanly but wrote no {path}")
         return parse_json(path.read_bytes())

@@ -21,9 +21,9 @@ from configs import ConfigError, load_config  # noqa: E402
 from configs.command_line import parse_command_line  # noqa: E402
 from reporting.eval_records import COMPLETE, MISSING, read_eval_record  # noqa: E402
 from rundir.errors import RunDirProblem  # noqa: E402
-from rundir.layout import CONFIG, EVAL_RESULT, METRICS, newest_checkpoint  # noqa: E402
-from rundir.metrics import metrics_by_steps_done  # noqa: E402
-from rundir.status import RUNNING, last_step, read_status  # noqa: E402
+from rundir.layout import CONFIG, EVAL_RESULT, METRICS  # noqa: E402
+from rundir.run_dir import RunDir  # noqa: E402
+from rundir.status import RUNNING, last_step  # noqa: E402
 from slurm.sweep import JOBS_FILE, JobRecord, read_jobs  # noqa: E402
 
 # Job states after which Slurm may still run the job (a requeued job is PENDING again).
@@ -70,7 +70,7 @@ def query_states(job_ids: Iterable[str]) -> dict[str, str]:
 
 def _total_steps(run_dir: Path) -> Optional[int]:
     try:
-        return last_step(load_config(run_dir / CONFIG))
+        return last_step(load_config(RunDir(run_dir).config_file))
     except (ConfigError, OSError, ValueError):
         return None
 
@@ -78,7 +78,7 @@ def _total_steps(run_dir: Path) -> Optional[int]:
 def _eval_summary(run_dir: Path) -> str:
     """The run's linear-probe top-1, read as the table reads it (`reporting.eval_records.read_eval_record`: only a
     finite percentage; a FIFO is never opened)."""
-    record = read_eval_record(run_dir / EVAL_RESULT)
+    record = read_eval_record(RunDir(run_dir).eval_result())
     if record.status == MISSING:
         return "-"
     if record.status != COMPLETE:
@@ -98,11 +98,12 @@ def _latest_jobs(run_dir: Path) -> Optional[dict[str, Optional[JobRecord]]]:
 
 
 def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
-    records = metrics_by_steps_done(run_dir / METRICS)  # step = steps done, whatever the line's format
+    run = RunDir(run_dir)
+    records = run.read_metrics()  # step = steps done, whatever the line's format
     record = records[-1] if records else None
     total = _total_steps(run_dir)
-    newest = newest_checkpoint(run_dir)
-    status = read_status(run_dir)
+    newest = run.newest_checkpoint()
+    status = run.read_status()
     state = status.state  # running: the Slurm state says more (a killed run cannot record its end)
     # the step the run reached: metrics lines come every log_period steps, the checkpoint and status.json say more
     step = max([record["step"] if record else 0, status.step or 0, newest[0] if newest else 0])

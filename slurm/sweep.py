@@ -27,7 +27,7 @@ from rundir.atomic import atomic_write_text
 from rundir.errors import RunDirProblem
 from rundir.guard import usable_checkpoint_dir
 from rundir.json_files import parse_json
-from rundir.layout import CONFIG, EVAL_RESULT, checkpoint_dir
+from rundir.run_dir import RunDir
 from rundir.status import last_step, nothing_left_at, resumable_step
 from rundir.typed_records import JOB_FIELDS, checked
 
@@ -40,7 +40,7 @@ JOBS_FILE = "jobs.json"  # the launcher's record of the jobs it submitted for a 
 def probe_done(run_dir: Path) -> bool:
     """Whether the run's probe is done as the tables see it: its eval_linear.json readable, of the run's own data
     and of its current teacher; a file that is there but unreadable, of other data or stale is a probe to run."""
-    record = read_eval_record(run_dir / EVAL_RESULT)
+    record = read_eval_record(RunDir(run_dir).eval_result())
     return record.status == COMPLETE and not stale_reason(record, run_dir)
 
 def run_name(fraction: float) -> str:
@@ -128,7 +128,7 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
                               f"({cfg.sparse_steps} sparse steps of {cfg.total_steps}): one run; drop one of them")
         run_dir = Path(runs_dir) / run_name(fraction)
         plan = RunPlan(fraction, run_dir, run.overrides, cfg, last_step(cfg), notes=run.notes)
-        existing = run_dir / CONFIG
+        existing = RunDir(run_dir).config_file
         if os.path.lexists(existing):  # a run started there: its saved config must be readable and the same
             try:
                 changed = config_difference(read_config_text(existing), to_yaml(cfg), RESUMABLE_CHANGES)
@@ -141,7 +141,7 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
                     "and overrides to resume it, or pick a new --runs-dir for the new settings"
                 )
         # what the trainer and the submitter would refuse later, refused before anything is submitted
-        usable_checkpoint_dir(checkpoint_dir(run_dir))  # RunDirProblem naming the entry
+        usable_checkpoint_dir(RunDir(run_dir).checkpoint_dir)  # RunDirProblem naming the entry
         if (run_dir / JOB_LOGS).is_symlink():  # submitit would write its logs and pickles through it
             raise RunDirProblem(f"{run_dir / JOB_LOGS} is a symlink: the jobs' logs are the run's own directory; "
                                 "remove the link")

@@ -4,8 +4,7 @@ command to type. Torch-free: read from the run directory (metrics.jsonl, the exp
 import shlex
 from pathlib import Path
 
-from rundir.layout import METRICS, TEACHER
-from rundir.metrics import metrics_by_steps_done
+from rundir.run_dir import RunDir
 from rundir.status import last_step
 
 
@@ -42,12 +41,13 @@ def closing_lines(output_dir: Path, cfg, elapsed_s: float, eval_script: Path = P
     """What a finished `train.py` says last: the step reached and this command's time, the final logged loss, the
     files, then the next command (the linear probe once the teacher is exported; else how to continue)."""
     output_dir = Path(output_dir)
-    metrics = output_dir / METRICS
-    records = [r for r in metrics_by_steps_done(metrics) if isinstance(r.get("loss"), (int, float))]
+    run_dir = RunDir(output_dir)
+    metrics = run_dir.metrics_file
+    records = [r for r in run_dir.read_metrics() if isinstance(r.get("loss"), (int, float))]
     last, total = last_step(cfg), cfg.total_steps
     reached = records[-1]["step"] if records else last
     loss = f"final loss {records[-1]['loss']:.4f} (step {reached})" if records else "no loss logged"
-    teacher = output_dir / TEACHER
+    teacher = run_dir.teacher
     lines = [f"done: step {reached} of {total} in {duration(elapsed_s)}; {loss}"]
     run = shown_path(output_dir)
     if teacher.is_file():

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from configs import Config, ConfigError, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference
 from rundir.errors import CommandError
-from rundir.layout import TEACHER
+from rundir.run_dir import RunDir
 from rundir.status import nothing_left_at, read_status
 
 from .distributed import DistContext
@@ -117,7 +117,7 @@ def nothing_left(cfg: Config, output_dir: Path, step: int, last_step: int, say: 
     """Whether a run resumed at `step` has nothing left to do: its checkpoint is at the last step and, for a full
     run, the teacher is exported. Then it is said so (`say`: the rank that logs), and nothing is rewritten."""
     total = cfg.total_steps
-    final = output_dir / TEACHER
+    final = RunDir(output_dir).teacher
     if not nothing_left_at(output_dir, step, last_step, total):
         return False
     if say and last_step >= total:

@@ -12,8 +12,9 @@ import torch
 
 from configs import Config, as_written, to_yaml
 from rundir.guard import set_aside_checkpoints, set_aside_results
-from rundir.layout import METRICS, write_config, write_run_info
+from rundir.layout import write_config, write_run_info
 from rundir.metrics import FORMAT_KEY, METRICS_FORMAT, MetricsLog
+from rundir.run_dir import RunDir
 from rundir.status import RUNNING, new_run_id, read_status, resumed_history, write_status
 
 from .progress import gpu_memory_outside_mb, log_run_info, max_memory_mb
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 class RunRecords:
     def __init__(self, output_dir: Path, is_main: bool):
         self.output_dir, self.is_main = Path(output_dir), is_main
-        self.metrics = MetricsLog(self.output_dir / METRICS, enabled=is_main)
+        self.metrics = MetricsLog(RunDir(self.output_dir).metrics_file, enabled=is_main)
         self.run_id = ""  # this run's identity (status.json, every checkpoint): made at a fresh start
         self.resumed_at: list[int] = []  # steps this run was resumed at, for status.json
 

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from configs.schema import has_switch
-from rundir.layout import SPARSITY_MASKS
 from rundir.metrics import FORMAT_KEY, METRICS_FORMAT, MetricsLog
+from rundir.run_dir import RunDir
 from sparsity import SparseThenDense
 from sparsity.modules import SCALE_BUFFER
 from sparsity.pruned_entries import MaskStats
@@ -75,7 +75,7 @@ class SparsityMonitor:
         self.enabled = enabled and converter.kind == "weight"
         self.converter, self.student = converter, student
         self.stats = MaskStats(converter.pruning, mask_dtype)
-        self.masks_log = MetricsLog(Path(output_dir) / SPARSITY_MASKS, enabled=self.enabled)
+        self.masks_log = MetricsLog(RunDir(output_dir).masks_file, enabled=self.enabled)
         sparse = converter.sparse_steps
         window = min(log_period, sparse, total_steps - sparse) if has_switch(sparse, total_steps) else 0
         self.switch = SwitchLoss(sparse, window)

@@ -32,7 +32,8 @@ from data import SSLBatch, build_ssl_loader, build_training_dataset, dataset_sum
 from models.ssl_meta_arch import SSLMetaArch
 from rundir.checkpoints import CheckpointManager
 from rundir.errors import CommandError
-from rundir.layout import STUDENT, TEACHER, checkpoint_dir, teacher_export_path, write_sparsity_decisions
+from rundir.layout import write_sparsity_decisions
+from rundir.run_dir import RunDir
 from rundir.status import FAILED, FINISHED, PREEMPTED, RUNNING, last_step
 from rundir.torch_files import save_verified
 from sparsity.converter import DENSE, SPARSE
@@ -73,6 +74,7 @@ class Trainer:
         """`dataset`: the training images, if the caller built them already (train.py does, to report a wrong
         data.root before anything else happens); built here otherwise, before the model."""
         self.cfg, self.output_dir, self.ctx = cfg, Path(output_dir), ctx
+        self.run_dir = RunDir(output_dir)
         self.dataset = build_training_dataset(cfg) if dataset is None else dataset
         self.device = ctx.device
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
@@ -104,7 +106,7 @@ class Trainer:
                                        cfg.train.log_period, self.amp_dtype, ctx.is_main and cfg.sparsity.mask_stats)
         self._decisions_written = ""  # the text of sparsity_decisions.json as last written
         # a checkpoint without its digest file is refused unless train.allow_unverified_checkpoints opts in
-        self.checkpoints = CheckpointManager(checkpoint_dir(self.output_dir), cfg.train.max_to_keep,
+        self.checkpoints = CheckpointManager(self.run_dir.checkpoint_dir, cfg.train.max_to_keep,
                                              writer=ctx.is_main,
                                              allow_missing_digest=cfg.train.allow_unverified_checkpoints)
         self.records = RunRecords(self.output_dir, ctx.is_main)  # metrics.jsonl, status.json, the run's id
@@ -306,7 +308,7 @@ class Trainer:
         """Run (or resume) to the end; return the exported teacher backbone path. status.json records the run's
         state from its start on (a refusal to resume, raised before, leaves the directory as it was)."""
         last = last_step(self.cfg)
-        final = self.output_dir / TEACHER
+        final = self.run_dir.teacher
         if self.ctx.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.resume_if_possible()  # refuses another config before anything is written
@@ -333,7 +335,7 @@ class Trainer:
         start_step = self.step
         if resumed and self.step % cfg.train.teacher_export_period == 0 and 0 < self.step < total:
             # the checkpoint of an export step is written first: a kill during that export is redone from it
-            path = teacher_export_path(self.output_dir, self.step)
+            path = self.run_dir.teacher_export(self.step)
             if self.ctx.is_main and not path.exists():
                 logger.warning("redoing the teacher export of step %d, which did not finish", self.step)
                 self.export_teacher(path)
@@ -376,7 +378,7 @@ class Trainer:
                     self.save_checkpoint()
                     self.records.status(RUNNING, self.step)  # status.json's step follows the checkpoints
                 if self.step % cfg.train.teacher_export_period == 0 and self.step < total:
-                    self.export_teacher(teacher_export_path(self.output_dir, self.step))
+                    self.export_teacher(self.run_dir.teacher_export(self.step))
                 if self._stop_agreed:
                     self.save_checkpoint()
                     progress.close()
@@ -389,5 +391,5 @@ class Trainer:
             self.save_checkpoint()
         if self.step >= total:
             if cfg.train.export_student:  # first: the teacher's file is what says the run is finished
-                self.export_teacher(self.output_dir / STUDENT, role="student")
+                self.export_teacher(self.run_dir.student, role="student")
             self.export_teacher(final)

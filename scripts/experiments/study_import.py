@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from rundir import compressed
+from rundir.run_dir import RunDir
 
 RECORDS = ("config.yaml", "log.txt", "metrics.jsonl", "run_info.json", "sparsity_decisions.json", "status.json")
 LOGS = ("log.txt", "metrics.jsonl")  # of RECORDS, the ones kept compressed
@@ -48,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def find_runs(runs_dirs: list[Path]) -> list[Path]:
-    runs = [d for root in runs_dirs for d in sorted(root.iterdir()) if (d / "config.yaml").is_file()]
+    runs = [d for root in runs_dirs for d in sorted(root.iterdir()) if RunDir(d).config_file.is_file()]
     names = [r.name for r in runs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
