@@ -1,6 +1,7 @@
 """scripts/compare_losses.py / reporting.compare on hand-written metrics, with the numbers worked out by hand."""
 
 import json
+import lzma
 import subprocess
 import sys
 
@@ -108,6 +109,14 @@ def test_cli_exit_codes_and_json(tmp_path):
     assert outside.returncode == 1 and "OUTSIDE" in outside.stdout
     missing = cli(tmp_path / "nothing", base)
     assert missing.returncode == 2 and "no metrics.jsonl" in missing.stderr
+    # a committed run keeps its metrics as .xz: compared as the plain file is
+    packed = write_run(tmp_path / "packed", [4.05, 3.05, 2.05, 1.05],
+                       overrides=["train.seed=0", "train.residual_dtype=amp"])
+    plain = packed / "metrics.jsonl"
+    (packed / "metrics.jsonl.xz").write_bytes(lzma.compress(plain.read_bytes()))
+    plain.unlink()
+    compared = [cli(run, base, "--spread", seed, "--window", "1") for run in (packed, near)]
+    assert compared[0].returncode == 0 and compared[0].stdout == compared[1].stdout, compared[0].stderr
     not_a_spread = cli(near, base, "--spread", far)
     assert not_a_spread.returncode == 2 and "measures no seed-to-seed spread" in not_a_spread.stderr
     (far / "config.yaml").write_text("train: [unclosed")
