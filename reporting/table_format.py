@@ -6,8 +6,9 @@ The rows are duck-typed (table.TableRow, ScheduleMean, BaselineRow), so this mod
 import csv
 import io
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from rundir.atomic import atomic_write_text
 
@@ -88,72 +89,106 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
-def _table_lines(header: list[str], body: list[list[str]], speeds: bool) -> list[str]:
+@dataclass(frozen=True)
+class Column:
+    """One column of a markdown table: its header, a run row's or mean's cell, and a baseline row's (baselines are
+    not schedules: only their accuracies apply, "–" elsewhere)."""
+
+    header: str
+    cell: Callable[[Any], str]
+    baseline: Callable[[Any], str] = lambda b: "–"
+
+
+def _run_columns(rows, knn_header: str, name_k: bool) -> list[Column]:
+    """The run table's columns, left to right; the published and same-teacher columns only where a row has them."""
+    published = [Column("Published top-1 (%)", lambda r: _number(r.published_top1, ".1f")),
+                 Column("Published Δ (pp)", lambda r: _number(r.published_delta_top1, "+.1f"))]
+    same_teacher = [Column(SAME_TEACHER_HEADER, lambda r: _number(r.delta_top1_same_teacher, "+.1f"))]
+
+    def knn(item) -> str:
+        return _knn_cell(item, _number(item.knn_top1, ".1f"), name_k)
+
+    return [
+        Column("Schedule", lambda r: r.schedule, lambda b: f"*{b.label}*"),
+        Column("Seed", _seed_cell),
+        Column("Sparse → dense steps", _phase_steps),
+        Column("Linear top-1 (%)", lambda r: _number(r.top1, ".1f"), lambda b: _number(b.top1, ".1f")),
+        Column("Δ top-1 (pp)", lambda r: _number(r.delta_top1, "+.1f")),
+        *(published if any(r.published_top1 is not None for r in rows) else []),
+        *(same_teacher if _has_same_teacher(rows) else []),
+        Column(knn_header, knn, knn),
+        Column("Images/s, sparse phase", lambda r: _rate(r.sparse_images_per_s)),
+        Column("Images/s, dense phase", lambda r: _rate(r.dense_images_per_s)),
+        Column("Final loss", lambda r: _number(r.final_loss, ".3f")),
+        Column("Training time (sparse + dense)", _time_cell),
+        Column("Speed-up", lambda r: _number(r.speedup, ".2f", "×")),
+        Column("Status", lambda r: f"{r.status}, screening" if r.screening else r.status,
+               lambda b: f"baseline, evaluated in {b.run}"),
+    ]
+
+
+def _seed_cell(r) -> str:
+    seed = "–" if r.seed is None else str(r.seed)
+    return f"{seed} ({r.layout})" if r.layout else seed
+
+
+def _time_cell(r) -> str:
+    time = _duration(r.time_s)
+    if r.sparse_time_s and r.dense_time_s:  # both phases ran: show the split
+        time += f" ({_duration(r.sparse_time_s)} + {_duration(r.dense_time_s)})"
+    return time
+
+
+def _table_lines(columns: list[Column], body: list[list[str]], speeds: bool) -> list[str]:
     """A markdown table, its speed columns dropped unless `speeds`."""
-    keep = [i for i, name in enumerate(header) if speeds or name not in SPEED_HEADERS]
-    lines = ["| " + " | ".join(header[i] for i in keep) + " |", "|" + "|".join("---" for _ in keep) + "|"]
+    keep = [i for i, column in enumerate(columns) if speeds or column.header not in SPEED_HEADERS]
+    lines = ["| " + " | ".join(columns[i].header for i in keep) + " |", "|" + "|".join("---" for _ in keep) + "|"]
     return lines + ["| " + " | ".join(_cell(cells[i]) for i in keep) + " |" for cells in body]
 
 
 def markdown(rows, means, baselines, notes: list[str], speeds: bool = True) -> str:
-    with_published = any(r.published_top1 is not None for r in rows)
-    same_teacher = _has_same_teacher(rows)
     knn_header, name_k = _knn_header([*rows, *means, *baselines])
-    header = ["Schedule", "Seed", "Sparse → dense steps", "Linear top-1 (%)", "Δ top-1 (pp)", knn_header,
-              "Images/s, sparse phase", "Images/s, dense phase", "Final loss", "Training time (sparse + dense)",
-              "Speed-up", "Status"]
-    if same_teacher:
-        header[5:5] = [SAME_TEACHER_HEADER]
-    if with_published:
-        header[5:5] = ["Published top-1 (%)", "Published Δ (pp)"]
-    body = []
-    for r in rows:
-        time = _duration(r.time_s)
-        if r.sparse_time_s and r.dense_time_s:  # both phases ran: show the split
-            time += f" ({_duration(r.sparse_time_s)} + {_duration(r.dense_time_s)})"
-        seed = "–" if r.seed is None else str(r.seed)
-        cells = [r.schedule, f"{seed} ({r.layout})" if r.layout else seed, _phase_steps(r), _number(r.top1, ".1f"),
-                 _number(r.delta_top1, "+.1f"),
-                 _knn_cell(r, _number(r.knn_top1, ".1f"), name_k), _rate(r.sparse_images_per_s),
-                 _rate(r.dense_images_per_s), _number(r.final_loss, ".3f"), time, _number(r.speedup, ".2f", "×"),
-                 f"{r.status}, screening" if r.screening else r.status]
-        if same_teacher:
-            cells[5:5] = [_number(r.delta_top1_same_teacher, "+.1f")]
-        if with_published:
-            cells[5:5] = [_number(r.published_top1, ".1f"), _number(r.published_delta_top1, "+.1f")]
-        body.append(cells)
-    for b in baselines:  # not schedules: only their accuracies apply
-        cells = [f"*{b.label}*", "–", "–", _number(b.top1, ".1f"), "–", _knn_cell(b, _number(b.knn_top1, ".1f"),
-                                                                                   name_k)]
-        cells += ["–"] * (len(header) - len(cells) - 1) + [f"baseline, evaluated in {b.run}"]
-        body.append(cells)
-    text = "\n".join(_table_lines(header, body, speeds)) + "\n\n"
+    columns = _run_columns(rows, knn_header, name_k)
+    body = [[column.cell(r) for column in columns] for r in rows]
+    body += [[column.baseline(b) for column in columns] for b in baselines]
+    text = "\n".join(_table_lines(columns, body, speeds)) + "\n\n"
     if means:
         text += means_markdown(means, knn_header, name_k, speeds) + "\n\n"
     text += "\n".join(f"- {n}" for n in notes) + "\n\n## Runs\n\n" + details_markdown(rows, speeds)
     return text + "\n"
 
 
+def _mean_columns(means, knn_header: str, name_k: bool) -> list[Column]:
+    """The per-schedule means' columns, left to right; the same-teacher one only where a mean has it."""
+    def with_interval(value, spread, interval) -> str:
+        return _with_interval(_with_spread(value, spread, ".2f"), interval, ".2f")
+
+    def same_teacher_deltas(m) -> str:
+        return (f"{_delta(m.delta_top1_same_teacher, m.delta_top1_same_teacher_interval)} / "
+                f"{_delta(m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval)}")
+
+    same_teacher = [Column("Δ top-1 / k-NN vs dense with the same teacher momentum (pp)", same_teacher_deltas)]
+    return [
+        Column("Schedule", lambda m: m.schedule),
+        Column("Seeds", lambda m: ", ".join("–" if s is None else str(s) for s in m.seeds)),
+        Column("n", lambda m: str(m.n_seeds)),
+        Column("Linear top-1 (%)", lambda m: with_interval(m.top1, m.top1_spread, m.top1_interval)),
+        Column("Δ top-1 (pp)", lambda m: _delta(m.delta_top1, m.delta_top1_interval)),
+        Column(knn_header, lambda m: _knn_cell(m, with_interval(m.knn_top1, m.knn_top1_spread, m.knn_top1_interval),
+                                               name_k)),
+        Column("Δ k-NN (pp)", lambda m: _delta(m.delta_knn_top1, m.delta_knn_top1_interval)),
+        *(same_teacher if _has_same_teacher(means) else []),
+        Column("Images/s, sparse phase", lambda m: _rate(m.sparse_images_per_s)),
+        Column("Images/s, dense phase", lambda m: _rate(m.dense_images_per_s)),
+        Column("Final loss", lambda m: _number(m.final_loss, ".3f")),
+    ]
+
+
 def means_markdown(means, knn_header: str, name_k: bool, speeds: bool = True) -> str:
-    same_teacher = _has_same_teacher(means)
-    header = ["Schedule", "Seeds", "n", "Linear top-1 (%)", "Δ top-1 (pp)", knn_header, "Δ k-NN (pp)",
-              "Images/s, sparse phase", "Images/s, dense phase", "Final loss"]
-    if same_teacher:
-        header[7:7] = ["Δ top-1 / k-NN vs dense with the same teacher momentum (pp)"]
-    body = []
-    for m in means:
-        top1 = _with_interval(_with_spread(m.top1, m.top1_spread, ".2f"), m.top1_interval, ".2f")
-        knn = _with_interval(_with_spread(m.knn_top1, m.knn_top1_spread, ".2f"), m.knn_top1_interval, ".2f")
-        cells = [m.schedule, ", ".join("–" if s is None else str(s) for s in m.seeds), str(m.n_seeds), top1,
-                 _delta(m.delta_top1, m.delta_top1_interval), _knn_cell(m, knn, name_k),
-                 _delta(m.delta_knn_top1, m.delta_knn_top1_interval), _rate(m.sparse_images_per_s),
-                 _rate(m.dense_images_per_s), _number(m.final_loss, ".3f")]
-        if same_teacher:
-            cells[7:7] = [f"{_delta(m.delta_top1_same_teacher, m.delta_top1_same_teacher_interval)} / "
-                          f"{_delta(m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval)}"]
-        body.append(cells)
+    columns = _mean_columns(means, knn_header, name_k)
+    body = [[column.cell(m) for column in columns] for m in means]
     return "\n".join(["## Per schedule, over seeds (mean ± half the range [95% interval])", "",
-                      *_table_lines(header, body, speeds)])
+                      *_table_lines(columns, body, speeds)])
 
 
 def _delta(value: Optional[float], interval) -> str:
@@ -161,11 +196,16 @@ def _delta(value: Optional[float], interval) -> str:
 
 
 def details_markdown(rows, speeds: bool = True) -> str:
-    header = ["Run", "Steps done", "Images/s, all steps", "Top-5 (%)", "k-NN top-1 by k", "Probe C", "Eval time"]
-    body = [[r.run, f"{r.steps_done} of {_steps(r.total_steps)}", _rate(r.images_per_s), _number(r.top5, ".1f"),
-             ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–", _number(r.best_C, ".3g"),
-             _duration(r.eval_seconds)] for r in rows]
-    return "\n".join(_table_lines(header, body, speeds))
+    columns = [
+        Column("Run", lambda r: r.run),
+        Column("Steps done", lambda r: f"{r.steps_done} of {_steps(r.total_steps)}"),
+        Column("Images/s, all steps", lambda r: _rate(r.images_per_s)),
+        Column("Top-5 (%)", lambda r: _number(r.top5, ".1f")),
+        Column("k-NN top-1 by k", lambda r: ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–"),
+        Column("Probe C", lambda r: _number(r.best_C, ".3g")),
+        Column("Eval time", lambda r: _duration(r.eval_seconds)),
+    ]
+    return "\n".join(_table_lines(columns, [[column.cell(r) for column in columns] for r in rows], speeds))
 
 
 # kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels). After
