@@ -2,7 +2,6 @@
 then the rules that relate fields to each other, each a `ConfigError` naming the keys and what is valid."""
 
 import math
-from typing import Optional
 
 from .errors import ConfigError, as_written
 from .fields import check_fields
@@ -97,7 +96,7 @@ CONVERTER_RULE_KEYS = ("kind", "backend", "pruning", "weight_grad", "pruned_grad
                        "block_size")
 
 
-def converter_problem(sparsity: SparsityConfig) -> Optional[str]:
+def converter_problem(sparsity: SparsityConfig) -> str | None:
     """The library's own rules on the converter's options (torch-free), or None."""
     from sparsity.options import options_problem  # only once a config is checked: --help loads none of the library
 

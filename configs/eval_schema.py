@@ -7,7 +7,6 @@ evaluate on another one.
 """
 
 from dataclasses import dataclass, field
-from typing import List
 
 from .fields import check_fields, value
 from .load import ConfigError, load_structured  # load.py imports only the training schema: no cycle
@@ -64,7 +63,7 @@ class LinearConfig:
 
 @dataclass
 class KnnConfig:
-    ks: List[int] = value([10, 20, 100, 200], ge=1, nonempty=True)  # clipped to the train size
+    ks: list[int] = value([10, 20, 100, 200], ge=1, nonempty=True)  # clipped to the train size
     temperature: float = value(0.07, gt=0)  # votes weighted by exp(cosine / temperature)
     batch_size: int = value(1024, ge=1)  # validation rows scored at a time
 

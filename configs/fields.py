@@ -16,8 +16,9 @@ import collections.abc
 import dataclasses
 import importlib
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 
 # Every integer of a config (a count, a size, a step, a seed) is at most this: it then fits the int32/int64 of
@@ -63,14 +64,14 @@ class LazyChoices(collections.abc.Sequence):
 
 @dataclass(frozen=True)
 class Range:
-    gt: Optional[float] = None
-    ge: Optional[float] = None
-    lt: Optional[float] = None
-    le: Optional[float] = None
-    choices: Optional[Sequence[Any]] = None
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    choices: Sequence[Any] | None = None
     pair: bool = False  # a list [min, max] with min <= max, each in range
     nonempty: bool = False  # a non-empty list, each element in range
-    length: Optional[int] = None  # a list of exactly this many elements, each in range
+    length: int | None = None  # a list of exactly this many elements, each in range
 
     def describe(self) -> str:
         if self.choices is not None:
@@ -128,7 +129,7 @@ def value(default: Any, *, execution: bool = False, at_switch: bool = False, tra
     return field(default=default, metadata=meta)
 
 
-def check_fields(cfg: Any, prefix: str = "") -> Optional[str]:
+def check_fields(cfg: Any, prefix: str = "") -> str | None:
     """The first field of `cfg` (a schema dataclass, walked recursively) outside its range, as a message."""
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)

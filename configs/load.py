@@ -11,8 +11,9 @@ import hashlib
 import io
 import math
 import re
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence, Type, TypeVar
+from typing import TypeVar
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -139,7 +140,7 @@ def _load_yaml(path: Path, schema: type = Config) -> DictConfig:
     return node
 
 
-def _merged(schema: type, path: Optional[Path], overrides: Iterable[str]) -> DictConfig:
+def _merged(schema: type, path: Path | None, overrides: Iterable[str]) -> DictConfig:
     """Schema defaults <- YAML at `path` <- `overrides`, every interpolation resolvable, nothing missing."""
     merged = OmegaConf.structured(schema)
     if path is not None:
@@ -162,7 +163,7 @@ def _to_object(merged: DictConfig, source: str):
     return cfg
 
 
-def load_config(path: Optional[Path | str] = None, overrides: Iterable[str] = ()) -> Config:
+def load_config(path: Path | str | None = None, overrides: Iterable[str] = ()) -> Config:
     """Schema defaults, then the YAML at `path` (default: the embedded default), then `overrides`."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
     cfg = _to_object(_merged(Config, path, overrides), str(path))
@@ -194,8 +195,8 @@ def _interpolated_values(merged: DictConfig) -> dict:
 T = TypeVar("T")
 
 
-def load_structured(schema: Type[T], path: Optional[Path | str] = None, overrides: Iterable[str] = (),
-                    validator: Optional[Callable[[T], None]] = None) -> T:
+def load_structured(schema: type[T], path: Path | str | None = None, overrides: Iterable[str] = (),
+                    validator: Callable[[T], None] | None = None) -> T:
     """The same merge and checks as `load_config` for any dataclass schema (e.g. `EvalConfig`): its defaults, then
     the YAML at `path` if given, then `overrides`; `validator` adds range checks."""
     path = Path(path) if path is not None else None
@@ -205,7 +206,7 @@ def load_structured(schema: Type[T], path: Optional[Path | str] = None, override
     return cfg
 
 
-def load_structured_text(schema: Type[T], text: str, what: str = "saved settings") -> T:
+def load_structured_text(schema: type[T], text: str, what: str = "saved settings") -> T:
     """A `schema` object from YAML text that `to_yaml` wrote (e.g. the eval_config inside a result), merged over the
     schema's defaults as a file would be; `ConfigError` naming `what` where it cannot be."""
     try:
@@ -289,7 +290,7 @@ def _same(old, new) -> bool:
     return old == new
 
 
-def saved_value_matches(saved_yaml: str, key: str, value, same: Optional[Callable] = None) -> bool:
+def saved_value_matches(saved_yaml: str, key: str, value, same: Callable | None = None) -> bool:
     """Whether `value` is what `key` held when `saved_yaml` (a run's config.yaml) was written: for a free-text value
     saved as an interpolation (`to_yaml`), the fingerprint of the value it resolved to then; else the saved value,
     compared by `same(saved, value)` if given (e.g. two spellings of one path). ConfigError for a YAML that cannot

@@ -13,7 +13,6 @@ defaults are `BackendSettings`' (a test holds them equal).
 """
 
 from dataclasses import dataclass, field
-from typing import List, Optional
 
 from .fields import LazyChoices, value
 
@@ -79,7 +78,7 @@ class DinoConfig:
 class IbotConfig:
     loss_weight: float = value(1.0, ge=0)
     mask_sample_probability: float = value(0.5, ge=0, le=1)
-    mask_ratio_min_max: List[float] = value([0.1, 0.5], ge=0, le=1, pair=True)
+    mask_ratio_min_max: list[float] = value([0.1, 0.5], ge=0, le=1, pair=True)
     separate_head: bool = False
     head_n_prototypes: int = value(65536, ge=1)
     head_bottleneck_dim: int = value(256, ge=1)
@@ -106,9 +105,9 @@ class OptimConfig:
 
 @dataclass
 class CropsConfig:
-    global_crops_scale: List[float] = value([0.32, 1.0], gt=0, le=1, pair=True)
+    global_crops_scale: list[float] = value([0.32, 1.0], gt=0, le=1, pair=True)
     local_crops_number: int = value(8, ge=0)
-    local_crops_scale: List[float] = value([0.05, 0.32], gt=0, le=1, pair=True)
+    local_crops_scale: list[float] = value([0.05, 0.32], gt=0, le=1, pair=True)
     global_crops_size: int = value(224, ge=1)
     local_crops_size: int = value(96, ge=1)
     # The reference passes 1 - p to RandomApply, so its blur probabilities are 0.0 / 0.9 / 0.5 instead of the
@@ -116,7 +115,7 @@ class CropsConfig:
     reference_blur_inversion: bool = False
     # intended Gaussian-blur probabilities of (global crop 1, global crop 2, local crops): the reference's 1.0/0.1/0.5;
     # small images lose most of their content to a kernel-9 blur (configs/cifar10.yaml lowers them)
-    blur_probabilities: List[float] = value([1.0, 0.1, 0.5], ge=0, le=1, length=3)
+    blur_probabilities: list[float] = value([1.0, 0.1, 0.5], ge=0, le=1, length=3)
     solarize_probability: float = value(0.2, ge=0, le=1)  # second global crop only, as the reference
 
 
@@ -273,7 +272,7 @@ class Config:
         return reference / self.total_steps if reference else 1.0
 
     @property
-    def momentum_restart_step(self) -> Optional[int]:
+    def momentum_restart_step(self) -> int | None:
         """The step where the teacher momentum's cosine starts again (`teacher.momentum_restart_at_switch`: the
         first dense step; `teacher.momentum_restart_fraction`: that fraction of the steps), None for no restart."""
         if self.teacher.momentum_restart_at_switch:

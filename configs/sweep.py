@@ -6,9 +6,9 @@ refused by a run without a switch (0% or 100% sparse), so a sweep applies them w
 switch keep them off, and the run's notes say so. One command line then serves every fraction of a recipe.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
@@ -42,7 +42,7 @@ class ScheduleRun:
     notes: list[str] = field(default_factory=list)
 
 
-def schedule_run(path: Optional[Path | str], overrides: Sequence[str], fraction: float) -> ScheduleRun:
+def schedule_run(path: Path | str | None, overrides: Sequence[str], fraction: float) -> ScheduleRun:
     """The config of the sweep's run at `fraction` (ConfigError as `load_config`). Where that run has no switch and
     the config or the overrides set a switch key, the key is turned off for this run and a note names it."""
     path = Path(path) if path is not None else DEFAULT_CONFIG

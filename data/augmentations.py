@@ -1,6 +1,6 @@
 """DINOv2's multi-crop augmentation (`DataAugmentationDINO`), with the blur-probability inversion as a flag."""
 
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 import torch
 from PIL import Image
@@ -67,14 +67,14 @@ class DataAugmentationDINO:
         self.global_transfo2 = transforms.Compose([color_jittering, global_transfo2_extra, self.normalize])
         self.local_transfo = transforms.Compose([color_jittering, local_transfo_extra, self.normalize])
 
-    def __call__(self, image: Image.Image) -> Dict[str, List[torch.Tensor]]:
+    def __call__(self, image: Image.Image) -> dict[str, list[torch.Tensor]]:
         global_crop_1 = self.global_transfo1(self.geometric_augmentation_global(image))
         global_crop_2 = self.global_transfo2(self.geometric_augmentation_global(image))
         local_crops = [self.local_transfo(self.geometric_augmentation_local(image))
                        for _ in range(self.local_crops_number)]
         return {"global_crops": [global_crop_1, global_crop_2], "local_crops": local_crops}
 
-    def blur_probabilities(self) -> Dict[str, float]:
+    def blur_probabilities(self) -> dict[str, float]:
         """The blur probabilities actually applied (global1, global2, local)."""
         return {
             "global1": self.global_transfo1.transforms[1].p,

@@ -3,7 +3,6 @@ the training device once (and augments there with `data.augment_on=device`), and
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -40,10 +39,10 @@ class SSLBatch:
     upperbound: int
     labels: Tensor
     corrupt_skipped: Tensor
-    global_crops: Optional[Tensor] = None
-    local_crops: Optional[Tensor] = None
-    images: Optional[Tensor] = None
-    first_position: Optional[int] = None
+    global_crops: Tensor | None = None
+    local_crops: Tensor | None = None
+    images: Tensor | None = None
+    first_position: int | None = None
 
     @property
     def device(self) -> torch.device:

@@ -18,7 +18,7 @@ resumed run draws the same crops.
 
 import functools
 import math
-from typing import Dict, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -180,7 +180,7 @@ def solarize(x: Tensor, p: float, g: torch.Generator) -> Tensor:
     return torch.where(apply & (x >= SOLARIZE_THRESHOLD / 255.0), 1.0 - x, x)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mean_std(device: torch.device, dtype: torch.dtype) -> tuple:
     """ImageNet mean and std as (1, 3, 1, 1) tensors, copied to `device` once (not once per batch: a copy from
     pageable host memory waits for the device's stream, which would keep the host from running ahead)."""
@@ -225,7 +225,7 @@ class BatchedAugmentationDINO:
         return (x - mean) / std
 
     @torch.no_grad()
-    def __call__(self, images: Tensor, generator: torch.Generator) -> Dict[str, Tensor]:
+    def __call__(self, images: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
         if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"expected uint8 images (N, 3, H, W), got {images.dtype} {tuple(images.shape)}")
         x = images.float().div_(255.0)

@@ -4,8 +4,8 @@ With `data.augment_on=device` the samples carry their uint8 image instead of cro
 and `first_position` in place of the crops, which `loader.SSLLoader.to_device` makes on the training device.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -21,12 +21,12 @@ N_GLOBAL = 2  # global crops per image
 class SSLSample:
     """One augmented image, as `loader.SSLDataset` returns it."""
 
-    global_crops: List[torch.Tensor]
-    local_crops: List[torch.Tensor]
+    global_crops: list[torch.Tensor]
+    local_crops: list[torch.Tensor]
     label: int
     position: int  # position of this sample in the (global) sample stream; seeds its randomness
     corrupt_skipped: int  # unreadable files met before a readable one was found
-    image: Optional[torch.Tensor] = None  # uint8 (3, H, W), un-augmented (data.augment_on=device)
+    image: torch.Tensor | None = None  # uint8 (3, H, W), un-augmented (data.augment_on=device)
 
 
 def collate_ssl_samples(samples: Sequence[SSLSample], mask_generator: MaskingGenerator,

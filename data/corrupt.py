@@ -1,7 +1,6 @@
 """Loading with the `data.on_corrupt` policy: skip (log, count, take the next index) or raise."""
 
 import logging
-from typing import Tuple
 
 from PIL import Image
 
@@ -14,7 +13,7 @@ ON_CORRUPT = ("skip", "raise")
 MAX_CONSECUTIVE_CORRUPT = 100
 
 
-def load_image(dataset, index: int, on_corrupt: str = "skip") -> Tuple[Image.Image, int, int]:
+def load_image(dataset, index: int, on_corrupt: str = "skip") -> tuple[Image.Image, int, int]:
     """`dataset[index]` -> (image, label, number of unreadable files skipped to get it).
 
     With on_corrupt="skip" an unreadable file is logged (path and reason) and replaced by the next index

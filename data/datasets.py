@@ -16,8 +16,8 @@ import importlib.util
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 from PIL import Image
@@ -41,7 +41,7 @@ class CorruptImageError(CommandError, OSError):
     that one string (a traceback): the path and the reason are read back from its last `cannot read image` line
     (there as `tree.printable` wrote them: escaping is idempotent, so the message is the same on both sides)."""
 
-    def __init__(self, path: str, reason: Optional[str] = None):
+    def __init__(self, path: str, reason: str | None = None):
         if reason is None:
             found = re.findall(r"cannot read image '(.*)': (.*)", path)
             path, reason = found[-1] if found else ("(in a data worker)", path.strip().splitlines()[-1])
@@ -52,7 +52,7 @@ class CorruptImageError(CommandError, OSError):
         return type(self), (self.path, self.reason)
 
 
-def _image_extensions() -> Tuple[str, ...]:
+def _image_extensions() -> tuple[str, ...]:
     """Every file extension PIL can decode (JPEG, PNG, GIF, TIFF, WebP, BMP, ...), lower case."""
     Image.init()
     return tuple(sorted(ext.lower() for ext in Image.registered_extensions()))
@@ -99,15 +99,15 @@ class _ImageFiles:
 
     kind = ""
 
-    def _scan(self, base_dir: str, classes: List[str], report: Optional[TreeReport] = None,
-              skip_hidden: bool = False) -> List[Tuple[str, int]]:
+    def _scan(self, base_dir: str, classes: list[str], report: TreeReport | None = None,
+              skip_hidden: bool = False) -> list[tuple[str, int]]:
         """`tree.scan_image_tree`'s (path, class index) list; what it left out is kept (`tree_report`) and logged."""
         samples, self.tree_report = scan_image_tree(base_dir, classes, IMG_EXTENSIONS, report, skip_hidden)
         for line in self.tree_report.warnings(base_dir):
             self.notes.warn(line, logger)
         return samples
 
-    def _keep(self, base_dir: str, samples: List[Tuple[str, int]], classes: List[str]) -> None:
+    def _keep(self, base_dir: str, samples: list[tuple[str, int]], classes: list[str]) -> None:
         self.base_dir = base_dir
         encoded = [os.path.relpath(p, base_dir).encode("utf-8", "surrogateescape") for p, _ in samples]
         self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
@@ -127,7 +127,7 @@ class _ImageFiles:
 
     describe = path
 
-    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         path = self.path(index)
         try:
             with open_regular(path) as f:  # never blocks on a FIFO that replaced the file since the listing
@@ -163,7 +163,7 @@ class ImageFolderDataset(_ImageFiles):
 
     kind = "imagenet_folder"
 
-    def __init__(self, root: str, split: str = "train", transform: Optional[Callable] = None,
+    def __init__(self, root: str, split: str = "train", transform: Callable | None = None,
                  split_key: str = "data.split"):
         self.transform = transform
         self.notes = DataNotes()  # warnings about the tree, kept for the run's log (`DataNotes.log_again`)
@@ -195,7 +195,7 @@ class ImageFolderDataset(_ImageFiles):
                             f"{', '.join(printable(c) for c in empty[:10])}", logger)
 
         self.root, self.split, self.split_dir = root, split, split_dir
-        self.classes: List[str] = classes
+        self.classes: list[str] = classes
         self.class_to_idx = {c: i for i, c in enumerate(classes)}
         self._keep(split_dir, samples, classes)
         logger.info("ImageFolderDataset %s: %d images, %d classes", shown, len(self), len(classes))
@@ -208,7 +208,7 @@ class UnlabelledImageFolder(_ImageFiles):
 
     kind = "image_folder"
 
-    def __init__(self, root: str, transform: Optional[Callable] = None):
+    def __init__(self, root: str, transform: Callable | None = None):
         self.transform = transform
         self.notes = DataNotes()
         root = _existing_root(root, "<image>.JPEG (at any depth)")
@@ -223,7 +223,7 @@ class UnlabelledImageFolder(_ImageFiles):
             self.notes.warn(f"{shown} holds train/ and val/: data.dataset=image_folder pre-trains on the images of "
                             f"both; set data.root={printable(os.path.join(root, 'train'))} to keep val/ out", logger)
         self.root, self.split = root, ""
-        self.classes: List[str] = []
+        self.classes: list[str] = []
         self._keep(root, [(p, 0) for p, _ in samples], [])
         logger.info("UnlabelledImageFolder %s: %d images, unlabelled", shown, len(self))
 
@@ -231,7 +231,7 @@ class UnlabelledImageFolder(_ImageFiles):
 DIGITS_SPLITS = ("train", "val", "all")
 
 
-def load_digits_arrays() -> Tuple[np.ndarray, np.ndarray]:
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """`sklearn.datasets.load_digits()`'s images (1797, 8, 8, values 0..16) and targets, read from the CSV that
     scikit-learn ships and `load_digits` reads (`sklearn/datasets/data/digits.csv.gz`: 64 pixels and the label per
     row) without importing scikit-learn, whose import (scipy.stats) outlasts a tiny run's training steps;
@@ -262,7 +262,7 @@ class DigitsDataset:
 
     kind = "digits"
 
-    def __init__(self, image_size: int = 64, split: str = "train", transform: Optional[Callable] = None):
+    def __init__(self, image_size: int = 64, split: str = "train", transform: Callable | None = None):
         self.transform = transform
         if split not in DIGITS_SPLITS:
             raise DatasetError(f"data.split={split!r} is not a split of the digits dataset: use one of "
@@ -286,7 +286,7 @@ class DigitsDataset:
     def describe(self, index: int) -> str:
         return f"digits[{int(self.indices[index])}]"
 
-    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         image = Image.fromarray(self.images[index]).convert("RGB")
         if self.image_size != image.width:
             image = image.resize((self.image_size, self.image_size), Image.Resampling.BICUBIC)
@@ -306,7 +306,7 @@ def images_fingerprint(kind: str, *parts: bytes) -> str:
     return digest.hexdigest()[:16]
 
 
-def build_dataset(cfg, split: Optional[str] = None, transform: Optional[Callable] = None,
+def build_dataset(cfg, split: str | None = None, transform: Callable | None = None,
                   split_key: str = "data.split"):
     """The dataset named by `data.dataset` (`imagenet_folder` | `image_folder` | `digits`), for `split` (default
     `data.split`; image_folder has none), applying `transform` to each image if given. `cfg` is a `Config` or its

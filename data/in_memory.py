@@ -13,7 +13,6 @@ skipped to fill it (`replaced_at`), so `corrupt_skipped` in metrics.jsonl is the
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Tuple
 
 import numpy as np
 from PIL import Image
@@ -49,7 +48,7 @@ class InMemoryImages:
         self.array = np.empty((n, *shape), dtype=np.uint8)
         self.array[0] = np.asarray(first)
 
-        def decode(i: int) -> Tuple[int, int]:
+        def decode(i: int) -> tuple[int, int]:
             image, label, skipped = load_image(dataset, i, on_corrupt)
             pixels = np.asarray(image)
             if pixels.shape != shape:
@@ -90,5 +89,5 @@ class InMemoryImages:
     def pixels(self, index: int) -> np.ndarray:
         return self.array[index]
 
-    def __getitem__(self, index: int) -> Tuple[Image.Image, int]:
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         return Image.fromarray(self.array[index]), int(self.targets[index])

@@ -11,7 +11,7 @@ import dataclasses
 import gc
 import logging
 import signal
-from typing import Dict, Iterator, Optional
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ class SSLDataset(torch.utils.data.Dataset):
     `augmentation=None`, to a sample holding the un-augmented uint8 image (augmented later, per batch, on the
     training device)."""
 
-    def __init__(self, dataset, augmentation: Optional[DataAugmentationDINO], seed: int, on_corrupt: str = "skip"):
+    def __init__(self, dataset, augmentation: DataAugmentationDINO | None, seed: int, on_corrupt: str = "skip"):
         self.dataset = dataset
         self.augmentation = augmentation
         self.seed = int(seed)
@@ -84,7 +84,7 @@ class SSLLoader:
     """
 
     def __init__(self, dataloader: DataLoader, sampler: InfiniteShardedSampler, batch_size: int,
-                 device_augmentation: Optional[BatchedAugmentationDINO] = None, seed: int = 0, rank: int = 0):
+                 device_augmentation: BatchedAugmentationDINO | None = None, seed: int = 0, rank: int = 0):
         self.device_augmentation = device_augmentation
         self.seed, self.rank = int(seed), int(rank)
         self.dataloader = dataloader
@@ -138,12 +138,12 @@ class SSLLoader:
                                    worker.pid, signal.Signals(-worker.exitcode).name)
         self.dataloader._iterator = None
 
-    def state_dict(self) -> Dict[str, int]:
+    def state_dict(self) -> dict[str, int]:
         """The sampler's state at the delivered batches (+ `next_step`, `batch_size` for reading)."""
         return {**self.sampler.state_dict(position=self.delivered), "next_step": self.next_step,
                 "batch_size": self.batch_size}
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue the stream of `state` (a `state_dict()`, possibly of another world size): the next batch is the
         one the saving run would have drawn next."""
         self.close()
@@ -169,9 +169,9 @@ def ignore_stop_signals(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int = 0, sampler_state: Optional[dict] = None,
-                     dataset=None, num_workers: Optional[int] = None,
-                     multiprocessing_context: Optional[str] = None) -> SSLLoader:
+def build_ssl_loader(cfg, *, rank: int, world_size: int, start_step: int = 0, sampler_state: dict | None = None,
+                     dataset=None, num_workers: int | None = None,
+                     multiprocessing_context: str | None = None) -> SSLLoader:
     """The training loader of one rank: `cfg.train.batch_size_per_gpu` images per batch, `cfg.train.num_workers`
     persistent workers (pinned memory when CUDA is available). It starts where `sampler_state` (a loader's
     `state_dict()`, from a checkpoint) says, else at batch `start_step` of this rank's stream (tests, tools).

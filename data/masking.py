@@ -1,7 +1,6 @@
 """iBOT block masking: the reference's BEiT-style `MaskingGenerator`, drawing from an explicit numpy Generator."""
 
 import math
-from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -21,8 +20,8 @@ class MaskingGenerator:
     the budget.
     """
 
-    def __init__(self, input_size, num_masking_patches: Optional[int] = None, min_num_patches: int = 4,
-                 max_num_patches: Optional[float] = None, min_aspect: float = 0.3, max_aspect: Optional[float] = None):
+    def __init__(self, input_size, num_masking_patches: int | None = None, min_num_patches: int = 4,
+                 max_num_patches: float | None = None, min_aspect: float = 0.3, max_aspect: float | None = None):
         if not isinstance(input_size, (tuple, list)):
             input_size = (input_size,) * 2
         self.height, self.width = int(input_size[0]), int(input_size[1])
@@ -37,7 +36,7 @@ class MaskingGenerator:
         return (f"MaskingGenerator({self.height}, {self.width} -> [{self.min_num_patches} ~ {self.max_num_patches}], "
                 f"log_aspect {self.log_aspect_ratio[0]:.3f} ~ {self.log_aspect_ratio[1]:.3f})")
 
-    def get_shape(self) -> Tuple[int, int]:
+    def get_shape(self) -> tuple[int, int]:
         return self.height, self.width
 
     def _mask(self, mask: np.ndarray, max_mask_patches: float, rng: np.random.Generator) -> int:
@@ -59,7 +58,7 @@ class MaskingGenerator:
                 break
         return delta
 
-    def __call__(self, num_masking_patches: int = 0, rng: Optional[np.random.Generator] = None) -> np.ndarray:
+    def __call__(self, num_masking_patches: int = 0, rng: np.random.Generator | None = None) -> np.ndarray:
         mask = np.zeros(shape=self.get_shape(), dtype=bool)
         if num_masking_patches <= 0:
             return mask
@@ -76,7 +75,7 @@ class MaskingGenerator:
 
 
 def mask_targets(n_images: int, n_patches: int, mask_ratio_min_max, mask_sample_probability: float,
-                 rng: np.random.Generator) -> Tuple[List[int], int]:
+                 rng: np.random.Generator) -> tuple[list[int], int]:
     """Per-image masked-patch targets of one batch of global crops, as the reference's collate.
 
     n_masked = int(n_images * mask_sample_probability) images get stratified ratios: with

@@ -1,6 +1,6 @@
 """An infinite, sharded, resumable sample stream."""
 
-from typing import Dict, Iterator, Optional, Tuple
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class InfiniteShardedSampler:
         self.dataset_size, self.rank = int(dataset_size), int(rank)
         self.world_size, self.seed = int(world_size), int(seed)
         self.position = int(start)
-        self._perm_cache: Tuple[Optional[int], Optional[np.ndarray]] = (None, None)
+        self._perm_cache: tuple[int | None, np.ndarray | None] = (None, None)
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The order of pass `epoch` over the dataset (cached for the current pass)."""
@@ -65,13 +65,13 @@ class InfiniteShardedSampler:
     def global_position(self, position: int) -> int:
         return position * self.world_size + self.rank
 
-    def __getitem__(self, position: int) -> Tuple[int, int]:
+    def __getitem__(self, position: int) -> tuple[int, int]:
         """The item this rank gets at its `position` (random access; does not move the sampler)."""
         g = self.global_position(position)
         epoch, k = divmod(g, self.dataset_size)
         return int(self.permutation(epoch)[k]), g
 
-    def __iter__(self) -> Iterator[Tuple[int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int]]:
         """Yields from the current `position` on, advancing it as items are taken."""
         while True:
             g = self.global_position(self.position)
@@ -83,14 +83,14 @@ class InfiniteShardedSampler:
                 yield idx, g
                 g += self.world_size
 
-    def state_dict(self, position: Optional[int] = None) -> Dict[str, int]:
+    def state_dict(self, position: int | None = None) -> dict[str, int]:
         """The state at `position` (default: the current one; `SSLLoader` passes the position of the batches it
         has delivered, behind the DataLoader's prefetch)."""
         position = self.position if position is None else int(position)
         return {"position": position, "dataset_size": self.dataset_size, "rank": self.rank,
                 "world_size": self.world_size, "seed": self.seed, "samples_consumed": position * self.world_size}
 
-    def load_state_dict(self, state: Dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue the global stream of `state`, possibly saved with another world size (all ranks in lockstep)."""
         for key in ("dataset_size", "seed"):
             if key in state and int(state[key]) != getattr(self, key):

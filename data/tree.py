@@ -24,8 +24,8 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -103,13 +103,13 @@ def open_regular(path: str):
 class TreeReport:
     """What a listing left out, relative to the split folder: (path, why) pairs."""
 
-    not_regular: List[Tuple[str, str]] = field(default_factory=list)  # FIFOs, sockets, devices, bad links
-    repeated_dirs: List[str] = field(default_factory=list)  # reached again through a symlink (a loop or a 2nd link)
-    unreadable_dirs: List[Tuple[str, str]] = field(default_factory=list)  # cannot be listed (permissions, ...)
-    not_images: List[str] = field(default_factory=list)  # regular files without an image extension
-    hidden: List[str] = field(default_factory=list)  # names starting with "." where they are left out
+    not_regular: list[tuple[str, str]] = field(default_factory=list)  # FIFOs, sockets, devices, bad links
+    repeated_dirs: list[str] = field(default_factory=list)  # reached again through a symlink (a loop or a 2nd link)
+    unreadable_dirs: list[tuple[str, str]] = field(default_factory=list)  # cannot be listed (permissions, ...)
+    not_images: list[str] = field(default_factory=list)  # regular files without an image extension
+    hidden: list[str] = field(default_factory=list)  # names starting with "." where they are left out
 
-    def warnings(self, split_dir: str) -> List[str]:
+    def warnings(self, split_dir: str) -> list[str]:
         """One line per kind of entry left out, counted, naming the first few (printable)."""
         lines = []
 
@@ -137,7 +137,7 @@ class TreeReport:
         return lines
 
 
-def list_classes(split_dir: str, report: TreeReport) -> List[str]:
+def list_classes(split_dir: str, report: TreeReport) -> list[str]:
     """The sorted non-hidden folders of `split_dir` (links to folders included). Entries there that are neither
     folders nor regular files (a dangling link meant as a class, a FIFO) go into `report.not_regular`; regular files
     there are ignored, as they always were. Raises OSError if `split_dir` cannot be listed."""
@@ -153,9 +153,9 @@ def list_classes(split_dir: str, report: TreeReport) -> List[str]:
     return sorted(classes)
 
 
-def scan_image_tree(split_dir: str, classes: Sequence[str], extensions: Tuple[str, ...],
-                    report: Optional[TreeReport] = None,
-                    skip_hidden: bool = False) -> Tuple[List[Tuple[str, int]], TreeReport]:
+def scan_image_tree(split_dir: str, classes: Sequence[str], extensions: tuple[str, ...],
+                    report: TreeReport | None = None,
+                    skip_hidden: bool = False) -> tuple[list[tuple[str, int]], TreeReport]:
     """(path, class index) of every regular file with an image extension under `split_dir/<class>/` (any depth),
     in torchvision's `make_dataset` order (per class: directories sorted by path, files by name), so indices match
     the ones that function gave for a tree it could read; plus what was left out (`report`, or a new `TreeReport`).
@@ -166,7 +166,7 @@ def scan_image_tree(split_dir: str, classes: Sequence[str], extensions: Tuple[st
     # the split folder and the class folders are reached only as themselves: a link inside class a to the split
     # folder or to class b would otherwise give b's images a's label
     reserved = ({_key(split_dir)} | {_key(os.path.join(split_dir, c)) for c in classes}) - {None}
-    samples: List[Tuple[str, int]] = []
+    samples: list[tuple[str, int]] = []
     for index, cls in enumerate(classes):
         folders = []  # (directory path, names of the regular files in it)
         class_dir = os.path.join(split_dir, cls)
@@ -215,8 +215,8 @@ class DataNotes:
     stderr. `log_again` repeats those into the handlers configured since (the trainer's loader calls it)."""
 
     def __init__(self):
-        self.lines: List[str] = []
-        self._unlogged: List[str] = []  # logged while no handler was configured (Python's last resort: stderr)
+        self.lines: list[str] = []
+        self._unlogged: list[str] = []  # logged while no handler was configured (Python's last resort: stderr)
 
     def warn(self, message: str, log: logging.Logger = logger) -> None:
         log.warning("%s", message)

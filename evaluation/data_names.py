@@ -8,7 +8,6 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Optional
 
 from rundir.json_files import parse_json
 
@@ -33,7 +32,7 @@ def hashed_label(identity: list, label: str) -> str:
     return f"{label}-{hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:8]}"
 
 
-def recorded_identity(path: Path) -> Optional[list]:
+def recorded_identity(path: Path) -> list | None:
     """The data identity of the probe record at `path`; None where there is none to read (absent, unreadable, or
     written before records held one)."""
     try:

@@ -13,7 +13,6 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -131,15 +130,15 @@ def _cached_or_extracted(path: Path, key: str, dataset, teacher, eval_cfg, devic
     return feats
 
 
-def _teacher(run_cfg, checkpoint: Optional[Path], mlp: Optional[MlpPruning]):
+def _teacher(run_cfg, checkpoint: Path | None, mlp: MlpPruning | None):
     backbone, step = load_teacher(run_cfg, checkpoint)
     if mlp is not None and mlp.prune:
         prune_teacher(backbone, run_cfg)
     return backbone, step
 
 
-def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Optional[Path], device: torch.device,
-                         pixels: bool = False, mlp: Optional[MlpPruning] = None) -> dict:
+def extract_run_features(run_dir: Path, run_cfg, eval_cfg, checkpoint: Path | None, device: torch.device,
+                         pixels: bool = False, mlp: MlpPruning | None = None) -> dict:
     """Train and val features of the run's teacher (`checkpoint` None: its random initialisation; `pixels`: the
     normalised pixels, no model; `mlp`: whether its MLP linears are 2:4-pruned, None = dense) and what they were
     computed from, on the run's dataset or the one `eval_cfg.data` names. Cached per split under `<run>/eval/`; the
@@ -344,8 +343,8 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     return record
 
 
-def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional[Path], run_dir: Path,
-                        step: Optional[int], suffix: str = "") -> str:
+def default_output_name(mode: str, baseline: str | None, checkpoint: Path | None, run_dir: Path,
+                        step: int | None, suffix: str = "") -> str:
     """`eval_linear.json` is the record of the final teacher's linear probe (what tables read); any other
     evaluation gets a name of its own, so it never replaces that record: `eval_knn*.json` for mode=knn,
     `*_random_init.json` for the untrained baseline (`baseline` "random"), `*_pixels.json` for the raw-pixel one,
@@ -365,7 +364,7 @@ def default_output_name(mode: str, baseline: Optional[str], checkpoint: Optional
     return eval_result_name(knn_only, suffix)
 
 
-def index_path(run_dir: Path, setting: str) -> Optional[Path]:
+def index_path(run_dir: Path, setting: str) -> Path | None:
     if setting == "none":
         return None
     return Path(setting) if setting else run_dir.resolve().parent / "eval_index.jsonl"

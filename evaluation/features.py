@@ -15,7 +15,6 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -41,7 +40,7 @@ class EvalInputError(CommandError, ValueError):
 class Features:
     x: Tensor  # (n, D) float32, CPU
     y: Tensor  # (n,) int64
-    step: Optional[int] = None  # training step of the checkpoint they come from
+    step: int | None = None  # training step of the checkpoint they come from
     from_cache: bool = False
 
 
@@ -59,7 +58,7 @@ def require_checkpoint(checkpoint: Path) -> None:
                              "it after the last step), or pass checkpoint=<path to a teacher_backbone.pth>")
 
 
-def weights_digest(run_cfg, checkpoint: Optional[Path]) -> str:
+def weights_digest(run_cfg, checkpoint: Path | None) -> str:
     """sha256 of the checkpoint file, or a name for the seeded random initialisation (checkpoint None)."""
     if checkpoint is None:
         return f"random-init-seed-{run_cfg.train.seed}"
@@ -67,7 +66,7 @@ def weights_digest(run_cfg, checkpoint: Optional[Path]) -> str:
     return file_digest(checkpoint)
 
 
-def load_teacher(run_cfg, checkpoint: Optional[Path]):
+def load_teacher(run_cfg, checkpoint: Path | None):
     """The run's backbone (teacher architecture, no drop-path) with the checkpoint's weights, in eval mode, and
     the training step stored in the checkpoint (None if it has none). Loads with weights_only=True.
     `checkpoint=None`: the untrained backbone, initialised with the run's seed (the baseline a run must beat)."""
@@ -140,7 +139,7 @@ def cache_key(checkpoint_digest: str, transform: dict, dataset: dict, student_cf
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def load_cached(path: Path, key: str, rows: Optional[int] = None) -> Optional[Features]:
+def load_cached(path: Path, key: str, rows: int | None = None) -> Features | None:
     """The features cached at `path` under `key` (`rows`: the split's image count, which they must cover), or None
     where there is no usable cache: missing, unreadable, stale, or not features of that many images."""
     if not path.is_file():
@@ -160,7 +159,7 @@ def load_cached(path: Path, key: str, rows: Optional[int] = None) -> Optional[Fe
     return Features(stored["features"], stored["labels"], stored.get("step"), from_cache=True)
 
 
-def _cache_problem(stored: dict, rows: Optional[int]) -> str:
+def _cache_problem(stored: dict, rows: int | None) -> str:
     """What makes a cache's content unusable (its key can be right and its tensors not), or ""."""
     x, y, step = stored.get("features"), stored.get("labels"), stored.get("step")
     if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_floating_point():
@@ -182,12 +181,12 @@ def save_cached(path: Path, key: str, features: Features) -> None:
 
 @torch.no_grad()
 def extract(backbone, dataset, *, batch_size: int, num_workers: int, device: torch.device,
-            amp_dtype: Optional[torch.dtype], step: Optional[int] = None, desc: str = "features") -> Features:
+            amp_dtype: torch.dtype | None, step: int | None = None, desc: str = "features") -> Features:
     """CLS-after-norm features of every image, in dataset order (float32 on CPU)."""
     workers = min(num_workers, os.cpu_count() or 1)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=device.type == "cuda", drop_last=False)
-    feats: Optional[Tensor] = None
+    feats: Tensor | None = None
     labels = torch.empty(len(dataset), dtype=torch.int64)
     backbone = backbone.to(device)
     autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)

@@ -15,7 +15,7 @@ recomputes their similarities in float64 and checks, with a float32 rounding-err
 can beat the k-th: rows where that check fails are searched again with more candidates (finally all rows).
 """
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
@@ -139,8 +139,8 @@ def class_log_votes(scores: Tensor, labels: Tensor, n_classes: int) -> Tensor:
 
 @torch.no_grad()
 def knn_classify(train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor, ks: Iterable[int] = (10, 20, 100, 200),
-                 temperature: float = 0.07, n_classes: Optional[int] = None, batch_size: int = 256,
-                 index: Optional[CosineIndex] = None) -> dict[int, dict[str, float]]:
+                 temperature: float = 0.07, n_classes: int | None = None, batch_size: int = 256,
+                 index: CosineIndex | None = None) -> dict[int, dict[str, float]]:
     """{k: {"top1": %, "top5": %}} for each k (after clipping; duplicate k collapse). Runs on train_x's device."""
     if len(train_y) == 0:
         raise ValueError("k-NN needs at least one train feature")

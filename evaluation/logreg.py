@@ -22,7 +22,6 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -154,8 +153,8 @@ def _shift(weight: Tensor, center: Tensor) -> Tensor:
 
 
 def objective_and_grad(X: Tensor, y: Tensor, weight: Tensor, bias: Tensor, C: float, chunk: int = 65536,
-                       need_grad: bool = True, center: Optional[Tensor] = None, mode: str = "ieee"
-                       ) -> tuple[float, Optional[Tensor], Optional[Tensor]]:
+                       need_grad: bool = True, center: Tensor | None = None, mode: str = "ieee"
+                       ) -> tuple[float, Tensor | None, Tensor | None]:
     """f(W, b) above and its gradient; X (n, D) any float dtype, y (n,) int64 on X's device; W (K, D), b (K,).
     With `center`, rows are x - center (the same model up to b -> b - W center, as the bias is unpenalised).
     `mode`: how the two GEMMs per chunk run in fp32 (`addmm`)."""
@@ -203,7 +202,7 @@ class TorchLBFGS:
     name = "torch"
 
     def __init__(self, max_iter: int = 1000, tol: float = 1e-6, history_size: int = 10, chunk: int = 65536,
-                 dtype: Optional[torch.dtype] = None, precision: str = "auto"):
+                 dtype: torch.dtype | None = None, precision: str = "auto"):
         if precision not in PRECISIONS + INEXACT_PRECISIONS:
             raise ValueError(f"precision={precision!r} is not one of {', '.join(PRECISIONS + INEXACT_PRECISIONS)}")
         if dtype is not None:
@@ -222,7 +221,7 @@ class TorchLBFGS:
         large = X.shape[0] * X.shape[1] * n_classes > self.FLOAT64_MAX_WORK
         return "float32_3xtf32" if X.is_cuda and large else "float64"
 
-    def fit(self, X: Tensor, y: Tensor, n_classes: int, C: float, init: Optional[LogRegFit] = None) -> LogRegFit:
+    def fit(self, X: Tensor, y: Tensor, n_classes: int, C: float, init: LogRegFit | None = None) -> LogRegFit:
         start = time.perf_counter()
         precision = self.resolve_precision(X, n_classes)
         dtype, mode = (torch.float64 if precision == "float64" else torch.float32), MATMUL_MODES[precision]
@@ -276,7 +275,7 @@ class SklearnLBFGS:
     def __init__(self, max_iter: int = 1000, tol: float = 1e-6):
         self.max_iter, self.tol = max_iter, tol
 
-    def fit(self, X: Tensor, y: Tensor, n_classes: int, C: float, init: Optional[LogRegFit] = None) -> LogRegFit:
+    def fit(self, X: Tensor, y: Tensor, n_classes: int, C: float, init: LogRegFit | None = None) -> LogRegFit:
         # scikit-learn only for this solver (the torch one is the default): its import takes a moment
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.linear_model import LogisticRegression

@@ -8,7 +8,6 @@ C with the best hold-out top-1 (the smallest on ties) is refitted on all train f
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -60,7 +59,7 @@ def unconverged_Cs(curve: list[dict]) -> list[float]:
     return [point["C"] for point in curve if point.get("converged") is False]
 
 
-def convergence_warning(capped: list[float], n_fits: int, final: LogRegFit, max_iter: Optional[int]) -> str:
+def convergence_warning(capped: list[float], n_fits: int, final: LogRegFit, max_iter: int | None) -> str:
     """One line naming the fits that stopped at linear.max_iter, and what that means for the chosen C."""
     cap = f"linear.max_iter={max_iter}" if max_iter else "the iteration cap"
     shown = ", ".join(f"{c:.3g}" for c in capped[:8]) + (f", ... ({len(capped)} in all)" if len(capped) > 8 else "")
@@ -81,7 +80,7 @@ def best_C(curve: list[dict]) -> float:
 
 
 def run_probe(solver, train_x: Tensor, train_y: Tensor, val_x: Tensor, val_y: Tensor, *,
-              n_classes: Optional[int] = None, Cs: Optional[list[float]] = None, holdout_fraction: float = 0.1,
+              n_classes: int | None = None, Cs: list[float] | None = None, holdout_fraction: float = 0.1,
               seed: int = 0, progress: bool = True, every_fit: bool = False) -> ProbeResult:
     """The whole protocol: hold-out split, C sweep, refit on all train features with the best C, val top-1/top-5.
     `every_fit`: a progress line per fit of the sweep (slow fits, e.g. on raw pixels), not per tenth of it."""

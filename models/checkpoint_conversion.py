@@ -21,9 +21,10 @@ prefixes (heads and loss buffers are dropped); BlockChunk names `blocks.{chunk}.
 import logging
 import math
 import re
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +39,7 @@ from timm.layers import Mlp  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-StateDict = Dict[str, Tensor]
+StateDict = dict[str, Tensor]
 
 _WRAPPER_TOKENS = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 _NON_BACKBONE_PREFIXES = ("dino_head.", "ibot_head.", "dino_loss.", "ibot_patch_loss.", "koleo_loss.", "head.")
@@ -61,7 +62,7 @@ def load_checkpoint_file(path) -> Any:
 
 
 # ours <-> timm --------------------------------------------------------------------------------------------------------
-def to_timm_state_dict(state_dict: Mapping[str, Tensor], no_embed_class: Optional[bool] = None) -> StateDict:
+def to_timm_state_dict(state_dict: Mapping[str, Tensor], no_embed_class: bool | None = None) -> StateDict:
     """Ours -> timm `VisionTransformer` (`num_classes=0`). `no_embed_class` defaults to "has registers" (the layout
     of timm's reg4 dinov2 models); pass the target timm model's `no_embed_class` if it differs."""
     sd = {k: v for k, v in state_dict.items() if k != "mask_token"}
@@ -79,7 +80,7 @@ def to_timm_state_dict(state_dict: Mapping[str, Tensor], no_embed_class: Optiona
     return sd
 
 
-def from_timm_state_dict(state_dict: Mapping[str, Tensor], num_patches: Optional[int] = None) -> StateDict:
+def from_timm_state_dict(state_dict: Mapping[str, Tensor], num_patches: int | None = None) -> StateDict:
     """timm `VisionTransformer` -> ours. The classifier `head.*` is dropped; `mask_token` is not set (timm has none).
 
     The pos-embed layout is inferred from shapes; `num_patches` (the checkpoint's patch count, when known) settles
@@ -108,12 +109,12 @@ def from_timm_state_dict(state_dict: Mapping[str, Tensor], num_patches: Optional
     return sd
 
 
-def timm_model_kwargs(backbone: nn.Module, no_embed_class: Optional[bool] = None) -> Dict[str, Any]:
+def timm_model_kwargs(backbone: nn.Module, no_embed_class: bool | None = None) -> dict[str, Any]:
     """kwargs for `timm.models.vision_transformer.VisionTransformer` equal to `backbone` (our DinoVisionTransformer)."""
     blk = backbone.blocks[0]
     grid = math.isqrt(backbone.pos_embed.shape[1] - 1)
     ls = getattr(blk.ls1, "gamma", None)
-    kwargs: Dict[str, Any] = dict(
+    kwargs: dict[str, Any] = dict(
         img_size=grid * backbone.patch_size,
         patch_size=backbone.patch_size,
         embed_dim=backbone.embed_dim,
@@ -175,7 +176,7 @@ def from_dinov2_state_dict(state_dict: Mapping[str, Tensor], which: str = "teach
     return out
 
 
-def convert_to_backbone_state_dict(obj: Any, which: str = "teacher", num_patches: Optional[int] = None) -> StateDict:
+def convert_to_backbone_state_dict(obj: Any, which: str = "teacher", num_patches: int | None = None) -> StateDict:
     """Any supported checkpoint (path, loaded object, module) -> our backbone state dict (`mask_token` may be absent).
 
     `which` picks the teacher or student backbone from checkpoints holding both; `num_patches` is an optional hint
@@ -203,11 +204,11 @@ def resample_pos_embed(pos_embed: Tensor, new_grid: int, antialias: bool = False
     return torch.cat([pos_embed[:, :1], grid], dim=1)
 
 
-def load_backbone_weights(backbone: nn.Module, obj: Any, which: str = "teacher") -> Dict[str, Any]:
+def load_backbone_weights(backbone: nn.Module, obj: Any, which: str = "teacher") -> dict[str, Any]:
     """Loads any supported checkpoint into our backbone, strictly. A missing `mask_token` keeps the model's own
     (zeros at init); a pos-embed of another grid is resampled bicubically. Returns what was adapted."""
     sd = convert_to_backbone_state_dict(obj, which=which, num_patches=backbone.pos_embed.shape[1] - 1)
-    report: Dict[str, Any] = {"mask_token_kept": False, "pos_embed_resampled_from": None}
+    report: dict[str, Any] = {"mask_token_kept": False, "pos_embed_resampled_from": None}
     if "mask_token" not in sd:
         sd["mask_token"] = backbone.mask_token.detach().clone()
         report["mask_token_kept"] = True

@@ -12,7 +12,8 @@ Groups are fused by (lr_multiplier, wd_multiplier, is_last_layer) within each st
 """
 
 import logging
-from typing import Any, Dict, Iterable, List, Mapping, Union
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from torch import nn
 
@@ -50,7 +51,7 @@ def get_vit_lr_decay_rate(name: str, lr_decay_rate: float = 1.0, num_layers: int
 
 def get_params_groups_with_decay(
     model: nn.Module, lr_decay_rate: float = 1.0, patch_embed_lr_mult: float = 1.0
-) -> List[Dict[str, Any]]:
+) -> list[dict[str, Any]]:
     """One dict per trainable parameter: params, name, lr_multiplier, wd_multiplier, is_last_layer."""
     n_blocks = _n_blocks(model)
     groups = []
@@ -74,9 +75,9 @@ def get_params_groups_with_decay(
     return groups
 
 
-def fuse_params_groups(all_params_groups: Iterable[Dict[str, Any]], keys=_FUSE_KEYS) -> List[Dict[str, Any]]:
+def fuse_params_groups(all_params_groups: Iterable[dict[str, Any]], keys=_FUSE_KEYS) -> list[dict[str, Any]]:
     """Merges per-parameter dicts with equal `keys`; each fused group keeps `params` and their `names` in order."""
-    fused: Dict[tuple, Dict[str, Any]] = {}
+    fused: dict[tuple, dict[str, Any]] = {}
     for d in all_params_groups:
         ident = tuple(d[k] for k in keys)
         g = fused.setdefault(ident, {"params": [], "names": [], **{k: d[k] for k in keys}})
@@ -86,8 +87,8 @@ def fuse_params_groups(all_params_groups: Iterable[Dict[str, Any]], keys=_FUSE_K
 
 
 def build_param_groups(
-    student: Union[nn.ModuleDict, Mapping[str, nn.Module]], layerwise_decay: float, patch_embed_lr_mult: float
-) -> List[Dict[str, Any]]:
+    student: nn.ModuleDict | Mapping[str, nn.Module], layerwise_decay: float, patch_embed_lr_mult: float
+) -> list[dict[str, Any]]:
     """Fused groups for every student module (backbone, dino_head, ibot_head), ready for
     `torch.optim.AdamW(groups, betas=(beta1, beta2))`; the trainer sets each group's lr / weight_decay per step:
     lr = (last_layer_lr if is_last_layer else lr) * lr_multiplier, weight_decay = wd * wd_multiplier.

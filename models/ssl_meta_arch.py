@@ -21,7 +21,7 @@ swapped so student crop A is matched to teacher crop B and vice versa.
 """
 
 import logging
-from typing import TYPE_CHECKING, Dict, Tuple
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -146,15 +146,15 @@ class SSLMetaArch(nn.Module):
         self.teacher.eval()
         return self
 
-    def teacher_backbone_state_dict(self) -> Dict[str, Tensor]:
+    def teacher_backbone_state_dict(self) -> dict[str, Tensor]:
         """The teacher backbone's weights in our (= reference non-chunked) names, detached, on their device."""
         return self._backbone_state_dict("teacher")
 
-    def student_backbone_state_dict(self) -> Dict[str, Tensor]:
+    def student_backbone_state_dict(self) -> dict[str, Tensor]:
         """The student backbone's, in the same names and form as the teacher's (its EMA counterpart's keys)."""
         return self._backbone_state_dict("student")
 
-    def _backbone_state_dict(self, role: str) -> Dict[str, Tensor]:
+    def _backbone_state_dict(self, role: str) -> dict[str, Tensor]:
         state = {_ema_name(k): v.detach() for k, v in getattr(self, role)["backbone"].state_dict().items()}
         if role == "student":  # the teacher's keys only: a 2:4 module's own state (S-STE's scale) is not exported
             teacher_keys = {_ema_name(k) for k in self.teacher["backbone"].state_dict()}
@@ -199,7 +199,7 @@ class SSLMetaArch(nn.Module):
                 )
         return dino_probs.reshape(N_GLOBAL_CROPS, -1, dino_probs.shape[-1]), ibot_probs
 
-    def forward(self, batch: "SSLBatch", teacher_temp) -> Tuple[Tensor, Dict[str, Tensor]]:
+    def forward(self, batch: "SSLBatch", teacher_temp) -> tuple[Tensor, dict[str, Tensor]]:
         """Returns (total_loss, {dino_local_crops_loss, dino_global_crops_loss, koleo_loss, ibot_loss}); the terms
         are detached copies of the exact summands of `total_loss`. `batch` is a `data.SSLBatch` already on the
         model's device (`SSLLoader.to_device` / `SSLBatch.to`): it is not copied here. `teacher_temp`: a float, or

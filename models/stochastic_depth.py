@@ -1,7 +1,6 @@
 """Stochastic depth by batch subset, as the reference (`dinov2/layers/block.py`): a residual branch runs on a random
 subset of the batch and is added back to those rows, scaled by batch / subset."""
 
-from typing import Tuple
 
 import torch
 from torch import Tensor
@@ -14,7 +13,7 @@ def kept_samples(batch: int, rate: float) -> int:
     return max(int(batch * (1 - rate)), 1)
 
 
-def batch_subset(batch: int, rate: float, device) -> Tuple[Tensor, int, float]:
+def batch_subset(batch: int, rate: float, device) -> tuple[Tensor, int, float]:
     """The reference's `get_branges_scales`: kept sample indices, their count and the residual scale."""
     keep = kept_samples(batch, rate)
     brange = torch.randperm(batch, device=device)[:keep]

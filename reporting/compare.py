@@ -8,7 +8,6 @@ run must differ from the baseline in `train.seed` alone, or the verdict would co
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 from configs.load import RESUMABLE_CHANGES, SEED_KEY, config_difference, read_config_text
 from rundir.run_dir import RunDir
@@ -22,8 +21,8 @@ class TermComparison:
     steps: int  # logged steps all runs share
     difference: float  # mean |candidate - baseline| of the smoothed curves
     max_difference: float
-    spread: Optional[float]  # mean |baseline - other seed|; None without a spread run
-    within_spread: Optional[bool]
+    spread: float | None  # mean |baseline - other seed|; None without a spread run
+    within_spread: bool | None
 
 
 def loss_curves(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -50,7 +49,7 @@ def _mean_abs(a: list[float], b: list[float]) -> tuple[float, float]:
     return sum(diffs) / len(diffs), max(diffs)
 
 
-def compare_runs(candidate: Path, baseline: Path, spread_run: Optional[Path] = None,
+def compare_runs(candidate: Path, baseline: Path, spread_run: Path | None = None,
                  window: int = 10) -> list[TermComparison]:
     """One comparison per loss term the runs share (the total first). ValueError when they share no logged step."""
     if window < 1:
@@ -82,7 +81,7 @@ def _changes(old_run: Path, new_run: Path) -> list[str]:
     return config_difference(old, new, allowed=RESUMABLE_CHANGES)
 
 
-def setting_changes(candidate: Path, baseline: Path, spread_run: Optional[Path] = None) -> tuple[list[str], list[str]]:
+def setting_changes(candidate: Path, baseline: Path, spread_run: Path | None = None) -> tuple[list[str], list[str]]:
     """(what the candidate changes against the baseline, as 'key: baseline -> candidate'; the problems that make the
     comparison meaningless). ConfigError for a run whose config.yaml is missing or unreadable."""
     changed = _changes(baseline, candidate)

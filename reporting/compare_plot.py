@@ -2,8 +2,8 @@
 other seeds, smoothed as they are compared, and under each term the difference of each run to the baseline, so the
 candidate's distance can be read against the seeds' own."""
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .compare import TOTAL, loss_curves, smoothed
 

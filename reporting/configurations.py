@@ -10,7 +10,7 @@ step, so that the difference between the two is what the sparse phase costs and 
 """
 
 from collections import Counter
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from configs.load import RESUMABLE_CHANGES, SEED_KEY
 from configs.schema import has_switch
@@ -26,7 +26,7 @@ GLOBAL_BATCH_KEY = "train.global_batch"  # processes x per-GPU batch: compared i
 NOT_COMPARED = (SEED_KEY, *RESUMABLE_CHANGES)  # seeds of one configuration may differ in these
 
 
-def schedule_label(fraction: Optional[float]) -> str:
+def schedule_label(fraction: float | None) -> str:
     if fraction is None:
         return "unknown schedule"
     label = f"{fraction * 100:g}% sparse"
@@ -40,12 +40,12 @@ def config_label(differing: dict) -> str:
     return ", ".join(f"{key}={config_value(value)}" for key, value in differing.items())
 
 
-def _short_schedule(fraction: Optional[float]) -> str:
+def _short_schedule(fraction: float | None) -> str:
     """"dense", "70% sparse": the schedule where a configuration's keys follow it."""
     return "unknown schedule" if fraction is None else "dense" if fraction == 0.0 else f"{fraction * 100:g}% sparse"
 
 
-def row_label(fraction: Optional[float], differing: dict) -> str:
+def row_label(fraction: float | None, differing: dict) -> str:
     """The schedule alone where only schedules differ ("70% sparse", "0% sparse (dense baseline)"), else the short
     schedule and the differing keys ("dense · student.arch=vit_small", "70% sparse · sparsity.teacher=sparse")."""
     if not differing:
@@ -81,12 +81,12 @@ def common_values_note(base: dict) -> str:
     return "Unlabelled values are the most common ones: " + ", ".join(f"{k}={v}" for k, v in base.items()) + "."
 
 
-def short_row_label(fraction: Optional[float], short: str) -> str:
+def short_row_label(fraction: float | None, short: str) -> str:
     """"70% sparse · epochs=80": a figure's name of a run, with `short_labels`' label of its configuration."""
     return f"{_short_schedule(fraction)} · {short}" if short else _short_schedule(fraction)
 
 
-def compared_config(run: RunSummary) -> Optional[dict]:
+def compared_config(run: RunSummary) -> dict | None:
     """The run's config as compared between runs: without the seed and the keys of how it executes, with its
     global batch; None where config.yaml was not read."""
     if run.config is None:
@@ -126,14 +126,14 @@ def config_key(differing: dict, dense_reference: bool = False) -> tuple:
                  if not (dense_reference and acts_only_with_a_sparse_phase(key)))
 
 
-def dense_reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]:
+def dense_reference_key(run: RunSummary, keys: Sequence[str]) -> tuple | None:
     """`config_key` of the run's dense reference; None where the config is unknown."""
     if run.config is None:
         return None
     return config_key(differing_config(run, keys), dense_reference=True)
 
 
-def same_teacher_key(differing: dict, sparse_fraction: Optional[float], switches: bool) -> Optional[tuple]:
+def same_teacher_key(differing: dict, sparse_fraction: float | None, switches: bool) -> tuple | None:
     """`config_key` of the dense configuration whose teacher momentum follows, step for step, that of a configuration
     (its `differing` values) that restarts the momentum at its switch: the dense one restarted at the same fraction.
     None where the configuration does not restart at a switch, or where no run of the table sets a restart fraction
@@ -143,7 +143,7 @@ def same_teacher_key(differing: dict, sparse_fraction: Optional[float], switches
     return config_key({**differing, RESTART_FRACTION_KEY: sparse_fraction}, dense_reference=True)
 
 
-def same_teacher_reference_key(run: RunSummary, keys: Sequence[str]) -> Optional[tuple]:
+def same_teacher_reference_key(run: RunSummary, keys: Sequence[str]) -> tuple | None:
     """`same_teacher_key` of a run; None where its config is unknown."""
     if run.config is None:
         return None
@@ -180,7 +180,7 @@ def dense_reference(run: RunSummary, references: dict, keys: Sequence[str], same
     return reference_for(run, references, reference_key, same_seed)
 
 
-def same_teacher_reference(run: RunSummary, references: dict, keys: Sequence[str]) -> Optional[RunSummary]:
+def same_teacher_reference(run: RunSummary, references: dict, keys: Sequence[str]) -> RunSummary | None:
     """The dense run among `dense_references` whose teacher momentum follows the run's step for step
     (`same_teacher_key`), by seed as `dense_reference`; None where the run has none."""
     reference_key = same_teacher_reference_key(run, keys)

@@ -6,7 +6,6 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from configs import ConfigError
 from configs.eval_schema import EvalConfig, protocol_changes
@@ -26,14 +25,14 @@ def short_text(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def as_float(value) -> Optional[float]:
+def as_float(value) -> float | None:
     try:
         return float(value)  # NaN/inf are logged as strings ("nan"); float() reads them back
     except (TypeError, ValueError):
         return None
 
 
-def shown_k(knn: dict) -> Optional[int]:
+def shown_k(knn: dict) -> int | None:
     """The k of the table's k-NN column: KNN_SHOWN_K if evaluated, else the nearest k evaluated."""
     if not knn:
         return None
@@ -44,25 +43,25 @@ def shown_k(knn: dict) -> Optional[int]:
 class EvalResults:
     """The numbers of one eval_linear.py result: shared by a result file's record and a run's summary."""
 
-    top1: Optional[float] = None
-    top5: Optional[float] = None
+    top1: float | None = None
+    top5: float | None = None
     knn: dict = field(default_factory=dict)  # {k: top-1 %}
-    best_C: Optional[float] = None
+    best_C: float | None = None
     solver: str = ""
-    n_val: Optional[int] = None  # validation images behind top-1
+    n_val: int | None = None  # validation images behind top-1
     # where the probe's protocol differs from the default one ("knn.temperature=0.1", ...): () for the default
     protocol_changes: tuple = ()
     # C values of the sweep whose fit stopped at linear.max_iter, and whether the final refit converged (records
     # written before these were recorded: unknown, () and None)
     unconverged_C: tuple = ()
-    final_converged: Optional[bool] = None
+    final_converged: bool | None = None
 
     @property
-    def knn_k(self) -> Optional[int]:
+    def knn_k(self) -> int | None:
         return shown_k(self.knn)
 
     @property
-    def knn_top1(self) -> Optional[float]:
+    def knn_top1(self) -> float | None:
         return self.knn.get(self.knn_k)
 
 
@@ -73,11 +72,11 @@ class EvalRecord(EvalResults):
     path: str
     status: str = MISSING  # complete | missing | unreadable | stale
     reason: str = ""
-    seconds: Optional[float] = None
+    seconds: float | None = None
     checkpoint_sha256: str = ""  # what it evaluated
 
 
-def _percentage(value, key: str) -> Optional[float]:
+def _percentage(value, key: str) -> float | None:
     """`value` (the result's `key`) as a top-k accuracy: None when absent or null (not measured, e.g. a k-NN-only
     result); ValueError for anything else that is not a finite number from 0 to 100 (a text, NaN, inf: never
     tabulated)."""
@@ -89,7 +88,7 @@ def _percentage(value, key: str) -> Optional[float]:
     return number
 
 
-def _knn_top1(value) -> Optional[float]:
+def _knn_top1(value) -> float | None:
     """eval_linear.py writes {k: {"top1": .., "top5": ..}}; a bare number per k is read as top-1. A k whose value
     is not a number (null, "nan") has no result and is left out; a number outside 0-100 is a ValueError."""
     top1 = as_float(value.get("top1")) if isinstance(value, dict) else as_float(value)

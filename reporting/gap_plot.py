@@ -13,7 +13,6 @@ import statistics
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from . import published
 from .configurations import common_values_note, config_key, config_label, short_labels, short_row_label
@@ -60,7 +59,7 @@ def gaps(rows) -> list[Gap]:
     return sorted(by_config.values(), key=lambda g: (references.index(g.reference), g.fraction))
 
 
-def _published_delta(fraction: float) -> Optional[float]:
+def _published_delta(fraction: float) -> float | None:
     row = next((p for p in published.ROWS if abs(p.fraction - fraction) < 1e-9), None)
     return row.delta_top1 if row else None
 
@@ -143,7 +142,7 @@ def gap_figure(rows, setting: str = "", names=None, note: str = ""):
     return fig, "\n".join(textwrap.fill(line, 130) for line in caption if line), ax.get_legend_handles_labels()[0]
 
 
-def plot_gaps(rows, path: Path, setting: str = "", names=None, note: str = "") -> Optional[Path]:
+def plot_gaps(rows, path: Path, setting: str = "", names=None, note: str = "") -> Path | None:
     """Write `gap_figure` to `path`; None (nothing written) where the runs differ in their schedule alone (the
     accuracy plot says it all) or fewer than two sparse configurations have a gap."""
     with plt.rc_context(STYLE):

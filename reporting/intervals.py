@@ -2,8 +2,8 @@
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 LEVEL = 0.95
 
@@ -39,11 +39,11 @@ def _t_quantile(df: float) -> float:
     return float(t.ppf(0.5 + LEVEL / 2, df))
 
 
-def _finite(values: Sequence[Optional[float]]) -> list[float]:
+def _finite(values: Sequence[float | None]) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
 
 
-def mean_interval(values: Sequence[Optional[float]]) -> Optional[Interval]:
+def mean_interval(values: Sequence[float | None]) -> Interval | None:
     """Student's t interval of the mean of the seeds' values; None with fewer than two."""
     values = _finite(values)
     if len(values) < 2:
@@ -53,7 +53,7 @@ def mean_interval(values: Sequence[Optional[float]]) -> Optional[Interval]:
     return Interval(mean - half, mean + half, "t")
 
 
-def difference_interval(values: dict, reference: dict) -> Optional[Interval]:
+def difference_interval(values: dict, reference: dict) -> Interval | None:
     """The interval of mean(values) - mean(reference), each a {seed: value} of one configuration's runs. With the same
     seeds on both sides, paired: the t interval of the seed-by-seed differences. Otherwise Welch's, which needs two
     seeds a side. None where neither applies."""

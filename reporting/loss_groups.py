@@ -9,7 +9,6 @@ Runs are duck-typed (run_logs.RunSummary); the caller names each run's group and
 
 import textwrap
 from pathlib import Path
-from typing import Optional
 
 from matplotlib.lines import Line2D
 
@@ -62,7 +61,7 @@ def differences_figure(groups: dict, label_of: dict):
 
 
 def plot_loss_differences(runs, references, labels, group_names, path: Path, note: str = "",
-                          setting: str = "") -> Optional[Path]:
+                          setting: str = "") -> Path | None:
     """Write the figure as a PNG where the compared runs fall into two or more groups; None (and nothing written)
     otherwise, since loss_plots' difference panels then say the same. `setting`: what the runs share, for the
     title."""

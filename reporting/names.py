@@ -8,7 +8,6 @@ with shares them) and its options (the non-model keys whose value is not the mos
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from .table_format import config_value
 
@@ -48,7 +47,7 @@ def option_phrase(key: str, value) -> str:
     return phrase.format(text) if phrase else f"{key.rsplit('.', 1)[-1]}={text}"
 
 
-def model_name(config: Optional[dict]) -> str:
+def model_name(config: dict | None) -> str:
     """"ViT-Ti/4, 80 epochs" from a run's flattened config ("" where it was not read)."""
     if not config:
         return ""

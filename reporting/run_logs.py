@@ -13,7 +13,6 @@ import os
 import statistics
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Optional
 
 from configs import ConfigError, load_config
 from rundir.layout import BASELINE_RESULTS, CONFIG, METRICS, TEACHER, is_run_dir
@@ -42,42 +41,42 @@ class RunSummary(EvalResults):
     eval_reason: str = ""
     # schedule (from config.yaml)
     arch: str = ""
-    patch_size: Optional[int] = None
+    patch_size: int | None = None
     dataset: str = ""
     data_root: str = ""
-    sparse_fraction: Optional[float] = None
-    total_steps: Optional[int] = None
-    sparse_steps: Optional[int] = None  # the step of the switch to dense: the steps before it are sparse ...
+    sparse_fraction: float | None = None
+    total_steps: int | None = None
+    sparse_steps: int | None = None  # the step of the switch to dense: the steps before it are sparse ...
     dense_warmup_steps: int = 0  # ... but these first ones (sparsity.dense_warmup_fraction)
-    global_batch: Optional[int] = None
-    processes: Optional[int] = None  # data-parallel processes (GPUs) the run trained on
-    seed: Optional[int] = None
+    global_batch: int | None = None
+    processes: int | None = None  # data-parallel processes (GPUs) the run trained on
+    seed: int | None = None
     run_id: str = ""  # status.json's: made at the run's fresh start, kept by every copy of the directory
     # every key of the resolved config, flattened ({"student.arch": "vit_small", ...}); None if unreadable
-    config: Optional[dict] = field(default=None, repr=False)
+    config: dict | None = field(default=None, repr=False)
     # progress and timing (from metrics.jsonl and the checkpoints)
     steps_done: int = 0
-    time_s: Optional[float] = None  # summed step time of the logged windows (excludes start-up and evaluation)
-    sparse_time_s: Optional[float] = None
-    dense_time_s: Optional[float] = None
+    time_s: float | None = None  # summed step time of the logged windows (excludes start-up and evaluation)
+    sparse_time_s: float | None = None
+    dense_time_s: float | None = None
     timed_steps: int = 0  # steps covered by time_s
-    images_per_s: Optional[float] = None  # over all timed steps, time-weighted
+    images_per_s: float | None = None  # over all timed steps, time-weighted
     # per phase: median of the logged windows' images/s, without each phase's first window after a (re)start
     # (torch.compile and warm-up; the dense phase recompiles), so the phases' steady speeds compare
-    sparse_images_per_s: Optional[float] = None
-    dense_images_per_s: Optional[float] = None
+    sparse_images_per_s: float | None = None
+    dense_images_per_s: float | None = None
     # where it trained (run_info.json: "cuda:0", "NVIDIA H200"; "" where not recorded) and the most memory its GPU
     # had in use outside the run's allocator at a logged window (MB; None where the run did not log it): whether it
     # had the GPU to itself (speed_columns.py)
     device: str = ""
     device_name: str = ""
     data_fingerprint: str = ""  # run_info.json's: which images it trained on ("" where not recorded)
-    gpu_mem_outside_mb: Optional[float] = None
+    gpu_mem_outside_mb: float | None = None
     screening: bool = False  # named by the table's maker as a run that chose settings: kept out of every mean
-    final_loss: Optional[float] = None
+    final_loss: float | None = None
     loss_terms: dict = field(default_factory=dict, repr=False)  # {term: [(step, value)]}, LOSS_TERMS order
     # evaluation (from eval_linear.json; top1, top5, knn, best_C, solver, n_val from EvalResults)
-    eval_seconds: Optional[float] = None
+    eval_seconds: float | None = None
     baselines: dict = field(default_factory=dict)  # {"random_init" | "pixels": EvalRecord}, those found
 
     @property
@@ -86,14 +85,14 @@ class RunSummary(EvalResults):
         return self.loss_terms.get("loss", [])
 
     @property
-    def dense_steps(self) -> Optional[int]:
+    def dense_steps(self) -> int | None:
         """The steps after the switch (the dense warm-up's are not among them)."""
         if self.total_steps is None or self.sparse_steps is None:
             return None
         return self.total_steps - self.sparse_steps
 
     @property
-    def seconds_per_step(self) -> Optional[float]:
+    def seconds_per_step(self) -> float | None:
         return self.time_s / self.timed_steps if self.time_s and self.timed_steps else None
 
     @property
@@ -213,7 +212,7 @@ def _read_metrics(run: RunSummary, run_dir: RunDir) -> None:
         run.images_per_s = images / run.time_s
 
 
-def _phase_rates(records: list[dict], sparse_steps: Optional[int], restarts: list[int]) -> tuple:
+def _phase_rates(records: list[dict], sparse_steps: int | None, restarts: list[int]) -> tuple:
     """(sparse, dense) median images/s over each phase's logged windows, leaving out the first window of a phase
     and the first window after each restart (both include compilation and warm-up). None where nothing is left."""
     rates: dict[str, list[float]] = {"sparse": [], "dense": []}
@@ -270,7 +269,7 @@ def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "") -> None:
                 break
 
 
-def read_run(run_dir: Path, name: Optional[str] = None, eval_label: str = "") -> RunSummary:
+def read_run(run_dir: Path, name: str | None = None, eval_label: str = "") -> RunSummary:
     """Everything the tables need about one run directory; never raises for a damaged or absent run. `eval_label`:
     the probe on other data to read (`eval_linear_data_<label>.json`) instead of the run's own `eval_linear.json`."""
     run_dir = RunDir(run_dir)

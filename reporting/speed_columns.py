@@ -4,8 +4,8 @@ measure the GPUs. A run had its GPU to itself when the memory in use on it outsi
 (`gpu_mem_outside_mb`, logged at every metrics line) never passed `SHARED_GPU_MB`: the run's CUDA context and
 libraries take about a GB, any other training or evaluation job several."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 SHARED_GPU_MB = 4096.0
 NAMED_RUNS = 3  # runs named per reason; the rest are counted
@@ -16,7 +16,7 @@ class SpeedVerdict:
     """`gpu`: the one GPU every timed run had to itself (speeds shown); None where they are left out, `why_not`
     saying why ("" where no run was timed)."""
 
-    gpu: Optional[str]
+    gpu: str | None
     why_not: str = ""
 
 

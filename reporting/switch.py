@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -37,17 +36,17 @@ class SwitchRow:
     sparse_fraction: float
     switch_weights: str
     seed: int
-    switch_step: Optional[int]  # None: the run never switched (dense, or sparse to the end)
-    teacher_left: Optional[float]  # share of the switch-time teacher in the final one
-    knn_switch_dense: Optional[float]
-    knn_switch_pruned: Optional[float]
-    linear_final: Optional[float]  # as trained: dense MLPs after a dense end, pruned after a sparse one
-    knn_final: Optional[float]
-    knn_final_other: Optional[float]  # the other mode
+    switch_step: int | None  # None: the run never switched (dense, or sparse to the end)
+    teacher_left: float | None  # share of the switch-time teacher in the final one
+    knn_switch_dense: float | None
+    knn_switch_pruned: float | None
+    linear_final: float | None  # as trained: dense MLPs after a dense end, pruned after a sparse one
+    knn_final: float | None
+    knn_final_other: float | None  # the other mode
     ended_sparse: bool
 
 
-def _knn(run_dir: Path, step: Optional[int], prune: bool, ended_sparse: bool) -> Optional[float]:
+def _knn(run_dir: Path, step: int | None, prune: bool, ended_sparse: bool) -> float | None:
     """k-NN top-1 of the teacher exported at `step` (None: the final teacher) probed with pruned MLPs or not, from
     the file eval_linear.py names for that probe; None when it is missing or unreadable."""
     checkpoint = teacher_export_path(run_dir, step) if step is not None else None
@@ -93,7 +92,7 @@ def switch_rows(run_dirs: list[Path]) -> tuple[list[SwitchRow], list[str]]:
     return rows, problems
 
 
-def _cell(value: Optional[float], digits: int = 2) -> str:
+def _cell(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 

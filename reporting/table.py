@@ -19,9 +19,9 @@ import os
 import shutil
 import statistics
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 from rundir.atomic import atomic_write_text
 from rundir.errors import RunDirProblem, UsageError
@@ -44,7 +44,7 @@ def is_published_setting(run: RunSummary) -> bool:
     return run.arch == "vit_large" and run.patch_size == 16 and run.dataset == "imagenet_folder"
 
 
-def published_row_for(run: RunSummary) -> Optional[published.PublishedRow]:
+def published_row_for(run: RunSummary) -> published.PublishedRow | None:
     """The published row with the same schedule: the same share of sparse steps, or the same label (the "40%" row
     ran 32%; a run with sparse_fraction 0.32 or 0.4 is compared with it)."""
     if not is_published_setting(run) or run.sparse_fraction is None:
@@ -64,42 +64,42 @@ class TableRow:
     run: str
     schedule: str
     status: str
-    sparse_fraction: Optional[float]
-    seed: Optional[int]
-    sparse_steps: Optional[int]
-    dense_steps: Optional[int]
-    total_steps: Optional[int]
+    sparse_fraction: float | None
+    seed: int | None
+    sparse_steps: int | None
+    dense_steps: int | None
+    total_steps: int | None
     steps_done: int
-    top1: Optional[float]
-    top5: Optional[float]
-    knn_top1: Optional[float]
-    knn_k: Optional[int]
-    delta_top1: Optional[float]  # pp vs the dense run of the same setting (and seed, where there is one)
-    delta_knn_top1: Optional[float]
-    time_s: Optional[float]
-    sparse_time_s: Optional[float]
-    dense_time_s: Optional[float]
-    images_per_s: Optional[float]  # all timed steps
-    sparse_images_per_s: Optional[float]  # median of the phase's windows, its first window left out
-    dense_images_per_s: Optional[float]
-    speedup: Optional[float]  # dense seconds per step / this run's seconds per step
-    final_loss: Optional[float]
-    best_C: Optional[float]
-    eval_seconds: Optional[float]
+    top1: float | None
+    top5: float | None
+    knn_top1: float | None
+    knn_k: int | None
+    delta_top1: float | None  # pp vs the dense run of the same setting (and seed, where there is one)
+    delta_knn_top1: float | None
+    time_s: float | None
+    sparse_time_s: float | None
+    dense_time_s: float | None
+    images_per_s: float | None  # all timed steps
+    sparse_images_per_s: float | None  # median of the phase's windows, its first window left out
+    dense_images_per_s: float | None
+    speedup: float | None  # dense seconds per step / this run's seconds per step
+    final_loss: float | None
+    best_C: float | None
+    eval_seconds: float | None
     knn: dict
-    published_top1: Optional[float] = None
-    published_delta_top1: Optional[float] = None
+    published_top1: float | None = None
+    published_delta_top1: float | None = None
     published_schedule: str = ""
     path: str = ""  # relative to the folder holding the runs
-    n_val: Optional[int] = None  # validation images behind top-1 and k-NN top-1
+    n_val: int | None = None  # validation images behind top-1 and k-NN top-1
     # this run's values of the config keys that differ between the table's runs (schedule and seed aside)
     differing_config: dict = field(default_factory=dict)
     # "2 processes × 256" where its configuration also has runs on another number of processes, else ""
     layout: str = ""
     # pp vs the dense run whose teacher momentum restarts where this run's restarts at its switch
     # (configurations.same_teacher_key); None where the run does not restart there or the table has no such run
-    delta_top1_same_teacher: Optional[float] = None
-    delta_knn_top1_same_teacher: Optional[float] = None
+    delta_top1_same_teacher: float | None = None
+    delta_knn_top1_same_teacher: float | None = None
     dense_warmup_steps: int = 0  # dense steps before the sparse ones (sparse_steps counts both: it is the switch)
     screening: bool = False  # a screening run: shown, never in a mean (RunSummary.screening)
 
@@ -117,29 +117,29 @@ class ScheduleMean:
     sparse_fraction: float
     seeds: list
     runs: list
-    top1: Optional[float]
-    top1_spread: Optional[float]  # None with fewer than two values
-    knn_top1: Optional[float]
-    knn_top1_spread: Optional[float]
-    delta_top1: Optional[float]  # mean minus the dense schedule's mean
-    delta_knn_top1: Optional[float]
-    sparse_images_per_s: Optional[float]
-    dense_images_per_s: Optional[float]
-    final_loss: Optional[float]
-    knn_k: Optional[int] = None
+    top1: float | None
+    top1_spread: float | None  # None with fewer than two values
+    knn_top1: float | None
+    knn_top1_spread: float | None
+    delta_top1: float | None  # mean minus the dense schedule's mean
+    delta_knn_top1: float | None
+    sparse_images_per_s: float | None
+    dense_images_per_s: float | None
+    final_loss: float | None
+    knn_k: int | None = None
     n_seeds: int = 0  # complete runs averaged (one per seed)
     differing_config: dict = field(default_factory=dict)  # as TableRow's
     # mean minus the mean of the dense configuration with the same teacher momentum schedule (as TableRow's)
-    delta_top1_same_teacher: Optional[float] = None
-    delta_knn_top1_same_teacher: Optional[float] = None
+    delta_top1_same_teacher: float | None = None
+    delta_knn_top1_same_teacher: float | None = None
     # 95% intervals (intervals.py): of the means over seeds, and of each Δ (paired by seed where both sides ran the
     # same seeds, else Welch's); None where a side has fewer than two seeds
-    top1_interval: Optional[Interval] = None
-    knn_top1_interval: Optional[Interval] = None
-    delta_top1_interval: Optional[Interval] = None
-    delta_knn_top1_interval: Optional[Interval] = None
-    delta_top1_same_teacher_interval: Optional[Interval] = None
-    delta_knn_top1_same_teacher_interval: Optional[Interval] = None
+    top1_interval: Interval | None = None
+    knn_top1_interval: Interval | None = None
+    delta_top1_interval: Interval | None = None
+    delta_knn_top1_interval: Interval | None = None
+    delta_top1_same_teacher_interval: Interval | None = None
+    delta_knn_top1_same_teacher_interval: Interval | None = None
 
     @property
     def config_label(self) -> str:
@@ -153,16 +153,16 @@ class BaselineRow:
     key: str  # random_init | pixels
     label: str
     run: str  # the run it was found in
-    top1: Optional[float]
-    top5: Optional[float]
-    knn_top1: Optional[float]
-    knn_k: Optional[int]
-    best_C: Optional[float]
+    top1: float | None
+    top5: float | None
+    knn_top1: float | None
+    knn_k: int | None
+    best_C: float | None
     knn: dict = field(default_factory=dict)
     path: str = ""  # relative to the folder holding the runs
 
 
-def _difference(value: Optional[float], reference: Optional[float]) -> Optional[float]:
+def _difference(value: float | None, reference: float | None) -> float | None:
     return None if value is None or reference is None else value - reference
 
 
@@ -176,7 +176,7 @@ def relative_path(path: str, folder: Path) -> str:
     return os.path.relpath(os.path.abspath(path), folder) if path else path
 
 
-def build_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[TableRow]:
+def build_rows(runs: list[RunSummary], folder: Path | None = None) -> list[TableRow]:
     """One row per run, sorted by schedule, then configuration, then seed; paths relative to `folder` (default:
     `runs_folder`)."""
     folder = runs_folder(runs) if folder is None else folder
@@ -227,7 +227,7 @@ def _name_layouts(rows_and_runs: list[tuple[TableRow, RunSummary]]) -> None:
             row.layout = f"{run.processes} {noun} × {run.global_batch // run.processes}"
 
 
-def mean_and_half_range(values: list) -> tuple[Optional[float], Optional[float]]:
+def mean_and_half_range(values: list) -> tuple[float | None, float | None]:
     """(mean, (max - min) / 2) of the values that are not None; the half range needs two values."""
     values = [v for v in values if v is not None and math.isfinite(v)]
     if not values:
@@ -283,7 +283,7 @@ def _mean_of(group: list[TableRow]) -> ScheduleMean:
         knn_top1_interval=mean_interval([r.knn_top1 for r in group]))
 
 
-def _delta(value: Optional[float], group: list[TableRow], reference, field_name: str):
+def _delta(value: float | None, group: list[TableRow], reference, field_name: str):
     """(this mean minus the reference configuration's mean, its 95% interval); (None, None) without a reference."""
     if reference is None:
         return None, None
@@ -295,7 +295,7 @@ def _delta(value: Optional[float], group: list[TableRow], reference, field_name:
             difference_interval(by_seed(group), by_seed(reference_rows)))
 
 
-def baseline_rows(runs: list[RunSummary], folder: Optional[Path] = None) -> list[BaselineRow]:
+def baseline_rows(runs: list[RunSummary], folder: Path | None = None) -> list[BaselineRow]:
     """Each baseline once, from the dense lowest-seed run if it has it, else from the first run that does; paths
     relative to `folder` (default: `runs_folder`)."""
     folder = runs_folder(runs) if folder is None else folder
@@ -407,7 +407,7 @@ def noise_note(seeded: list[ScheduleMean], means: list[ScheduleMean]) -> str:
             "whatever its size; a Δ with one seed on a side has no interval and resolves nothing. " + verdict)
 
 
-def _pp(value: Optional[float]) -> str:
+def _pp(value: float | None) -> str:
     return "–" if value is None else f"±{value:.2f} pp"
 
 

@@ -6,16 +6,17 @@ The rows are duck-typed (table.TableRow, ScheduleMean, BaselineRow), so this mod
 import csv
 import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from rundir.atomic import atomic_write_text
 
 from .run_logs import KNN_SHOWN_K
 
 
-def _steps(n: Optional[int]) -> str:
+def _steps(n: int | None) -> str:
     if n is None:
         return "–"
     return f"{n / 1000:g}k" if n >= 10_000 and n % 100 == 0 else str(n)
@@ -29,7 +30,7 @@ def _phase_steps(row) -> str:
     return f"{_steps(warmup)} dense, then {_steps(row.sparse_steps - warmup)} → {_steps(row.dense_steps)}"
 
 
-def _duration(seconds: Optional[float]) -> str:
+def _duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
         return "–"
     seconds = round(seconds)  # whole seconds first: 59.7 s must not print as "0 min 60 s"
@@ -40,11 +41,11 @@ def _duration(seconds: Optional[float]) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _number(value: Optional[float], fmt: str, suffix: str = "") -> str:
+def _number(value: float | None, fmt: str, suffix: str = "") -> str:
     return "–" if value is None else format(value, fmt) + suffix
 
 
-def _with_spread(value: Optional[float], spread: Optional[float], fmt: str) -> str:
+def _with_spread(value: float | None, spread: float | None, fmt: str) -> str:
     return _number(value, fmt) + (f" ± {spread:.2f}" if spread is not None and value is not None else "")
 
 
@@ -55,7 +56,7 @@ def _with_interval(text: str, interval, fmt: str) -> str:
     return f"{text} [{format(interval.low, fmt)}, {format(interval.high, fmt)}]"
 
 
-def _rate(value: Optional[float]) -> str:
+def _rate(value: float | None) -> str:
     return _number(value, ",.0f" if value is not None and value >= 100 else ".1f")
 
 
@@ -191,7 +192,7 @@ def means_markdown(means, knn_header: str, name_k: bool, speeds: bool = True) ->
                       *_table_lines(columns, body, speeds)])
 
 
-def _delta(value: Optional[float], interval) -> str:
+def _delta(value: float | None, interval) -> str:
     return _with_interval(_number(value, "+.2f"), interval, "+.2f")
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO
 
 TMP_SUFFIX = ".tmp"
 # <base>.<pid>.<hex>.tmp (this version) or <base>.tmp (older ones): the base is the file being written
@@ -76,7 +77,7 @@ def name_problem(path: Path | str, extra: int = TMP_NAME_EXTRA) -> str:
     return ""
 
 
-def temporary_base(name: str) -> Optional[str]:
+def temporary_base(name: str) -> str | None:
     """The name of the file a temporary file was writing (`step_00000008.pt` for `step_00000008.pt.123.ab12cd34ef56.tmp`
     or the older `step_00000008.pt.tmp`), None for a name that is not a temporary file."""
     match = _TEMPORARY.match(name)
@@ -91,7 +92,7 @@ def create_exclusively(path: Path) -> BinaryIO:
 
 
 def write_atomically(path: Path | str, write: Callable[[BinaryIO], None],
-                     before_rename: Optional[Callable[[], None]] = None) -> None:
+                     before_rename: Callable[[], None] | None = None) -> None:
     """`write(f)` into a temporary file created exclusively beside `path`, fsync, `before_rename()`, rename over
     `path` (replacing it, or the link it is: never writing through one), fsync the directory. On an error the
     temporary file is removed; a kill leaves it (a stray, see the module docstring)."""

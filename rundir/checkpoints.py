@@ -14,7 +14,6 @@ top of its own history, and so does a `checkpoints` entry that is not a usable d
 import logging
 import os
 from pathlib import Path
-from typing import Optional
 
 from .digests import CorruptFile, MissingDigest, UnsafeFile, digest_path
 from .errors import CommandError
@@ -58,7 +57,7 @@ class CheckpointManager:
         logger.info("saved checkpoint %s", path)
         return path
 
-    def load_latest(self) -> Optional[dict]:
+    def load_latest(self) -> dict | None:
         """The newest readable checkpoint, or None when there is none at all (see the module docstring)."""
         if not usable_checkpoint_dir(self.directory):  # absent: none at all; not a usable directory: refused
             return None

@@ -5,7 +5,6 @@ is released again, so nothing is left held or written."""
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from .errors import RunDirProblem
 from .guard import (appended_file_problem, eval_dir_problem, lost_checkpoints_problem, remove_stray_temporaries,
@@ -18,7 +17,7 @@ from .lock import RunDirLock, lock
 class ClaimedRunDir:
     run_dir: Path
     run_lock: RunDirLock
-    checkpoints_lock: Optional[RunDirLock] = None  # where `checkpoints` links to a folder elsewhere
+    checkpoints_lock: RunDirLock | None = None  # where `checkpoints` links to a folder elsewhere
 
     @property
     def held(self) -> bool:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import gzip
 import lzma
 from pathlib import Path
-from typing import Optional
 
 SUFFIXES = (".xz", ".gz")  # the first is what `scripts/experiments/study_import.py` writes
 
 
-def stored(path: Path) -> Optional[Path]:
+def stored(path: Path) -> Path | None:
     """The file holding `path`'s content: itself, else its `.xz` or `.gz` form; None if there is none."""
     path = Path(path)
     for candidate in (path, *(path.with_name(path.name + s) for s in SUFFIXES)):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Optional
 
 from .errors import CommandError
 
@@ -51,7 +50,7 @@ def file_digest(path: Path | str) -> str:
     return sha.hexdigest()
 
 
-def recorded_digest(path: Path | str) -> Optional[str]:
+def recorded_digest(path: Path | str) -> str | None:
     """The digest written next to `path` by `save_verified`; None where there is none (an older or foreign file),
     "" where the file is there but holds no SHA-256 (empty or damaged)."""
     side = digest_path(path)

@@ -29,7 +29,6 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Optional
 
 from . import compressed
 from .atomic import name_problem, temporary_base
@@ -211,13 +210,13 @@ def previous_results(output_dir: Path) -> list[Path]:
     return results + [p for p in entries if p.name in records]
 
 
-def set_aside_results(output_dir: Path) -> Optional[Path]:
+def set_aside_results(output_dir: Path) -> Path | None:
     """Move `previous_results` into a new `superseded-<UTC time>/` folder of the run directory (renames within the
     directory: nothing is copied or lost); returns that folder, or None when there was nothing to move."""
     return _set_aside(previous_results(output_dir), Path(output_dir))
 
 
-def set_aside_checkpoints(directory: Path) -> Optional[Path]:
+def set_aside_checkpoints(directory: Path) -> Path | None:
     """At a fresh start, an earlier run's checkpoints (and their digests, and those set aside as corrupt) into a new
     `superseded-<UTC time>/` folder of the checkpoints folder itself (a rename, also where it lives on another
     disk); returns that folder, or None when there were none."""
@@ -227,7 +226,7 @@ def set_aside_checkpoints(directory: Path) -> Optional[Path]:
     return _set_aside(found, directory)
 
 
-def _set_aside(found: list[Path], parent: Path) -> Optional[Path]:
+def _set_aside(found: list[Path], parent: Path) -> Path | None:
     if not found:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 MAX_INT_DIGITS = 19  # |n| < 10**19 covers every int64: steps, job ids, sizes
 
@@ -35,7 +35,7 @@ def parse_json(data: str | bytes) -> Any:
         raise ValueError(str(e).splitlines()[0][:200]) from None
 
 
-def read_json(path: Path) -> Optional[dict]:
+def read_json(path: Path) -> dict | None:
     """A JSON object file of the run directory; None if absent or unreadable (a table never raises for one). Only
     a regular file is opened: a FIFO planted there would block the reader."""
     if not Path(path).is_file():

@@ -37,7 +37,6 @@ mid-write is skipped by the readers and dropped on resume).
 import json
 import re
 from pathlib import Path
-from typing import Optional
 
 from . import compressed
 from .atomic import atomic_write_text
@@ -91,7 +90,7 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:08d}.pt"
 
 
-def checkpoint_step(path: Path, suffix: str = "") -> Optional[int]:
+def checkpoint_step(path: Path, suffix: str = "") -> int | None:
     """The step of a checkpoint file name (`step_XXXXXXXX.pt` + `suffix`), None for anything else (digests, `.tmp`,
     strays, and `.corrupt` ones unless that is the suffix asked for)."""
     name = Path(path).name
@@ -114,7 +113,7 @@ def list_checkpoints(directory: Path, suffix: str = "") -> list[tuple[int, Path]
                   if (step := checkpoint_step(p, suffix)) is not None and p.is_file())
 
 
-def newest_checkpoint(run_dir: Path) -> Optional[tuple[int, Path]]:
+def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     found = list_checkpoints(checkpoint_dir(run_dir))
     return found[-1] if found else None
 

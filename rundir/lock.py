@@ -8,7 +8,6 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from .errors import RunDirInUse, RunDirProblem
 from .layout import LOCK, LOG
@@ -23,7 +22,7 @@ class RunDirLock:
     path: Path
     held: bool
     unsupported: str = ""
-    _fd: Optional[int] = field(default=None, repr=False)
+    _fd: int | None = field(default=None, repr=False)
 
     def release(self) -> None:
         if self._fd is not None:

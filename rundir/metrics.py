@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from . import compressed
 from .atomic import atomic_write_text
@@ -32,7 +32,7 @@ def steps_done(record: dict) -> int:
     return step if (record.get(FORMAT_KEY) or 1) >= 2 else step + 1
 
 
-def _parsed(line: str) -> Optional[dict]:
+def _parsed(line: str) -> dict | None:
     """A metrics line's record, None for a line cut by a kill mid-write (or anything else that is not one)."""
     try:
         record = checked(parse_json(line), METRICS_LINE_FIELDS, METRICS)
@@ -85,7 +85,7 @@ class MetricsLog:
         self.path = Path(path)
         self.enabled = enabled
 
-    def truncate_after(self, step: int) -> Optional[int]:
+    def truncate_after(self, step: int) -> int | None:
         """Keep only lines logged with at most `step` steps done (those a run resumed at `step` will not log
         again); 0 empties the file. Everything after a cut line goes too. Returns the steps done of the last line
         kept (None: none)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from . import compressed, layout
 from .metrics import metrics_by_steps_done
@@ -103,7 +102,7 @@ class RunDir:
         """(step, path) of its checkpoints, oldest first (`layout.list_checkpoints`)."""
         return layout.list_checkpoints(self.checkpoint_dir, suffix)
 
-    def newest_checkpoint(self) -> Optional[tuple[int, Path]]:
+    def newest_checkpoint(self) -> tuple[int, Path] | None:
         found = self.checkpoints()
         return found[-1] if found else None
 

@@ -13,7 +13,6 @@ import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from . import compressed
 from .atomic import atomic_write_text
@@ -33,7 +32,7 @@ class RunStatus:
     `running`: nothing is left to record it. `recorded`: read from status.json (False: inferred from an old log)."""
 
     state: str = ""
-    step: Optional[int] = None  # steps done when the state was recorded
+    step: int | None = None  # steps done when the state was recorded
     reason: str = ""  # a failure's exception, e.g. "TrainingDiverged: non-finite loss at step 41 (...)"
     resumed_at: list[int] = field(default_factory=list)  # steps the run was resumed at, in order
     time: str = ""
@@ -46,7 +45,7 @@ def new_run_id() -> str:
     return secrets.token_hex(8)
 
 
-def write_status(run_dir: Path, state: str, step: int, reason: str = "", resumed_at: Optional[list[int]] = None,
+def write_status(run_dir: Path, state: str, step: int, reason: str = "", resumed_at: list[int] | None = None,
                  run_id: str = "") -> RunStatus:
     """Record the run's state (rank 0: at start, finish, preemption and failure)."""
     if state not in (RUNNING, FINISHED, PREEMPTED, FAILED):

@@ -19,7 +19,7 @@ import hashlib
 import io
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -38,7 +38,7 @@ class _HashingWriter(io.RawIOBase):
 
     def __init__(self, f, sha):
         self.f, self.sha = f, sha
-        self.error: Optional[OSError] = None
+        self.error: OSError | None = None
 
     def writable(self) -> bool:
         return True

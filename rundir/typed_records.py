@@ -7,7 +7,7 @@ into what a damaged file means there (a status unknown, a metrics line skipped),
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 NUMBER = (int, float, str)  # logged numbers: NaN and inf are written as strings ("nan")
 
@@ -23,7 +23,7 @@ class Field:
 
     name: str
     types: tuple
-    items: Optional[type] = None
+    items: type | None = None
 
     def problem(self, value: Any) -> str:
         if value is None:

@@ -43,7 +43,6 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Optional
 
 from configs.command_line import parse_command_line
 from configs.schema import COMPILE_MODES
@@ -180,7 +179,7 @@ def teacher_sparse(trainer: Trainer, row: str) -> bool:
     return backend != "dense" and ("teacher" in flags or trainer.cfg.sparsity.teacher == "sparse")
 
 
-def wgrad_modules(trainer: Trainer, row: str) -> Optional[str]:
+def wgrad_modules(trainer: Trainer, row: str) -> str | None:
     """The pattern of the student linears whose weight gradients run on 2:4 in the row (`+mvue`: all, `+mvue-fc2`:
     the second MLP linear alone, else the config's `sparsity.weight_grad` and `weight_grad_modules`); None: none."""
     _, backend, flags = parse_row(row)

@@ -34,7 +34,6 @@ import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from configs import ConfigError
 from configs.command_line import parse_command_line
@@ -61,7 +60,7 @@ class PlannedRun:
     train: bool  # train.py must (re)start or resume it
     evaluate: bool  # eval_linear.py must (re)evaluate it
     state: str  # the run's status before this plan, for the dry-run listing
-    seed: Optional[int] = None  # None: the config's train.seed (the run named without a suffix)
+    seed: int | None = None  # None: the config's train.seed (the run named without a suffix)
     baselines: list = field(default_factory=list)  # checkpoint= values still to evaluate on this run's data
 
 
@@ -86,7 +85,7 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def seeded_run_name(fraction: float, seed: Optional[int]) -> str:
+def seeded_run_name(fraction: float, seed: int | None) -> str:
     """sparse_0.70 for the config's seed, sparse_0.70_seed1 for another."""
     return run_name(fraction) if seed is None else f"{run_name(fraction)}_seed{seed}"
 
@@ -123,7 +122,7 @@ def _run_logged(command: list[str], log_path: Path) -> int:
         return subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
 
 
-def train_command(item: PlannedRun, overrides: list[str], config: Optional[Path] = None) -> list[str]:
+def train_command(item: PlannedRun, overrides: list[str], config: Path | None = None) -> list[str]:
     command = [sys.executable, str(TRAIN_SCRIPT), "--output-dir", str(item.run_dir)]
     if config is not None:
         command += ["--config", str(config)]
@@ -131,13 +130,13 @@ def train_command(item: PlannedRun, overrides: list[str], config: Optional[Path]
     return command + ([f"train.seed={item.seed}"] if item.seed is not None else [])  # last: it wins
 
 
-def eval_command(item: PlannedRun, overrides: list[str], checkpoint: Optional[str] = None) -> list[str]:
+def eval_command(item: PlannedRun, overrides: list[str], checkpoint: str | None = None) -> list[str]:
     return [sys.executable, str(EVAL_SCRIPT), "--run", str(item.run_dir), *overrides,
             *([f"checkpoint={checkpoint}"] if checkpoint else [])]
 
 
 def _train_and_evaluate(item: PlannedRun, train_overrides: list[str], eval_overrides: list[str],
-                        can_evaluate: bool, config: Optional[Path] = None) -> list[str]:
+                        can_evaluate: bool, config: Path | None = None) -> list[str]:
     """Train, evaluate, then the baselines; returns the failures. A failed training skips the evaluations; a failed
     evaluation does not skip the baselines (another eval mode may still work)."""
     logs = item.run_dir.parent / "reproduce_logs"
@@ -161,7 +160,7 @@ def _train_and_evaluate(item: PlannedRun, train_overrides: list[str], eval_overr
 
 
 def execute(planned: list[PlannedRun], train_overrides: list[str], eval_overrides: list[str],
-            jobs: int = 1, config: Optional[Path] = None) -> list[str]:
+            jobs: int = 1, config: Path | None = None) -> list[str]:
     """Train and evaluate what the plan says, `jobs` runs at a time (in plan order; each run's evaluations follow
     its training in the same slot); returns one line per step that failed."""
     failures = []
@@ -226,7 +225,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _check_config(args) -> Optional[str]:
+def _check_config(args) -> str | None:
     """Every fraction's config, loaded once up front: a typo or a value one schedule refuses stops here, not in
     nine failed runs."""
     try:

@@ -4,14 +4,13 @@ ImageNet. Torch-free: the images are counted from the folder listing, without op
 
 import math
 import os
-from typing import Optional
 
 FLOOR_MIN = 30  # start-up, model load, the C sweep's fixed cost
 IMAGES_PER_MIN = 5_000  # a ViT-L probe on one GPU: ~20 min of extraction and ~1-2 h of fits for ImageNet's 1.33M
 DIGITS_IMAGES = 1797
 
 
-def probe_images(dataset: str, root: str, splits: tuple[str, ...]) -> Optional[int]:
+def probe_images(dataset: str, root: str, splits: tuple[str, ...]) -> int | None:
     """Files under `root/<split>/` for each split (imagenet_folder), the bundled set's size (digits); None where the
     folder is not on this machine (it may be only on the cluster's nodes) or the kind has no labels."""
     if dataset == "digits":

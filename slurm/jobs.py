@@ -27,7 +27,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import submitit
 
@@ -88,7 +87,7 @@ class ScriptJob(submitit.helpers.Checkpointable):
         self.stop_timeout_s = stop_timeout_s
         self.peer_stop_grace_s = peer_stop_grace_s
         self.repo = Path(repo)
-        self._child: Optional[subprocess.Popen] = None
+        self._child: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
         return [sys.executable, str(self.repo / self.script), *self.args]

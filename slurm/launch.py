@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 if __package__ in (None, ""):  # `python slurm/launch.py`: import the package from the repo root, not slurm/
     sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -49,7 +48,7 @@ def _fraction(text: str) -> float:
     return value + 0.0  # -0 is 0
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="slurm/launch.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", type=Path, required=True, help="training YAML, e.g. configs/vitl16_imagenet.yaml")
@@ -253,7 +252,7 @@ def launch(args: argparse.Namespace) -> int:
     return 1 if any("FAILED" in r.train + r.eval for r in rows) else 0
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["status"]:
         return status_main(argv[1:])

@@ -11,8 +11,8 @@ run directory (`rundir`: metrics.jsonl, checkpoints/, status.json, eval_linear.j
 import argparse
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -68,7 +68,7 @@ def query_states(job_ids: Iterable[str]) -> dict[str, str]:
         return {}
 
 
-def _total_steps(run_dir: Path) -> Optional[int]:
+def _total_steps(run_dir: Path) -> int | None:
     try:
         return last_step(load_config(RunDir(run_dir).config_file))
     except (ConfigError, OSError, ValueError):
@@ -88,7 +88,7 @@ def _eval_summary(run_dir: Path) -> str:
     return f"top1 {record.top1:.2f}"
 
 
-def _latest_jobs(run_dir: Path) -> Optional[dict[str, Optional[JobRecord]]]:
+def _latest_jobs(run_dir: Path) -> dict[str, JobRecord | None] | None:
     """The latest recorded job of each kind, from one read of jobs.json; None when it cannot be read."""
     try:
         jobs = read_jobs(run_dir)
@@ -165,7 +165,7 @@ def format_table(rows: list[dict[str, str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slurm/launch.py status", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs-dir", type=Path, required=True,

@@ -15,7 +15,6 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import submitit
 from submitit.slurm.slurm import _make_sbatch_string  # noqa: PLC2701 - the formatter submit() itself uses
@@ -30,14 +29,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Resources:
-    partition: Optional[str]
+    partition: str | None
     nodes: int = 1
     gpus_per_node: int = 8
     cpus_per_task: int = 10
     timeout_min: int = 4320
     signal_delay_s: int = 120  # USR2 this long before the time limit: a ViT-L checkpoint must fit in it
     max_num_timeout: int = 30  # requeues after time limits (preemptions do not count)
-    mem_gb: Optional[int] = None  # None: the cluster's default
+    mem_gb: int | None = None  # None: the cluster's default
     eval_gpus: int = 1
     eval_timeout_min: int = 720
     slurm_extra: dict = field(default_factory=dict)  # further sbatch options, e.g. {"account": "abc"}
@@ -74,7 +73,7 @@ def train_parameters(res: Resources, name: str) -> dict:
     return params
 
 
-def eval_parameters(res: Resources, name: str, after: Optional[str]) -> dict:
+def eval_parameters(res: Resources, name: str, after: str | None) -> dict:
     params = _common(res, name, res.eval_gpus, res.eval_timeout_min)
     params.update(nodes=1, ntasks_per_node=1)
     extra = {"requeue": True, **res.slurm_extra}
@@ -135,7 +134,7 @@ class Submitted:
 
 class SweepSubmitter:
     def __init__(self, config: Path, res: Resources, eval_overrides: list[str], local: bool = False,
-                 evaluate: bool = True, stop_timeout_s: Optional[float] = None):
+                 evaluate: bool = True, stop_timeout_s: float | None = None):
         self.config = Path(config).resolve()
         self.res = res
         self.eval_overrides = list(eval_overrides)
@@ -202,7 +201,7 @@ class SweepSubmitter:
                 self._submit_probe(plan, row, active, train_id)
         return rows
 
-    def _submit_training(self, plan: RunPlan, row: Submitted, active: dict[str, str]) -> Optional[str]:
+    def _submit_training(self, plan: RunPlan, row: Submitted, active: dict[str, str]) -> str | None:
         """The id of the training job the probe must wait for (None: nothing to wait for)."""
         if plan.train_done:
             row.train = "done"
@@ -219,7 +218,7 @@ class SweepSubmitter:
             return None
         return job.job_id
 
-    def _submit_probe(self, plan: RunPlan, row: Submitted, active: dict[str, str], after: Optional[str]) -> None:
+    def _submit_probe(self, plan: RunPlan, row: Submitted, active: dict[str, str], after: str | None) -> None:
         if plan.eval_done or not self.evaluate:
             row.eval = "done" if plan.eval_done else "skipped"
             return

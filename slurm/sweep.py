@@ -15,9 +15,9 @@ over:
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 from configs import Config, ConfigError, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
@@ -78,7 +78,7 @@ def record_job(run_dir: Path, kind: str, job_id: str, cluster: str) -> None:
     atomic_write_text(Path(run_dir) / JOBS_FILE, json.dumps([r.__dict__ for r in records], indent=1))
 
 
-def latest_job(run_dir: Path, kind: str) -> Optional[JobRecord]:
+def latest_job(run_dir: Path, kind: str) -> JobRecord | None:
     matching = [r for r in read_jobs(run_dir) if r.kind == kind]
     return matching[-1] if matching else None
 

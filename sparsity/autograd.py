@@ -25,8 +25,6 @@ compute dtype) and the backend's SparseWeight are kept for backward.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from sparsity import traced
@@ -82,7 +80,7 @@ def _rows(t: torch.Tensor, features: int) -> torch.Tensor:
     return t if t.dim() == 2 else t.reshape(-1, features)
 
 
-def record_input_meta(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+def record_input_meta(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     """Keep what backward needs to return gradients in the inputs' shapes and dtypes (not the tensors)."""
     ctx.x_meta = (x.shape, x.dtype)
     ctx.w_dtype = weight.dtype
@@ -180,12 +178,12 @@ class SemiSparseActivationFunction(torch.autograd.Function):
 def semi_sparse_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
+    bias: torch.Tensor | None = None,
     *,
     backend: str = "dense",
     pruning: str = "tile_greedy",
     masked_grad: bool = False,
-    scale: Optional[torch.Tensor] = None,
+    scale: torch.Tensor | None = None,
     weight_grad: str = "dense",
 ) -> torch.Tensor:
     """y = x @ prune(weight)^T [* scale] + bias with straight-through weight gradients (see the module docstring).
@@ -207,7 +205,7 @@ def semi_sparse_linear(
 def semi_sparse_activation_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
+    bias: torch.Tensor | None = None,
     *,
     backend: str = "dense",
     pruning: str = "rowwise",

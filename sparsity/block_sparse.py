@@ -14,7 +14,6 @@ it (e.g. an nn.Linear one) re-selects blocks from the loaded weight.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +55,7 @@ class BlockLayout:
     blocks: torch.Tensor  # (nnz, 2) int32 (block row, block col)
 
     @classmethod
-    def from_mask(cls, mask: torch.Tensor, block_size: int) -> "BlockLayout":
+    def from_mask(cls, mask: torch.Tensor, block_size: int) -> BlockLayout:
         def csr(m):
             counts = m.sum(1).to(torch.int32)
             ptr = torch.zeros(m.shape[0] + 1, dtype=torch.int32, device=m.device)
@@ -127,7 +126,7 @@ class BlockSparseFunction(torch.autograd.Function):
 
 
 def block_sparse_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layout: BlockLayout, *, impl: str = "auto"
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layout: BlockLayout, *, impl: str = "auto"
 ) -> torch.Tensor:
     """y = x @ (W * M)^T + b with M the block mask of `layout`; gradients masked to the kept blocks."""
     return BlockSparseFunction.apply(x, weight, bias, layout, impl, compute_dtype_for(x))
@@ -152,7 +151,7 @@ class BlockSparseLinear(SparseLinearMixin, nn.Linear):
             raise ValueError(f"BlockSparseLinear: weight (out, in) = {tuple(self.weight.shape)}: {e}") from None
         self.density, self.block_size, self.impl = float(density), int(block_size), impl
         self.register_buffer("block_mask", mask, persistent=True)
-        self._layout: Optional[BlockLayout] = None
+        self._layout: BlockLayout | None = None
         self._layout_key = None
 
     @torch.no_grad()

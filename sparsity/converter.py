@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Dict, List, Optional, Sequence, Union
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -42,10 +42,10 @@ MODULE_CLASSES = {"weight": SemiSparseLinear, "activation": SemiSparseActivation
 DEFAULT_MODULES = r"blocks\.\d+\.mlp\.fc[12]"  # a ViT's MLP linears
 
 
-Models = Union[nn.Module, Sequence[nn.Module]]  # one model, or several converted together (a student and its teacher)
+Models = nn.Module | Sequence[nn.Module]  # one model, or several converted together (a student and its teacher)
 
 
-def _each(models: Models) -> List[nn.Module]:
+def _each(models: Models) -> list[nn.Module]:
     return [models] if isinstance(models, nn.Module) else list(models)
 
 
@@ -95,8 +95,8 @@ class SparseThenDense:
         self.pruned_grad, self.pruned_decay = pruned_grad, pruned_decay
         self.settings = BackendSettings(cslt_search=cslt_search, cslt_pack=cslt_pack, fused_wgrad=fused_wgrad)
         self.phase = DENSE
-        self.converted: List[str] = []
-        self._weight_sparse: List[SemiSparseLinear] = []  # the converted weight-sparse linears (decay_pruned)
+        self.converted: list[str] = []
+        self._weight_sparse: list[SemiSparseLinear] = []  # the converted weight-sparse linears (decay_pruned)
 
     def _module_options(self) -> dict:
         if self.kind == "block":
@@ -125,7 +125,7 @@ class SparseThenDense:
                 raise ConversionError(f"{problem}: {name} is (out, in) = ({m.out_features}, {m.in_features})")
         self._check_weight_grad_modules([name for found in selected for name in found])
 
-    def _check_weight_grad_modules(self, selected: List[str]) -> None:
+    def _check_weight_grad_modules(self, selected: list[str]) -> None:
         key = f"sparsity.weight_grad_modules={self.weight_grad_modules!r}"
         if self.weight_grad == "dense":
             if self.weight_grad_modules != ".*":
@@ -154,7 +154,7 @@ class SparseThenDense:
         return ""
 
     # --------------------------------------------------------------------------------------------- the converter
-    def convert(self, models: Models) -> List[str]:
+    def convert(self, models: Models) -> list[str]:
         """Turn the selected nn.Linear modules of `models` (one model or several, each matched by its own module
         names) into 2:4-sparse ones (in place, same Parameters); returns their names. The GEMM backends are (re)built
         with this converter's settings."""
@@ -184,21 +184,21 @@ class SparseThenDense:
                 if isinstance(m, SemiSparseLinear) and not match(name):
                     m.configure(weight_grad="dense")
 
-    def revert(self, models: Models) -> List[str]:
+    def revert(self, models: Models) -> list[str]:
         """Every sparse linear of `models` back to nn.Linear (same module objects and Parameters); returns names."""
         names = [name for model in _each(models) for name in swap_to_dense(model)]
         self._weight_sparse = []
         self.phase = DENSE
         return names
 
-    def selected_linears(self, models: Models) -> Dict[str, nn.Linear]:
+    def selected_linears(self, models: Models) -> dict[str, nn.Linear]:
         """The linears this converter selects in `models` (converted or not), by name (several models: each one's
         names, which must not collide)."""
         match = name_matcher(self.modules)
         return {name: m for model in _each(models) for name, m in model.named_modules()
                 if isinstance(m, nn.Linear) and match(name)}
 
-    def decay_pruned(self, mask_dtype: Optional[torch.dtype] = None) -> int:
+    def decay_pruned(self, mask_dtype: torch.dtype | None = None) -> int:
         """In the sparse phase with `pruned_decay` > 0: grad += pruned_decay * (1 - mask) * W for every converted
         weight-sparse linear with a gradient (`sparsity.pruned_entries.decay_pruned_grads`; `mask_dtype`: the dtype
         the forward pruned in). Call after backward and clipping, before the optimizer step. Returns how many."""
@@ -207,7 +207,7 @@ class SparseThenDense:
         return decay_pruned_grads(self._weight_sparse, self.pruned_decay, mask_dtype)
 
     @torch.no_grad()
-    def prune_weights(self, models: Models, mask_dtype: Optional[torch.dtype] = None) -> List[str]:
+    def prune_weights(self, models: Models, mask_dtype: torch.dtype | None = None) -> list[str]:
         """Zero the entries of every selected linear weight of `models` (converted or not) that this converter's 2:4
         pruning drops: the network a sparse phase computed with, kept as dense weights, so that a dense phase can
         start from it. The mask is computed on the weight cast to `mask_dtype` (the dtype the sparse forward pruned

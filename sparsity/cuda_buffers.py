@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
 
 import torch
 
 _lock = threading.Lock()
-_allocator: Optional[ThreadPoolExecutor] = None
+_allocator: ThreadPoolExecutor | None = None
 
 
 def _thread() -> ThreadPoolExecutor:

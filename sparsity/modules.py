@@ -10,8 +10,6 @@ weight.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 from torch import nn
 
@@ -50,8 +48,8 @@ class SparseLinearMixin:
     other containers. The swap functions use in-place conversion for plain nn.Linear modules.
     """
 
-    _SPARSE_ATTRS: Tuple[str, ...] = ()
-    _SPARSE_BUFFERS: Tuple[str, ...] = ()
+    _SPARSE_ATTRS: tuple[str, ...] = ()
+    _SPARSE_BUFFERS: tuple[str, ...] = ()
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, **opts):
         """Like nn.Linear(...); the keyword options go to `_init_sparse`."""
@@ -105,14 +103,14 @@ class _SparseLinearBase(SparseLinearMixin, nn.Linear):
     default_pruning = "tile_greedy"
     _SPARSE_ATTRS = ("backend", "pruning")
 
-    def _init_sparse(self, *, backend: str = "dense", pruning: Optional[str] = None, **opts) -> None:
+    def _init_sparse(self, *, backend: str = "dense", pruning: str | None = None, **opts) -> None:
         """backend, pruning (default: the class's default_pruning) and the class's other `configure` options."""
         self.configure(backend=backend, pruning=pruning or self.default_pruning, **opts)
 
     def _check_pruning(self, pruning: str) -> None:
         raise NotImplementedError
 
-    def configure(self, *, backend: Optional[str] = None, pruning: Optional[str] = None) -> None:
+    def configure(self, *, backend: str | None = None, pruning: str | None = None) -> None:
         if backend is not None:
             check_backend_name(backend)
             get_backend(backend)  # fails now (BackendUnavailable) rather than at the first forward
@@ -141,8 +139,8 @@ class SemiSparseLinear(_SparseLinearBase):
     _SPARSE_BUFFERS = (SCALE_BUFFER,)
 
     def configure(
-        self, *, backend: Optional[str] = None, pruning: Optional[str] = None, masked_grad: Optional[bool] = None,
-        weight_grad: Optional[str] = None,
+        self, *, backend: str | None = None, pruning: str | None = None, masked_grad: bool | None = None,
+        weight_grad: str | None = None,
     ) -> None:
         super().configure(backend=backend, pruning=pruning)
         if masked_grad is not None:

@@ -8,7 +8,6 @@ The modules that act on an option take its choices from here (`sparsity.backends
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 KINDS = ("weight", "activation", "block")  # SemiSparseLinear | SemiSparseActivationLinear | BlockSparseLinear
 BACKENDS = ("dense", "cusparselt", "cutlass", "auto")
@@ -21,7 +20,7 @@ NOT_MASKING = "soft_threshold"  # rescales the kept entries: its zeros are not a
 
 
 def options_problem(*, kind: str, backend: str, pruning: str, weight_grad: str, pruned_grad: str,
-                    pruned_decay: float, block_density: float, block_size: int) -> Optional[str]:
+                    pruned_decay: float, block_density: float, block_size: int) -> str | None:
     """What is wrong with these converter options, as one message naming the `sparsity.` config keys, or None: the
     library's one statement of its rules, which `SparseThenDense` raises and the training config's checks report."""
     for key, v, choices in (("kind", kind, KINDS), ("backend", backend, BACKENDS),
@@ -44,7 +43,7 @@ def options_problem(*, kind: str, backend: str, pruning: str, weight_grad: str, 
     return None
 
 
-def pruned_decay_problem(strength: float, pruning: str) -> Optional[str]:
+def pruned_decay_problem(strength: float, pruning: str) -> str | None:
     """The masked decay's strength must be a finite number >= 0, and 0 with a method that does not mask."""
     if not (float(strength) >= 0 and math.isfinite(strength)):
         return f"sparsity.pruned_decay={strength} must be a finite number >= 0"

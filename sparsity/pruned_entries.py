@@ -21,8 +21,8 @@ module's method. One host synchronisation per `MaskStats.update`, none in `decay
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -46,21 +46,21 @@ def check_pruned_decay(strength: float, pruning: str) -> float:
     return float(strength)
 
 
-def weight_mask(weight: torch.Tensor, method: str, mask_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def weight_mask(weight: torch.Tensor, method: str, mask_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The bool 2:4 mask of `weight` as the forward computes it: pruned with `method` after the cast to
     `mask_dtype` (default: the weight's own dtype)."""
     w = weight.detach()
     return prune(w if mask_dtype in (None, w.dtype) else w.to(mask_dtype), method)[1]
 
 
-def sparse_weight_layers(modules: Iterable[Tuple[str, nn.Module]]) -> Dict[str, SemiSparseLinear]:
+def sparse_weight_layers(modules: Iterable[tuple[str, nn.Module]]) -> dict[str, SemiSparseLinear]:
     """The weight-sparse 2:4 linears among (name, module) pairs, e.g. `model.named_modules()`."""
     return {name: m for name, m in modules if isinstance(m, SemiSparseLinear)}
 
 
 @torch.no_grad()
 def decay_pruned_grads(layers: Iterable[nn.Module], strength: float,
-                       mask_dtype: Optional[torch.dtype] = None) -> int:
+                       mask_dtype: torch.dtype | None = None) -> int:
     """grad += strength * (1 - mask) * W for each `SemiSparseLinear` in `layers` whose weight has a gradient; the
     mask is the one its forward used (`weight_mask`). Call between backward (and clipping) and the optimizer step;
     on device, no host synchronisation. Returns the number of weights decayed."""
@@ -84,28 +84,28 @@ class MaskReport:
     """One `MaskStats.update`: per layer and in total. `flip_rate` is None where there was no earlier mask to
     compare with; `grad_to_weight` None where the weight has no gradient."""
 
-    flip_rate: Dict[str, Optional[float]] = field(default_factory=dict)
-    pruned_share: Dict[str, float] = field(default_factory=dict)
-    grad_to_weight: Dict[str, Optional[float]] = field(default_factory=dict)
-    total_flip_rate: Optional[float] = None
+    flip_rate: dict[str, float | None] = field(default_factory=dict)
+    pruned_share: dict[str, float] = field(default_factory=dict)
+    grad_to_weight: dict[str, float | None] = field(default_factory=dict)
+    total_flip_rate: float | None = None
     total_pruned_share: float = float("nan")
-    total_grad_to_weight: Optional[float] = None
+    total_grad_to_weight: float | None = None
 
 
 class MaskStats:
     """The 2:4 masks of named weights followed over time (see the module docstring): `update(weights)` compares each
     weight's current mask with the one of the previous call. Keeps one bool mask per weight on its device."""
 
-    def __init__(self, method: str, mask_dtype: Optional[torch.dtype] = None):
+    def __init__(self, method: str, mask_dtype: torch.dtype | None = None):
         self.method, self.mask_dtype = method, mask_dtype
-        self.previous: Dict[str, torch.Tensor] = {}
+        self.previous: dict[str, torch.Tensor] = {}
 
     def reset(self) -> None:
         """Forget the earlier masks: the next update reports no flip rate (e.g. after a phase change)."""
         self.previous = {}
 
     @torch.no_grad()
-    def update(self, weights: Dict[str, torch.Tensor]) -> MaskReport:
+    def update(self, weights: dict[str, torch.Tensor]) -> MaskReport:
         names = list(weights)
         if not names:
             return MaskReport()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Callable, Dict, List, Optional, Union
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ from sparsity.pruning import prune
 
 SPARSE_LINEAR_TYPES = (SemiSparseLinear, SemiSparseActivationLinear, BlockSparseLinear)
 
-ModuleFactory = Union[type, Callable[..., nn.Module]]
+ModuleFactory = type | Callable[..., nn.Module]
 
 
 def name_matcher(pattern: str) -> Callable[[str], bool]:
@@ -44,7 +44,7 @@ def name_matcher(pattern: str) -> Callable[[str], bool]:
     return lambda name: regex.fullmatch(name) is not None
 
 
-def _linear_names(model: nn.Module) -> Dict[str, nn.Linear]:
+def _linear_names(model: nn.Module) -> dict[str, nn.Linear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
@@ -76,12 +76,12 @@ def _convert(factory: ModuleFactory, linear: nn.Linear, kwargs: dict) -> nn.Modu
 
 def swap_linear_modules(
     model: nn.Module,
-    config: Optional[Dict[str, ModuleFactory]] = None,
+    config: dict[str, ModuleFactory] | None = None,
     *,
-    pattern: Optional[str] = None,
+    pattern: str | None = None,
     module_cls: type = SemiSparseLinear,
     **module_kwargs,
-) -> List[str]:
+) -> list[str]:
     """Replace the selected nn.Linear modules in place; returns the names swapped (model order).
 
     config: {fqn: class or callable}; pattern: regex (full match) or "glob:..." selecting modules to turn into
@@ -123,7 +123,7 @@ def swap_linear_modules(
     return [name for name, _, _ in done]
 
 
-def swap_to_dense(model: nn.Module, pattern: Optional[str] = None) -> List[str]:
+def swap_to_dense(model: nn.Module, pattern: str | None = None) -> list[str]:
     """Turn every sparse linear module (or those whose name matches `pattern`) back into nn.Linear holding the same
     Parameters; returns the names swapped. Their extra buffers (soft_threshold_scale, block masks) are dropped."""
     match = name_matcher(pattern) if pattern is not None else (lambda name: True)
@@ -137,7 +137,7 @@ def swap_to_dense(model: nn.Module, pattern: Optional[str] = None) -> List[str]:
 
 
 @torch.no_grad()
-def pruned_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
+def pruned_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The network a model with 2:4 weights computes, as a plain state_dict: `model.state_dict()` with each
     SemiSparseLinear's weight replaced by the 2:4 weight its forward multiplies by (pruned with its own method; for
     soft_threshold, shrunk and scaled), and the sparse modules' own buffers left out. The same architecture with
@@ -161,12 +161,12 @@ def pruned_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
     return state
 
 
-def sparse_modules(model: nn.Module) -> Dict[str, nn.Module]:
+def sparse_modules(model: nn.Module) -> dict[str, nn.Module]:
     """{name: module} of the model's sparse linear modules."""
     return {name: m for name, m in model.named_modules() if isinstance(m, SPARSE_LINEAR_TYPES)}
 
 
-def set_sparse_backend(model: nn.Module, backend: str) -> List[str]:
+def set_sparse_backend(model: nn.Module, backend: str) -> list[str]:
     """Switch the GEMM backend of every 2:4 module (SemiSparseLinear, SemiSparseActivationLinear); returns names."""
     names = []
     for name, m in model.named_modules():
@@ -179,7 +179,7 @@ def set_sparse_backend(model: nn.Module, backend: str) -> List[str]:
 # torchao-compatible names ------------------------------------------------------------------------------------
 
 
-def swap_linear_with_semi_sparse_linear(model: nn.Module, config: Dict[str, type], current: str = "") -> List[str]:
+def swap_linear_with_semi_sparse_linear(model: nn.Module, config: dict[str, type], current: str = "") -> list[str]:
     """torchao's API: config = {fqn: class with from_dense}; `current` is the FQN of `model` inside a larger model
     (keys are full names). Unlike torchao, a key naming no nn.Linear raises ValueError."""
     if current:
@@ -187,6 +187,6 @@ def swap_linear_with_semi_sparse_linear(model: nn.Module, config: Dict[str, type
     return swap_linear_modules(model, config)
 
 
-def swap_semi_sparse_linear_with_linear(model: nn.Module, current: str = "") -> List[str]:
+def swap_semi_sparse_linear_with_linear(model: nn.Module, current: str = "") -> list[str]:
     """torchao's API: every sparse linear module back to nn.Linear (same Parameters)."""
     return swap_to_dense(model)

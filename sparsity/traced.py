@@ -22,8 +22,6 @@ Activation sparsity (`semi_sparse_activation_linear`) runs the dense math under 
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +35,7 @@ from sparsity.pruning import is_transposable, prune
 
 
 @torch.library.custom_op("sparsity::prune", mutates_args=())
-def prune_op(w: torch.Tensor, method: str, with_mask: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def prune_op(w: torch.Tensor, method: str, with_mask: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(pruned values in w.dtype, bool mask, or an empty bool tensor when `with_mask` is False)."""
     if not with_mask and method == "tile_greedy":  # the fused kernel's dense-output mode where it applies
         return dense_sparsify(w, method).to_dense(), torch.empty(0, dtype=torch.bool, device=w.device)
@@ -100,8 +98,8 @@ def _rows(x: torch.Tensor, features: int, dtype: torch.dtype) -> torch.Tensor:
 # weight-sparse linear
 
 
-def semi_sparse_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], backend: str, pruning: str,
-                       masked_grad: bool, scale: Optional[torch.Tensor], dtype: torch.dtype,
+def semi_sparse_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str, pruning: str,
+                       masked_grad: bool, scale: torch.Tensor | None, dtype: torch.dtype,
                        weight_grad: str = "dense") -> torch.Tensor:
     """The traced form of `sparsity.autograd.semi_sparse_linear` (same arguments, resolved)."""
     out_f, in_f = weight.shape
@@ -187,7 +185,7 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: b
 # activation-sparse linear
 
 
-def semi_sparse_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], pruning: str,
+def semi_sparse_activation_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pruning: str,
                                   dtype: torch.dtype) -> torch.Tensor:
     """The traced form of `sparsity.autograd.semi_sparse_activation_linear` (dense math on the pruned input)."""
     out_f, in_f = weight.shape

@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -48,7 +47,7 @@ WORKSPACE_BYTES = 32 << 20
 N_HEURISTICS = 4  # the winners on the H100 were always among the heuristic's first four (results/bench/NOTES.md)
 
 _lt = None
-_load_error: Optional[str] = None
+_load_error: str | None = None
 _lock = threading.Lock()
 _decisions: dict = {}  # key -> record (shared across threads; plans themselves are thread-local)
 
@@ -113,7 +112,7 @@ class _Plan:
         self._device = self.workspace.device
         self._device_index = self._device.index
 
-    def __call__(self, dy: torch.Tensor, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def __call__(self, dy: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         lt = _lt
         out_f, in_f = dy.shape[1], x.shape[1]
         d = torch.empty((in_f, out_f) if self.transposed else (out_f, in_f), dtype=self.out_dtype,
@@ -191,7 +190,7 @@ def _candidates(dev: int, dtype: torch.dtype, n: int, in_f: int, out_f: int, out
             for i in range(int(count[0]))]
 
 
-def _torch_grads(dy2, x2, w_dtype, b_dtype) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+def _torch_grads(dy2, x2, w_dtype, b_dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     dw = None if w_dtype is None else (dy2.t() @ x2).to(w_dtype)
     db = None if b_dtype is None else dy2.sum(0).to(b_dtype)
     return dw, db
@@ -203,8 +202,8 @@ def _rowmajor(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous() if not t.is_contiguous() else t.clone()
 
 
-def weight_bias_grad(dy2: torch.Tensor, x2: torch.Tensor, w_dtype: torch.dtype, b_dtype: Optional[torch.dtype]
-                     ) -> Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+def weight_bias_grad(dy2: torch.Tensor, x2: torch.Tensor, w_dtype: torch.dtype, b_dtype: torch.dtype | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(dy^T @ x in w_dtype, dy.sum(0) in b_dtype or None) from one fused cuBLASLt GEMM, or None if this path does
     not apply here (the caller then runs `dy2.t() @ x2` and `dy2.sum(0)`).
 

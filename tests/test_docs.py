@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-from typing import Optional
 from pathlib import Path
 
 import pytest
@@ -153,7 +152,7 @@ README_SCHEDULES = {"0% sparse (dense)": "0% sparse (dense baseline)", "40%": "4
                     "100% (2:4 model)": "100% sparse (2:4-sparse model)"}
 
 
-def _readme_cell(mean: Optional[dict]) -> str:
+def _readme_cell(mean: dict | None) -> str:
     """A README cell of a schedule mean: "70.51 (-1.04 [-1.89, -0.18])", the dense baseline as its mean alone."""
     if mean["sparse_fraction"] == 0.0:
         return f"{mean['top1']:.2f}"
@@ -169,7 +168,7 @@ def test_readme_table_is_the_published_numbers_and_the_committed_recipe_table():
     means = json.loads(RECIPE_SUMMARY.read_text())["schedule_means"]
     rows = {row.label: row for row in published.ROWS}
 
-    def mean_of(fraction: float, decay: float) -> Optional[dict]:
+    def mean_of(fraction: float, decay: float) -> dict | None:
         found = [m for m in means if m["sparse_fraction"] == fraction
                  and m["differing_config"]["sparsity.pruned_decay"] == decay
                  and m["differing_config"]["teacher.momentum_restart_fraction"] == 0.0]

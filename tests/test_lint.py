@@ -1,5 +1,6 @@
 """The repository passes `ruff check` with the rules of pyproject.toml ([tool.ruff.lint]: unused or undefined names,
-pycodestyle's errors and warnings, lines within the project's length), and the check fails where it should."""
+pycodestyle's errors and warnings, lines within the project's length, today's type hints), and the check fails where
+it should."""
 
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def test_the_repository_passes_ruff_check():
 
 def test_the_check_finds_an_unused_import_and_an_overlong_line(tmp_path):
     planted = tmp_path / "planted.py"
-    planted.write_text("import os\n\nx = '" + "a" * 130 + "'\n")
+    planted.write_text("import os\nfrom typing import Optional\n\nx: Optional[int] = None\ny = '" + "a" * 130 + "'\n")
     done = ruff_check(planted)
     assert done.returncode == 1
-    assert "F401" in done.stdout and "E501" in done.stdout
+    assert "F401" in done.stdout and "E501" in done.stdout and "UP045" in done.stdout

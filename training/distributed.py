@@ -19,9 +19,10 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -195,7 +196,7 @@ def bounded_wait(seconds: float, on_timeout: str):
         done.set()
 
 
-def init_distributed(env: Optional[Mapping[str, str]] = None, start_timeout_s: float = 600.0) -> DistContext:
+def init_distributed(env: Mapping[str, str] | None = None, start_timeout_s: float = 600.0) -> DistContext:
     """Join the process group this process was launched into (see `detect_launch`); one process: no group. The wait
     for all processes to join is said on one line and bounded by `start_timeout_s` (train.dist_start_timeout_s)."""
     env = os.environ if env is None else env

@@ -27,7 +27,7 @@ class StepGc:
         self.period = period
         self._was_enabled: bool | None = None
 
-    def __enter__(self) -> "StepGc":
+    def __enter__(self) -> StepGc:
         if self.period:
             self._was_enabled = gc.isenabled()
             gc.disable()

@@ -13,7 +13,6 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 from tqdm import tqdm
@@ -33,7 +32,7 @@ logger = logging.getLogger("train")
 _NOT_SCALARS = ("step", "format", "phase")
 
 
-def max_memory_mb(device: torch.device) -> Optional[float]:
+def max_memory_mb(device: torch.device) -> float | None:
     """Peak memory so far: allocated on the GPU, or the process's peak resident set on a CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -42,7 +41,7 @@ def max_memory_mb(device: torch.device) -> Optional[float]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def gpu_memory_outside_mb(device: torch.device) -> Optional[float]:
+def gpu_memory_outside_mb(device: torch.device) -> float | None:
     """Memory in use on the run's GPU that its PyTorch allocator does not hold: its CUDA context and libraries
     (about a GB), plus whatever other processes hold. The tables show a run's speed only where this stayed small,
     the sign that no other job shared the GPU (reporting.speed_columns). None on a CPU."""
@@ -62,7 +61,7 @@ def _millions(n: int) -> str:
 
 def run_info(cfg: Config, model: torch.nn.Module, device: torch.device, world_size: int, amp_dtype: torch.dtype,
              compiled: bool, start_step: int, last_step: int, data_fingerprint: str = "",
-             data: Optional[dict] = None) -> dict:
+             data: dict | None = None) -> dict:
     """The settings a run actually uses, including those resolved at start-up (device, dtypes, compilation, scaled
     lr, the training images: their fingerprint and `data`, `data.dataset_summary`'s kind, image and class counts):
     logged at start, written to `run_info.json`."""
@@ -135,7 +134,7 @@ def _eta(seconds: float) -> str:
     return str(datetime.timedelta(seconds=int(seconds))) if math.isfinite(seconds) else "?"
 
 
-def _number(value) -> Optional[float]:
+def _number(value) -> float | None:
     if hasattr(value, "item"):
         value = value.item()
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -196,7 +195,7 @@ class ProgressLog:
         self._start_step, self._start_time = start_step, time.perf_counter()
         self._stack = contextlib.ExitStack()
 
-    def __enter__(self) -> "ProgressLog":
+    def __enter__(self) -> ProgressLog:
         if not self.bar.disable:  # log lines printed above the bar instead of through it
             self._stack.enter_context(logging_redirect_tqdm())
         return self

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
 
 import torch
 from torch import nn
@@ -71,7 +70,7 @@ class SparsityMonitor:
     metrics (rank 0 writes; `enabled` False: nothing is measured)."""
 
     def __init__(self, converter: SparseThenDense, student: nn.Module, output_dir: Path, total_steps: int,
-                 log_period: int, mask_dtype: Optional[torch.dtype], enabled: bool):
+                 log_period: int, mask_dtype: torch.dtype | None, enabled: bool):
         self.enabled = enabled and converter.kind == "weight"
         self.converter, self.student = converter, student
         self.stats = MaskStats(converter.pruning, mask_dtype)
@@ -114,7 +113,7 @@ class SparsityMonitor:
         return {k: v for k, v in fields.items() if v is not None}
 
     @torch.no_grad()
-    def _scale_ratio(self) -> Optional[float]:
+    def _scale_ratio(self) -> float | None:
         """S-STE's frozen scale over the one the current weights would give, averaged over the converted layers."""
         ratios = [getattr(m, SCALE_BUFFER) / soft_threshold_scale(m.weight)
                   for m in self.student.modules() if SCALE_BUFFER in m._buffers]

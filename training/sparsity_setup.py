@@ -1,7 +1,6 @@
 """The config's `sparsity` section as the library's model converter, built in one place for training and evaluation."""
 
 import dataclasses
-from typing import Optional
 
 from configs import Config
 from configs.fields import flagged_keys
@@ -29,7 +28,7 @@ def check_sparsity(converter: SparseThenDense, modules) -> None:
         raise ModelConfigError(str(e)) from None
 
 
-def sparsity_converter(cfg: Config, backend: Optional[str] = None) -> SparseThenDense:
+def sparsity_converter(cfg: Config, backend: str | None = None) -> SparseThenDense:
     """`SparseThenDense` with every other `sparsity` key of `cfg`; `backend` replaces the configured GEMM backend
     (evaluation multiplies the pruned weights densely)."""
     values = {k: v for k, v in dataclasses.asdict(cfg.sparsity).items() if k not in TRAINER_KEYS}

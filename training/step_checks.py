@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -28,24 +28,24 @@ class StepFlags:
     nonfinite_grad_norm: bool
     stop: bool
     corrupt_skipped: int
-    terms: Dict[str, torch.Tensor]
-    norms: Dict[str, torch.Tensor]
+    terms: dict[str, torch.Tensor]
+    norms: dict[str, torch.Tensor]
 
 
 @dataclass
 class _Pending:
     step: int
     host: torch.Tensor  # [nonfinite loss, nonfinite grad norm, stop, corrupt skipped], summed over ranks
-    event: Optional[torch.cuda.Event]
-    terms: Dict[str, torch.Tensor]
-    norms: Dict[str, torch.Tensor]
+    event: torch.cuda.Event | None
+    terms: dict[str, torch.Tensor]
+    norms: dict[str, torch.Tensor]
 
 
 class StepChecks:
     def __init__(self, ctx: DistContext):
         self.ctx = ctx
         self.cuda = ctx.device.type == "cuda"
-        self._pending: List[_Pending] = []
+        self._pending: list[_Pending] = []
 
     def queue(self, step: int, loss: torch.Tensor, terms: dict, norms: dict, stop_requested: bool,
               corrupt_skipped: int) -> None:
@@ -67,12 +67,12 @@ class StepChecks:
             event.record()
         self._pending.append(_Pending(step, host, event, terms, norms))
 
-    def resolve_previous(self) -> List[StepFlags]:
+    def resolve_previous(self) -> list[StepFlags]:
         """After a step is queued: read the earlier steps' flags. On CUDA the newest step stays queued (its flags
         are not on the host yet, and waiting for them would stall the host); on a CPU everything is already done."""
         return self.resolve(keep_last=1 if self.cuda else 0)
 
-    def resolve(self, keep_last: int = 0) -> List[StepFlags]:
+    def resolve(self, keep_last: int = 0) -> list[StepFlags]:
         """Read every queued step's flags except the newest `keep_last` (waiting for the GPU to reach them)."""
         ready, self._pending = (self._pending[: len(self._pending) - keep_last],
                                 self._pending[len(self._pending) - keep_last:])

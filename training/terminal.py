@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Callable, Iterable, Iterator, Optional, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 from tqdm import tqdm
 
@@ -29,7 +30,7 @@ class Progress:
     """Counts done of `total`: tqdm on a terminal; elsewhere `say(line)` each time another `every` of the total is
     done, and once at the end. `enabled=False` shows nothing."""
 
-    def __init__(self, total: Optional[int], desc: str, unit: str = "it", *, enabled: bool = True, every: float = 0.1,
+    def __init__(self, total: int | None, desc: str, unit: str = "it", *, enabled: bool = True, every: float = 0.1,
                  say: Callable[[str], None] = _to_stderr):
         if not 0 < every <= 1:
             raise ValueError(f"every must be in (0, 1], got {every}")
@@ -64,14 +65,14 @@ class Progress:
         elif self.enabled and self._told != self.done:
             self._tell()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def track(iterable: Iterable[T], desc: str, unit: str = "it", *, total: Optional[int] = None, enabled: bool = True,
+def track(iterable: Iterable[T], desc: str, unit: str = "it", *, total: int | None = None, enabled: bool = True,
           every: float = 0.1, say: Callable[[str], None] = _to_stderr) -> Iterator[T]:
     """Iterate, showing progress as `Progress` does; `total` defaults to len(iterable) when it has one."""
     if total is None and hasattr(iterable, "__len__"):

@@ -14,7 +14,6 @@ than the running one is refused.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 WRONG_REL_ERR = 1e-2  # as the search's own check
 
@@ -66,7 +65,7 @@ def summarize(path: str) -> list[dict]:
     return out
 
 
-def short_library_path(path: Optional[str]) -> Optional[str]:
+def short_library_path(path: str | None) -> str | None:
     """A library file named for a results file: its last directories (e.g. nvidia/cu13/lib/libcusparseLt.so.0),
     not the machine's absolute path."""
     return None if path is None else "/".join(path.split("/")[-4:])
@@ -97,7 +96,7 @@ def add_argument(parser) -> None:
                              "(scripts/benchmarks/bad_algs.py), so that the sweep runs on a version without a list")
 
 
-def apply(path: Optional[str]) -> Optional[dict]:
+def apply(path: str | None) -> dict | None:
     """Register a bad-algorithm file's ids for the running GPU and library; None without a file."""
     if not path:
         return None

@@ -21,8 +21,8 @@ in-place speed-up: the arithmetic behind "the GEMMs 2:4 replaces are x% of the s
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -61,7 +61,7 @@ class KernelRecord:
     op_id: int
     shapes: tuple  # that op's input shapes
     direction: str  # forward | backward | after
-    owner: Optional[str]  # student.backbone | teacher.backbone | heads_and_losses | None (unknown)
+    owner: str | None  # student.backbone | teacher.backbone | heads_and_losses | None (unknown)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -109,14 +109,14 @@ def _chain(e) -> Iterator:
         e = e.cpu_parent
 
 
-def _owner_in(chain: Sequence) -> Optional[str]:
+def _owner_in(chain: Sequence) -> str | None:
     for a in chain:  # innermost first
         if a.name.startswith(RANGE_PREFIX) and a.name != FORWARD_RANGE:
             return a.name[len(RANGE_PREFIX):]
     return HEADS
 
 
-def kernel_records(events: Iterable, launches: Optional[Sequence[tuple]] = None) -> list[KernelRecord]:
+def kernel_records(events: Iterable, launches: Sequence[tuple] | None = None) -> list[KernelRecord]:
     """One record per kernel of a profile taken under `annotated` with host activity (`events`: `prof.events()`).
     `launches`: (kernel name, microseconds, the host op that launched it) per kernel; by default every host op's
     `kernels` (the CPU tests pass host ops standing in for kernels)."""
@@ -125,7 +125,7 @@ def kernel_records(events: Iterable, launches: Optional[Sequence[tuple]] = None)
     if launches is None:
         launches = [(k.name, k.duration, e) for e in host for k in e.kernels]
     # forward ops by (thread, sequence number) -> owner: what a backward node's forward op was part of
-    forward_owner: dict[tuple[int, int], Optional[str]] = {}
+    forward_owner: dict[tuple[int, int], str | None] = {}
     for e in host:
         if e.sequence_nr >= 0 and not e.name.startswith(BACKWARD_NODE):
             chain = list(_chain(e))
@@ -150,7 +150,7 @@ def kernel_records(events: Iterable, launches: Optional[Sequence[tuple]] = None)
 # classes
 
 
-def gemm_operands(shapes: Sequence) -> Optional[tuple[tuple, tuple, tuple]]:
+def gemm_operands(shapes: Sequence) -> tuple[tuple, tuple, tuple] | None:
     """(A, B, output) of a matrix product from its op's input shapes: the first two 2-D inputs (mm, addmm's matrices,
     an `out=` buffer after them), or None."""
     mats = [tuple(s) for s in shapes if len(s) == 2][:2]
@@ -203,7 +203,7 @@ def classify(r: KernelRecord, mlp_dims: tuple[int, int]) -> str:
 
 
 def ledger(records: Sequence[KernelRecord], steps: int, mlp_dims: tuple[int, int],
-           step_ms: Optional[float] = None) -> dict:
+           step_ms: float | None = None) -> dict:
     """Per step: ms and kernel count by class, the GEMM TFLOP of each class's host ops, the busy time (the kernels'
     sum: one stream), and with `step_ms` (the timed step's median) the idle time, step_ms - busy."""
     ms = dict.fromkeys(CLASSES, 0.0)

@@ -14,10 +14,10 @@ allocations) and `idle_gaps` the longest waits of the GPU with what the host was
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Tuple
+from collections.abc import Iterable
 
 # first matching rule wins; patterns are matched against the lower-cased kernel name
-CATEGORIES: Tuple[Tuple[str, str], ...] = (
+CATEGORIES: tuple[tuple[str, str], ...] = (
     ("communication", r"^nccl"),  # NCCL's collectives (ncclDevKernel_AllReduce_...): before "reduce" below
     ("sparse_gemm", r"sparse_gemm|xmma_sparse|sp_mma|cusparselt"),
     ("prune_pack", r"prune|_pack_kernel"),
@@ -40,7 +40,7 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def _kernel_events(prof) -> List[Tuple[str, float, float]]:
+def _kernel_events(prof) -> list[tuple[str, float, float]]:
     """(name, start_us, end_us) of every GPU kernel / memcpy / memset the profiler saw."""
     out = []
     for e in prof.events():
@@ -49,9 +49,9 @@ def _kernel_events(prof) -> List[Tuple[str, float, float]]:
     return out
 
 
-def _merged(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
+def _merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     """The intervals sorted, overlapping ones joined: disjoint intervals covering the same time."""
-    out: List[List[float]] = []
+    out: list[list[float]] = []
     for s, e in sorted(intervals):
         if out and s <= out[-1][1]:
             out[-1][1] = max(out[-1][1], e)
@@ -60,11 +60,11 @@ def _merged(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float
     return [(s, e) for s, e in out]
 
 
-def _union_us(intervals: Iterable[Tuple[float, float]]) -> float:
+def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
     return sum(e - s for s, e in _merged(intervals))
 
 
-def _intersection_us(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
+def _intersection_us(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
     """Length of the intersection of two merged (sorted, disjoint) interval lists."""
     i = j = 0
     total = 0.0
@@ -77,7 +77,7 @@ def _intersection_us(a: List[Tuple[float, float]], b: List[Tuple[float, float]])
     return total
 
 
-def communication_overlap(prof, steps: int = 1) -> Dict:
+def communication_overlap(prof, steps: int = 1) -> dict:
     """Per step, how the collectives (NCCL kernels) sit against the computation: the time some collective runs
     (`communication_ms`), the part of it with no compute kernel beside it (`exposed_ms`: what data parallelism adds
     to the step if the compute kernels ran as fast as alone), and the time some compute kernel runs
@@ -93,15 +93,15 @@ def communication_overlap(prof, steps: int = 1) -> Dict:
             "compute_busy_ms": round(sum(e - s for s, e in compute) / steps / 1e3, 3)}
 
 
-def kernel_summary(prof, steps: int = 1, top: int = 12) -> Dict:
+def kernel_summary(prof, steps: int = 1, top: int = 12) -> dict:
     """Per step: ms of kernel time by category, the span from the first kernel's start to the last one's end, the
     busy time (union of kernel intervals) and the idle time (span - busy: the GPU waiting for the host), kernel
     count, and the `top` kernels by time."""
     ev = _kernel_events(prof)
     if not ev:
         return {"kernels": 0}
-    by_cat: Dict[str, float] = {}
-    by_name: Dict[str, List[float]] = {}
+    by_cat: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}
     for name, s, e in ev:
         by_cat[categorize(name)] = by_cat.get(categorize(name), 0.0) + (e - s)
         by_name.setdefault(name, [0.0, 0])
@@ -130,15 +130,15 @@ RUNTIME_CALL = re.compile(r"^(cuda|cu)[A-Z]")  # CUDA runtime (cudaMalloc) and d
 BLOCKING_CALL = re.compile(r"synchronize|malloc|free|^cudaMemcpy$|^cuMemcpy|hostalloc|hostregister", re.I)
 
 
-def _host_events(prof) -> List[Tuple[str, float, float]]:
+def _host_events(prof) -> list[tuple[str, float, float]]:
     return [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
             if not str(getattr(e, "device_type", "")).endswith("CUDA")]
 
 
-def runtime_calls(prof, steps: int = 1, top: int = 15) -> List[Dict]:
+def runtime_calls(prof, steps: int = 1, top: int = 15) -> list[dict]:
     """The host's CUDA runtime and driver calls per step, by host time: name, calls, ms, and whether the call can
     block the host or the device (synchronisations, allocations and frees, synchronous copies)."""
-    by_name: Dict[str, List[float]] = {}
+    by_name: dict[str, list[float]] = {}
     for name, s, e in _host_events(prof):
         if RUNTIME_CALL.match(name):
             entry = by_name.setdefault(name, [0.0, 0])
@@ -149,7 +149,7 @@ def runtime_calls(prof, steps: int = 1, top: int = 15) -> List[Dict]:
              "blocking": bool(BLOCKING_CALL.search(n))} for n, (t, c) in ranked]
 
 
-def idle_gaps(prof, top: int = 10, min_us: float = 100.0, host_ops: int = 4) -> List[Dict]:
+def idle_gaps(prof, top: int = 10, min_us: float = 100.0, host_ops: int = 4) -> list[dict]:
     """The longest stretches with no kernel running (at least `min_us`), longest first: where they start (ms from
     the first kernel), how long, the kernels on either side, and what the host was doing meanwhile: the runtime calls
     and the host events (aten ops, compiled graphs, Python annotations) that overlap it, innermost first."""

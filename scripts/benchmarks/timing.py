@@ -110,7 +110,7 @@ class GcLog:
         else:
             self.events.append((info["generation"], (time.perf_counter() - self._start) * 1e3))
 
-    def __enter__(self) -> "GcLog":
+    def __enter__(self) -> GcLog:
         gc.callbacks.append(self._callback)
         return self
 

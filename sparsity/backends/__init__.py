@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-from typing import Dict, List
 
 import torch
 
@@ -28,7 +27,7 @@ _IMPLEMENTATIONS = {
     "cutlass": ("sparsity.backends.cutlass", "CutlassBackend"),
     "auto": ("sparsity.backends.auto", "AutoBackend"),
 }
-_CACHE: Dict[str, Backend] = {}
+_CACHE: dict[str, Backend] = {}
 _LOCK = threading.Lock()
 _SETTINGS = BackendSettings()
 
@@ -79,13 +78,13 @@ def get_backend(name: str) -> Backend:
     return _CACHE[name]
 
 
-def built_backends() -> Dict[str, Backend]:
+def built_backends() -> dict[str, Backend]:
     """{name: instance} of the backends built so far in this process (nothing is built by asking)."""
     with _LOCK:
         return dict(_CACHE)
 
 
-def available_backends(device: torch.device, dtype: torch.dtype) -> List[str]:
+def available_backends(device: torch.device, dtype: torch.dtype) -> list[str]:
     """Names of the backends that can run on `device` with `dtype` in this process."""
     out = []
     for name in BACKENDS:

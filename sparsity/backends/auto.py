@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
 
 import torch
 
@@ -57,13 +56,13 @@ def _timing_generator(device: torch.device) -> torch.Generator:
 class AutoSparseWeight(SparseWeight):
     """Defers the choice to the first product, where the token count (and so the key) is known."""
 
-    def __init__(self, backend: "AutoBackend", weight: torch.Tensor, pruning: str):
+    def __init__(self, backend: AutoBackend, weight: torch.Tensor, pruning: str):
         self._backend = backend
         self._weight = weight
         self._pruning = pruning
         self.shape = weight.shape
-        self._impl: Optional[SparseWeight] = None
-        self.choice: Optional[str] = None
+        self._impl: SparseWeight | None = None
+        self.choice: str | None = None
 
     def _resolve(self, tokens: int, has_bias: bool, in_backward: bool = False) -> SparseWeight:
         if self._impl is None:
@@ -75,7 +74,7 @@ class AutoSparseWeight(SparseWeight):
             self._weight = None  # the chosen representation is all that is needed from here on
         return self._impl
 
-    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self._resolve(x.shape[0], bias is not None).matmul(x, bias)
 
     def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:
@@ -94,7 +93,7 @@ class AutoBackend(Backend):
 
     name = "auto"
 
-    def __init__(self, settings: Optional[BackendSettings] = None):
+    def __init__(self, settings: BackendSettings | None = None):
         super().__init__(settings)
         self._lock = threading.Lock()
         self.decisions: dict = {}  # GemmKey -> record
@@ -130,7 +129,7 @@ class AutoBackend(Backend):
             b = self._backends[name] = kinds[name](self.settings)
         return b
 
-    def mvue_weight_grad(self, dy: torch.Tensor, x: torch.Tensor, seed: int) -> Optional[torch.Tensor]:
+    def mvue_weight_grad(self, dy: torch.Tensor, x: torch.Tensor, seed: int) -> torch.Tensor | None:
         """On cuSPARSELt wherever it runs: the estimate is the same on either GEMM, and the 2:4 one measured
         1.48-1.52x of the dense one at ViT-L's MLP shapes on one H200 (`scripts/bench_sparse.py --ops wgrad`)."""
         cslt = self.backend("cusparselt")
@@ -198,7 +197,7 @@ class AutoBackend(Backend):
                          speedup_graph=round(g_dense / g_sparse, 3), pruning=pruning, timed=how, first_met=mode)
             return self.decisions[key]
 
-    def _sparse_unavailable(self, weight: torch.Tensor, tokens: int) -> Optional[str]:
+    def _sparse_unavailable(self, weight: torch.Tensor, tokens: int) -> str | None:
         try:
             cs = self.backend("cusparselt")
             cs.check(weight.device, weight.dtype)

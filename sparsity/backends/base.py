@@ -15,7 +15,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -32,7 +31,7 @@ class SparseWeight(abc.ABC):
     shape: torch.Size  # (out_features, in_features) of the dense weight
 
     @abc.abstractmethod
-    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x (tokens, in) -> x @ W_s^T + bias (tokens, out), in x's dtype; bias may come in any float dtype (e.g.
         the fp32 master bias under autocast): the backend casts it where its GEMM needs it."""
 
@@ -55,7 +54,7 @@ class Backend(abc.ABC):
     name: str = ""
     settings: BackendSettings = BackendSettings()  # the defaults, for subclasses that do not call __init__
 
-    def __init__(self, settings: Optional[BackendSettings] = None):
+    def __init__(self, settings: BackendSettings | None = None):
         self.settings = settings if settings is not None else BackendSettings()
 
     def settings_dict(self) -> dict:
@@ -69,7 +68,7 @@ class Backend(abc.ABC):
     def sparsify(self, weight: torch.Tensor, pruning: str) -> SparseWeight:
         """Prune `weight` (out, in) with the named transposable method and pack it. Called every step."""
 
-    def mvue_weight_grad(self, dy: torch.Tensor, x: torch.Tensor, seed: int) -> Optional[torch.Tensor]:
+    def mvue_weight_grad(self, dy: torch.Tensor, x: torch.Tensor, seed: int) -> torch.Tensor | None:
         """dW = MVUE(dy^T) @ x on this backend's sparse GEMM where it has one for these operands (`sparsity.mvue_grad`
         says which tokens are pruned), else None: the caller runs the dense GEMM on the pruned operand."""
         return None
@@ -90,6 +89,6 @@ class GemmKey:
     device_index: int
 
 
-def cast(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """t in dtype (t itself when it already is, or None): a no-op .to() still costs host time on the hot path."""
     return t if t is None or t.dtype == dtype else t.to(dtype)

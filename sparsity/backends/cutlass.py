@@ -21,8 +21,6 @@ of its capability check. Run `pytest -m gpu tests/gpu/test_cutlass.py` on an A10
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
 
@@ -44,7 +42,7 @@ class CutlassSparseWeight(SparseWeight):
         self._values = values
         self._source = source
 
-    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return torch._sparse_semi_structured_linear(cast(x, self.dtype), self.packed, self.meta,
                                                     bias=cast(bias, self.dtype))
 

@@ -10,8 +10,6 @@ rather than the generic pruning kernel; other methods and devices as `DenseBacke
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -28,7 +26,7 @@ class DenseSparseWeight(SparseWeight):
         self._mask = mask
         self.shape = values.shape
 
-    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x, self.values, cast(bias, x.dtype))
 
     def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,6 @@ input_precision="ieee" (no TF32), like torch's default fp32 matmul.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
@@ -104,7 +102,7 @@ def _bm(m: int) -> int:
     return 128 if interpreting() else 64
 
 
-def bsmm_forward(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], layout) -> torch.Tensor:
+def bsmm_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, layout) -> torch.Tensor:
     """x (M, K) @ (W * block mask)^T + bias -> (M, N) in x.dtype."""
     check_launchable(x, w)
     (m, _), n, bs = x.shape, w.shape[0], layout.block_size  # x must be 2-D

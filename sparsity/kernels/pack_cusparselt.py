@@ -22,7 +22,7 @@ Metadata bytes pair rows r and r+8 of the structured operand, i.e. tiles tr and 
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import triton
@@ -129,7 +129,7 @@ def _prune_pack_kernel(
 
 class Packed(NamedTuple):
     fwd: torch.Tensor  # uint8, compressed W for the forward GEMM (A = W, row)
-    dgrad: Optional[torch.Tensor]  # uint8, compressed W^T for the input-gradient GEMM (A = W^T, col), or None
+    dgrad: torch.Tensor | None  # uint8, compressed W^T for the input-gradient GEMM (A = W^T, col), or None
     tile_bits: torch.Tensor  # int16 (out/4, in/4): kept mask of each 4x4 tile, bit 4*row + col
 
 
@@ -144,10 +144,10 @@ def _block() -> int:
 
 def prune_pack(
     w: torch.Tensor,
-    mask: Optional[torch.Tensor] = None,
+    mask: torch.Tensor | None = None,
     *,
     write_t: bool = True,
-    out: Optional[Packed] = None,
+    out: Packed | None = None,
 ) -> Packed:
     """Prune `w` (out, in) with tile_greedy (or keep `mask`, bool/uint8 (out, in), if given) and pack it.
 

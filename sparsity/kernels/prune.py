@@ -15,8 +15,6 @@ Every kernel reads its input once (any strides), computes in fp32, is branch-fre
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
-
 import torch
 import triton
 import triton.language as tl
@@ -134,10 +132,10 @@ def _tiles_kernel(
     tl.store(mask_ptr + off, keep.to(tl.uint8), mask=m2)
 
 
-_TABLES: Dict[torch.device, Tuple[torch.Tensor, torch.Tensor]] = {}
+_TABLES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _pattern_tables(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+def _pattern_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(4, SLOTS) int32 ROW_PAIRS index per row and pattern, (SLOTS,) int32 pattern bits; padding slots are unused."""
     if device not in _TABLES:
         assert len(ROW_PAIRS) == 6
@@ -157,7 +155,7 @@ def _block(gpu: int, interp: int) -> int:
     return interp if interpreting() else gpu
 
 
-def prune(w: torch.Tensor, method: str) -> Tuple[torch.Tensor, torch.Tensor]:
+def prune(w: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton version of `reference.prune_reference`: (values in w.dtype, bool mask), both contiguous."""
     check_shape(w.shape, method)
     check_launchable(w)

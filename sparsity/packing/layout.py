@@ -28,7 +28,6 @@ Compressed buffer = values, then metadata:
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Tuple
 
 import torch
 
@@ -95,7 +94,7 @@ def valid_byte_mask(m: int, k: int, device=None) -> torch.Tensor:
     return valid
 
 
-def select_pairs(a: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def select_pairs(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per group of 4 along the last dim: the two metadata indices (i0 < i1), int64, shape (..., k/4)."""
     nz = (a.reshape(*a.shape[:-1], -1, 4) != 0).to(torch.int64)
     # priority: nonzeros first (in index order), then zeros from the highest index down
@@ -153,7 +152,7 @@ def unpack_reference(buf: torch.Tensor, m: int, k: int, orient: str, dtype: torc
     return out.reshape(m, k)
 
 
-def logical_operand(w: torch.Tensor, kind: str) -> Tuple[torch.Tensor, str]:
+def logical_operand(w: torch.Tensor, kind: str) -> tuple[torch.Tensor, str]:
     """The structured operand of a linear layer's GEMM for weight w (out, in): (logical A, orientation).
 
     kind "fwd": A = W (out x in), row-major.  kind "dgrad": A = W^T (in x out), column-major (W's own memory).

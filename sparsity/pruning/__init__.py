@@ -8,8 +8,6 @@ Triton is imported only when a kernel is first needed.
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 
 from . import greedy_table
@@ -44,7 +42,7 @@ def _use_triton(t: torch.Tensor, impl: str) -> bool:
     return impl == "triton" or (impl == "auto" and t.is_cuda)
 
 
-def prune(w: torch.Tensor, method: str, *, impl: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+def prune(w: torch.Tensor, method: str, *, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Prune a 2-D tensor with `method`: (values in w.dtype, bool mask), identical for every impl.
 
     impl: "auto" = Triton kernel on CUDA tensors, the table walk for the greedy tile methods on the CPU, the torch

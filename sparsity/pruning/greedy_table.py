@@ -9,7 +9,6 @@ faster on two CPU cores, where the sparse phase's per-step pruning of every line
 from __future__ import annotations
 
 import functools
-from typing import Tuple
 
 import torch
 
@@ -20,8 +19,8 @@ METHODS = frozenset({"tile_greedy", "tile_greedy_signed"})
 _N_STATES = 3**8  # digits: the 4 row counts (3^0..3^3), then the 4 column counts (3^4..3^7)
 
 
-@functools.lru_cache(maxsize=None)
-def _tables() -> Tuple[torch.Tensor, torch.Tensor]:
+@functools.cache
+def _tables() -> tuple[torch.Tensor, torch.Tensor]:
     """(kept, next_state * 16), both flat over index state * 16 + position."""
     state = torch.arange(_N_STATES)
     place = 3 ** torch.arange(8)

@@ -30,7 +30,6 @@ bit-identical to Triton's ``tl.rand4x`` (`philox_uniform4`), so the Triton kerne
 from __future__ import annotations
 
 import itertools
-from typing import Tuple
 
 import torch
 
@@ -38,10 +37,10 @@ from sparsity.options import PRUNING_METHODS as METHODS
 TRANSPOSABLE_METHODS = frozenset({"tile_greedy", "tile_greedy_signed", "tile_optimal"})
 
 # Pairs of kept columns inside one row of a tile, in this fixed order (index k = 0..5).
-ROW_PAIRS: Tuple[Tuple[int, int], ...] = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
+ROW_PAIRS: tuple[tuple[int, int], ...] = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
 
 
-def _enumerate_tile_patterns() -> Tuple[Tuple[int, int, int, int], ...]:
+def _enumerate_tile_patterns() -> tuple[tuple[int, int, int, int], ...]:
     """All 4x4 patterns with exactly two kept per row and per column, as the ROW_PAIRS index of each row.
 
     Order: lexicographic in (row0's pair, row1's pair, row2's pair, row3's pair), pair indices as in ROW_PAIRS.
@@ -193,7 +192,7 @@ def tile_optimal_mask(w: torch.Tensor) -> torch.Tensor:
 # S-STE soft thresholding
 
 
-def soft_threshold(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def soft_threshold(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """S-STE soft thresholding along rows: returns (S(w) in w.dtype, mask).
 
     Per group of 4: t = 2nd-smallest |a| (the paper's min/max formula selects exactly that value), kept = top-2 |a|
@@ -234,7 +233,7 @@ _PHILOX_ROUND_A, _PHILOX_ROUND_B = 0xD2511F53, 0xCD9E8D57
 _UNIFORM_SCALE = 4.6566127342e-10  # Triton's uint_to_uniform_float scale for 32-bit draws
 
 
-def _mul32(a: int, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _mul32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(high, low) 32-bit halves of the 64-bit product of constant a and uint32 values b (held in int64)."""
     a_hi, a_lo = a >> 16, a & 0xFFFF
     p_hi, p_lo = a_hi * b, a_lo * b  # each < 2**48
@@ -243,7 +242,7 @@ def _mul32(a: int, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return high, low
 
 
-def philox_uniform4(seed: int, offsets: torch.Tensor, n_rounds: int = 10) -> Tuple[torch.Tensor, ...]:
+def philox_uniform4(seed: int, offsets: torch.Tensor, n_rounds: int = 10) -> tuple[torch.Tensor, ...]:
     """Four fp32 uniforms in [0, 1) per offset, equal bit for bit to ``tl.rand4x(seed, offsets)``."""
     if not 0 <= int(seed) < 2**63:
         raise ValueError(f"seed must be in [0, 2**63), got {seed}")
@@ -270,7 +269,7 @@ def philox_uniform4(seed: int, offsets: torch.Tensor, n_rounds: int = 10) -> Tup
 MVUE_EPS = 1.19209e-07  # added to |x| so that zeros can be drawn (the S-STE reference's eps)
 
 
-def mvue_uniforms(seed: int, n_groups: int, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+def mvue_uniforms(seed: int, n_groups: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(u1, u2) of groups 0..n_groups-1: groups 2h and 2h + 1 share the draw ``tl.rand4x(seed, h)``, the first
     taking its outputs 0 and 1, the second its outputs 2 and 3 (one Philox call per two groups)."""
     g = torch.arange(n_groups, device=device)
@@ -328,7 +327,7 @@ _MASKS = {"tile_greedy": tile_greedy_mask, "tile_greedy_signed": tile_greedy_sig
           "tile_optimal": tile_optimal_mask, "rowwise": rowwise_mask}
 
 
-def prune_reference(w: torch.Tensor, method: str) -> Tuple[torch.Tensor, torch.Tensor]:
+def prune_reference(w: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(pruned values in w.dtype, bool mask) for `method`; mask methods return w * mask, soft_threshold S(w)."""
     check_shape(w.shape, method)
     if method == "soft_threshold":

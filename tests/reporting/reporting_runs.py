@@ -2,8 +2,8 @@
 teacher_backbone.pth, eval_linear.json), built in milliseconds for the table and reproduce tests."""
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
@@ -14,7 +14,7 @@ VITL_CONFIG = REPO / "configs" / "vitl16_imagenet.yaml"
 LOG_TIME = "2026-11-22 12:00:00,000"
 
 
-def eval_result(top1: float, knn20: Optional[float] = None) -> dict:
+def eval_result(top1: float, knn20: float | None = None) -> dict:
     knn20 = top1 - 2.0 if knn20 is None else knn20
     return {"top1": top1, "top5": min(top1 + 5.0, 100.0), "best_C": 0.1, "C_curve": [{"C": 0.1, "holdout_top1": top1}],
             "feature_dim": 192, "solver": "sklearn", "seconds": 12.5, "n_train": 1437, "n_val": 360,
@@ -23,12 +23,12 @@ def eval_result(top1: float, knn20: Optional[float] = None) -> dict:
             "extra_key": [1, 2]}
 
 
-def make_run(root: Path, name: str, fraction: float, *, steps_done: Optional[int] = None, finished: bool = True,
-             result="default", log_tail: Optional[str] = None, vitl: bool = False, log_period: int = 5,
-             sparse_images_per_s: float = 64.0, dense_images_per_s: float = 32.0, world_size: Optional[int] = None,
-             top1: float = 90.0, knn20: Optional[float] = None, seed: int = 0,
-             baselines: Optional[dict] = None, overrides: Sequence[str] = (), device: str = "cuda:0",
-             gpu: str = "NVIDIA H200", gpu_mem_outside_mb: Optional[float] = 900.0, data_fingerprint: str = "") -> Path:
+def make_run(root: Path, name: str, fraction: float, *, steps_done: int | None = None, finished: bool = True,
+             result="default", log_tail: str | None = None, vitl: bool = False, log_period: int = 5,
+             sparse_images_per_s: float = 64.0, dense_images_per_s: float = 32.0, world_size: int | None = None,
+             top1: float = 90.0, knn20: float | None = None, seed: int = 0,
+             baselines: dict | None = None, overrides: Sequence[str] = (), device: str = "cuda:0",
+             gpu: str = "NVIDIA H200", gpu_mem_outside_mb: float | None = 900.0, data_fingerprint: str = "") -> Path:
     """A run of the embedded default (300 steps, batch 32) or of the ViT-L recipe (125k steps, batch 64).
 
     Throughput is constant per phase, so a phase's time is exact: steps * batch / images_per_s.

@@ -57,7 +57,6 @@ nothing: a training run that swaps keeps the same random stream (drop-path draws
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -74,10 +73,10 @@ MLP_PATTERN = r"blocks\.\d+\.mlp\.fc[12]"
 # the 4x4 tile mask
 
 
-def bose_nelson_network(n: int = 16) -> Tuple[Tuple[int, int], ...]:
+def bose_nelson_network(n: int = 16) -> tuple[tuple[int, int], ...]:
     """The compare-exchange pairs (0-based, in execution order) of torch's `StaticSort<n>`, transcribed from its
     templates: PS<I, M> sorts a[I-1 .. I+M-2] by sorting both halves and merging them with PB<I, J, X, Y>."""
-    pairs: List[Tuple[int, int]] = []
+    pairs: list[tuple[int, int]] = []
 
     def pb(i: int, j: int, x: int, y: int) -> None:
         if (x, y) == (1, 1):
@@ -213,7 +212,7 @@ class ReferenceSemiSparseFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-def reference_semi_sparse_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+def reference_semi_sparse_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                                  algorithm: str = DEFAULT_ALGORITHM, tie_order: str = "row_major") -> torch.Tensor:
     return ReferenceSemiSparseFunction.apply(x, weight, bias, algorithm, tie_order, compute_dtype(x))
 
@@ -243,7 +242,7 @@ class ReferenceSemiSparseLinear(nn.Linear):
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, algorithm: str = DEFAULT_ALGORITHM,
-                   tie_order: str = "row_major") -> "ReferenceSemiSparseLinear":
+                   tie_order: str = "row_major") -> ReferenceSemiSparseLinear:
         if algorithm not in ALGORITHMS or tie_order not in TIE_ORDERS:
             raise ValueError(f"algorithm {algorithm!r} / tie_order {tie_order!r}: one of {ALGORITHMS} / {TIE_ORDERS}")
         out, inp = linear.weight.shape
@@ -266,7 +265,7 @@ def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
 
-def swap_to_reference(model: nn.Module, pattern: str = MLP_PATTERN, module_cls: type = None, **options) -> List[str]:
+def swap_to_reference(model: nn.Module, pattern: str = MLP_PATTERN, module_cls: type = None, **options) -> list[str]:
     """Every plain nn.Linear of `model` whose name fully matches `pattern` becomes a ReferenceSemiSparseLinear (or
     `module_cls`, a subclass) holding the same Parameters, in place in `model`; returns the names. A pattern
     matching nothing is an error."""
@@ -280,7 +279,7 @@ def swap_to_reference(model: nn.Module, pattern: str = MLP_PATTERN, module_cls: 
     return names
 
 
-def swap_to_linear(model: nn.Module) -> List[str]:
+def swap_to_linear(model: nn.Module) -> list[str]:
     """Every ReferenceSemiSparseLinear of `model` back to a plain nn.Linear (same Parameters); returns the names."""
     names = [n for n, m in model.named_modules() if isinstance(m, ReferenceSemiSparseLinear)]
     for name in names:

@@ -72,7 +72,7 @@ def main():
     cs = lib()
     h = handle(0)
     info = {"cusparselt_version": cs.get_version(h), "gpu": torch.cuda.get_device_name(),
-            "arch": "sm%d%d" % torch.cuda.get_device_capability()}
+            "arch": "sm{}{}".format(*torch.cuda.get_device_capability())}
     # ---- which shapes does the structured descriptor accept, and how large is the compressed buffer?
     accept = {}
     trial_shapes = [(8, 16), (16, 8), (16, 16), (16, 32), (32, 16), (24, 40), (32, 32), (48, 48), (17, 16),

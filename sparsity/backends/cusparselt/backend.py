@@ -18,8 +18,6 @@ up to a multiple of 8 inside the GEMM op. fp16 and bf16 only.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -67,7 +65,7 @@ class CuSparseLtSparseWeight(SparseWeight):
     def transposable(self) -> bool:
         return self.packed_t is not None
 
-    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out, inf = self.shape
         if bias is not None and self.rows_pad != out:
             bias = F.pad(bias, (0, self.rows_pad - out))
@@ -101,7 +99,7 @@ class CuSparseLtSparseWeight(SparseWeight):
 class CuSparseLtBackend(Backend):
     name = "cusparselt"
 
-    def __init__(self, settings: Optional[BackendSettings] = None):
+    def __init__(self, settings: BackendSettings | None = None):
         super().__init__(settings)
         self._ok: set = set()  # (device, dtype) pairs that passed check()
 
@@ -163,7 +161,7 @@ class CuSparseLtBackend(Backend):
                                       values=None if dgrad is not None else values[:out_f], rows_pad=rows_pad,
                                       ref=values, search=search)
 
-    def mvue_weight_grad(self, dy: torch.Tensor, x: torch.Tensor, seed: int) -> Optional[torch.Tensor]:
+    def mvue_weight_grad(self, dy: torch.Tensor, x: torch.Tensor, seed: int) -> torch.Tensor | None:
         return maybe_mvue_weight_grad(dy, x, seed, self.settings.cslt_search)
 
     def describe(self) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -34,7 +33,7 @@ class OperandLayout:
     order: int
 
     @staticmethod
-    def for_weight(out_features: int, in_features: int, kind: str) -> "OperandLayout":
+    def for_weight(out_features: int, in_features: int, kind: str) -> OperandLayout:
         if kind == "fwd":  # W (out x in) row-major, sparse along in
             return OperandLayout(out_features, in_features, in_features, ORDER_ROW)
         if kind == "dgrad":  # W^T = W's memory as (in x out) column-major, sparse along out
@@ -61,7 +60,7 @@ class Compressor:
         self.compressed_size, self.buffer_size = c.sp_mma_compressed_size2(self.h, self.desc)
         self.buffer = persistent_empty((max(int(self.buffer_size), 16),), torch.uint8, device_index)
 
-    def __call__(self, dense: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def __call__(self, dense: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """dense: the pruned matrix in the memory the layout describes (W itself for both orientations)."""
         assert dense.is_contiguous() and dense.dtype == self.dtype
         if out is None:

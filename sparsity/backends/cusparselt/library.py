@@ -14,7 +14,6 @@ import glob
 import logging
 import os
 import threading
-from typing import Optional
 
 import numpy as np
 import torch
@@ -36,12 +35,12 @@ STRUCT_MULTIPLE = 16
 TOKEN_MULTIPLE = 8
 
 _cslt = None
-_load_error: Optional[str] = None
+_load_error: str | None = None
 _load_lock = threading.Lock()
-_version: Optional[int] = None
+_version: int | None = None
 
 
-def loaded_library_path(maps_text: Optional[str] = None) -> Optional[str]:
+def loaded_library_path(maps_text: str | None = None) -> str | None:
     """The file of the libcusparseLt mapped into this process (Linux: /proc/self/maps), or None.
 
     Which copy a process runs is what a benchmark of library versions must record: one started with
@@ -60,7 +59,7 @@ def loaded_library_path(maps_text: Optional[str] = None) -> Optional[str]:
     return None
 
 
-def _preload_libcusparselt() -> Optional[str]:
+def _preload_libcusparselt() -> str | None:
     """Make sure libcusparseLt is loaded into the process so nvmath's loader finds it.
 
     torch's CUDA wheel depends on nvidia-cusparselt; its library lives in site-packages/nvidia/cusparselt/lib (or
@@ -142,7 +141,8 @@ def handle(device_index: int) -> int:
 
 def arch_of(device) -> str:
     """"sm90": the compute capability of a CUDA device (index or torch.device), as the per-GPU tables key it."""
-    return "sm%d%d" % torch.cuda.get_device_capability(device)
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm{major}{minor}"
 
 
 def version() -> int:

@@ -20,8 +20,6 @@ packs with the library compressor), so the ops read no state of their own.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 import torch.nn.functional as F
 
@@ -42,8 +40,8 @@ SPLIT_MIN_TOKENS = 64  # below this a padded copy of x is cheaper than a second 
 # GEMMs
 
 
-def _gemm_impl(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], out_features: int,
-               in_features: int, transpose: bool, dense_ref: Optional[torch.Tensor],
+def _gemm_impl(packed: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+               in_features: int, transpose: bool, dense_ref: torch.Tensor | None,
                search: str = DEFAULT_SEARCH) -> torch.Tensor:
     """transpose=False: x (n, in) -> x @ W^T (+bias) (n, out).  transpose=True: x (n, out) -> x @ W (n, in).
 
@@ -119,8 +117,8 @@ _LIB.define("cslt_linear(Tensor x, Tensor w, Tensor? bias, Tensor packed, Tensor
 _LIB.define(f"cslt_mvue_wgrad(Tensor dy, Tensor x, Tensor seed, str search='{DEFAULT_SEARCH}') -> Tensor")
 
 
-def cslt_mm(packed: torch.Tensor, x: torch.Tensor, bias: Optional[torch.Tensor], out_features: int,
-            in_features: int, transpose: bool, dense_ref: Optional[torch.Tensor] = None,
+def cslt_mm(packed: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+            in_features: int, transpose: bool, dense_ref: torch.Tensor | None = None,
             search: str = DEFAULT_SEARCH) -> torch.Tensor:
     """`sparsity::cslt_mm`: cuSPARSELt 2:4 GEMM with W (out x in) compressed for it: x @ W^T + bias, or x @ W when
     transpose. `dense_ref`: the pruned W dense, only read the first time a shape is seen (to check the chosen
@@ -157,8 +155,8 @@ def compressed_size(rows, cols):
     return rows * cols + torch.sym_max(ceil(rows, 64) * ceil(cols, 32), ceil(rows, 32) * ceil(cols, 64)) // 8
 
 
-def cslt_prune_pack(w: torch.Tensor, mask: Optional[torch.Tensor], write_t: bool,
-                    library: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def cslt_prune_pack(w: torch.Tensor, mask: torch.Tensor | None, write_t: bool,
+                    library: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`sparsity::cslt_prune_pack`: prune (tile_greedy, or keep `mask`) and compress W (rows, cols) for both GEMMs:
     (fwd bytes, dgrad bytes or an empty tensor, tile bits (rows/4, cols/4) int16). With `library` (where the backend
     packs with the library compressor: a cuSPARSELt layout not validated here, `packing.layout_status`), `w` must
@@ -195,9 +193,9 @@ def prune_pack(w, mask, write_t, library=False):
 # the linear layer as one differentiable op
 
 
-def cslt_linear(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], packed: torch.Tensor,
+def cslt_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor,
                 dgrad: torch.Tensor, rows_pad: int, dgrad_sparse: bool,
-                dense_ref: Optional[torch.Tensor] = None, search: str = DEFAULT_SEARCH,
+                dense_ref: torch.Tensor | None = None, search: str = DEFAULT_SEARCH,
                 mvue_wgrad: bool = False) -> torch.Tensor:
     """`sparsity::cslt_linear`: y = x @ W_s^T + bias (tokens, out) in x's dtype, W_s (out, in) given compressed in
     `packed` (rows zero-padded to `rows_pad`). `w` (out, in) is not read: it is the tensor the straight-through weight

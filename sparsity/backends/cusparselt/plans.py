@@ -11,7 +11,6 @@ plan runs is chosen in `search.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import torch
@@ -35,13 +34,13 @@ class GemmPlan:
     b_transposed: bool  # True: B given as (tokens x k) row-major with op(B)=T; False: (k x tokens) row-major
     d_order: int
     has_bias: bool
-    alg_id: Optional[int] = None  # None = library default
+    alg_id: int | None = None  # None = library default
     descs: list = field(default_factory=list)
     matmul_desc: int = 0
     alg_sel: int = 0
     plan: int = 0
-    workspace: Optional[torch.Tensor] = None
-    bias_buf: Optional[torch.Tensor] = None
+    workspace: torch.Tensor | None = None
+    bias_buf: torch.Tensor | None = None
     searched: bool = False
 
     def build(self):
@@ -97,7 +96,7 @@ class GemmPlan:
         c.matmul_alg_get_attribute(self.h, self.alg_sel, c.MatmulAlgAttribute.CONFIG_MAX_ID, ptr(v), 4)
         return int(v[0])
 
-    def run(self, a_compressed: torch.Tensor, b: torch.Tensor, d: torch.Tensor, bias: Optional[torch.Tensor] = None):
+    def run(self, a_compressed: torch.Tensor, b: torch.Tensor, d: torch.Tensor, bias: torch.Tensor | None = None):
         if self.has_bias:
             self.bias_buf.copy_(bias)  # casts too; fixed address, so graph-capturable
         self.streams[0] = raw_stream(self.device_index)

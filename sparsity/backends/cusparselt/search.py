@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
 
 import torch
 
@@ -82,7 +81,7 @@ _alg_choice: dict[tuple, dict] = {}  # key -> record of the choice, shared acros
 _alg_lock = threading.Lock()
 
 
-def sweep_blocklist(device_index: int, dtype: torch.dtype, mode: str) -> Optional[frozenset]:
+def sweep_blocklist(device_index: int, dtype: torch.dtype, mode: str) -> frozenset | None:
     """The algorithm ids a sweep must skip here; None where the sweep must not run at all."""
     bad = BAD_ALGS.get((arch_of(device_index), version(), dtype))
     if bad is None and mode == "sweep_unsafe":
@@ -103,8 +102,8 @@ def get_plan(
     has_bias: bool = False,
     d_order: int = ORDER_COL,
     search: bool = True,
-    a_compressed: Optional[torch.Tensor] = None,
-    b: Optional[torch.Tensor] = None,
+    a_compressed: torch.Tensor | None = None,
+    b: torch.Tensor | None = None,
     reference=None,
 ) -> GemmPlan:
     """The cached plan for this GEMM; built (and its algorithm chosen by `mode` and checked) on first use.
@@ -220,7 +219,7 @@ def plan_records() -> dict:
         return {str(k): dict(v) for k, v in _alg_choice.items()}
 
 
-def choice_record(key: tuple) -> Optional[dict]:
+def choice_record(key: tuple) -> dict | None:
     """The record of the algorithm chosen for a plan key, or None (default algorithm, not searched)."""
     with _alg_lock:
         rec = _alg_choice.get(key)

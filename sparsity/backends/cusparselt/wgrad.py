@@ -14,8 +14,6 @@ device and backend). Measured against the dense GEMM at ViT-L's MLP shapes in `s
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 
 from sparsity.mvue_grad import TOKEN_BLOCK, mvue_sparse_tokens
@@ -42,7 +40,7 @@ def can_run(dy: torch.Tensor, x: torch.Tensor) -> bool:
             and row_major_aligned(x))
 
 
-def mvue_weight_grad(dy: torch.Tensor, x: torch.Tensor, seed: Union[int, torch.Tensor], search: str) -> torch.Tensor:
+def mvue_weight_grad(dy: torch.Tensor, x: torch.Tensor, seed: int | torch.Tensor, search: str) -> torch.Tensor:
     """MVUE(dy[:n]^T) @ x[:n] + dy[n:]^T @ x[n:] with n = `mvue_sparse_tokens(tokens)`: (out x in) in dy's dtype.
     `seed`: an int, or one int64 on dy's device (a compiled backward's draw). `search`: how a new shape's algorithm
     is chosen (`BackendSettings.cslt_search`). Check `can_run` first."""
@@ -68,6 +66,6 @@ def mvue_weight_grad(dy: torch.Tensor, x: torch.Tensor, seed: Union[int, torch.T
     return dw
 
 
-def maybe_mvue_weight_grad(dy: torch.Tensor, x: torch.Tensor, seed: int, search: str) -> Optional[torch.Tensor]:
+def maybe_mvue_weight_grad(dy: torch.Tensor, x: torch.Tensor, seed: int, search: str) -> torch.Tensor | None:
     """`mvue_weight_grad` where `can_run`, else None (the caller's dense GEMM on the pruned operand)."""
     return mvue_weight_grad(dy, x, seed, search) if can_run(dy, x) else None
