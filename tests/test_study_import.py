@@ -19,7 +19,8 @@ def _run(root, name, data_root="/scratch/job7/cifar10"):
     (run / "status.json").write_text('{"state": "finished"}')
     (run / "eval_linear.json").write_text(json.dumps({"checkpoint": f"{root}/{name}/teacher_backbone.pth",
                                                       "top1": 70.0}))
-    (run / "sparsity_masks.jsonl").write_text('{"step": 1, "flip_rate": {}}\n')
+    (run / "sparsity_masks.jsonl").write_text('{"step": 1, "flip_rate": {"a": 0.0012342664930555555, "b": 1e-7}, '
+                                              '"share": [2.71828, 5], "phase": "sparse"}\n{"step": 2, "fl\n')
     for weights in ("teacher_backbone.pth", "student_backbone.pth", "eval/step_00000008/teacher_backbone.pth"):
         (run / weights).write_bytes(b"weights")
     (run / "events.out.tfevents.1.host").write_bytes(b"tb")
@@ -42,7 +43,10 @@ def test_records_are_copied_with_paths_replaced_and_logs_compressed(tmp_path):
     log = lzma.decompress((out / "log.txt.xz").read_bytes())
     assert log == b"writing to sparse70_s0\nimport from site-packages/torch\n"
     assert json.loads((out / "eval_linear.json").read_text())["checkpoint"] == "sparse70_s0/teacher_backbone.pth"
-    assert lzma.decompress((out / "sparsity_masks.jsonl.xz").read_bytes()) == b'{"step": 1, "flip_rate": {}}\n'
+    # the per-layer statistics at 4 significant digits, a line cut by a kill kept as it was
+    assert lzma.decompress((out / "sparsity_masks.jsonl.xz").read_bytes()) == (
+        b'{"step": 1, "flip_rate": {"a": 0.001234, "b": 1e-07}, "share": [2.718, 5], "phase": "sparse"}\n'
+        b'{"step": 2, "fl\n')
     assert read_metrics(out / "metrics.jsonl") == [{"step": 1, "loss": 2.0}]  # the readers take the .xz
     assert [p.name for p in dest.iterdir()] == ["sparse70_s0"]  # no staging folder left behind
 

@@ -1,7 +1,8 @@
 """Copy what a study's runs wrote into `results/`, as the committed runs are kept: the records a table, a plot or a
 reader needs, never weights, checkpoints, feature caches or TensorBoard files; the logs (metrics.jsonl, log.txt and
-the per-layer mask log) compressed as `.xz`, which every reader takes (`rundir.compressed`); and every path of the
-machine that ran them replaced, so that the files name runs and data the same way on any machine.
+the per-layer mask log, its statistics at 4 significant digits) compressed as `.xz`, which every reader takes
+(`rundir.compressed`); and every path of the machine that ran them replaced, so that the files name runs and data
+the same way on any machine.
 
     python -m scripts.experiments.study_import RUNS_DIR [RUNS_DIR ...] --to results/cifar10/recipe/screen \\
         --replace /tmp/runs/screen4_1/= --replace /tmp/cifar10=cifar10
@@ -14,6 +15,7 @@ nothing is written. A run already under --to is refused unless --overwrite.
 """
 
 import argparse
+import json
 import re
 import shutil
 import sys
@@ -27,6 +29,9 @@ RECORDS = ("config.yaml", "log.txt", "metrics.jsonl", "run_info.json", "sparsity
 LOGS = ("log.txt", "metrics.jsonl")  # of RECORDS, the ones kept compressed
 EVAL_RECORDS = "eval_*.json"
 MASKS = "sparsity_masks.jsonl"
+# The per-layer mask log is over half of the committed results' bytes at full precision; at 4 significant digits
+# (far finer than any of its statistics varies from step to step) it compresses 3.3x smaller.
+MASK_DIGITS = 4
 SITE_PACKAGES = re.compile(r"/[^\s\"'=:]*/site-packages/")  # an installed library's folder, whatever the machine
 MACHINE_PREFIXES = ("/tmp/", "/opt/", "/home/", "/root/")
 
@@ -79,8 +84,31 @@ def import_run(run: Path, staging: Path, pairs: list[tuple[str, str]], prefixes:
         else:
             (dest / source.name).write_text(text, encoding="utf-8")
     if (run / MASKS).is_file():  # per-layer statistics of every logged step: large, kept for whoever wants them
-        compressed.write_xz((run / MASKS).read_bytes(), dest / MASKS)
+        compressed.write_xz(rounded_lines((run / MASKS).read_bytes()), dest / MASKS)
     return problems
+
+
+def _rounded(value, digits: int):
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {key: _rounded(item, digits) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_rounded(item, digits) for item in value]
+    return value
+
+
+def rounded_lines(data: bytes, digits: int = MASK_DIGITS) -> bytes:
+    """A JSON-lines log with every float at `digits` significant digits; a line that is not a JSON object (one cut by
+    a kill) is kept as it is."""
+    out = []
+    for line in data.decode("utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        out.append(json.dumps(_rounded(record, digits)) if isinstance(record, dict) else line)
+    return ("\n".join(out) + "\n").encode("utf-8") if out else b""
 
 
 def main(argv=None) -> int:
