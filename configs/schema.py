@@ -63,6 +63,14 @@ class TeacherConfig:
     # sparsity.sparse_fraction switches), in any run: the dense control of momentum_restart_at_switch | 0: no restart
     momentum_restart_fraction: float = value(0.0, ge=0, lt=1)
 
+    def problem(self) -> str | None:
+        """What this section's own fields violate together, or None (rules spanning sections: `checks.py`)."""
+        if self.momentum_restart_fraction > 0 and self.momentum_restart_at_switch:
+            return (f"teacher.momentum_restart_fraction={self.momentum_restart_fraction:g} and "
+                    "teacher.momentum_restart_at_switch=true both place the teacher momentum's restart: set one of "
+                    "them")
+        return None
+
 
 @dataclass
 class DinoConfig:
@@ -101,6 +109,12 @@ class OptimConfig:
     layerwise_decay: float = value(0.9, gt=0, le=1)
     adamw_beta1: float = value(0.9, ge=0, lt=1)
     adamw_beta2: float = value(0.999, ge=0, lt=1)
+
+    def problem(self) -> str | None:
+        """What this section's own fields violate together, or None (rules spanning sections: `checks.py`)."""
+        if self.warmup_epochs > self.epochs:
+            return f"optim.warmup_epochs={self.warmup_epochs} must be <= optim.epochs={self.epochs}"
+        return None
 
 
 @dataclass
@@ -198,6 +212,14 @@ class SparsityConfig:
     block_density: float = value(0.5, gt=0, le=1)  # kind=block: fraction of the weight's blocks kept and trained
     block_size: int = value(32, ge=1)  # kind=block: side of a block; must divide both dims of every converted linear
 
+    def problem(self) -> str | None:
+        """The trainer's rules on this section, or None; the converter's own are the library's
+        (`sparsity.options.options_problem`, which `checks.py` calls), those spanning sections `checks.py`'s."""
+        if self.switch_weights != "dense" and (self.kind != "weight" or self.pruning == "soft_threshold"):
+            return (f"sparsity.switch_weights=pruned needs sparsity.kind=weight and a masking sparsity.pruning, not "
+                    f"kind={self.kind}, pruning={self.pruning}")
+        return None
+
 
 @dataclass
 class TrainConfig:
@@ -247,6 +269,19 @@ class TrainConfig:
     # the whole step (forward, backward, clipping, AdamW, EMA) captured as one CUDA graph per sparsity phase and
     # replayed (training/step_graph.py): one launch per step instead of thousands; CUDA, bf16 or fp32, one process
     cuda_graph: bool = value(False, execution=True)
+
+    def problem(self) -> str | None:
+        """What this section's own fields violate together, or None (rules spanning sections: `checks.py`)."""
+        if self.compile_mode != "default" and self.compile_backend != "inductor":
+            return (f"train.compile_mode={self.compile_mode} needs train.compile_backend=inductor (CUDA graphs and "
+                    "autotuned GEMM templates are inductor's)")
+        if self.cuda_graph and self.amp_dtype == "fp16":
+            return ("train.cuda_graph=true needs train.amp_dtype=bf16 (or fp32 compute): fp16's grad scaler reads its "
+                    "inf check on the host, which a replayed graph cannot")
+        if self.cuda_graph and self.compile_mode == "reduce-overhead":
+            return ("train.cuda_graph=true captures the whole step already: use train.compile_mode=default or "
+                    "max-autotune-no-cudagraphs, not reduce-overhead (graphs of blocks inside it)")
+        return None
 
 
 @dataclass
