@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 # drop-path, both phases (switch after 8 of 16 steps), checkpoints every 3 steps, a metrics line per step.
 TINY = [
     *TINY_MODEL_AND_DATA,
-    "sparsity.sparse_fraction=0.5", "train.log_period=1", "train.checkpoint_period=3", "train.max_to_keep=10",
+    "sparsity.sparse_fraction=0.5", "train.log_period=1", "train.checkpoint_period=3", "train.max_to_keep=3",
     "train.teacher_export_period=8",
 ]
 
