@@ -103,8 +103,7 @@ class RunDir:
         return layout.list_checkpoints(self.checkpoint_dir, suffix)
 
     def newest_checkpoint(self) -> tuple[int, Path] | None:
-        found = self.checkpoints()
-        return found[-1] if found else None
+        return layout.newest_checkpoint(self.path)
 
     # ------------------------------------------------------------------------------------------------ readers
     def read_status(self) -> RunStatus:

@@ -21,6 +21,7 @@ from .reference import (
     check_method,
     check_shape,
     is_transposable,
+    masked_values,
     mvue24,
     philox_uniform4,
     prune_reference,
@@ -57,7 +58,7 @@ def prune(w: torch.Tensor, method: str, *, impl: str = "auto") -> tuple[torch.Te
         return kernels.prune(w.detach(), method)
     if impl == "auto" and method in greedy_table.METHODS and w.device.type == "cpu":
         mask = greedy_table.greedy_mask(w, method)
-        return torch.where(mask, w.detach(), torch.zeros((), dtype=w.dtype)), mask
+        return masked_values(w, mask), mask
     return prune_reference(w, method)
 
 

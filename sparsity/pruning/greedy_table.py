@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from .reference import _from_tiles, _to_tiles
+from .reference import _abs32, _from_tiles, _to_tiles
 
 METHODS = frozenset({"tile_greedy", "tile_greedy_signed"})
 
@@ -49,9 +49,8 @@ def greedy_walk(v: torch.Tensor) -> torch.Tensor:
 
 def greedy_mask(w: torch.Tensor, method: str) -> torch.Tensor:
     """`reference.tile_greedy_mask` ("tile_greedy", by |w|) or `tile_greedy_signed_mask` (by w) of a CPU tensor."""
-    keys = w.detach().to(torch.float32)
-    if method == "tile_greedy":
-        keys = keys.abs()
-    elif method != "tile_greedy_signed":
+    if method not in METHODS:
         raise ValueError(f"the table walk runs {sorted(METHODS)}, not {method!r}")
+    # the reference's ordering keys: fp32 |w| for tile_greedy, fp32 w for the signed walk
+    keys = _abs32(w) if method == "tile_greedy" else w.detach().to(torch.float32)
     return _from_tiles(greedy_walk(_to_tiles(keys)), w.shape)

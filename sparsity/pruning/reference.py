@@ -333,4 +333,9 @@ def prune_reference(w: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.T
     if method == "soft_threshold":
         return soft_threshold(w)
     mask = _MASKS[method](w)
-    return torch.where(mask, w.detach(), torch.zeros((), dtype=w.dtype, device=w.device)), mask
+    return masked_values(w, mask), mask
+
+
+def masked_values(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """w where `mask` keeps it, 0 elsewhere, in w's dtype: a mask method's pruned values."""
+    return torch.where(mask, w.detach(), torch.zeros((), dtype=w.dtype, device=w.device))
