@@ -142,9 +142,10 @@ def plot_phases(summary: dict, png: Path) -> None:
     if plt is None:
         print("matplotlib missing: no plot")
         return
-    fig, (ax_rate, ax_eff) = plt.subplots(1, 2, figsize=(12, 4.5))
     series = sorted({(r["phase"], r["model"], r["per_gpu_batch"]) for r in summary["rows"]},
                     key=lambda s: (summary["phases"].index(s[0]), s[1], s[2]))
+    # one legend under both panels: series names run long (a phase plus the settings that differ)
+    fig, (ax_rate, ax_eff) = plt.subplots(1, 2, figsize=(12, 4.2 + 0.25 * len(series)))
     for i, (phase, model, b) in enumerate(series):
         pts = sorted((r["gpus"], r["images_per_s"], r["efficiency"]) for r in summary["rows"]
                      if (r["phase"], r["model"], r["per_gpu_batch"]) == (phase, model, b))
@@ -152,17 +153,21 @@ def plot_phases(summary: dict, png: Path) -> None:
         label = f"{phase}, {series_name(model)}, {b}/GPU"
         (line,) = ax_rate.plot(n, [p[1] for p in pts], "os"[i % 2] + "-", label=label)
         ax_rate.plot(n, [pts[0][1] * k for k in n], ":", color=line.get_color(), lw=1)
-        ax_eff.plot(n, [100 * p[2] for p in pts], "os"[i % 2] + "-", color=line.get_color(), label=label)
+        ax_eff.plot(n, [100 * p[2] for p in pts], "os"[i % 2] + "-", color=line.get_color())
     counts = sorted({r["gpus"] for r in summary["rows"]})
+    lowest = min(100 * r["efficiency"] for r in summary["rows"])
     ax_rate.set(xlabel="GPUs (data parallel)", ylabel="images/s", xticks=counts,
                 title=f"Training throughput ({summary['gpu']})\ndotted: N x the series' one-GPU rate")
-    ax_eff.axhline(90, color="gray", ls=":", lw=1, label="90%")
-    ax_eff.set(xlabel="GPUs (data parallel)", ylabel="weak-scaling efficiency (%)", xticks=counts, ylim=(0, 110),
+    ax_eff.axhline(90, color="gray", ls=":", lw=1, label="90% efficiency")
+    # zoomed to the measured range: the series differ by a few points, invisible on a 0-100 axis
+    ax_eff.set(xlabel="GPUs (data parallel)", ylabel="weak-scaling efficiency (%)", xticks=counts,
+               ylim=(min(85.0, lowest - 3), 102),
                title="Weak-scaling efficiency\nimages/s(N) / (N x images/s(1))")
     for ax in (ax_rate, ax_eff):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
+    handles = ax_rate.get_legend_handles_labels()[0] + ax_eff.get_legend_handles_labels()[0]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08 + 0.04 * len(series) / 2, 1, 1))
     fig.savefig(png, dpi=120)
     plt.close(fig)
     print(f"wrote {png}")

@@ -120,7 +120,7 @@ def test_compiled_two_processes_equal_compiled_one_process(tmp_path):
     torchrun(two, *SAME_GLOBAL_BATCH, *COMPILED)
     log = (two / "log.txt").read_text()
     assert "torch.compile (backend aot_eager)" in log
-    assert "DDP: compiled graphs cut at the gradient buckets (train.ddp_split_compiled_graphs=true)" in log
+    assert "DDP: compiled graphs whole (train.ddp_split_compiled_graphs=false)" in log
     assert_same_run(two, one)
 
 
