@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from configs import ConfigError
-from configs.eval_schema import EvalConfig, protocol_changes
+from configs.eval_schema import EvalConfig, protocol, protocol_changes
 from configs.load import load_structured_text
 from rundir.digests import recorded_digest
 from rundir.json_files import parse_json
+from rundir.layout import EVAL_RESULT
 from rundir.run_dir import RunDir
 
 COMPLETE, PARTIAL, FAILED, MISSING, UNREADABLE = "complete", "partial", "failed", "missing", "unreadable"
@@ -156,3 +157,40 @@ def stale_reason(record: EvalRecord, run_dir: Path) -> str:
         return ""
     return (f"of an earlier teacher (sha256 {record.checkpoint_sha256[:12]}, now {current[:12]}): the run was "
             "trained again since; rerun eval_linear.py")
+
+
+def _asked_settings(cfg: EvalConfig) -> dict:
+    """What a probe's record depends on beyond the run: its data, its protocol, which weights and MLPs it probed
+    (not how it ran: device, solver, workers, caching, where it wrote its index)."""
+    return {"data": vars(cfg.data), "protocol": protocol(cfg), "checkpoint": cfg.checkpoint,
+            "prune_mlp": cfg.prune_mlp}
+
+
+def _recorded_config(result: dict) -> EvalConfig | None:
+    try:
+        return load_structured_text(EvalConfig, result["eval_config"])
+    except (KeyError, ConfigError, ValueError, TypeError):
+        return None
+
+
+def find_probe(run_dir: Path, asked: EvalConfig) -> EvalRecord | None:
+    """The run's probe record that an `eval_linear.py --run RUN` with the settings `asked` wrote, readable and of the
+    run's current teacher, or None. Found by what each record says it probed (its eval_config), not by its file
+    name: a probe of other data is named after that data, and two probes of one run never share a name. A k-NN-only
+    record does not answer a probe that asked for the linear probe too; one of mode=both answers either."""
+    wanted = _asked_settings(asked)
+    modes = {asked.mode, "both"}
+    for path in sorted(RunDir(run_dir).path.glob("eval_*.json")):
+        try:
+            result = parse_json(path.read_bytes())
+        except (OSError, ValueError):
+            continue
+        recorded = _recorded_config(result) if isinstance(result, dict) else None
+        older = recorded is None and path.name == EVAL_RESULT  # a record that kept no settings: the usual probe's
+        recorded = EvalConfig() if older else recorded
+        if recorded is None or recorded.mode not in modes or _asked_settings(recorded) != wanted:
+            continue
+        record = read_eval_record(path, other_data=not older)
+        if record.status == COMPLETE and not stale_reason(record, run_dir):
+            return record
+    return None

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import submitit
 
+from configs import load_eval_config
+from reporting.eval_records import find_probe
 from rundir.json_files import parse_json
 from rundir.run_dir import RunDir
 
@@ -163,16 +165,19 @@ class TrainJob(ScriptJob):
 
 
 class EvalJob(ScriptJob):
-    """`eval_linear.py --run RUN key=value...`, which writes RUN/eval_linear.json. A preempted probe starts over."""
+    """`eval_linear.py --run RUN key=value...`, which writes the run's probe record (RUN/eval_linear.json for the
+    run's own data; named after the data otherwise). A preempted probe starts over."""
 
     script = "eval_linear.py"
 
     def __init__(self, run_dir: Path, overrides: list[str] = (), **kwargs):
         super().__init__(["--run", str(run_dir), *overrides], **kwargs)
         self.run_dir = Path(run_dir)
+        self.overrides = list(overrides)
 
     def result(self) -> dict:
-        path = RunDir(self.run_dir).eval_result()
-        if not path.exists():
-            raise ChildFailed(f"eval_linear.py exited cleanly but wrote no {path}")
-        return parse_json(path.read_bytes())
+        record = find_probe(self.run_dir, load_eval_config(None, self.overrides))
+        if record is None:
+            raise ChildFailed(f"eval_linear.py exited cleanly but {self.run_dir} holds no readable record of its "
+                              f"probe ({' '.join(self.overrides) or 'default settings'})")
+        return parse_json(Path(record.path).read_bytes())

@@ -151,7 +151,7 @@ def one_line_problem(args: argparse.Namespace, runs_dir: Path) -> str:
 
 
 def eval_overrides(eval_args: list[str]) -> dict[str, str]:
-    """{key: value} of the --eval-arg overrides (eval_linear.py checks them; here only their data keys are read)."""
+    """{key: value} of the --eval-arg overrides (checked as eval_linear.py checks them by `plan_sweep`)."""
     return dict(a.split("=", 1) for a in eval_args if "=" in a)
 
 
@@ -202,7 +202,7 @@ def launch(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        plans = plan_sweep(args.config, args.sparse_fractions, runs_dir, args.overrides)
+        plans = plan_sweep(args.config, args.sparse_fractions, runs_dir, args.overrides, args.eval_arg)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -7,8 +7,9 @@ over:
 - training is finished exactly when train.py would have nothing left to do (`rundir.status`: a checkpoint of the
   run's last step that matches its SHA-256 and, for a full run, the final teacher); otherwise training is
   (re)submitted, and train.py resumes from the newest checkpoint;
-- evaluation is finished when the tables would show `eval_linear.json`: readable, of the run's own data and of its
-  current teacher (`reporting.eval_records`), not merely present;
+- evaluation is finished when the run holds a record of the probe the launcher's job would run (its data and
+  protocol, from `--eval-arg`): readable and of the run's current teacher (`reporting.eval_records.find_probe`), not
+  merely a file of the usual name;
 - a job recorded in `jobs.json` that Slurm still lists as pending or running is not submitted twice.
 """
 
@@ -19,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from configs import Config, ConfigError, to_yaml
+from configs import Config, ConfigError, load_eval_config, to_yaml
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
 from configs.sweep import refuse_fraction_override, schedule_run
-from reporting.eval_records import COMPLETE, read_eval_record, stale_reason
+from reporting.eval_records import find_probe
 from rundir.atomic import atomic_write_text
 from rundir.errors import RunDirProblem
 from rundir.guard import usable_checkpoint_dir
@@ -37,11 +38,12 @@ JOBS_FILE = "jobs.json"  # the launcher's record of the jobs it submitted for a 
 
 
 
-def probe_done(run_dir: Path) -> bool:
-    """Whether the run's probe is done as the tables see it: its eval_linear.json readable, of the run's own data
-    and of its current teacher; a file that is there but unreadable, of other data or stale is a probe to run."""
-    record = read_eval_record(RunDir(run_dir).eval_result())
-    return record.status == COMPLETE and not stale_reason(record, run_dir)
+def probe_done(run_dir: Path, eval_args: Sequence[str] = ()) -> bool:
+    """Whether the probe the launcher's job would run (`eval_linear.py --run RUN *eval_args`) is done as the tables
+    see it: a record of those settings (data, protocol), readable and of the run's current teacher
+    (`reporting.eval_records.find_probe`); a file that is there but unreadable, stale or of other settings is a probe
+    to run. Raises ConfigError for eval_args that eval_linear.py would refuse."""
+    return find_probe(run_dir, load_eval_config(None, list(eval_args))) is not None
 
 def run_name(fraction: float) -> str:
     """sparse_0.70 (two decimals where they are exact, so names sort; every digit of the number where needed, so that
@@ -107,13 +109,16 @@ class RunPlan:
         return f"resume@{self.done_steps}" if self.done_steps else "new"
 
 
-def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrides: Sequence[str]) -> list[RunPlan]:
-    """Resolve every run's config (raising ConfigError before anything is submitted) and read its progress
+def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrides: Sequence[str],
+               eval_args: Sequence[str] = ()) -> list[RunPlan]:
+    """Resolve every run's config and the probe jobs' settings `eval_args` (raising ConfigError before anything is
+    submitted) and read its progress
     (`RunDirProblem`, naming the entry, for a saved run whose `checkpoints` or `jobs.json` is unusable).
 
     An existing run whose config.yaml differs from the newly resolved config is an error naming the keys: resuming
     it with other settings would silently mix two experiments."""
     refuse_fraction_override(overrides, "--sparse-fractions")
+    load_eval_config(None, list(eval_args))  # eval_linear.py's own check, before any run is read
     if len(set(fractions)) != len(fractions):
         raise ConfigError(f"--sparse-fractions has duplicates: {list(fractions)}")
     plans, by_schedule = [], {}
@@ -147,6 +152,6 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
                                 "remove the link")
         read_jobs(run_dir)  # RunDirProblem naming jobs.json
         plan.done_steps = resumable_step(run_dir, plan.last_step)
-        plan.eval_done = probe_done(run_dir)
+        plan.eval_done = probe_done(run_dir, eval_args)
         plans.append(plan)
     return plans

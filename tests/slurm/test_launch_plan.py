@@ -350,6 +350,54 @@ def test_a_probe_is_done_when_the_table_would_show_it(tmp_path, record, done):
     assert probe_done(tmp_path / "run") is done
 
 
+LABELLED = ["data.dataset=imagenet_folder", "data.root=/labelled/pets"]  # the probe set of a run on unlabelled images
+
+
+def _probe_record(run_dir, name, eval_args, own=True):
+    """A record as eval_linear.py writes it for `eval_args`: its settings as eval_config, its data own or not."""
+    from configs import load_eval_config
+
+    record = {"top1": 40.0, "eval_config": to_yaml(load_eval_config(None, eval_args)),
+              "dataset": {"own": own, **({} if own else {"other_because": "data.dataset=imagenet_folder"})}}
+    (run_dir / name).write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("written, asked, done", [
+    ((LABELLED, "eval_linear_data_pets.json"), LABELLED, True),  # the probe of other data, named after it
+    ((LABELLED, "eval_linear_data_pets.json"), [], False),  # not the run's own probe
+    (([], "eval_linear.json"), LABELLED, False),  # the own probe does not answer one of other data
+    ((["linear.n_c=3"], "eval_linear.json"), [], False),  # another protocol: not the probe the job runs
+    ((["linear.n_c=3"], "eval_linear.json"), ["linear.n_c=3"], True),
+    ((["mode=knn"], "eval_knn.json"), [], False),  # k-NN alone does not answer a probe that asks for both
+    (([], "eval_linear.json"), ["mode=knn", "device=cpu"], True),  # mode=both answers k-NN; the device is no setting
+])
+def test_the_launchers_done_is_the_record_of_the_probe_its_job_runs(tmp_path, written, asked, done):
+    """The probe job's settings (--eval-arg) pick its record by what each record says it probed, not by a file name:
+    a run on unlabelled images, probed on a labelled set, writes eval_linear_data_<label>.json, which the launcher
+    must count as done (and the job's result must find), or every launch would probe it again."""
+    from slurm.jobs import ChildFailed, EvalJob
+    from slurm.sweep import probe_done
+
+    cfg = load_config(None, ["optim.epochs=2", "train.epoch_length=5"])
+    _fake_progress(tmp_path / "run", cfg, [10])
+    args, name = written
+    _probe_record(tmp_path / "run", name, args, own=not any(a.startswith("data.") for a in args))
+    assert probe_done(tmp_path / "run", asked) is done
+    job = EvalJob(tmp_path / "run", asked)
+    if done:
+        assert job.result()["top1"] == 40.0
+    else:
+        with pytest.raises(ChildFailed, match="holds no readable record of its probe"):
+            job.result()
+
+
+def test_a_probe_setting_eval_linear_would_refuse_stops_the_launch_before_any_work(tmp_path):
+    result = launch("--config", "configs/default.yaml", "--sparse-fractions", "0.5", "--runs-dir", str(tmp_path / "s"),
+                    "--gpus-per-node", "0", "--dry-run", "--eval-arg", "linear.n_cc=3", *TINY, check=False)
+    assert result.returncode == 2 and "unknown config key 'linear.n_cc'" in result.stderr, result.stderr
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_junk_file_named_like_the_last_checkpoint_is_not_a_finished_training(tmp_path):
     """train.py refuses a checkpoint without a digest; so does the launcher's plan: the run is resumed from the one
     before, not reported `training: done`."""
