@@ -181,6 +181,8 @@ def find_probe(run_dir: Path, asked: EvalConfig) -> EvalRecord | None:
     wanted = _asked_settings(asked)
     modes = {asked.mode, "both"}
     for path in sorted(RunDir(run_dir).path.glob("eval_*.json")):
+        if not path.is_file():  # a FIFO (whose read would block), a directory, a dangling link
+            continue
         try:
             result = parse_json(path.read_bytes())
         except (OSError, ValueError):

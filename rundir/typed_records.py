@@ -66,4 +66,5 @@ METRICS_LINE_FIELDS = (Field("step", (int,)), Field("format", (int,)), Field("ph
                        Field("time", NUMBER), Field("gpu_mem_outside_mb", NUMBER))
 RUN_INFO_FIELDS = (Field("device", (str,)), Field("device_name", (str,)), Field("data_fingerprint", (str,)),
                    Field("world_size", (int,)), Field("batch_size_per_gpu", (int,)))
-JOB_FIELDS = (Field("kind", (str,)), Field("job_id", (str,)), Field("cluster", (str,)), Field("submitted", (str,)))
+JOB_FIELDS = (Field("kind", (str,)), Field("job_id", (str,)), Field("cluster", (str,)), Field("submitted", (str,)),
+              Field("args", (list,), items=str))

@@ -17,9 +17,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from configs import ConfigError, load_config  # noqa: E402
+from configs import ConfigError, load_config, load_eval_config  # noqa: E402
 from configs.command_line import parse_command_line  # noqa: E402
-from reporting.eval_records import COMPLETE, MISSING, read_eval_record  # noqa: E402
+from reporting.eval_records import COMPLETE, MISSING, find_probe, read_eval_record  # noqa: E402
 from rundir.errors import RunDirProblem  # noqa: E402
 from rundir.layout import CONFIG, EVAL_RESULT, METRICS  # noqa: E402
 from rundir.run_dir import RunDir  # noqa: E402
@@ -75,9 +75,16 @@ def _total_steps(run_dir: Path) -> int | None:
         return None
 
 
-def _eval_summary(run_dir: Path) -> str:
-    """The run's linear-probe top-1, read as the table reads it (`reporting.eval_records.read_eval_record`: only a
-    finite percentage; a FIFO is never opened)."""
+def _eval_summary(run_dir: Path, eval_args: list[str]) -> str:
+    """The linear-probe top-1 of the probe the run's eval job ran (`eval_args`, its settings as recorded in
+    jobs.json: `reporting.eval_records.find_probe`, as the launcher's "done"), else of the run's own eval_linear.json,
+    read as the table reads it (only a finite percentage; a FIFO is never opened)."""
+    try:
+        found = find_probe(run_dir, load_eval_config(None, eval_args))
+    except ConfigError:  # settings this version refuses: the usual record is all there is to show
+        found = None
+    if found is not None and found.top1 is not None:
+        return f"top1 {found.top1:.2f}"
     record = read_eval_record(RunDir(run_dir).eval_result())
     if record.status == MISSING:
         return "-"
@@ -124,7 +131,8 @@ def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
             row[f"{kind} job"] = f"{job.job_id} (local)"
         else:
             row[f"{kind} job"] = f"{job.job_id} {states.get(job.job_id, 'UNKNOWN')}"
-    row["eval"] = _eval_summary(run_dir)
+    eval_job = jobs.get("eval") if jobs else None
+    row["eval"] = _eval_summary(run_dir, eval_job.args if eval_job else [])
     return row
 
 

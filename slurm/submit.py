@@ -235,7 +235,8 @@ class SweepSubmitter:
     def _run(self, plan: RunPlan, kind: str, job_fn, params: dict):
         plan.run_dir.mkdir(parents=True, exist_ok=True)
         job = self._executor(plan.run_dir.resolve(), params).submit(job_fn)
-        record_job(plan.run_dir, kind, job.job_id, "local" if self.local else "slurm")
+        record_job(plan.run_dir, kind, job.job_id, "local" if self.local else "slurm",
+                   self.eval_overrides if kind == "eval" else ())
         logger.info("submitted %s job %s for %s", kind, job.job_id, plan.run_dir)
         return job
 

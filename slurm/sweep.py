@@ -58,6 +58,7 @@ class JobRecord:
     job_id: str
     cluster: str  # slurm | local
     submitted: str
+    args: list[str] = field(default_factory=list)  # an eval job's eval_linear.py settings (--eval-arg): its record's
 
 
 def read_jobs(run_dir: Path) -> list[JobRecord]:
@@ -70,13 +71,14 @@ def read_jobs(run_dir: Path) -> list[JobRecord]:
         records = parse_json(path.read_bytes())
         if not isinstance(records, list):
             raise ValueError("not a JSON list")
-        return [JobRecord(**checked(r, JOB_FIELDS, JOBS_FILE)) for r in records]
+        return [JobRecord(**{**checked(r, JOB_FIELDS, JOBS_FILE), "args": r.get("args") or []}) for r in records]
     except (OSError, ValueError, TypeError) as e:  # (json's, UTF-8's and a wrong field type's errors: ValueErrors)
         raise RunDirProblem(f"{path}: unreadable job record ({e}); move it away to start the record afresh") from None
 
 
-def record_job(run_dir: Path, kind: str, job_id: str, cluster: str) -> None:
-    records = read_jobs(run_dir) + [JobRecord(kind, str(job_id), cluster, time.strftime("%Y-%m-%dT%H:%M:%S"))]
+def record_job(run_dir: Path, kind: str, job_id: str, cluster: str, args: Sequence[str] = ()) -> None:
+    records = read_jobs(run_dir) + [JobRecord(kind, str(job_id), cluster, time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                              list(args))]
     atomic_write_text(Path(run_dir) / JOBS_FILE, json.dumps([r.__dict__ for r in records], indent=1))
 
 

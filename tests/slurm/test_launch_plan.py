@@ -391,6 +391,22 @@ def test_the_launchers_done_is_the_record_of_the_probe_its_job_runs(tmp_path, wr
             job.result()
 
 
+def test_status_shows_the_probe_the_eval_job_ran(tmp_path):
+    """jobs.json keeps an eval job's settings; `launch.py status` shows the record of those settings (a probe of a
+    labelled set for a run on unlabelled images), where it showed '-' looking for eval_linear.json alone. A jobs.json
+    written before jobs kept their settings still reads (the default probe's)."""
+    cfg = load_config(None, ["optim.epochs=2", "train.epoch_length=5"])
+    run = tmp_path / "run"
+    _fake_progress(run, cfg, [10])
+    _probe_record(run, "eval_linear_data_pets.json", LABELLED, own=False)
+    (run / "jobs.json").write_text(json.dumps([{"kind": "train", "job_id": "41", "cluster": "slurm",
+                                                "submitted": "2026-11-29T10:00:00"}]))
+    assert run_row(run, {})["eval"] == "-"
+    record_job(run, "eval", "42", "slurm", LABELLED)
+    assert json.loads((run / "jobs.json").read_text())[-1]["args"] == LABELLED
+    assert run_row(run, {})["eval"] == "top1 40.00"
+
+
 def test_a_probe_setting_eval_linear_would_refuse_stops_the_launch_before_any_work(tmp_path):
     result = launch("--config", "configs/default.yaml", "--sparse-fractions", "0.5", "--runs-dir", str(tmp_path / "s"),
                     "--gpus-per-node", "0", "--dry-run", "--eval-arg", "linear.n_cc=3", *TINY, check=False)
