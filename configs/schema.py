@@ -194,6 +194,10 @@ class SparsityConfig:
     # (1 - mask) * W (SR-STE's masked decay, on the gradient as Hu et al. 2024); 0 = off (the published recipe).
     # metrics.jsonl's pruned_grad_to_weight is the strength at which the decay equals the gradient
     pruned_decay: float = value(0.0, ge=0)
+    # the share of the sparse phase over which the masked decay's strength ramps linearly from 0 to pruned_decay
+    # (constant after it): the masks settle early in the phase, and a full decay then shrinks entries that would
+    # have re-entered; 0 = the full strength from the phase's first step
+    pruned_decay_ramp: float = value(0.0, ge=0, le=1, trainer=True)
     # per logged step, the student's mask flip rate, pruned share of |W| and the switch's loss jump (metrics.jsonl,
     # sparsity_masks.jsonl, TensorBoard; training/sparsity_monitor.py): a few prunes per logged step, none per step
     mask_stats: bool = value(True, execution=True, trainer=True)
@@ -215,6 +219,9 @@ class SparsityConfig:
     def problem(self) -> str | None:
         """The trainer's rules on this section, or None; the converter's own are the library's
         (`sparsity.options.options_problem`, which `checks.py` calls), those spanning sections `checks.py`'s."""
+        if self.pruned_decay_ramp and not self.pruned_decay:
+            return (f"sparsity.pruned_decay_ramp={self.pruned_decay_ramp:g} ramps the masked decay, which "
+                    "sparsity.pruned_decay=0 turns off: set both, or neither")
         if self.switch_weights != "dense" and (self.kind != "weight" or self.pruning == "soft_threshold"):
             return (f"sparsity.switch_weights=pruned needs sparsity.kind=weight and a masking sparsity.pruning, not "
                     f"kind={self.kind}, pruning={self.pruning}")

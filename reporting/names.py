@@ -27,6 +27,8 @@ OPTION_PHRASES = {
                          "soft_threshold": "soft-threshold pruning"},
     "sparsity.pruned_grad": {"ste": "straight-through gradient", "masked": "no gradient to pruned weights"},
     "sparsity.pruned_decay": {"0.0": "no masked decay", "*": "masked decay {}"},
+    "sparsity.pruned_decay_ramp": {"0.0": "masked decay at full strength throughout",
+                                   "*": "masked decay ramped over the first {} of the sparse phase"},
     "sparsity.dense_warmup_fraction": {"0.0": "sparse from the first step", "*": "dense for the first {} of the steps"},
     "sparsity.weight_grad": {"dense": "dense weight gradient", "mvue24": "MVUE 2:4 weight gradient"},
     "sparsity.kind": {"weight": "2:4 weights", "activation": "2:4 activations", "block": "block-sparse weights"},

@@ -198,13 +198,14 @@ class SparseThenDense:
         return {name: m for model in _each(models) for name, m in model.named_modules()
                 if isinstance(m, nn.Linear) and match(name)}
 
-    def decay_pruned(self, mask_dtype: torch.dtype | None = None) -> int:
-        """In the sparse phase with `pruned_decay` > 0: grad += pruned_decay * (1 - mask) * W for every converted
-        weight-sparse linear with a gradient (`sparsity.pruned_entries.decay_pruned_grads`; `mask_dtype`: the dtype
-        the forward pruned in). Call after backward and clipping, before the optimizer step. Returns how many."""
+    def decay_pruned(self, mask_dtype: torch.dtype | None = None, scale: float | torch.Tensor = 1.0) -> int:
+        """In the sparse phase with `pruned_decay` > 0: grad += pruned_decay * scale * (1 - mask) * W for every
+        converted weight-sparse linear with a gradient (`sparsity.pruned_entries.decay_pruned_grads`; `mask_dtype`:
+        the dtype the forward pruned in; `scale`: the step's share of the strength, e.g. a ramp's). Call after
+        backward and clipping, before the optimizer step. Returns how many."""
         if self.phase != SPARSE or not self.pruned_decay:
             return 0
-        return decay_pruned_grads(self._weight_sparse, self.pruned_decay, mask_dtype)
+        return decay_pruned_grads(self._weight_sparse, self.pruned_decay, mask_dtype, scale)
 
     @torch.no_grad()
     def prune_weights(self, models: Models, mask_dtype: torch.dtype | None = None) -> list[str]:

@@ -60,10 +60,12 @@ def sparse_weight_layers(modules: Iterable[tuple[str, nn.Module]]) -> dict[str, 
 
 @torch.no_grad()
 def decay_pruned_grads(layers: Iterable[nn.Module], strength: float,
-                       mask_dtype: torch.dtype | None = None) -> int:
-    """grad += strength * (1 - mask) * W for each `SemiSparseLinear` in `layers` whose weight has a gradient; the
-    mask is the one its forward used (`weight_mask`). Call between backward (and clipping) and the optimizer step;
-    on device, no host synchronisation. Returns the number of weights decayed."""
+                       mask_dtype: torch.dtype | None = None, scale: float | torch.Tensor = 1.0) -> int:
+    """grad += strength * scale * (1 - mask) * W for each `SemiSparseLinear` in `layers` whose weight has a
+    gradient; the mask is the one its forward used (`weight_mask`). `scale`: a step's share of the strength (a
+    schedule's value; a 0-d tensor where a captured CUDA graph must read it from device memory). Call between
+    backward (and clipping) and the optimizer step; on device, no host synchronisation. Returns the number of
+    weights decayed."""
     done = 0
     if not strength:
         return done
@@ -73,10 +75,14 @@ def decay_pruned_grads(layers: Iterable[nn.Module], strength: float,
         check_pruned_decay(strength, m.pruning)
         w = m.weight.detach()
         kept = weight_mask(w, m.pruning, mask_dtype)
-        m.weight.grad.add_(torch.where(kept, torch.zeros((), dtype=w.dtype, device=w.device), w),
-                           alpha=strength)
+        pruned = torch.where(kept, torch.zeros((), dtype=w.dtype, device=w.device), w)
+        m.weight.grad.add_(pruned if _is_one(scale) else pruned * scale, alpha=strength)
         done += 1
     return done
+
+
+def _is_one(scale) -> bool:
+    return not isinstance(scale, torch.Tensor) and scale == 1.0
 
 
 @dataclass

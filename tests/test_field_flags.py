@@ -22,12 +22,13 @@ FORMER_RESUMABLE_CHANGES = {
     "train.export_student",
 }
 FORMER_TRAINER_KEYS = {"sparse_fraction", "dense_warmup_fraction", "teacher", "switch_weights", "mask_stats"}
+ADDED_SINCE_TRAINER_KEYS = {"pruned_decay_ramp"}  # a schedule of the trainer's, flagged when it was added
 
 
 def test_the_flags_give_the_lists_that_were_kept_by_hand():
     assert set(RESUMABLE_CHANGES) == FORMER_RESUMABLE_CHANGES and len(RESUMABLE_CHANGES) == 24
     assert SWITCH_KEYS == {"teacher.momentum_restart_at_switch": False}
-    assert set(flagged_keys(SparsityConfig, "trainer")) == FORMER_TRAINER_KEYS
+    assert set(flagged_keys(SparsityConfig, "trainer")) == FORMER_TRAINER_KEYS | ADDED_SINCE_TRAINER_KEYS
 
 
 def test_every_sparsity_key_is_the_converters_or_the_trainers_and_not_both():

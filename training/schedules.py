@@ -41,6 +41,7 @@ class Schedules:
     weight_decay: np.ndarray
     momentum: np.ndarray
     teacher_temp: np.ndarray
+    pruned_decay_scale: np.ndarray  # the masked decay's share of `sparsity.pruned_decay` (its ramp)
 
     def at(self, step: int) -> dict:
         """Values for iteration `step`; past the end every schedule holds its final value."""
@@ -51,6 +52,7 @@ class Schedules:
             "wd": float(self.weight_decay[i]),
             "momentum": float(self.momentum[i]),
             "teacher_temp": float(self.teacher_temp[i]),
+            "pruned_decay_scale": float(self.pruned_decay_scale[i]),
         }
 
 
@@ -75,7 +77,20 @@ def build_schedules(cfg: Config, world_size: int) -> Schedules:
             cfg.teacher.warmup_teacher_temp_epochs * epoch,
             total,
         ),
+        pruned_decay_scale=pruned_decay_ramp(cfg),
     )
+
+
+def pruned_decay_ramp(cfg: Config) -> np.ndarray:
+    """The masked decay's share of its strength per step (`sparsity.pruned_decay_ramp`): (k + 1) / R at the sparse
+    phase's k-th step for its first R = ramp x sparse steps (the first step already decays, the R-th at full
+    strength), 1 after them and everywhere else (outside the sparse phase the converter decays nothing anyway)."""
+    scale = np.ones(cfg.total_steps)
+    start, end = cfg.dense_warmup_steps, cfg.sparse_steps
+    ramp = round(cfg.sparsity.pruned_decay_ramp * (end - start))
+    if ramp > 0:
+        scale[start:start + ramp] = (np.arange(ramp) + 1) / ramp
+    return scale
 
 
 def _teacher_momentum(cfg: Config) -> np.ndarray:

@@ -31,22 +31,25 @@ from .optim import group_hyperparameters
 class ScheduleTensors:
     """The step's schedule values in one fp32 device buffer, written once per step from pinned host memory.
 
-    Layout: [lr of group 0, wd of group 0, lr of group 1, ..., teacher_temp, momentum]. Two pinned slots are used in
-    turn, each reused only after its previous copy finished (an event), so the host never overwrites memory the
-    GPU has not read yet."""
+    Layout: [lr of group 0, wd of group 0, lr of group 1, ..., teacher_temp, momentum, pruned_decay_scale]. Two
+    pinned slots are used in turn, each reused only after its previous copy finished (an event), so the host never
+    overwrites memory the GPU has not read yet."""
+
+    # the step's values after the groups', with their value where a schedule leaves one out
+    STEP_VALUES = {"teacher_temp": None, "momentum": None, "pruned_decay_scale": 1.0}
 
     def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device):
         self.optimizer = optimizer
-        n = 2 * len(self.groups) + 2
+        n = 2 * len(self.groups) + len(self.STEP_VALUES)
         self.buffer = torch.zeros(n, dtype=torch.float32, device=device)
         pin = device.type == "cuda"
         self._slots = [torch.zeros(n, dtype=torch.float32, pin_memory=pin) for _ in range(2)]
         self._events = [torch.cuda.Event() if pin else None for _ in range(2)]
         self._turn = 0
-        self.lr = self.buffer[0:-2:2]
-        self.wd = self.buffer[1:-2:2]
-        self.teacher_temp = self.buffer[-2]
-        self.momentum = self.buffer[-1]
+        tail = len(self.STEP_VALUES)
+        self.lr = self.buffer[0:-tail:2]
+        self.wd = self.buffer[1:-tail:2]
+        self.teacher_temp, self.momentum, self.pruned_decay_scale = self.buffer[-tail:]
         self._bind()
 
     @property
@@ -61,7 +64,8 @@ class ScheduleTensors:
     def host_values(self, values: dict) -> list[float]:
         """The buffer's contents for the schedule `values` of a step."""
         out = [v for group in self.groups for v in group_hyperparameters(group, values)]
-        return out + [values["teacher_temp"], values["momentum"]]
+        return out + [values[k] if default is None else values.get(k, default)
+                      for k, default in self.STEP_VALUES.items()]
 
     def write(self, values: dict) -> None:
         self._bind()  # a resumed optimizer's groups hold the checkpoint's values: point them at the buffer again

@@ -118,8 +118,7 @@ class Trainer:
         self._stop_agreed = False  # some rank got one (agreed on in the per-step flag all-reduce)
         self.checks = StepChecks(ctx)  # per-step flags, read one step late: no per-step host sync
         # train.cuda_graph: the step captured once per phase and replayed (step_graph.py); None = launched eagerly
-        self.step_graph = build_step_graph(cfg.train.cuda_graph, ctx, self.optimizer, lambda batch, hyper: (
-            self._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights)))
+        self.step_graph = build_step_graph(cfg.train.cuda_graph, ctx, self.optimizer, self.graphed_compute)
         self._student_params = None  # per student module, for clipping (see _clip_gradients)
 
     # ----------------------------------------------------------------- state
@@ -264,15 +263,23 @@ class Trainer:
             loss, terms, norms = self.step_graph.step(batch, values)
         else:
             set_hyperparameters(self.optimizer, values)
-            loss, terms, norms = self._compute_step(batch, values["teacher_temp"], values["momentum"])
+            loss, terms, norms = self._compute_step(batch, values["teacher_temp"], values["momentum"],
+                                                    pruned_decay_scale=values.get("pruned_decay_scale", 1.0))
         # this step's flags start on their way; the previous step's are read now (the GPU is still busy with this one)
         self.checks.queue(self.step, loss, terms, norms, bool(self._stop_requested), int(batch.corrupt_skipped))
         self._apply_checks(self.checks.resolve_previous())
         return loss, terms, norms
 
-    def _compute_step(self, batch: SSLBatch, teacher_temp, momentum, decay_weights=None):
+    def graphed_compute(self, batch: SSLBatch, hyper) -> tuple:
+        """The step `step_graph` captures: `_compute_step` reading every schedule value from the graph's device
+        buffer (`hyper`, a `ScheduleTensors`)."""
+        return self._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights,
+                                  hyper.pruned_decay_scale)
+
+    def _compute_step(self, batch: SSLBatch, teacher_temp, momentum, decay_weights=None, pruned_decay_scale=1.0):
         """The device work of a step (what `step_graph` captures): forward, backward, clipping, AdamW, EMA. With
-        `decay_weights` (the graph's tensor schedule), AdamW's weight decay is applied by it before the step."""
+        `decay_weights` (the graph's tensor schedule), AdamW's weight decay is applied by it before the step;
+        `pruned_decay_scale`: the step's share of `sparsity.pruned_decay` (its ramp)."""
         autocast = torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
         with autocast, ddp_graph_splits(self.cfg.train.ddp_split_compiled_graphs):
             loss, terms = self.forward_model(batch, teacher_temp=teacher_temp)
@@ -280,7 +287,7 @@ class Trainer:
         self.scaler.scale(loss).backward()  # under DDP: gradients averaged over ranks as they become ready
         self.scaler.unscale_(self.optimizer)
         norms = self._clip_gradients()
-        self.sparsity.decay_pruned(self.amp_dtype)  # sparsity.pruned_decay: pulls the pruned entries towards 0
+        self.sparsity.decay_pruned(self.amp_dtype, pruned_decay_scale)  # pulls the pruned entries towards 0
         if decay_weights is not None:
             decay_weights()
         self.scaler.step(self.optimizer)

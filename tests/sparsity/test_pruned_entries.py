@@ -100,6 +100,19 @@ def test_decay_adds_strength_times_the_pruned_weights(compiled):
     assert conv.decay_pruned() == 0
 
 
+@pytest.mark.parametrize("scale", [0.5, torch.tensor(0.5)])
+def test_a_scaled_decay_adds_its_share_of_the_strength(scale):
+    """A ramp's step: grad += strength x scale x the pruned weights, the scale a float or a 0-d tensor (what a
+    captured CUDA graph reads from device memory)."""
+    layer = _layer(W_TILE)
+    grad = _weight_grad(layer).clone()
+    assert decay_pruned_grads([layer], 0.25, scale=scale) == 1
+    # by hand: the off-diagonal entries, each by 0.25 x 0.5 x its own value; 0.5 -> +0.0625
+    torch.testing.assert_close(layer.weight.grad, grad + 0.125 * torch.where(KEPT_TILE, torch.zeros(()), W_TILE))
+    assert layer.weight.grad[2, 0].item() == pytest.approx(grad[2, 0].item() + 0.0625)
+    assert layer.weight.grad[0, 0].item() == grad[0, 0].item()  # a kept entry: untouched
+
+
 def test_decay_uses_the_mask_of_the_forward_dtype():
     # fp32 keeps 1.002 and 1.001; in bf16 all three round to 1.0, and the tie keeps the first two positions
     w = torch.tensor([[1.002, 1.0, 1.001, 0.0], [0.1, 0.2, 0.3, 0.4]])

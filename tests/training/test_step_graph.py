@@ -23,10 +23,8 @@ CPU = DistContext(0, 1, 0, torch.device("cpu"))
 
 def graph_on_cpu(trainer: Trainer) -> StepGraph:
     """What Trainer builds for train.cuda_graph=true, with capture off: every step eager through the graph's inputs."""
-    def compute(batch, hyper):
-        return trainer._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights)
-
-    return StepGraph(compute, ScheduleTensors(trainer.optimizer, CPU.device), CPU.device, capture=False)
+    return StepGraph(trainer.graphed_compute, ScheduleTensors(trainer.optimizer, CPU.device), CPU.device,
+                     capture=False)
 
 
 @pytest.mark.parametrize("centering", ["centering", "sinkhorn_knopp"])
