@@ -166,6 +166,14 @@ def _asked_settings(cfg: EvalConfig) -> dict:
             "prune_mlp": cfg.prune_mlp}
 
 
+def probe_arguments(cfg: EvalConfig) -> list[str]:
+    """The settings of `cfg` a probe's record depends on that differ from the default probe's, as key=value."""
+    default = EvalConfig()
+    data = [f"data.{k}={v}" for k, v in vars(cfg.data).items() if v != getattr(default.data, k)]
+    others = [f"{k}={getattr(cfg, k)}" for k in ("checkpoint", "prune_mlp") if getattr(cfg, k) != getattr(default, k)]
+    return data + protocol_changes(cfg) + others
+
+
 def _recorded_config(result: dict) -> EvalConfig | None:
     try:
         return load_structured_text(EvalConfig, result["eval_config"])

@@ -20,7 +20,8 @@ from rundir.run_dir import RunDir
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED
 
 from .eval_records import (COMPLETE, FAILED, KNN_SHOWN_K, MISSING, PARTIAL, STALE, UNREADABLE,  # noqa: F401
-                           EvalRecord, EvalResults, as_float, read_eval_record, shown_k, short_text, stale_reason)
+                           EvalRecord, EvalResults, as_float, find_probe, probe_arguments, read_eval_record, shown_k,
+                           short_text, stale_reason)
 
 # The evaluation side lives in eval_records.py; its names are re-exported, since the table's modules read them here.
 
@@ -253,9 +254,14 @@ def _training_status(run: RunSummary, run_dir: RunDir) -> None:
             run.reason = "preempted"
 
 
-def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "") -> None:
-    path = run_dir.eval_result(suffix=f"_data_{eval_label}" if eval_label else "")
-    own = read_eval_record(path, other_data=bool(eval_label))
+def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=None) -> None:
+    if probe is not None:  # the record of the probe asked, found by its settings (as the launcher's done)
+        own = find_probe(run_dir.path, probe) or EvalRecord(
+            path=str(run_dir.eval_result()), status=MISSING,
+            reason=f"no readable record of the probe asked ({' '.join(probe_arguments(probe)) or 'default'})")
+    else:
+        path = run_dir.eval_result(suffix=f"_data_{eval_label}" if eval_label else "")
+        own = read_eval_record(path, other_data=bool(eval_label))
     if own.status == COMPLETE and (reason := stale_reason(own, run_dir.path)):
         own = EvalRecord(path=own.path, status=STALE, reason=reason)  # its numbers are never shown as the run's
     run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds
@@ -269,9 +275,11 @@ def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "") -> None:
                 break
 
 
-def read_run(run_dir: Path, name: str | None = None, eval_label: str = "") -> RunSummary:
+def read_run(run_dir: Path, name: str | None = None, eval_label: str = "", probe=None) -> RunSummary:
     """Everything the tables need about one run directory; never raises for a damaged or absent run. `eval_label`:
-    the probe on other data to read (`eval_linear_data_<label>.json`) instead of the run's own `eval_linear.json`."""
+    the probe on other data to read (`eval_linear_data_<label>.json`) instead of the run's own `eval_linear.json`;
+    `probe` (an `EvalConfig`): the record of the probe run with those settings, whatever its name
+    (`eval_records.find_probe`)."""
     run_dir = RunDir(run_dir)
     run = RunSummary(name=name or run_dir.path.name, path=str(run_dir))
     if not run_dir.path.is_dir():
@@ -281,7 +289,7 @@ def read_run(run_dir: Path, name: str | None = None, eval_label: str = "") -> Ru
         return run
     _read_metrics(run, run_dir)
     _training_status(run, run_dir)
-    _read_eval(run, run_dir, eval_label)
+    _read_eval(run, run_dir, eval_label, probe)
     return run
 
 

@@ -31,7 +31,7 @@ from .configurations import (config_key, config_label, config_order, dense_refer
                              dense_references, differing_config, differing_keys, row_label, same_teacher_key,
                              same_teacher_reference)
 from .intervals import Interval, difference_interval, mean_interval, wilson_interval
-from .run_logs import COMPLETE, RunSummary, find_run_dirs, mark_duplicates, read_run
+from .run_logs import COMPLETE, RunSummary, find_run_dirs, mark_duplicates, probe_arguments, read_run
 from .speed_columns import SpeedVerdict, speed_verdict
 from .table_files import FIGURE_FILES, TEXT_FILES
 from .table_format import markdown, write_csv
@@ -493,16 +493,22 @@ def check_output_folder(out: Path) -> None:
 
 
 def make_table(run_paths: list[Path], out: Path, plots: bool = True, extra_notes: Sequence[str] = (),
-               screening: Sequence[Path] = (), eval_label: str = "") -> list[Path]:
+               screening: Sequence[Path] = (), eval_label: str = "", probe=None) -> list[Path]:
     """Read the runs under `run_paths` and write the table, CSV, JSON summary and (unless `plots` is False) the
     plots into `out`; returns the paths written. `extra_notes` are added to the table's notes; the runs under
     `screening` are marked as screening runs and kept out of every mean; `eval_label` tabulates the probes on other
-    data of that label (`eval_linear_data_<label>.json`) instead of the runs' own. The files are written into a staging
+    data of that label (`eval_linear_data_<label>.json`) instead of the runs' own; `probe` (an `EvalConfig`) the
+    record of the probe run with those settings (`eval_records.find_probe`: what the launcher's probe jobs with the
+    same --eval-arg wrote and counted done). The files are written into a staging
     folder inside `out` and renamed into place once all are written (renames need no space): a full disk or a
     failure leaves the previous table whole."""
     out = Path(out)
     check_output_folder(out)
-    runs = mark_duplicates([read_run(path, eval_label=eval_label) for path in find_run_dirs(run_paths)])
+    runs = mark_duplicates([read_run(path, eval_label=eval_label, probe=probe) for path in find_run_dirs(run_paths)])
+    if probe is not None:
+        asked = " ".join(probe_arguments(probe)) or "its defaults"
+        extra_notes = [f"Linear probe and k-NN as eval_linear.py ran them with {asked} (each run's record of those "
+                       "settings).", *extra_notes]
     if eval_label:
         extra_notes = [f"Linear probe and k-NN on {eval_label} (each run's eval_linear_data_{eval_label}.json), not "
                        "on the runs' own data.", *extra_notes]

@@ -46,11 +46,27 @@ def main(argv=None) -> int:
                         help="tabulate the probes on other data named LABEL (eval_linear_data_LABEL.json, as "
                              "eval_linear.py names a probe on another data set: its folder's name) instead of the "
                              "runs' own eval_linear.json")
+    parser.add_argument("--eval-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="tabulate the record of the probe run with these eval_linear.py settings (repeatable; "
+                             "as slurm/launch.py's --eval-arg: the table then shows what the launcher's probe jobs "
+                             "wrote, whatever the files' names)")
     args = parse_command_line(parser, argv)  # run folders after options too
     if args.eval and not re.fullmatch(r"[A-Za-z0-9._-]+", args.eval):
         print(f"error: --eval {args.eval!r}: a label as eval_linear.py names probes on other data (letters, digits, "
               "'.', '_' and '-'; the part after eval_linear_data_ in the file name)", file=sys.stderr)
         return 2
+    if args.eval and args.eval_arg:
+        print("error: --eval LABEL and --eval-arg choose the probe two ways: give one", file=sys.stderr)
+        return 2
+    probe = None
+    if args.eval_arg:
+        from configs import ConfigError, load_eval_config
+
+        try:
+            probe = load_eval_config(None, args.eval_arg)
+        except ConfigError as e:
+            print(f"error: --eval-arg: {e}", file=sys.stderr)
+            return 2
     absent = [path for path in args.runs if not path.exists()]
     if absent and not args.allow_missing:
         for path in absent:
@@ -63,7 +79,7 @@ def main(argv=None) -> int:
 
     try:
         written = make_table(args.runs, args.out, plots=not args.no_plots, extra_notes=args.note,
-                             screening=args.screening, eval_label=args.eval)
+                             screening=args.screening, eval_label=args.eval, probe=probe)
     except CommandError as e:  # an output that cannot be written where --out says (named in the message)
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
