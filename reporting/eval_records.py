@@ -159,11 +159,15 @@ def stale_reason(record: EvalRecord, run_dir: Path) -> str:
             "trained again since; rerun eval_linear.py")
 
 
-def _asked_settings(cfg: EvalConfig) -> dict:
-    """What a probe's record depends on beyond the run: its data, its protocol, which weights and MLPs it probed
+OWN_DATA = "the run's own"
+
+
+def _asked_settings(cfg: EvalConfig, own: bool = False) -> dict:
+    """What a probe's record depends on beyond the run: its data (`OWN_DATA` for the run's own, however it was
+    spelled: no data setting, or a root that is the training root's), its protocol, which weights and MLPs it probed
     (not how it ran: device, solver, workers, caching, where it wrote its index)."""
-    return {"data": vars(cfg.data), "protocol": protocol(cfg), "checkpoint": cfg.checkpoint,
-            "prune_mlp": cfg.prune_mlp}
+    data = OWN_DATA if own or cfg.data == EvalConfig().data else vars(cfg.data)
+    return {"data": data, "protocol": protocol(cfg), "checkpoint": cfg.checkpoint, "prune_mlp": cfg.prune_mlp}
 
 
 def probe_arguments(cfg: EvalConfig) -> list[str]:
@@ -198,7 +202,9 @@ def find_probe(run_dir: Path, asked: EvalConfig) -> EvalRecord | None:
         recorded = _recorded_config(result) if isinstance(result, dict) else None
         older = recorded is None and path.name == EVAL_RESULT  # a record that kept no settings: the usual probe's
         recorded = EvalConfig() if older else recorded
-        if recorded is None or recorded.mode not in modes or _asked_settings(recorded) != wanted:
+        dataset = result.get("dataset") if isinstance(result, dict) else None
+        own = isinstance(dataset, dict) and dataset.get("own") is True  # eval_linear.py's own verdict on its data
+        if recorded is None or recorded.mode not in modes or _asked_settings(recorded, own) != wanted:
             continue
         record = read_eval_record(path, other_data=not older)
         if record.status == COMPLETE and not stale_reason(record, run_dir):

@@ -45,6 +45,7 @@ def probe_done(run_dir: Path, eval_args: Sequence[str] = ()) -> bool:
     to run. Raises ConfigError for eval_args that eval_linear.py would refuse."""
     return find_probe(run_dir, load_eval_config(None, list(eval_args))) is not None
 
+
 def run_name(fraction: float) -> str:
     """sparse_0.70 (two decimals where they are exact, so names sort; every digit of the number where needed, so that
     two fractions never share a directory); -0 is 0."""

@@ -370,6 +370,7 @@ def _probe_record(run_dir, name, eval_args, own=True):
     ((["linear.n_c=3"], "eval_linear.json"), ["linear.n_c=3"], True),
     ((["mode=knn"], "eval_knn.json"), [], False),  # k-NN alone does not answer a probe that asks for both
     (([], "eval_linear.json"), ["mode=knn", "device=cpu"], True),  # mode=both answers k-NN; the device is no setting
+    ((["data.root=/the/training/root"], "eval_linear.json"), [], True),  # the own data spelled out: still the own
 ])
 def test_the_launchers_done_is_the_record_of_the_probe_its_job_runs(tmp_path, written, asked, done):
     """The probe job's settings (--eval-arg) pick its record by what each record says it probed, not by a file name:
@@ -381,7 +382,7 @@ def test_the_launchers_done_is_the_record_of_the_probe_its_job_runs(tmp_path, wr
     cfg = load_config(None, ["optim.epochs=2", "train.epoch_length=5"])
     _fake_progress(tmp_path / "run", cfg, [10])
     args, name = written
-    _probe_record(tmp_path / "run", name, args, own=not any(a.startswith("data.") for a in args))
+    _probe_record(tmp_path / "run", name, args, own=args != LABELLED)
     assert probe_done(tmp_path / "run", asked) is done
     job = EvalJob(tmp_path / "run", asked)
     if done:
