@@ -108,6 +108,16 @@ def read_eval_record(path: Path, other_data: bool = False) -> EvalRecord:
         return record
     try:
         result = parse_json(path.read_bytes())
+    except (OSError, ValueError) as e:
+        record.status, record.reason = UNREADABLE, short_text(f"{path.name}: {e}", 80)
+        return record
+    return eval_record_of(result, path, other_data)
+
+
+def eval_record_of(result, path: Path, other_data: bool = False) -> EvalRecord:
+    """`read_eval_record` of the parsed contents `result` of the file at `path`."""
+    record = EvalRecord(path=str(path))
+    try:
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
         dataset = result.get("dataset")
@@ -120,7 +130,7 @@ def read_eval_record(path: Path, other_data: bool = False) -> EvalRecord:
         record.top1, record.top5 = _percentage(result.get("top1"), "top1"), _percentage(result.get("top5"), "top5")
         record.knn = {int(k): top1 for k, v in (result.get("knn") or {}).items()
                       if (top1 := _knn_top1(v)) is not None}
-    except (OSError, ValueError, TypeError, AttributeError) as e:
+    except (ValueError, TypeError, AttributeError) as e:
         record.status, record.reason = UNREADABLE, short_text(f"{path.name}: {e}", 80)
         return record
     record.best_C, record.seconds = as_float(result.get("best_C")), as_float(result.get("seconds"))
@@ -206,7 +216,7 @@ def find_probe(run_dir: Path, asked: EvalConfig) -> EvalRecord | None:
         own = isinstance(dataset, dict) and dataset.get("own") is True  # eval_linear.py's own verdict on its data
         if recorded is None or recorded.mode not in modes or _asked_settings(recorded, own) != wanted:
             continue
-        record = read_eval_record(path, other_data=not older)
+        record = eval_record_of(result, path, other_data=not older)
         if record.status == COMPLETE and not stale_reason(record, run_dir):
             return record
     return None

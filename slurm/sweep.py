@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from configs import Config, ConfigError, load_eval_config, to_yaml
+from configs.eval_schema import EvalConfig
 from configs.load import RESUMABLE_CHANGES, config_difference, read_config_text
 from configs.sweep import refuse_fraction_override, schedule_run
 from reporting.eval_records import find_probe
@@ -38,12 +39,12 @@ JOBS_FILE = "jobs.json"  # the launcher's record of the jobs it submitted for a 
 
 
 
-def probe_done(run_dir: Path, eval_args: Sequence[str] = ()) -> bool:
-    """Whether the probe the launcher's job would run (`eval_linear.py --run RUN *eval_args`) is done as the tables
-    see it: a record of those settings (data, protocol), readable and of the run's current teacher
-    (`reporting.eval_records.find_probe`); a file that is there but unreadable, stale or of other settings is a probe
-    to run. Raises ConfigError for eval_args that eval_linear.py would refuse."""
-    return find_probe(run_dir, load_eval_config(None, list(eval_args))) is not None
+def probe_done(run_dir: Path, asked: EvalConfig | None = None) -> bool:
+    """Whether the probe the launcher's job would run (`eval_linear.py --run RUN` with the settings `asked`, the
+    --eval-arg's; None: the default probe) is done as the tables see it: a record of those settings (data,
+    protocol), readable and of the run's current teacher (`reporting.eval_records.find_probe`); a file that is there
+    but unreadable, stale or of other settings is a probe to run."""
+    return find_probe(run_dir, asked or EvalConfig()) is not None
 
 
 def run_name(fraction: float) -> str:
@@ -121,7 +122,7 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
     An existing run whose config.yaml differs from the newly resolved config is an error naming the keys: resuming
     it with other settings would silently mix two experiments."""
     refuse_fraction_override(overrides, "--sparse-fractions")
-    load_eval_config(None, list(eval_args))  # eval_linear.py's own check, before any run is read
+    asked = load_eval_config(None, list(eval_args))  # eval_linear.py's own check, before any run is read
     if len(set(fractions)) != len(fractions):
         raise ConfigError(f"--sparse-fractions has duplicates: {list(fractions)}")
     plans, by_schedule = [], {}
@@ -155,6 +156,6 @@ def plan_sweep(config: Path, fractions: Sequence[float], runs_dir: Path, overrid
                                 "remove the link")
         read_jobs(run_dir)  # RunDirProblem naming jobs.json
         plan.done_steps = resumable_step(run_dir, plan.last_step)
-        plan.eval_done = probe_done(run_dir, eval_args)
+        plan.eval_done = probe_done(run_dir, asked)
         plans.append(plan)
     return plans

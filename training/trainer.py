@@ -272,9 +272,10 @@ class Trainer:
 
     def graphed_compute(self, batch: SSLBatch, hyper) -> tuple:
         """The step `step_graph` captures: `_compute_step` reading every schedule value from the graph's device
-        buffer (`hyper`, a `ScheduleTensors`)."""
-        return self._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights,
-                                  hyper.pruned_decay_scale)
+        buffer (`hyper`, a `ScheduleTensors`); the decay's share only where it ramps (else it is 1 throughout, and
+        a multiply by it per layer and step would be work for nothing)."""
+        scale = hyper.pruned_decay_scale if self.cfg.sparsity.pruned_decay_ramp else 1.0
+        return self._compute_step(batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights, scale)
 
     def _compute_step(self, batch: SSLBatch, teacher_temp, momentum, decay_weights=None, pruned_decay_scale=1.0):
         """The device work of a step (what `step_graph` captures): forward, backward, clipping, AdamW, EMA. With

@@ -377,13 +377,14 @@ def test_the_launchers_done_is_the_record_of_the_probe_its_job_runs(tmp_path, wr
     a run on unlabelled images, probed on a labelled set, writes eval_linear_data_<label>.json, which the launcher
     must count as done (and the job's result must find), or every launch would probe it again."""
     from slurm.jobs import ChildFailed, EvalJob
+    from configs import load_eval_config
     from slurm.sweep import probe_done
 
     cfg = load_config(None, ["optim.epochs=2", "train.epoch_length=5"])
     _fake_progress(tmp_path / "run", cfg, [10])
     args, name = written
     _probe_record(tmp_path / "run", name, args, own=args != LABELLED)
-    assert probe_done(tmp_path / "run", asked) is done
+    assert probe_done(tmp_path / "run", load_eval_config(None, asked)) is done
     job = EvalJob(tmp_path / "run", asked)
     if done:
         assert job.result()["top1"] == 40.0
