@@ -27,6 +27,8 @@ from data.batch import DEVICE_FIELDS, SSLBatch
 
 from .optim import group_hyperparameters
 
+CAPTURE_ERROR_MODE = "thread_local"
+
 
 class ScheduleTensors:
     """The step's schedule values in one fp32 device buffer, written once per step from pinned host memory.
@@ -148,7 +150,9 @@ class StepGraph:
         self._static_batch = batch  # its tensors become the graph's inputs: later batches are copied into them
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: the DataLoader's pinning thread keeps calling CUDA (pinned allocations, event queries) while
+        # this thread captures; in the default global mode any such call invalidates the capture, at random
+        with torch.cuda.graph(self.graph, capture_error_mode=CAPTURE_ERROR_MODE):
             self._out = self.compute(self._static_batch, self.hyper)
         self.captures += 1
 

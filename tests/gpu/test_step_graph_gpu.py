@@ -4,13 +4,17 @@ to rounding, see assert_same_update), through the
 sparse-then-dense switch with each backend, compiled and not; with bf16 and drop-path the replays draw fresh random
 subsets. Run with `pytest -m gpu`."""
 
+import threading
+
 import pytest
 import torch
 import torch._dynamo
 
 from configs import load_config
+from data.batch import DEVICE_FIELDS
 from scripts.benchmarks.batch import synthetic_batch
 from training.distributed import DistContext
+from training.step_graph import StepGraph
 from training.trainer import Trainer
 
 from tiny_run import TINY_MODEL_AND_DATA
@@ -117,3 +121,59 @@ def test_bf16_replays_draw_fresh_drop_path_subsets_and_stay_finite(tmp_path):
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[0] != losses[1]
     trainer.settle_checks()
+
+
+class _Batch:
+    """The least a StepGraph needs of a batch: its device fields (one set) and the padding call."""
+
+    def __init__(self, images):
+        for name in DEVICE_FIELDS:
+            setattr(self, name, None)
+        self.images = images
+
+    def padded_to_bound(self):
+        return self
+
+
+class _Hyper:
+    def write(self, values):
+        pass
+
+
+def test_capture_survives_a_thread_pinning_host_memory():
+    """A DataLoader with pin_memory=True pins every batch in a thread of its own, which calls CUDA (new pinned blocks,
+    event queries) at any moment; a capture in CUDA's default global mode is invalidated by such a call from any
+    thread ("operation failed due to a previous error during capture": a dense CIFAR-10 run failed so at its first
+    capture). The pinning thread here allocates fresh pinned blocks without pause while the step graph captures, 8
+    times."""
+    weight = torch.randn(256, 256, device="cuda")
+
+    def compute(batch, hyper):
+        x = batch.images
+        for _ in range(1000):  # a capture long enough for the other thread's calls to land inside it
+            x = torch.tanh(x @ weight)
+        return x.sum()
+
+    stop = threading.Event()
+
+    def pin_forever():
+        held = []  # kept alive, so each allocation is a fresh cudaHostAlloc, not a block of the host cache
+        while not stop.is_set() and len(held) < 50_000:
+            try:
+                held.append(torch.empty(4096, dtype=torch.uint8, pin_memory=True))
+            except RuntimeError:  # refused while a global-mode capture runs: the capture is what the test checks
+                pass
+
+    pinner = threading.Thread(target=pin_forever, daemon=True)
+    pinner.start()
+    try:
+        for _ in range(8):
+            graph = StepGraph(compute, _Hyper(), torch.device("cuda"), warmup=1)
+            batch = _Batch(torch.randn(64, 256, device="cuda"))
+            eager = graph.step(batch, {})
+            replayed = graph.step(batch, {})  # the capture, then its replay
+            torch.testing.assert_close(replayed, eager)
+            assert graph.captures == 1
+    finally:
+        stop.set()
+        pinner.join()
