@@ -6,6 +6,7 @@ The run's own `config.yaml` supplies the model, the crop size and the dataset; `
 evaluate on another one.
 """
 
+import hashlib
 from dataclasses import dataclass, field
 
 from .fields import check_fields, value
@@ -82,8 +83,8 @@ class EvalConfig:
     # "mlp_weights"; a probe in the mode other than the run's last step writes *_pruned_mlp.json / *_dense_mlp.json
     prune_mlp: str = value("auto", choices=PRUNE_MLP)
     # "" -> <run>/eval_linear.json for the final teacher's probe; other evaluations get names of their own
-    # (eval_knn*.json for mode=knn, *_random_init.json, *_pixels.json, *_step_XXXXXXXX.json:
-    # evaluate.default_output_name)
+    # (eval_knn*.json for mode=knn, *_random_init.json, *_pixels.json, *_step_XXXXXXXX.json, *_protocol_<hash>.json
+    # under another protocol than the default: evaluate.default_output_name)
     output: str = ""
     index: str = ""  # results index (one JSON line per evaluation); "" -> <run>/../eval_index.jsonl; "none" = off
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
@@ -131,3 +132,13 @@ def protocol_changes(cfg: EvalConfig) -> list[str]:
     """["knn.temperature=0.1", ...]: where `cfg`'s protocol differs from the default one (the tables')."""
     default = protocol(EvalConfig())
     return [f"{key}={setting}" for key, setting in protocol(cfg).items() if setting != default[key]]
+
+
+def protocol_label(cfg: EvalConfig) -> str:
+    """"" under the default protocol; else `protocol_<8 hex>`, a hash of `protocol_changes`: what a probe's record
+    name carries (`eval_linear_protocol_1a2b3c4d.json`), so that a probe under another protocol never replaces the
+    default one's record, which the tables read (the record lists the changes themselves)."""
+    changes = protocol_changes(cfg)
+    if not changes:
+        return ""
+    return "protocol_" + hashlib.sha256("\n".join(sorted(changes)).encode()).hexdigest()[:8]

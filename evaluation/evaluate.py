@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from configs import ConfigError, load_config, to_yaml
-from configs.eval_schema import protocol, protocol_changes
+from configs.eval_schema import protocol, protocol_changes, protocol_label
 from configs.load import saved_value_matches
 from data import build_dataset, make_eval_transform
 from rundir.atomic import atomic_write_text, name_problem
@@ -323,9 +323,13 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     record["eval_config"] = to_yaml(eval_cfg)
     output = Path(eval_cfg.output) if eval_cfg.output else None
     if output is None:
+        changed = protocol_label(eval_cfg)
+        protocol_suffix = f"_{changed}" if changed else ""
+
         def named(data_suffix: str) -> Path:
+            suffix = data_suffix + protocol_suffix + mlp.output_suffix
             return run_dir / default_output_name(eval_cfg.mode, baseline, checkpoint, run_dir,
-                                                 record["checkpoint_step"], data_suffix + mlp.output_suffix)
+                                                 record["checkpoint_step"], suffix)
 
         output = named(f"_data_{label}" if elsewhere else "")
         if elsewhere and recorded_identity(output) not in (None, identity):  # another set's folder of that name
@@ -333,6 +337,10 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
             logger.warning("%s holds a probe of other data under the same folder name: this one is written as "
                            "%s (set output= to choose a name)", output.name, named(f"_data_{label}").name)
             output = named(f"_data_{label}")
+        if changed:
+            logger.info("a probe under another protocol than the default one (%s): written as %s, never the record "
+                        "the tables read by default; `make_table.py --eval-arg KEY=VALUE ...` with these settings "
+                        "tabulates it", " ".join(record["protocol_changes"]), output.name)
     if elsewhere:
         record["dataset"]["label"] = label
     atomic_write_text(output, json.dumps(record, indent=1) + "\n")
@@ -351,7 +359,8 @@ def default_output_name(mode: str, baseline: str | None, checkpoint: Path | None
     `*_step_XXXXXXXX.json` for a teacher export (`eval/step_XXXXXXXX/teacher_backbone.pth`), `*_<file stem>_step_X...`
     (or `*_<file stem>.json` without a recorded step) for any other checkpoint, so the final student and a teacher
     export of the same step never share a record; `suffix` last (`_data_<label>` for
-    other data than the run's own, `other_data`; then `_pruned_mlp` / `_dense_mlp` when the MLPs are probed otherwise
+    other data than the run's own, `other_data`; then `_protocol_<hash>` under another protocol than the default,
+    `configs.eval_schema.protocol_label`; then `_pruned_mlp` / `_dense_mlp` when the MLPs are probed otherwise
     than the run's last step ran them: `MlpPruning.output_suffix`)."""
     knn_only = mode == "knn"
     if baseline:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from configs import ConfigError, load_config
-from rundir.layout import BASELINE_RESULTS, CONFIG, METRICS, TEACHER, is_run_dir
+from configs.eval_schema import protocol_label
+from rundir.layout import CONFIG, METRICS, TEACHER, baseline_results, is_run_dir
 from rundir.run_dir import RunDir
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED
 
@@ -104,7 +105,9 @@ class RunSummary(EvalResults):
                 return COMPLETE
             if self.eval_status == STALE:
                 return f"eval stale ({self.eval_reason})"
-            return "no eval" if self.eval_status == MISSING else f"eval unreadable ({self.eval_reason})"
+            if self.eval_status == MISSING:
+                return f"no eval ({self.eval_reason})" if self.eval_reason else "no eval"
+            return f"eval unreadable ({self.eval_reason})"
         if self.train_status == PARTIAL:
             detail = f"step {self.steps_done} of {self.total_steps}"
             return f"partial ({detail}{', ' + self.reason if self.reason else ''})"
@@ -262,12 +265,16 @@ def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=Non
     else:
         path = run_dir.eval_result(suffix=f"_data_{eval_label}" if eval_label else "")
         own = read_eval_record(path, other_data=bool(eval_label))
+        if own.status == MISSING and (others := sorted(p.name for p in run_dir.path.glob("eval_linear_protocol_*"))):
+            own.reason = (f"no probe under the default protocol; under others: {', '.join(others[:3])} "
+                          "(make_table.py --eval-arg with a probe's settings tabulates it)")
     if own.status == COMPLETE and (reason := stale_reason(own, run_dir.path)):
         own = EvalRecord(path=own.path, status=STALE, reason=reason)  # its numbers are never shown as the run's
     run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds
     for f in fields(EvalResults):
         setattr(run, f.name, getattr(own, f.name))
-    for key, names in BASELINE_RESULTS.items():
+    changed = protocol_label(probe) if probe is not None else ""
+    for key, names in baseline_results(f"_{changed}" if changed else "").items():  # under the probe's protocol
         for name in names:
             record = read_eval_record(run_dir.path / name)
             if record.status == COMPLETE:

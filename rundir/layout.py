@@ -73,9 +73,15 @@ def is_eval_result_name(name: str) -> bool:
 
 EVAL_RESULT = eval_result_name()  # the final teacher's linear probe: what the tables read
 BASELINE_SUFFIXES = {"random_init": "_random_init", "pixels": "_pixels"}  # the untrained network, raw pixels
-# baseline key -> its result files, first found wins
-BASELINE_RESULTS = {key: (eval_result_name(False, suffix), eval_result_name(True, suffix))
-                    for key, suffix in BASELINE_SUFFIXES.items()}
+
+
+def baseline_results(suffix: str = "") -> dict[str, tuple[str, str]]:
+    """Baseline key -> its result files, first found wins; `suffix`: a probe protocol's (`_protocol_<hash>`)."""
+    return {key: (eval_result_name(False, own + suffix), eval_result_name(True, own + suffix))
+            for key, own in BASELINE_SUFFIXES.items()}
+
+
+BASELINE_RESULTS = baseline_results()  # under the default protocol
 
 
 def is_run_dir(path: Path) -> bool:

@@ -12,6 +12,19 @@ TINY_RUN = ["student.arch=vit_tiny", "crops.global_crops_size=16", "crops.local_
 
 # Few C values and iterations: the protocol's shape, not its cost.
 FAST_EVAL = ["linear.n_c=4", "linear.max_iter=50", "linear.tol=1e-4", "features.num_workers=0", "knn.ks=[5,20]"]
+MLP_SUFFIXES = ("_pruned_mlp", "_dense_mlp")
+
+
+def fast(name: str, args=FAST_EVAL) -> str:
+    """The record name a probe under `args`' protocol writes where the default protocol's probe writes `name`: its
+    label (`protocol_label`, held against a hand-computed hash in test_eval_protocol_names.py) before the MLP
+    suffix."""
+    from configs.eval_schema import load_eval_config, protocol_label
+
+    label = protocol_label(load_eval_config(None, list(args)))
+    stem = name.removesuffix(".json")
+    mlp = next((m for m in MLP_SUFFIXES if stem.endswith(m)), "")
+    return f"{stem.removesuffix(mlp)}_{label}{mlp}.json" if label else name
 
 
 def write_teacher(path: Path, cfg, seed: int, step: int = 16) -> None:

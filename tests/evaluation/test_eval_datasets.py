@@ -11,7 +11,7 @@ from sklearn.linear_model import LogisticRegression
 
 from rundir.torch_files import load_verified
 
-from eval_test_helpers import FAST_EVAL, REPO, make_folder_run, make_image_tree, make_run_dir
+from eval_test_helpers import FAST_EVAL, fast, REPO, make_folder_run, make_image_tree, make_run_dir
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
@@ -22,11 +22,12 @@ def test_digits_run_on_a_two_class_folder_end_to_end(tmp_path):
     # the probe's final objective is sklearn's binary one at the chosen C (plain LogisticRegression, numpy float64)
     run = make_run_dir(tmp_path / "runs" / "tiny")
     tree = make_image_tree(tmp_path / "two", classes=2, n_train=6, n_val=3, size=18)
-    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "solver=torch", "linear.tol=1e-9", "linear.max_iter=500",
-                             "data.dataset=imagenet_folder", f"data.root={tree}"]) == 0
-    assert not (run / "eval_linear.json").exists()  # other data than the run's: named apart, never its record
+    protocol = [*FAST_EVAL, "linear.tol=1e-9", "linear.max_iter=500"]
+    assert eval_linear.main(["--run", str(run), *protocol, "solver=torch", "data.dataset=imagenet_folder",
+                             f"data.root={tree}"]) == 0
+    assert not (run / fast("eval_linear.json", protocol)).exists()  # other data than the run's: named apart
     (result,) = run.glob("eval_linear_data_*.json")
-    assert result.name == "eval_linear_data_two.json"  # named after the data set's folder
+    assert result.name == fast("eval_linear_data_two.json", protocol)  # named after the data set's folder
     record = json.loads(result.read_text())
     assert (record["n_train"], record["n_val"], record["n_classes"]) == (12, 6, 2)
     assert record["dataset"] == {"name": "imagenet_folder", "root": str(tree.resolve()), "from": "eval", "own": False,
@@ -53,7 +54,7 @@ def test_a_data_root_for_a_digits_run_is_not_silently_ignored(tmp_path, caplog):
     caplog.clear()
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "data.dataset=imagenet_folder"]) == 1
     assert "data.dataset=imagenet_folder needs data.root" in caplog.text
-    assert not (run / "eval_linear.json").exists()
+    assert not (run / fast("eval_linear.json")).exists()
 
 
 def test_probes_on_other_data_get_readable_names_and_two_folders_of_one_name_keep_apart(tmp_path, caplog):
@@ -65,19 +66,19 @@ def test_probes_on_other_data_get_readable_names_and_two_folders_of_one_name_kee
         assert eval_linear.main([*probe, f"data.root={first}"]) == 0
     assert "make_table.py --eval my-set" in caplog.text
     summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("linear top-1"))
-    record = json.loads((run / "eval_linear_data_my-set.json").read_text())
+    record = json.loads((run / fast("eval_linear_data_my-set.json")).read_text())
     assert summary == (f"linear top-1 {record['top1']:.2f} / top-5 {record['top5']:.2f} (C={record['best_C']:.3g}); "
                        f"k-NN k=20 top-1 {record['knn']['20']['top1']:.2f} / top-5 {record['knn']['20']['top5']:.2f}; "
-                       "eval_linear_data_my-set.json")
+                       + fast("eval_linear_data_my-set.json"))
     assert eval_linear.main([*probe, f"data.root={first}"]) == 0  # the same data again: the same file
     assert eval_linear.main([*probe, f"data.root={second}", "data.val_split=train"]) == 0
-    assert (run / "eval_linear_data_my-set_train-train.json").is_file()
+    assert (run / fast("eval_linear_data_my-set_train-train.json")).is_file()
     caplog.clear()
     assert eval_linear.main([*probe, f"data.root={second}"]) == 0
     assert "under the same folder name" in caplog.text
     (hashed,) = run.glob("eval_linear_data_my-set-*.json")
     assert json.loads(hashed.read_text())["n_classes"] == 3
-    assert json.loads((run / "eval_linear_data_my-set.json").read_text())["n_classes"] == 2  # untouched
+    assert json.loads((run / fast("eval_linear_data_my-set.json")).read_text())["n_classes"] == 2  # untouched
 
 
 def test_a_run_on_unlabelled_images_is_probed_only_on_a_labelled_set_it_is_given(tmp_path, caplog):
@@ -100,10 +101,10 @@ def test_pixel_baseline(tmp_path):
     run = make_folder_run(tmp_path, checkpoint="none")  # no model is needed, nor loaded
     index = tmp_path / "index.jsonl"
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "checkpoint=pixels", f"index={index}"]) == 0
-    record = json.loads((run / "eval_linear_pixels.json").read_text())
+    record = json.loads((run / fast("eval_linear_pixels.json")).read_text())
     assert record["checkpoint"] == "pixels" and record["feature_dim"] == 3 * 16 * 16
     assert record["top1"] is not None and set(record["knn"]) == {"5", "12"}
-    assert not (run / "eval_linear.json").exists()
+    assert not (run / fast("eval_linear.json")).exists()
     # the features are the eval transform's normalised pixels, flattened
     cfg = load_config(run / "config.yaml")
     dataset = build_dataset(cfg.data, split="val", transform=make_eval_transform(16, 16))
@@ -111,6 +112,6 @@ def test_pixel_baseline(tmp_path):
     assert torch.equal(cached[0], dataset[0][0].flatten())
     # mode=knn: its own file, features from the cache
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "checkpoint=pixels", "mode=knn", f"index={index}"]) == 0
-    knn = json.loads((run / "eval_knn_pixels.json").read_text())
+    knn = json.loads((run / fast("eval_knn_pixels.json")).read_text())
     assert knn["checkpoint"] == "pixels" and knn["features_cached"] == {"train": True, "val": True}
     assert knn["knn"] == record["knn"]

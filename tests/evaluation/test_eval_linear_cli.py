@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from eval_test_helpers import FAST_EVAL, REPO, make_folder_run, make_run_dir
+from eval_test_helpers import FAST_EVAL, fast, REPO, make_folder_run, make_run_dir
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
@@ -20,7 +20,7 @@ def test_digits_run_end_to_end(tmp_path, capsys):
     # the embedded default's dataset, as `python eval_linear.py --run DIR` runs it (in-process: saves an interpreter)
     run = make_run_dir(tmp_path / "runs" / "tiny")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "solver=torch"]) == 0
-    record = json.loads((run / "eval_linear.json").read_text())
+    record = json.loads((run / fast("eval_linear.json")).read_text())
     assert REQUIRED <= set(record)
     assert (record["n_train"], record["n_val"], record["n_classes"], record["feature_dim"]) == (1437, 360, 10, 192)
     assert record["solver"] == "torch" and record["checkpoint_step"] == 16
@@ -45,7 +45,7 @@ def test_folder_run_in_a_subprocess(tmp_path):
     said = (f"INFO evaluation.evaluate: evaluating checkpoint {run / 'teacher_backbone.pth'} of run {run}: "
             "linear probe and k-NN on cpu")
     assert said in result.stderr.splitlines()[0], result.stderr[:1000]
-    record = json.loads((run / "eval_linear.json").read_text())
+    record = json.loads((run / fast("eval_linear.json")).read_text())
     assert REQUIRED <= set(record) and record["n_train"] == 12 and record["n_val"] == 6
     assert record["solver"] == "sklearn"  # auto on a CPU
     assert record["top1"] > 50.0  # three colours; chance is 33%
@@ -82,7 +82,7 @@ def test_bad_solver_value_exits_2(tmp_path, capsys):
 def test_run_without_final_checkpoint_exits_1_naming_the_path(tmp_path, caplog):
     run = make_run_dir(tmp_path / "run", checkpoint="none")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 1
-    assert str(run / "teacher_backbone.pth") in caplog.text and not (run / "eval_linear.json").exists()
+    assert str(run / "teacher_backbone.pth") in caplog.text and not (run / fast("eval_linear.json")).exists()
 
 
 def test_not_a_run_directory_exits_1(tmp_path, caplog):
@@ -110,9 +110,9 @@ def test_random_init_baseline_has_its_own_output_and_cache(tmp_path):
     run = make_folder_run(tmp_path)
     index = tmp_path / "index.jsonl"
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=knn", "checkpoint=random", f"index={index}"]) == 0
-    record = json.loads((run / "eval_knn_random_init.json").read_text())
+    record = json.loads((run / fast("eval_knn_random_init.json")).read_text())
     assert record["checkpoint"] == "random" and record["checkpoint_step"] == 0
-    assert not (run / "eval_linear.json").exists() and (run / "eval" / "features_train_random_init.pt").is_file()
+    assert not (run / fast("eval_linear.json")).exists() and (run / "eval" / "features_train_random_init.pt").is_file()
 
 
 def test_unreadable_checkpoint_exits_1_naming_it(tmp_path, caplog):
@@ -133,7 +133,7 @@ def test_ctrl_c_during_an_evaluation_is_one_line_and_exit_130(tmp_path, monkeypa
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 130
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and errors[0].startswith("interrupted (Ctrl-C)") and "rerun the same command" in errors[0]
-    assert not (run / "eval_linear.json").exists()
+    assert not (run / fast("eval_linear.json")).exists()
 
 
 def test_a_refusal_exits_with_its_own_code(tmp_path, monkeypatch, caplog):

@@ -4,7 +4,7 @@ and a missing split names the eval key that asked for it."""
 import json
 import sys
 
-from eval_test_helpers import FAST_EVAL, REPO, make_folder_run, make_run_dir
+from eval_test_helpers import FAST_EVAL, fast, REPO, make_folder_run, make_run_dir
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
@@ -13,14 +13,14 @@ import eval_linear  # noqa: E402
 def test_evaluations_other_than_the_final_probe_write_records_of_their_own(tmp_path):
     run = make_run_dir(tmp_path / "runs" / "tiny")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 0
-    final = (run / "eval_linear.json").read_text()
+    final = (run / fast("eval_linear.json")).read_text()
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=knn"]) == 0
-    assert json.loads((run / "eval_knn.json").read_text())["top1"] is None
+    assert json.loads((run / fast("eval_knn.json")).read_text())["top1"] is None
     other = run / "other.pth"
     other.write_bytes((run / "teacher_backbone.pth").read_bytes())
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"checkpoint={other}"]) == 0
-    assert (run / "eval_linear_other_step_00000016.json").exists()
-    assert (run / "eval_linear.json").read_text() == final
+    assert (run / fast("eval_linear_other_step_00000016.json")).exists()
+    assert (run / fast("eval_linear.json")).read_text() == final
 
 
 def test_a_student_and_a_teacher_export_of_one_step_get_records_of_their_own(tmp_path):
@@ -34,8 +34,9 @@ def test_a_student_and_a_teacher_export_of_one_step_get_records_of_their_own(tmp
     student.write_bytes((run / "teacher_backbone.pth").read_bytes())
     for checkpoint in (export, student):
         assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"checkpoint={checkpoint}", "mode=knn"]) == 0
-    assert json.loads((run / "eval_knn_step_00000016.json").read_text())["checkpoint"] == str(export)
-    assert json.loads((run / "eval_knn_student_backbone_step_00000016.json").read_text())["checkpoint"] == str(student)
+    assert json.loads((run / fast("eval_knn_step_00000016.json")).read_text())["checkpoint"] == str(export)
+    student_record = run / fast("eval_knn_student_backbone_step_00000016.json")
+    assert json.loads(student_record.read_text())["checkpoint"] == str(student)
 
 
 def test_a_missing_eval_split_names_its_key(tmp_path, caplog):

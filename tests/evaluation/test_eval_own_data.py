@@ -5,7 +5,7 @@ that points elsewhere now is noticed), its training split and the default val sp
 
 import json
 
-from eval_test_helpers import FAST_EVAL, make_image_tree, make_run_dir
+from eval_test_helpers import FAST_EVAL, fast, make_image_tree, make_run_dir
 from reporting.run_logs import read_eval_record
 import eval_linear
 
@@ -18,10 +18,10 @@ def _run(tmp_path, root_override: str):
 def test_the_runs_own_data_writes_its_record_and_another_split_is_named_apart(tmp_path):
     run = _run(tmp_path, f"data.root={tmp_path / 'images'}")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 0
-    own = json.loads((run / "eval_linear.json").read_text())
+    own = json.loads((run / fast("eval_linear.json")).read_text())
     assert own["dataset"]["own"] is True
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "data.val_split=train"]) == 0
-    assert json.loads((run / "eval_linear.json").read_text()) == own  # untouched
+    assert json.loads((run / fast("eval_linear.json")).read_text()) == own  # untouched
     (other,) = run.glob("eval_linear_data_*.json")
     record = json.loads(other.read_text())
     assert record["dataset"]["own"] is False and record["dataset"]["other_because"] == "data.val_split=train, not val"
@@ -31,7 +31,7 @@ def test_the_runs_own_data_writes_its_record_and_another_split_is_named_apart(tm
 def test_another_spelling_of_the_training_root_is_the_runs_own(tmp_path):
     run = _run(tmp_path, f"data.root={tmp_path / 'images'}")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"data.root={tmp_path}/./images/"]) == 0
-    assert json.loads((run / "eval_linear.json").read_text())["dataset"]["own"] is True
+    assert json.loads((run / fast("eval_linear.json")).read_text())["dataset"]["own"] is True
 
 
 def test_an_interpolated_root_that_now_points_elsewhere_is_other_data(tmp_path, monkeypatch):
@@ -41,12 +41,12 @@ def test_an_interpolated_root_that_now_points_elsewhere_is_other_data(tmp_path, 
     make_image_tree(tmp_path / "elsewhere", classes=2)
     monkeypatch.setenv("EVAL_OWN_DATA", str(tmp_path / "elsewhere"))
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 0
-    assert not (run / "eval_linear.json").exists()
+    assert not (run / fast("eval_linear.json")).exists()
     (other,) = run.glob("eval_linear_data_*.json")
     assert "is not the root the run was trained with" in json.loads(other.read_text())["dataset"]["other_because"]
     monkeypatch.setenv("EVAL_OWN_DATA", str(tmp_path / "images"))  # the training data again: the run's record
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 0
-    assert json.loads((run / "eval_linear.json").read_text())["dataset"]["own"] is True
+    assert json.loads((run / fast("eval_linear.json")).read_text())["dataset"]["own"] is True
 
 
 def test_a_record_of_other_data_written_under_the_runs_name_is_not_tabulated(tmp_path):

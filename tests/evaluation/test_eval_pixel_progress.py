@@ -6,7 +6,7 @@ import logging
 import re
 import sys
 
-from eval_test_helpers import FAST_EVAL, REPO, make_folder_run
+from eval_test_helpers import FAST_EVAL, fast, REPO, make_folder_run
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
@@ -23,7 +23,7 @@ def test_pixel_probe_says_what_it_does_and_logs_every_fit(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"linear.n_c={N_C}", "checkpoint=pixels",
                                  "index=none"]) == 0
-    record = json.loads((run / "eval_linear_pixels.json").read_text())
+    record = json.loads((run / fast("eval_linear_pixels.json", [*FAST_EVAL, f"linear.n_c={N_C}"])).read_text())
     note = (f"probing raw pixels: {3 * 16 * 16} features per image (3 x crop x crop), {record['n_train']} train and "
             f"{record['n_val']} val images, {N_C} values of C then one refit, each fit up to linear.max_iter=50 "
             "iterations")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from configs import ConfigError, load_config, load_eval_config
-from eval_test_helpers import FAST_EVAL, REPO, TINY_RUN, make_folder_run, make_run_dir
+from eval_test_helpers import FAST_EVAL, fast, REPO, TINY_RUN, make_folder_run, make_run_dir
 from evaluation.evaluate import extract_run_features
 from evaluation.features import EvalInputError, load_teacher
 from evaluation.mlp_pruning import prune_teacher, resolve_mlp_pruning
@@ -151,12 +151,12 @@ def test_the_result_records_the_mode_and_both_probes_keep_their_files(tmp_path):
     run = make_folder_run(tmp_path, "sparsity.sparse_fraction=1.0", *LOUD_MLPS)
     index = tmp_path / "index.jsonl"
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"index={index}"]) == 0
-    as_trained = json.loads((run / "eval_linear.json").read_text())
+    as_trained = json.loads((run / fast("eval_linear.json")).read_text())
     assert as_trained["mlp_weights"] == "2:4-pruned (tile_greedy)"
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"index={index}", "prune_mlp=false"]) == 0
-    dense = json.loads((run / "eval_linear_dense_mlp.json").read_text())
+    dense = json.loads((run / fast("eval_linear_dense_mlp.json")).read_text())
     assert dense["mlp_weights"] == "dense"
-    assert json.loads((run / "eval_linear.json").read_text()) == as_trained  # not overwritten
+    assert json.loads((run / fast("eval_linear.json")).read_text()) == as_trained  # not overwritten
     assert dense["C_curve"] != as_trained["C_curve"]  # other features, other fits
     assert {p.name for p in (run / "eval").glob("features_train*.pt")} == {"features_train.pt",
                                                                           "features_train_pruned_mlp.pt"}
@@ -168,8 +168,8 @@ def test_a_dense_run_probed_pruned_writes_its_own_file_and_says_so_first(tmp_pat
     run = make_folder_run(tmp_path, "sparsity.sparse_fraction=0.0")
     caplog.set_level("INFO")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "index=none", "prune_mlp=true", "mode=knn"]) == 0
-    record = json.loads((run / "eval_knn_pruned_mlp.json").read_text())
-    assert record["mlp_weights"] == "2:4-pruned (tile_greedy)" and not (run / "eval_knn.json").exists()
+    record = json.loads((run / fast("eval_knn_pruned_mlp.json")).read_text())
+    assert record["mlp_weights"] == "2:4-pruned (tile_greedy)" and not (run / fast("eval_knn.json")).exists()
     first = next(r.getMessage() for r in caplog.records if r.name == "evaluation.evaluate")
     assert first.startswith(f"evaluating checkpoint {run / 'teacher_backbone.pth'} of run {run}")
     assert "MLP weights 2:4-pruned (tile_greedy) (prune_mlp=true: the run's last step was dense)" in first

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from eval_test_helpers import FAST_EVAL, REPO, make_image_tree, make_run_dir
+from eval_test_helpers import FAST_EVAL, fast, REPO, make_image_tree, make_run_dir
 from run_lock_holder import hold_lock
 
 sys.path.insert(0, str(REPO))
@@ -30,7 +30,7 @@ def test_an_evaluation_of_a_run_in_use_is_refused_and_writes_nothing(tmp_path, c
     assert not (tmp_path / "runs" / "eval_index.jsonl").exists()
     # the holder gone (a dead process holds no lock), the same command works
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 0
-    assert (run / "eval_linear.json").is_file()
+    assert (run / fast("eval_linear.json")).is_file()
 
 
 def test_two_evaluations_never_write_one_run_at_once(tmp_path):
@@ -48,7 +48,7 @@ def test_two_evaluations_never_write_one_run_at_once(tmp_path):
     assert f"{run} is in use by another process" in second.stderr
     first = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-2000:]
-    assert json.loads((run / "eval_linear.json").read_text())["top1"] is not None
+    assert json.loads((run / fast("eval_linear.json")).read_text())["top1"] is not None
 
 
 def test_an_evaluation_writing_elsewhere_needs_no_lock(tmp_path):
@@ -64,7 +64,7 @@ def test_an_evaluation_writing_elsewhere_needs_no_lock(tmp_path):
         holder.kill()
         holder.wait()
     assert json.loads(out.read_text())["top1"] is not None
-    assert not (run / "eval_linear.json").exists() and not (run / "eval").exists()
+    assert not (run / fast("eval_linear.json")).exists() and not (run / "eval").exists()
 
 
 @pytest.mark.parametrize("target", ["directory", "fifo", "parent_is_file"])
@@ -99,7 +99,7 @@ def test_a_split_of_one_class_is_a_clear_error(tmp_path, caplog):
     run = make_run_dir(tmp_path / "run", "data.dataset=imagenet_folder", f"data.root={tree}")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 1
     assert "1 class folder(s)" in caplog.text and "at least 2" in caplog.text
-    assert not (run / "eval_linear.json").exists()
+    assert not (run / fast("eval_linear.json")).exists()
 
 
 def test_features_of_one_label_are_refused_whatever_the_dataset():
@@ -117,7 +117,7 @@ def test_two_classes_is_enough(tmp_path):
     tree = make_image_tree(tmp_path / "two", classes=2)
     run = make_run_dir(tmp_path / "run2", "data.dataset=imagenet_folder", f"data.root={tree}")
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "knn.ks=[3]"]) == 0
-    record = json.loads((run / "eval_linear.json").read_text())
+    record = json.loads((run / fast("eval_linear.json", [*FAST_EVAL, "knn.ks=[3]"])).read_text())
     assert record["n_classes"] == 2 and 0.0 <= record["top1"] <= 100.0
 
 
@@ -130,9 +130,9 @@ def test_a_feature_cache_folder_planted_as_a_link_is_refused_and_nothing_written
     (run / "eval").symlink_to(outside)
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 1
     assert f"{run / 'eval'}: a symlink where the run keeps" in caplog.text
-    assert list(outside.iterdir()) == [] and not (run / "eval_linear.json").exists()
+    assert list(outside.iterdir()) == [] and not (run / fast("eval_linear.json")).exists()
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "features.cache=false"]) == 0
-    assert list(outside.iterdir()) == [] and (run / "eval_linear.json").is_file()
+    assert list(outside.iterdir()) == [] and (run / fast("eval_linear.json")).is_file()
 
 
 @pytest.mark.parametrize("damage", ["digest_removed", "byte_flipped"])
@@ -156,4 +156,4 @@ def test_a_teacher_export_whose_digest_is_lost_or_wrong_is_refused(tmp_path, cap
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"checkpoint={export}", "mode=knn"]) == 1
     assert f"cannot read {export}" in caplog.text
     assert ("digest file" in caplog.text) == (damage == "digest_removed")
-    assert not (run / "eval_knn.json").exists() and not list(run.glob("eval_*.json"))
+    assert not (run / fast("eval_knn.json")).exists() and not list(run.glob("eval_*.json"))

@@ -13,6 +13,7 @@ import pytest
 import submitit
 
 from configs import ConfigError, load_config, to_yaml
+from configs.eval_schema import load_eval_config, protocol_label
 from rundir.metrics import read_metrics
 from slurm.jobs import ScriptJob
 from slurm.status import format_table, run_row
@@ -493,4 +494,5 @@ def test_a_finished_local_job_of_two_processes_reads_as_done_and_its_probe_runs(
     run = tmp_path / "sparse_0.50"
     assert "FAILED" not in result.stdout, result.stdout + result.stderr[-3000:]
     assert json.loads((run / "run_info.json").read_text())["world_size"] == 2
-    assert json.loads((run / "eval_linear.json").read_text())["top1"] is not None
+    quick = load_eval_config(None, ["linear.n_c=3", "linear.max_iter=50", "features.num_workers=0"])
+    assert json.loads((run / f"eval_linear_{protocol_label(quick)}.json").read_text())["top1"] is not None

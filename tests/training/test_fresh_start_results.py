@@ -12,37 +12,40 @@ from train_runs import REPO, run_train
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
+from configs.eval_schema import load_eval_config, protocol_label  # noqa: E402
 from reporting.run_logs import STALE, read_run  # noqa: E402
 from rundir.digests import recorded_digest  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
 
 FAST_EVAL = ["linear.n_c=3", "linear.max_iter=30", "features.num_workers=0", "knn.ks=[5]", "mode=both"]
+FAST_RECORD = f"eval_linear_{protocol_label(load_eval_config(None, FAST_EVAL))}.json"  # a quick protocol's name
 
 
 def test_resume_false_over_an_evaluated_run_sets_the_old_results_aside(tmp_path):
     run = tmp_path / "runs" / "run"
     run_train(run)
     assert eval_linear.main(["--run", str(run), *FAST_EVAL]) == 0
-    old_teacher, old_eval = recorded_digest(run / "teacher_backbone.pth"), (run / "eval_linear.json").read_text()
+    old_teacher, old_eval = recorded_digest(run / "teacher_backbone.pth"), (run / FAST_RECORD).read_text()
     assert json.loads(old_eval)["checkpoint_sha256"] == old_teacher
     exports = sorted(p.relative_to(run) for p in (run / "eval").rglob("*") if p.is_file())
 
     run_train(run)  # a resume with nothing left to do keeps the teacher and its evaluation
-    assert (run / "eval_linear.json").read_text() == old_eval
-    assert not [p for p in run.iterdir() if p.name.startswith("superseded-")] and read_run(run).status == "complete"
+    assert (run / FAST_RECORD).read_text() == old_eval
+    assert not [p for p in run.iterdir() if p.name.startswith("superseded-")]
+    assert read_run(run, probe=load_eval_config(None, FAST_EVAL)).status == "complete"
 
     result = run_train(run, "train.resume=false", "train.seed=1")
     aside = [p for p in run.iterdir() if p.name.startswith("superseded-")]
     assert len(aside) == 1, sorted(p.name for p in run.iterdir())
     assert "moved them to" in result.stderr and str(aside[0]) in result.stderr
-    assert (aside[0] / "eval_linear.json").read_text() == old_eval  # kept whole, never deleted
+    assert (aside[0] / FAST_RECORD).read_text() == old_eval  # kept whole, never deleted
     old_metrics = [json.loads(line) for line in (aside[0] / "metrics.jsonl").read_text().splitlines()]
     assert old_metrics and (aside[0] / "config.yaml").is_file() and (aside[0] / "status.json").is_file()
     assert "seed: 0" in (aside[0] / "config.yaml").read_text() and "seed: 1" in (run / "config.yaml").read_text()
     assert recorded_digest(aside[0] / "teacher_backbone.pth") == old_teacher
     assert sorted(p.relative_to(aside[0]) for p in (aside[0] / "eval").rglob("*") if p.is_file()) == exports
-    assert not (run / "eval_linear.json").exists()  # the new teacher has no evaluation yet
+    assert not (run / FAST_RECORD).exists()  # the new teacher has no evaluation yet
     assert recorded_digest(run / "teacher_backbone.pth") not in (None, old_teacher)
     summary = read_run(run)
     assert summary.status == "no eval" and summary.top1 is None
