@@ -37,10 +37,12 @@ from pathlib import Path
 
 from configs import ConfigError
 from configs.command_line import parse_command_line
+from configs.eval_schema import EvalConfig, load_eval_config, protocol_label
 from configs.sweep import refuse_fraction_override, schedule_run
 from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS
+from reporting.eval_records import find_probe
 from reporting.run_logs import COMPLETE, read_run
-from rundir.layout import BASELINE_RESULTS
+from rundir.layout import baseline_results
 from rundir.run_dir import RunDir
 from slurm.sweep import run_name  # (sparse_0.70: the Slurm sweep's folder names, so tools share runs)
 from training.terminal import track
@@ -48,8 +50,15 @@ from training.terminal import track
 REPO = Path(__file__).resolve().parent.parent
 
 TRAIN_SCRIPT, EVAL_SCRIPT = REPO / "train.py", REPO / "eval_linear.py"
-# eval_linear.py's checkpoint= value of each baseline -> the result file it writes (what run_logs reads)
-BASELINES = {"random": BASELINE_RESULTS["random_init"][0], "pixels": BASELINE_RESULTS["pixels"][0]}
+BASELINE_CHECKPOINTS = {"random": "random_init", "pixels": "pixels"}  # eval_linear.py's checkpoint= of each
+
+
+def baseline_files(probe: EvalConfig) -> dict[str, str]:
+    """eval_linear.py's checkpoint= value of each baseline -> the result file it writes under `probe`'s protocol
+    (what run_logs reads)."""
+    label = protocol_label(probe)
+    results = baseline_results(f"_{label}" if label else "")
+    return {checkpoint: results[key][0] for checkpoint, key in BASELINE_CHECKPOINTS.items()}
 log = logging.getLogger("reproduce")
 
 
@@ -90,16 +99,20 @@ def seeded_run_name(fraction: float, seed: int | None) -> str:
     return run_name(fraction) if seed is None else f"{run_name(fraction)}_seed{seed}"
 
 
-def _eval_is_stale(run_dir: Path) -> bool:
-    result, teacher = RunDir(run_dir).eval_result(), RunDir(run_dir).teacher
-    return not result.is_file() or (teacher.is_file() and result.stat().st_mtime < teacher.stat().st_mtime)
+def _eval_is_stale(run_dir: Path, probe: EvalConfig) -> bool:
+    """No record of the probe asked (found by its settings, of the current teacher: `find_probe`), or one older
+    than the teacher export."""
+    found, teacher = find_probe(run_dir, probe), RunDir(run_dir).teacher
+    return found is None or (teacher.is_file() and Path(found.path).stat().st_mtime < teacher.stat().st_mtime)
 
 
 def plan(runs_dir: Path, fractions: list[float], extra_seeds=(), extra_seed_fractions=(),
-         baselines: bool = False) -> list[PlannedRun]:
+         baselines: bool = False, probe: EvalConfig | None = None) -> list[PlannedRun]:
     """What each run still needs: every fraction with the config's seed, then each extra seed for the
     `extra_seed_fractions`. A failed run is retried: train.py resumes it from its last checkpoint. `baselines`: the
-    dense run with the config's seed also evaluates the untrained network and raw pixels, if not done yet."""
+    dense run with the config's seed also evaluates the untrained network and raw pixels, if not done yet. `probe`:
+    the --eval settings (their records are named for their protocol; default: the default probe)."""
+    probe = probe or EvalConfig()
     wanted = [(f, None) for f in fractions]
     wanted += [(f, s) for s in extra_seeds for f in extra_seed_fractions]
     planned = []
@@ -107,10 +120,11 @@ def plan(runs_dir: Path, fractions: list[float], extra_seeds=(), extra_seed_frac
         run_dir = runs_dir / seeded_run_name(fraction, seed)
         summary = read_run(run_dir)
         trained = summary.train_status == COMPLETE
-        todo = [c for c, name in BASELINES.items() if not (run_dir / name).is_file()] \
+        todo = [c for c, name in baseline_files(probe).items() if not (run_dir / name).is_file()] \
             if baselines and fraction == 0.0 and seed is None else []
-        planned.append(PlannedRun(fraction, run_dir, train=not trained, evaluate=not trained or _eval_is_stale(run_dir),
-                                  state=summary.status, seed=seed, baselines=todo))
+        evaluate = not trained or _eval_is_stale(run_dir, probe)
+        planned.append(PlannedRun(fraction, run_dir, train=not trained, evaluate=evaluate, state=summary.status,
+                                  seed=seed, baselines=todo))
     return planned
 
 
@@ -229,6 +243,7 @@ def _check_config(args) -> str | None:
     """Every fraction's config, loaded once up front: a typo or a value one schedule refuses stops here, not in
     nine failed runs."""
     try:
+        load_eval_config(None, args.eval_overrides)
         refuse_fraction_override(args.overrides, "--fractions")
         runs = [schedule_run(args.config, args.overrides, fraction)
                 for fraction in dict.fromkeys([*args.fractions, *args.extra_seed_fractions])]
@@ -246,7 +261,8 @@ def main(argv=None) -> int:
     if problem:
         print(f"config error: {problem}", file=sys.stderr)
         return 2
-    planned = plan(args.runs_dir, args.fractions, args.extra_seeds, args.extra_seed_fractions, args.baselines)
+    probe = load_eval_config(None, args.eval_overrides)  # checked by _check_config
+    planned = plan(args.runs_dir, args.fractions, args.extra_seeds, args.extra_seed_fractions, args.baselines, probe)
     for item in planned:
         todo = [step for step, wanted in (("train", item.train), ("evaluate", item.evaluate)) if wanted]
         todo += [f"baseline {checkpoint}" for checkpoint in item.baselines]
@@ -265,7 +281,8 @@ def main(argv=None) -> int:
     failures = execute(planned, args.overrides, args.eval_overrides, args.jobs, args.config)
     from reporting.table import make_table  # the plots' libraries: only once there is a table to write
 
-    written = make_table([item.run_dir for item in planned], args.out, extra_notes=machine_notes(args.jobs))
+    written = make_table([item.run_dir for item in planned], args.out, extra_notes=machine_notes(args.jobs),
+                         probe=probe if args.eval_overrides else None)  # the records of the probe asked
     print("wrote " + ", ".join(str(p) for p in written))
     for line in failures:
         print(f"FAILED: {line}", file=sys.stderr)

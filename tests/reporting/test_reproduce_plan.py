@@ -1,12 +1,16 @@
 """scripts/reproduce.py without training anything: what it plans, what it skips, the commands it would run."""
 
+import hashlib
 import importlib.util
+import json
 import logging
 import os
 from pathlib import Path
 
 import pytest
 
+from configs import to_yaml
+from configs.eval_schema import load_eval_config
 from reporting_runs import REPO, eval_result, make_run
 
 BASELINE_FILES = {"eval_linear_random_init.json": eval_result(30.0), "eval_linear_pixels.json": eval_result(40.0)}
@@ -205,3 +209,19 @@ def test_a_switch_key_goes_only_to_the_runs_that_switch(reproduce, tmp_path, mon
     # the sweep's fractions are its own: an override of the fraction is refused before anything runs
     assert reproduce.main(["--dry-run", "--runs-dir", str(runs), "sparsity.sparse_fraction=0.5"]) == 2
     assert "sparsity.sparse_fraction is set per run by --fractions" in capsys.readouterr().err
+
+
+def test_a_quick_probe_is_planned_by_its_own_records_and_its_baselines_named_for_its_protocol(reproduce, runs_dir):
+    """--eval settings of another protocol write records named for it: the plan looks for those, not for the
+    default probe's eval_linear.json (which would have the quick probe skipped, or rerun every time)."""
+    quick = load_eval_config(None, ["linear.n_c=3", "device=cpu"])
+    label = "protocol_" + hashlib.sha256(b"linear.n_c=3").hexdigest()[:8]
+    assert reproduce.baseline_files(quick) == {"random": f"eval_linear_random_init_{label}.json",
+                                               "pixels": f"eval_linear_pixels_{label}.json"}
+    (dense,) = reproduce.plan(runs_dir, [0.0], baselines=True, probe=quick)
+    assert dense.evaluate and dense.baselines == ["random", "pixels"]  # only the default probe's records exist
+    record = json.loads((dense.run_dir / "eval_linear.json").read_text())
+    record["eval_config"] = to_yaml(quick)
+    (dense.run_dir / f"eval_linear_{label}.json").write_text(json.dumps(record))
+    (dense,) = reproduce.plan(runs_dir, [0.0], probe=quick)
+    assert not dense.evaluate
