@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from models.checkpoint_conversion import load_backbone_weights
 from models.vision_transformer import build_backbone
-from rundir.digests import CorruptFile, UnsafeFile, file_digest
+from rundir.digests import CorruptFile, UnsafeFile, checked_digest
 from rundir.errors import CommandError
 from rundir.torch_files import load_verified, save_verified
 from training.terminal import track
@@ -59,11 +59,16 @@ def require_checkpoint(checkpoint: Path) -> None:
 
 
 def weights_digest(run_cfg, checkpoint: Path | None) -> str:
-    """sha256 of the checkpoint file, or a name for the seeded random initialisation (checkpoint None)."""
+    """sha256 of the checkpoint file, checked against its recorded digest (a damaged one refuses the checkpoint
+    here, before a feature cache keyed on it could stand in for loading it), or a name for the seeded random
+    initialisation (checkpoint None)."""
     if checkpoint is None:
         return f"random-init-seed-{run_cfg.train.seed}"
     require_checkpoint(checkpoint)
-    return file_digest(checkpoint)
+    try:
+        return checked_digest(checkpoint)
+    except CorruptFile as e:
+        raise EvalInputError(f"cannot read {checkpoint}: it {e.reason}") from None
 
 
 def load_teacher(run_cfg, checkpoint: Path | None):

@@ -63,16 +63,24 @@ def recorded_digest(path: Path | str) -> str | None:
 
 def verify(path: Path | str) -> bool:
     """True when `path` has a recorded digest and matches it; False when it has none; CorruptFile on a mismatch."""
-    expected = recorded_digest(path)
-    if expected is None:
+    if recorded_digest(path) is None:
         return False
-    if not expected:
+    checked_digest(path)
+    return True
+
+
+def checked_digest(path: Path | str) -> str:
+    """The SHA-256 of `path`, checked against its recorded digest where it has one: CorruptFile when that digest is
+    damaged or does not match, so a reader that keys on the file's digest (a feature cache) refuses it as a loader
+    would."""
+    expected = recorded_digest(path)
+    if expected == "":
         raise CorruptFile(path, f"has an unreadable recorded SHA-256 ({digest_path(path).name}): the digest was "
                                 "damaged after it was written, so the file cannot be checked")
     actual = file_digest(path)
-    if actual != expected:
+    if expected is not None and actual != expected:
         raise CorruptFile(path, f"does not match its recorded SHA-256 ({digest_path(path).name}): the file was "
                                 "changed or damaged after it was written")
-    return True
+    return actual
 
 

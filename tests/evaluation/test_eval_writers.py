@@ -157,3 +157,23 @@ def test_a_teacher_export_whose_digest_is_lost_or_wrong_is_refused(tmp_path, cap
     assert f"cannot read {export}" in caplog.text
     assert ("digest file" in caplog.text) == (damage == "digest_removed")
     assert not (run / fast("eval_knn.json")).exists() and not list(run.glob("eval_*.json"))
+
+
+def test_a_damaged_digest_is_refused_even_where_cached_features_would_stand_in(tmp_path, caplog):
+    """The features of a probe are cached under the weights' own SHA-256, so a second probe never loads the teacher
+    (where its digest file is checked); a damaged digest file must still refuse it, in one line, as a loader
+    would, and write nothing."""
+    from rundir.digests import digest_path
+    from rundir.torch_files import save_verified
+
+    run = make_run_dir(tmp_path / "runs" / "tiny")
+    teacher = run / "teacher_backbone.pth"
+    save_verified(torch.load(teacher, weights_only=True), teacher)  # as train.py writes it, with its digest
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=knn", "index=none"]) == 0
+    assert list((run / "eval").glob("features_*.pt"))  # the cache a second probe would use
+    (run / fast("eval_knn.json")).unlink()
+    side = digest_path(teacher)
+    side.write_bytes(b"\xff" + side.read_bytes()[1:])  # bit rot in the digest, the weights intact
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=knn", "index=none"]) == 1
+    assert f"cannot read {teacher}: it has an unreadable recorded SHA-256" in caplog.text
+    assert not list(run.glob("eval_*.json"))
