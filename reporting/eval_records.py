@@ -195,11 +195,14 @@ def _recorded_config(result: dict) -> EvalConfig | None:
         return None
 
 
-def find_probe(run_dir: Path, asked: EvalConfig) -> EvalRecord | None:
+def find_probe(run_dir: Path, asked: EvalConfig, stale_too: bool = False) -> EvalRecord | None:
     """The run's probe record that an `eval_linear.py --run RUN` with the settings `asked` wrote, readable and of the
     run's current teacher, or None. Found by what each record says it probed (its eval_config), not by its file
     name: a probe of other data is named after that data, and two probes of one run never share a name. A k-NN-only
-    record does not answer a probe that asked for the linear probe too; one of mode=both answers either."""
+    record does not answer a probe that asked for the linear probe too; one of mode=both answers either.
+    `stale_too`: where no record is of the current teacher, the first of an earlier one (the tables show it as
+    stale, never its numbers)."""
+    stale = None
     wanted = _asked_settings(asked)
     modes = {asked.mode, "both"}
     for path in sorted(RunDir(run_dir).path.glob("eval_*.json")):
@@ -217,6 +220,9 @@ def find_probe(run_dir: Path, asked: EvalConfig) -> EvalRecord | None:
         if recorded is None or recorded.mode not in modes or _asked_settings(recorded, own) != wanted:
             continue
         record = eval_record_of(result, path, other_data=not older)
-        if record.status == COMPLETE and not stale_reason(record, run_dir):
+        if record.status != COMPLETE:
+            continue
+        if not stale_reason(record, run_dir):
             return record
-    return None
+        stale = stale or record
+    return stale if stale_too else None

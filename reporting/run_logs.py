@@ -259,7 +259,7 @@ def _training_status(run: RunSummary, run_dir: RunDir) -> None:
 
 def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=None) -> None:
     if probe is not None:  # the record of the probe asked, found by its settings (as the launcher's done)
-        own = find_probe(run_dir.path, probe) or EvalRecord(
+        own = find_probe(run_dir.path, probe, stale_too=True) or EvalRecord(
             path=str(run_dir.eval_result()), status=MISSING,
             reason=f"no readable record of the probe asked ({' '.join(probe_arguments(probe)) or 'default'})")
     else:

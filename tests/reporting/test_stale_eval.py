@@ -48,3 +48,16 @@ def test_nothing_to_compare_is_not_stale(tmp_path):
     (garbage / "teacher_backbone.pth.sha256").write_bytes(b"\xff\xfe\x00 not text")
     summary = read_run(garbage)
     assert summary.eval_status == COMPLETE and summary.top1 == 70.0
+
+
+def test_a_table_asked_for_a_probe_shows_an_earlier_teachers_record_of_it_as_stale(tmp_path):
+    """`make_table.py --eval-arg` reads the record of the probe asked by its settings (`find_probe`): where the only
+    one is of an earlier teacher, the run is "eval stale", as without --eval-arg, not "no eval"."""
+    from configs.eval_schema import EvalConfig
+
+    run = with_digests(make_run(tmp_path, "dense", 0.0, top1=90.0), B, A)
+    asked = read_run(run, probe=EvalConfig())
+    assert asked.eval_status == STALE and asked.top1 is None
+    assert "of an earlier teacher (sha256 aaaaaaaaaaaa, now bbbbbbbbbbbb)" in asked.status
+    current = with_digests(make_run(tmp_path, "dense_s1", 0.0, top1=91.0, seed=1), A, A)
+    assert read_run(current, probe=EvalConfig()).top1 == 91.0
