@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # `python slurm/launch.py`: import the package fr
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from configs import ConfigError, as_written, scaled_lr, to_yaml  # noqa: E402
+from configs.eval_schema import load_eval_config  # noqa: E402
 from configs.command_line import parse_command_line  # noqa: E402
 from rundir.errors import CommandError  # noqa: E402
 from slurm.eval_time import FLOOR_MIN, IMAGES_PER_MIN, eval_time_min, probe_images  # noqa: E402
@@ -150,11 +151,6 @@ def one_line_problem(args: argparse.Namespace, runs_dir: Path) -> str:
     return next((p for p in (control_character_problem(what, text) for what, text in texts) if p), "")
 
 
-def eval_overrides(eval_args: list[str]) -> dict[str, str]:
-    """{key: value} of the --eval-arg overrides (checked as eval_linear.py checks them by `plan_sweep`)."""
-    return dict(a.split("=", 1) for a in eval_args if "=" in a)
-
-
 def data_notes(args: argparse.Namespace, cfg) -> list[str]:
     """What the launcher could tell of the data from here: a training root missing on this machine (the jobs need it
     on the nodes), and the probe jobs' time request (sets `args.eval_timeout_min` where not given)."""
@@ -165,10 +161,10 @@ def data_notes(args: argparse.Namespace, cfg) -> list[str]:
                      "jobs need it where they run")
     if args.eval_timeout_min is not None or args.skip_eval:
         return notes
-    given = eval_overrides(args.eval_arg)
-    dataset = given.get("data.dataset") or cfg.data.dataset
-    probe_root = given.get("data.root") or (root if dataset == cfg.data.dataset else "")
-    splits = (given.get("data.train_split", "train"), given.get("data.val_split", "val"))
+    given = load_eval_config(None, args.eval_arg).data  # checked already, by plan_sweep
+    dataset = given.dataset or cfg.data.dataset
+    probe_root = given.root or (root if dataset == cfg.data.dataset else "")
+    splits = (given.train_split, given.val_split)
     images = probe_images(dataset, probe_root, splits)
     if images is None:
         args.eval_timeout_min = FALLBACK_EVAL_MIN
@@ -186,9 +182,8 @@ def unlabelled_probe_problem(dataset: str, eval_args: list[str]) -> str:
     told of; without one each probe job would fail after its training. '' if the probes can run."""
     if dataset != "image_folder":
         return ""
-    given = eval_overrides(eval_args)
-    kind = given.get("data.dataset", "")
-    if kind == "digits" or (kind == "imagenet_folder" and given.get("data.root")):
+    given = load_eval_config(None, eval_args).data  # checked already, by plan_sweep
+    if given.dataset == "digits" or (given.dataset == "imagenet_folder" and given.root):
         return ""
     return ("the runs train on unlabelled images (data.dataset=image_folder); their probes need a labelled set: add "
             "--eval-arg data.dataset=imagenet_folder --eval-arg data.root=<folder with train/<class>/ and "
