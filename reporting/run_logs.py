@@ -257,17 +257,25 @@ def _training_status(run: RunSummary, run_dir: RunDir) -> None:
             run.reason = "preempted"
 
 
+def _other_protocols(run_dir: RunDir, data_suffix: str) -> str:
+    """Why a run without the default protocol's record may still have probes: their names, and how to see them."""
+    others = sorted(p.name for p in run_dir.path.glob(f"eval_linear{data_suffix}_protocol_*.json"))
+    if not others:
+        return ""
+    return (f"no probe under the default protocol; under others: {', '.join(others[:3])} (make_table.py --eval-arg "
+            "with a probe's settings tabulates it)")
+
+
 def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=None) -> None:
     if probe is not None:  # the record of the probe asked, found by its settings (as the launcher's done)
         own = find_probe(run_dir.path, probe, stale_too=True) or EvalRecord(
             path=str(run_dir.eval_result()), status=MISSING,
             reason=f"no readable record of the probe asked ({' '.join(probe_arguments(probe)) or 'default'})")
     else:
-        path = run_dir.eval_result(suffix=f"_data_{eval_label}" if eval_label else "")
-        own = read_eval_record(path, other_data=bool(eval_label))
-        if own.status == MISSING and (others := sorted(p.name for p in run_dir.path.glob("eval_linear_protocol_*"))):
-            own.reason = (f"no probe under the default protocol; under others: {', '.join(others[:3])} "
-                          "(make_table.py --eval-arg with a probe's settings tabulates it)")
+        data_suffix = f"_data_{eval_label}" if eval_label else ""
+        own = read_eval_record(run_dir.eval_result(suffix=data_suffix), other_data=bool(eval_label))
+        if own.status == MISSING:
+            own.reason = _other_protocols(run_dir, data_suffix)
     if own.status == COMPLETE and (reason := stale_reason(own, run_dir.path)):
         own = EvalRecord(path=own.path, status=STALE, reason=reason)  # its numbers are never shown as the run's
     run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds

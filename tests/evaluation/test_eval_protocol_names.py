@@ -7,7 +7,7 @@ import hashlib
 import json
 import sys
 
-from eval_test_helpers import FAST_EVAL, REPO, fast, make_folder_run
+from eval_test_helpers import FAST_EVAL, REPO, fast, make_folder_run, make_image_tree
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
@@ -58,3 +58,15 @@ def test_a_table_reads_the_default_protocol_unless_asked_for_another_with_its_ba
     assert asked.eval_status == COMPLETE and asked.top1 == record["top1"]
     baseline = json.loads((run / fast("eval_linear_random_init.json")).read_text())
     assert asked.baselines["random_init"].top1 == baseline["top1"]
+
+
+def test_a_probe_of_other_data_under_another_protocol_is_named_for_both_and_a_label_table_points_to_it(tmp_path):
+    run = make_folder_run(tmp_path)
+    other = make_image_tree(tmp_path / "other set", classes=2)
+    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "index=none", "data.dataset=imagenet_folder",
+                             f"data.root={other}"]) == 0
+    name = fast("eval_linear_data_other-set.json")
+    assert [p.name for p in run.glob("eval_*.json")] == [name]
+    labelled = read_run(run, eval_label="other-set")
+    assert labelled.eval_status == MISSING and name in labelled.eval_reason
+    assert read_run(run).eval_reason == ""  # the run's own data has no probe at all
