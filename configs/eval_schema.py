@@ -142,3 +142,9 @@ def protocol_label(cfg: EvalConfig) -> str:
     if not changes:
         return ""
     return "protocol_" + hashlib.sha256("\n".join(sorted(changes)).encode()).hexdigest()[:8]
+
+
+def protocol_suffix(cfg: EvalConfig) -> str:
+    """`_<protocol_label>` for a record name, "" under the default protocol."""
+    label = protocol_label(cfg)
+    return f"_{label}" if label else ""

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from configs import ConfigError, load_config, to_yaml
-from configs.eval_schema import protocol, protocol_changes, protocol_label
+from configs.eval_schema import protocol, protocol_changes, protocol_suffix
 from configs.load import saved_value_matches
 from data import build_dataset, make_eval_transform
 from rundir.atomic import atomic_write_text, name_problem
@@ -323,11 +323,10 @@ def _evaluate(run_dir: Path, run_cfg, eval_cfg, start: float) -> dict:
     record["eval_config"] = to_yaml(eval_cfg)
     output = Path(eval_cfg.output) if eval_cfg.output else None
     if output is None:
-        changed = protocol_label(eval_cfg)
-        protocol_suffix = f"_{changed}" if changed else ""
+        changed = protocol_suffix(eval_cfg)
 
         def named(data_suffix: str) -> Path:
-            suffix = data_suffix + protocol_suffix + mlp.output_suffix
+            suffix = data_suffix + changed + mlp.output_suffix
             return run_dir / default_output_name(eval_cfg.mode, baseline, checkpoint, run_dir,
                                                  record["checkpoint_step"], suffix)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from configs import ConfigError, load_config
-from configs.eval_schema import protocol_label
+from configs.eval_schema import protocol_suffix
 from rundir.layout import CONFIG, METRICS, TEACHER, baseline_results, is_run_dir
 from rundir.run_dir import RunDir
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED
@@ -281,8 +281,8 @@ def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=Non
     run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds
     for f in fields(EvalResults):
         setattr(run, f.name, getattr(own, f.name))
-    changed = protocol_label(probe) if probe is not None else ""
-    for key, names in baseline_results(f"_{changed}" if changed else "").items():  # under the probe's protocol
+    changed = protocol_suffix(probe) if probe is not None else ""
+    for key, names in baseline_results(changed).items():  # under the probe's protocol
         for name in names:
             record = read_eval_record(run_dir.path / name)
             if record.status == COMPLETE:

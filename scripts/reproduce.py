@@ -37,7 +37,7 @@ from pathlib import Path
 
 from configs import ConfigError
 from configs.command_line import parse_command_line
-from configs.eval_schema import EvalConfig, load_eval_config, protocol_label
+from configs.eval_schema import EvalConfig, load_eval_config, protocol_suffix
 from configs.sweep import refuse_fraction_override, schedule_run
 from reporting.published import FRACTIONS as PUBLISHED_FRACTIONS
 from reporting.eval_records import find_probe
@@ -56,8 +56,7 @@ BASELINE_CHECKPOINTS = {"random": "random_init", "pixels": "pixels"}  # eval_lin
 def baseline_files(probe: EvalConfig) -> dict[str, str]:
     """eval_linear.py's checkpoint= value of each baseline -> the result file it writes under `probe`'s protocol
     (what run_logs reads)."""
-    label = protocol_label(probe)
-    results = baseline_results(f"_{label}" if label else "")
+    results = baseline_results(protocol_suffix(probe))
     return {checkpoint: results[key][0] for checkpoint, key in BASELINE_CHECKPOINTS.items()}
 log = logging.getLogger("reproduce")
 
