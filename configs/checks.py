@@ -6,7 +6,7 @@ import math
 
 from .errors import ConfigError, as_written
 from .fields import check_fields
-from .schema import Config, SparsityConfig
+from .schema import Config
 
 # 80x the ViT-L recipe (100 x 1250); the schedules (training/schedules.py) take 40 bytes per step, 400 MB here
 MAX_TOTAL_STEPS = 10_000_000
@@ -70,21 +70,9 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
-    problem = converter_problem(cfg.sparsity)
+    problem = cfg.sparsity.converter_problem()  # the library's own rules on its options (torch-free)
     if problem:
         raise ConfigError(problem)
-
-
-# the converter's keys its rules relate (`sparsity.options.options_problem`: the library states them once)
-CONVERTER_RULE_KEYS = ("kind", "backend", "pruning", "weight_grad", "pruned_grad", "pruned_decay", "block_density",
-                       "block_size")
-
-
-def converter_problem(sparsity: SparsityConfig) -> str | None:
-    """The library's own rules on the converter's options (torch-free), or None."""
-    from sparsity.options import options_problem  # only once a config is checked: --help loads none of the library
-
-    return options_problem(**{key: getattr(sparsity, key) for key in CONVERTER_RULE_KEYS})
 
 
 def _restart_setting(cfg: Config) -> str:

@@ -12,9 +12,7 @@ schema is loaded (`load.py`, `eval_schema.py`).
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
-import importlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,35 +29,6 @@ def _too_large(v: Any) -> bool:
     if isinstance(v, list):
         return any(map(_too_large, v))
     return isinstance(v, int) and not isinstance(v, bool) and abs(v) > INT_MAX
-
-
-class LazyChoices(collections.abc.Sequence):
-    """The tuple `name` of `module`, imported on first use: the schema takes the `sparsity` library's choices (which
-    import torch) without importing them, so that `--help` and a config typo answer at once."""
-
-    def __init__(self, module: str, name: str):
-        self.module, self.name = module, name
-        self._values: tuple | None = None
-
-    def _get(self) -> tuple:
-        if self._values is None:
-            self._values = tuple(getattr(importlib.import_module(self.module), self.name))
-        return self._values
-
-    def __getitem__(self, i):
-        return self._get()[i]
-
-    def __contains__(self, v) -> bool:
-        return v in self._get()
-
-    def __iter__(self):
-        return iter(self._get())
-
-    def __len__(self) -> int:
-        return len(self._get())
-
-    def __repr__(self) -> str:
-        return f"LazyChoices({self.module}.{self.name})"
 
 
 @dataclass(frozen=True)
@@ -105,6 +74,8 @@ class Range:
                 and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
 
 
+LIBRARY_LIMITS = ("choices", "gt", "ge", "lt", "le")  # the Range arguments a library field's metadata may carry
+
 # What a field may declare about itself besides its range, so that no list elsewhere has to be kept in step with the
 # schema (`flagged_keys` reads them):
 FLAGS = (
@@ -114,16 +85,14 @@ FLAGS = (
     # acts at the sparse-to-dense switch, so a sweep turns it off (to its default) in runs without one
     # (configs.sweep.SWITCH_KEYS)
     "at_switch",
-    # a `sparsity` key the trainer acts on itself, not the library's converter (training/sparsity_setup.py)
-    "trainer",
 )
 
 
-def value(default: Any, *, execution: bool = False, at_switch: bool = False, trainer: bool = False, **limits) -> Any:
+def value(default: Any, *, execution: bool = False, at_switch: bool = False, **limits) -> Any:
     """A dataclass field with `default`, the valid range `limits` (see `Range`; none: any value of the type) and the
     `FLAGS` that apply to it."""
     meta = {"range": Range(**limits)} if limits else {}
-    meta.update({flag: True for flag, on in zip(FLAGS, (execution, at_switch, trainer)) if on})
+    meta.update({flag: True for flag, on in zip(FLAGS, (execution, at_switch)) if on})
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -139,12 +108,10 @@ def check_fields(cfg: Any, prefix: str = "") -> str | None:
             if problem:
                 return problem
             continue
-        rng = f.metadata.get("range")
+        rng = field_range(f)
         if _too_large(v):
             within = f"{rng.describe()} and " if rng is not None and rng.choices is None else ""
             return f"{key}={v!r} is out of range: must be {within}at most {INT_MAX} in absolute value"
-        if rng is not None and isinstance(rng.choices, LazyChoices) and v == f.default:
-            continue  # a default is one of its choices (a test holds it so): no need to import their library
         if rng is not None and not rng.accepts(v):
             if rng.choices is not None:
                 return f"{key}={v!r} is not one of {', '.join(str(c) for c in rng.choices)}"
@@ -165,9 +132,18 @@ def schema_fields(schema: type, prefix: str = "") -> Iterator[tuple[str, datacla
             yield key, f
 
 
+def field_range(f: dataclasses.Field) -> Range | None:
+    """A field's valid range: from `value(...)`, or from the plain metadata of a field the `sparsity` library
+    declares ("choices", "gt", "ge", "lt", "le": `sparsity.options.ConverterOptions`, which cannot import this)."""
+    if "range" in f.metadata:
+        return f.metadata["range"]
+    limits = {key: f.metadata[key] for key in LIBRARY_LIMITS if key in f.metadata}
+    return Range(**limits) if limits else None
+
+
 def schema_ranges(schema: type, prefix: str = "") -> dict:
     """{key: Range} of every ranged field of a schema class (for tests and documentation)."""
-    return {key: f.metadata["range"] for key, f in schema_fields(schema, prefix) if "range" in f.metadata}
+    return {key: rng for key, f in schema_fields(schema, prefix) if (rng := field_range(f)) is not None}
 
 
 def flagged_fields(schema: type, flag: str) -> dict:

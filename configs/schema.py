@@ -1,28 +1,21 @@
 """Typed schema of every training config.
 
 Defaults are the reference DINOv2 values (`ssl_default_config.yaml`); YAML files in this folder and command-line
-dotlists only override them. Every key is declared here, so a typo or a wrong type is an error, and every number and
-choice declares its valid range (`value(default, ...)`, `fields.py`), so a meaningless value is an error naming the
-key and the range (see `load.py`). A field also says what it is to the rest of the code (`fields.FLAGS`):
-`execution=True` (how a run executes, which may change on resume), `at_switch=True` (acts at the sparse-to-dense
-switch), `trainer=True` (a `sparsity` key the trainer acts on, not the library's converter); the lists the
-other modules use are read from these flags. The choices of the `sparsity` section are the tuples the `sparsity`
-library owns (never listed twice) in `sparsity.options`, which imports no torch, read only when a value is checked
-against them (`LazyChoices`), so that `train.py --help` and a misspelt key load nothing of the library. The cuSPARSELt
-defaults are `BackendSettings`' (a test holds them equal).
+dotlists only override them. Every key is declared in this schema (the sparsity converter's options in the library,
+below), so a typo or a wrong type is an error, and every number and choice declares its valid range (`value(default,
+...)`, `fields.py`), so a meaningless value is an error naming the key and the range (see `load.py`). A field also
+says what it is to the rest of the code (`fields.FLAGS`): `execution=True` (how a run executes, which may change on
+resume), `at_switch=True` (acts at the sparse-to-dense switch); the lists the other modules use are read from these
+flags. The `sparsity` section extends the library's own options (`sparsity.options.ConverterOptions`, which imports
+no torch: their names, defaults, choices and flags are declared there once) with the keys the trainer acts on itself.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from .fields import LazyChoices, value
+from sparsity.options import ConverterOptions
 
-BACKENDS = LazyChoices("sparsity.options", "BACKENDS")
-CSLT_PACK_MODES = LazyChoices("sparsity.options", "CSLT_PACK_MODES")
-CSLT_SEARCH_MODES = LazyChoices("sparsity.options", "CSLT_SEARCH_MODES")
-KINDS = LazyChoices("sparsity.options", "KINDS")
-WEIGHT_GRADS = LazyChoices("sparsity.options", "WEIGHT_GRADS")
-PRUNED_GRADS = LazyChoices("sparsity.options", "PRUNED_GRADS")
-PRUNING_METHODS = LazyChoices("sparsity.options", "PRUNING_METHODS")
+from .fields import value
 
 ARCHS = ("vit_tiny", "vit_small", "vit_base", "vit_large")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # inductor's modes (train.compile_mode)
@@ -156,69 +149,35 @@ class DataConfig:
 
 
 @dataclass
-class SparsityConfig:
+class SparsityConfig(ConverterOptions):
+    """The library converter's options (`ConverterOptions`: modules, kind, backend, pruning, weight_grad,
+    weight_grad_modules, pruned_grad, pruned_decay, cslt_search, cslt_pack, fused_wgrad, block_density, block_size;
+    each documented there), then the keys the trainer acts on itself (`TRAINER_FIELDS`)."""
+
     # first `sparse_fraction * total_steps` steps 2:4-sparse, then dense
-    sparse_fraction: float = value(0.0, ge=0, le=1, trainer=True)
+    sparse_fraction: float = value(0.0, ge=0, le=1)
     # the first `dense_warmup_fraction * total_steps` of those steps dense (a warm-up before the sparse phase, the
     # switch staying at sparse_fraction); 0 = sparse from the first step (the published recipe); a dense run ignores it
-    dense_warmup_fraction: float = value(0.0, ge=0, lt=1, trainer=True)
+    dense_warmup_fraction: float = value(0.0, ge=0, lt=1)
     # the EMA teacher's backbone in the sparse phase: dense (its MLPs use the whole EMA weights, which the student never
     # uses whole) | sparse (its MLP linears are pruned 2:4 like the student's: a swap by name over the whole
     # meta-architecture). The exported teacher is always the dense EMA weights.
-    teacher: str = value("dense", choices=("dense", "sparse"), trainer=True)
+    teacher: str = value("dense", choices=("dense", "sparse"))
     # the weights the dense phase starts from: dense (the published recipe: the master weights as trained, with the
     # entries the sparse phase pruned) | pruned (those entries zeroed at the switch, in the student and in the EMA
     # teacher, each by its own 2:4 mask: the dense phase starts from the network the sparse phase computed)
-    switch_weights: str = value("dense", choices=("dense", "pruned"), trainer=True)
-    modules: str = r"blocks\.\d+\.mlp\.fc[12]"  # regex over module names (full match); glob if it starts with glob:
-    # weight (SemiSparseLinear: 2:4 weight) | activation (SemiSparseActivationLinear: 2:4 input) | block
-    # (BlockSparseLinear: block_density of the weight's block_size x block_size blocks; backend, pruning unused)
-    kind: str = value("weight", choices=KINDS)
-    # the GEMMs of a 2:4 layer: auto (per GEMM shape the faster of cusparselt and dense, timed once; its choices are
-    # written to the run's sparsity_decisions.json) | cusparselt | cutlass (A100) | dense (the pruned weight dense)
-    backend: str = value("auto", choices=BACKENDS, execution=True)
-    # tile_greedy (4x4 tiles, largest |w| first) | tile_greedy_signed (largest w first: torch's default, which torchao's
-    # SemiSparseLinear used) | tile_optimal | rowwise | soft_threshold (sparsity/pruning/reference.py)
-    pruning: str = value("tile_greedy", choices=PRUNING_METHODS)
-    # kind=weight: the weight gradient dy^T @ x as is (dense) or from the MVUE 2:4-sparse dy^T (mvue24: unbiased,
-    # sparsity/mvue_grad.py; on the 2:4 tensor cores with backend cusparselt or auto; compiled on those alone)
-    weight_grad: str = value("dense", choices=WEIGHT_GRADS)
-    # with weight_grad=mvue24: which of the converted linears take it (a pattern as `modules`; the others keep the
-    # dense weight gradient). MVUE pays per GEMM shape: on one H200 at ViT-L's it speeds up fc2's and slows fc1's
-    # (results/bench/NOTES.md), so `.*\.fc2` there
-    weight_grad_modules: str = ".*"
-    # kind=weight: the gradient of the entries the 2:4 mask drops: ste (the dense straight-through gradient, the
-    # published recipe) | masked (none: AdamW's weight decay alone moves them) (sparsity/pruned_entries.py)
-    pruned_grad: str = value("ste", choices=PRUNED_GRADS)
-    # kind=weight, a masking pruning: in the sparse phase, after clipping and before AdamW, grad += pruned_decay *
-    # (1 - mask) * W (SR-STE's masked decay, on the gradient as Hu et al. 2024); 0 = off (the published recipe).
-    # metrics.jsonl's pruned_grad_to_weight is the strength at which the decay equals the gradient
-    pruned_decay: float = value(0.0, ge=0)
+    switch_weights: str = value("dense", choices=("dense", "pruned"))
     # the share of the sparse phase over which the masked decay's strength ramps linearly from 0 to pruned_decay
     # (constant after it): the masks settle early in the phase, and a full decay then shrinks entries that would
     # have re-entered; 0 = the full strength from the phase's first step
-    pruned_decay_ramp: float = value(0.0, ge=0, le=1, trainer=True)
+    pruned_decay_ramp: float = value(0.0, ge=0, le=1)
     # per logged step, the student's mask flip rate, pruned share of |W| and the switch's loss jump (metrics.jsonl,
     # sparsity_masks.jsonl, TensorBoard; training/sparsity_monitor.py): a few prunes per logged step, none per step
-    mask_stats: bool = value(True, execution=True, trainer=True)
-    # How cuSPARSELt chooses a GEMM shape's algorithm, once per process (sparsity/backends/cusparselt/search.py):
-    # sweep (every algorithm checked against the dense product and timed; ids known to crash are skipped, and where
-    # no such list exists for the GPU and library version the default algorithm is used) | sweep_unsafe (the sweep
-    # there too) | library (cusparseLtMatmulSearch, checked) | none (the library's default)
-    cslt_search: str = value("sweep", choices=CSLT_SEARCH_MODES, execution=True)  # BackendSettings.cslt_search
-    # How W is compressed for cuSPARSELt (sparsity/backends/cusparselt/packing.py): auto (the fused Triton packer
-    # where its byte layout is validated or a start-up probe matches the library's, else the library compressor) |
-    # triton (no check) | library (cusparseLtSpMMACompress2, slower)
-    cslt_pack: str = value("auto", choices=CSLT_PACK_MODES, execution=True)  # BackendSettings.cslt_pack
-    # The weight gradient of a 2:4 layer as one cuBLASLt call that also reduces the bias gradient and writes fp32
-    # (sparsity/weight_grad.py; eager CUDA only, timed against the torch ops per shape and used where faster)
-    fused_wgrad: bool = value(True, execution=True)  # BackendSettings.fused_wgrad
-    block_density: float = value(0.5, gt=0, le=1)  # kind=block: fraction of the weight's blocks kept and trained
-    block_size: int = value(32, ge=1)  # kind=block: side of a block; must divide both dims of every converted linear
+    mask_stats: bool = value(True, execution=True)
 
     def problem(self) -> str | None:
         """The trainer's rules on this section, or None; the converter's own are the library's
-        (`sparsity.options.options_problem`, which `checks.py` calls), those spanning sections `checks.py`'s."""
+        (`ConverterOptions.converter_problem`, which `checks.py` calls), those spanning sections `checks.py`'s."""
         if self.pruned_decay_ramp and not self.pruned_decay:
             return (f"sparsity.pruned_decay_ramp={self.pruned_decay_ramp:g} ramps the masked decay, which "
                     "sparsity.pruned_decay=0 turns off: set both, or neither")
@@ -226,6 +185,11 @@ class SparsityConfig:
             return (f"sparsity.switch_weights=pruned needs sparsity.kind=weight and a masking sparsity.pruning, not "
                     f"kind={self.kind}, pruning={self.pruning}")
         return None
+
+
+# the `sparsity` keys the trainer acts on itself, not the library's converter: those this section adds
+CONVERTER_FIELDS = tuple(f.name for f in dataclasses.fields(ConverterOptions))
+TRAINER_FIELDS = tuple(f.name for f in dataclasses.fields(SparsityConfig) if f.name not in CONVERTER_FIELDS)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from sparsity.backends import BackendSettings, check_backend_name, configure_bac
 from sparsity.block_sparse import BlockSparseLinear
 from sparsity.backend_decisions import decisions
 from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
-from sparsity.options import KINDS, options_problem  # noqa: F401  (KINDS: sparsity.converter.KINDS, as before)
+from sparsity.options import DEFAULT_MODULES, KINDS, ConverterOptions  # noqa: F401  (as sparsity.converter.X too)
 from sparsity.pruned_entries import decay_pruned_grads
 from sparsity.pruning import check_method, check_shape, prune
 from sparsity.swap import name_matcher, swap_linear_modules, swap_to_dense
@@ -39,7 +39,6 @@ PHASES = (SPARSE, DENSE)
 # block: a fixed `block_density` of the weight's (block_size x block_size) blocks is used and trained
 # (BlockSparseLinear; backend and pruning do not apply)
 MODULE_CLASSES = {"weight": SemiSparseLinear, "activation": SemiSparseActivationLinear, "block": BlockSparseLinear}
-DEFAULT_MODULES = r"blocks\.\d+\.mlp\.fc[12]"  # a ViT's MLP linears
 
 
 Models = nn.Module | Sequence[nn.Module]  # one model, or several converted together (a student and its teacher)
@@ -57,29 +56,18 @@ class SparseThenDense:
     """2:4-sparse linears for the first `sparse_steps` steps, dense afterwards; with `dense_warmup_steps`, the first
     that many of them dense too (a warm-up before the sparse phase; the switch to dense stays at `sparse_steps`).
 
-    modules: regex over module names (full match), or a glob after "glob:"; kind: one of KINDS; backend: a GEMM
-    backend name; pruning: a transposable 2:4 method; cslt_search, cslt_pack, fused_wgrad: `BackendSettings`;
-    weight_grad (kind weight): "dense" | "mvue24" (`sparsity.mvue_grad`); weight_grad_modules: of the selected
-    linears, those whose name this pattern matches (as `modules`) take `weight_grad`, the others the dense weight
-    gradient (MVUE pays per GEMM shape: at ViT-L's, on fc2 alone); pruned_grad (kind weight): the pruned
-    entries' gradient, "ste" (the dense straight-through one) | "masked" (none); pruned_decay (kind weight, a masking
-    method): the masked decay's strength, applied by `decay_pruned` (`sparsity.pruned_entries`); block_density,
-    block_size (kind block): the fraction of blocks kept, in (0, 1], and the block's side, which must divide both
-    dims of every converted weight. Errors name the `sparsity.` config key."""
+    Its keyword `options` are `sparsity.options.ConverterOptions`' fields (modules, kind, backend, pruning,
+    weight_grad, weight_grad_modules, pruned_grad, pruned_decay, cslt_search, cslt_pack, fused_wgrad, block_density,
+    block_size), which say what each does and its default; an unknown one is a TypeError naming it. Errors name the
+    `sparsity.` config key."""
 
     name = "sparse_then_dense"
 
-    def __init__(self, sparse_steps: int = 0, *, modules: str = DEFAULT_MODULES, kind: str = "weight",
-                 backend: str = "auto", pruning: str = "tile_greedy", cslt_search: str = BackendSettings.cslt_search,
-                 cslt_pack: str = BackendSettings.cslt_pack, fused_wgrad: bool = BackendSettings.fused_wgrad,
-                 weight_grad: str = "dense", weight_grad_modules: str = ".*", pruned_grad: str = "ste",
-                 pruned_decay: float = 0.0, block_density: float = 0.5, block_size: int = 32,
-                 dense_warmup_steps: int = 0):
-        check_backend_name(backend)
-        check_method(pruning)
-        problem = options_problem(kind=kind, backend=backend, pruning=pruning, weight_grad=weight_grad,
-                                  pruned_grad=pruned_grad, pruned_decay=pruned_decay, block_density=block_density,
-                                  block_size=block_size)
+    def __init__(self, sparse_steps: int = 0, *, dense_warmup_steps: int = 0, **options):
+        opts = ConverterOptions(**options)
+        check_backend_name(opts.backend)
+        check_method(opts.pruning)
+        problem = opts.converter_problem()
         if problem:
             raise ValueError(problem)
         if sparse_steps < 0:
@@ -87,13 +75,13 @@ class SparseThenDense:
         if dense_warmup_steps < 0 or (sparse_steps and dense_warmup_steps >= sparse_steps):
             raise ValueError(f"dense_warmup_steps={dense_warmup_steps} must be >= 0 and leave a sparse step before the "
                              f"switch at step {sparse_steps}")
-        pruned_decay = float(pruned_decay)
         self.sparse_steps, self.dense_warmup_steps = sparse_steps, dense_warmup_steps if sparse_steps else 0
-        self.modules, self.kind, self.backend, self.pruning = modules, kind, backend, pruning
-        self.weight_grad, self.block_density, self.block_size = weight_grad, float(block_density), int(block_size)
-        self.weight_grad_modules = weight_grad_modules
-        self.pruned_grad, self.pruned_decay = pruned_grad, pruned_decay
-        self.settings = BackendSettings(cslt_search=cslt_search, cslt_pack=cslt_pack, fused_wgrad=fused_wgrad)
+        self.modules, self.kind, self.backend, self.pruning = opts.modules, opts.kind, opts.backend, opts.pruning
+        self.weight_grad, self.weight_grad_modules = opts.weight_grad, opts.weight_grad_modules
+        self.block_density, self.block_size = float(opts.block_density), int(opts.block_size)
+        self.pruned_grad, self.pruned_decay = opts.pruned_grad, float(opts.pruned_decay)
+        self.settings = BackendSettings(cslt_search=opts.cslt_search, cslt_pack=opts.cslt_pack,
+                                        fused_wgrad=opts.fused_wgrad)
         self.phase = DENSE
         self.converted: list[str] = []
         self._weight_sparse: list[SemiSparseLinear] = []  # the converted weight-sparse linears (decay_pruned)

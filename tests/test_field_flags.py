@@ -1,15 +1,16 @@
 """What a schema field says about itself (`configs.fields.FLAGS`) replaces the lists other modules kept by hand: the
-keys that may change on resume, the keys that act at the sparse-to-dense switch, and the `sparsity` keys the trainer
-acts on rather than the library's converter. The lists read from the flags are the ones the project had written out
-(so resume, sweeps and tables behave as before), and every `sparsity` key has exactly one owner."""
+keys that may change on resume and the keys that act at the sparse-to-dense switch; the `sparsity` keys the trainer
+acts on rather than the library's converter are those the config's section adds to the library's own options
+(`sparsity.options.ConverterOptions`). The lists read from them are the ones the project had written out (so resume,
+sweeps and tables behave as before), and every `sparsity` key has exactly one owner."""
 
-import inspect
+import dataclasses
 
 import pytest
 
 from configs.fields import flagged_keys
 from configs.load import RESUMABLE_CHANGES
-from configs.schema import Config, SparsityConfig
+from configs.schema import CONVERTER_FIELDS, TRAINER_FIELDS, Config, SparsityConfig
 from configs.sweep import SWITCH_KEYS
 
 # the hand-kept lists these flags replaced, as they were
@@ -28,33 +29,35 @@ ADDED_SINCE_TRAINER_KEYS = {"pruned_decay_ramp"}  # a schedule of the trainer's,
 def test_the_flags_give_the_lists_that_were_kept_by_hand():
     assert set(RESUMABLE_CHANGES) == FORMER_RESUMABLE_CHANGES and len(RESUMABLE_CHANGES) == 24
     assert SWITCH_KEYS == {"teacher.momentum_restart_at_switch": False}
-    assert set(flagged_keys(SparsityConfig, "trainer")) == FORMER_TRAINER_KEYS | ADDED_SINCE_TRAINER_KEYS
+    assert set(TRAINER_FIELDS) == FORMER_TRAINER_KEYS | ADDED_SINCE_TRAINER_KEYS
 
 
 def test_every_sparsity_key_is_the_converters_or_the_trainers_and_not_both():
+    """The converter takes exactly the library's options as keywords (an unknown one is a TypeError naming it), and
+    the config's section is those plus the trainer's, each declared once."""
     from sparsity import SparseThenDense
 
-    converter = set(inspect.signature(SparseThenDense.__init__).parameters) - {"self", "sparse_steps",
-                                                                               "dense_warmup_steps"}
-    trainer = set(flagged_keys(SparsityConfig, "trainer"))
-    keys = set(SparsityConfig.__dataclass_fields__)
-    assert keys == converter | trainer, (keys - converter - trainer, converter - keys)
-    assert not converter & trainer
+    converter = SparseThenDense(4, **{key: getattr(SparsityConfig(), key) for key in CONVERTER_FIELDS})
+    assert (converter.backend, converter.settings.cslt_search) == ("auto", "sweep")
+    with pytest.raises(TypeError, match="sparse_fraction"):
+        SparseThenDense(4, sparse_fraction=0.5)
+    keys = [f.name for f in dataclasses.fields(SparsityConfig)]
+    assert sorted(keys) == sorted([*CONVERTER_FIELDS, *TRAINER_FIELDS]) and len(set(keys)) == len(keys)
+    assert not set(CONVERTER_FIELDS) & set(TRAINER_FIELDS)
 
 
 def test_an_unknown_flag_is_an_error():
-    with pytest.raises(ValueError, match="unknown field flag 'resumable': one of execution, at_switch, trainer"):
+    with pytest.raises(ValueError, match="unknown field flag 'resumable': one of execution, at_switch"):
         flagged_keys(Config, "resumable")
 
 
 def test_the_configs_converter_rules_are_the_librarys_and_its_defaults_pass_them():
-    """configs/checks.py reports the converter's rules by calling the library (`options_problem`), skipping the call
-    at the defaults: they must pass, and the keys it hands over must be the function's parameters."""
-    from configs.checks import CONVERTER_RULE_KEYS
-    from sparsity.options import options_problem
+    """configs/checks.py reports the converter's rules through the library's own method on the section."""
+    from configs import ConfigError, load_config
 
-    assert set(CONVERTER_RULE_KEYS) == set(inspect.signature(options_problem).parameters)
-    assert options_problem(**{key: getattr(SparsityConfig, key) for key in CONVERTER_RULE_KEYS}) is None
-    assert options_problem(**{**{key: getattr(SparsityConfig, key) for key in CONVERTER_RULE_KEYS},
-                              "kind": "block", "weight_grad": "mvue24"}) == \
-        "sparsity.weight_grad=mvue24 applies to sparsity.kind=weight only, not block"
+    assert SparsityConfig().converter_problem() is None
+    block_mvue = SparsityConfig(kind="block", weight_grad="mvue24")
+    message = "sparsity.weight_grad=mvue24 applies to sparsity.kind=weight only, not block"
+    assert block_mvue.converter_problem() == message
+    with pytest.raises(ConfigError, match="sparsity.weight_grad=mvue24 applies to sparsity.kind=weight only"):
+        load_config(None, ["sparsity.kind=block", "sparsity.weight_grad=mvue24"])

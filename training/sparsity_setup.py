@@ -1,18 +1,11 @@
 """The config's `sparsity` section as the library's model converter, built in one place for training and evaluation."""
 
-import dataclasses
-
 from configs import Config
-from configs.fields import flagged_keys
-from configs.schema import SparsityConfig
+from configs.schema import CONVERTER_FIELDS
 from rundir.errors import UsageError
 from sparsity import SparseThenDense, build_converter
 from sparsity.converter import ConversionError
 
-# keys the trainer acts on itself, not the converter (flagged `trainer=True` in configs/schema.py): the number of
-# sparse steps comes from `sparse_fraction` (and the warm-up's from `dense_warmup_fraction`), `teacher` says which
-# backbones it converts, `switch_weights` what it prunes at the switch and `mask_stats` whether it logs the masks
-TRAINER_KEYS = flagged_keys(SparsityConfig, "trainer")
 
 
 class ModelConfigError(UsageError, ValueError):
@@ -31,7 +24,7 @@ def check_sparsity(converter: SparseThenDense, modules) -> None:
 def sparsity_converter(cfg: Config, backend: str | None = None) -> SparseThenDense:
     """`SparseThenDense` with every other `sparsity` key of `cfg`; `backend` replaces the configured GEMM backend
     (evaluation multiplies the pruned weights densely)."""
-    values = {k: v for k, v in dataclasses.asdict(cfg.sparsity).items() if k not in TRAINER_KEYS}
+    values = {key: getattr(cfg.sparsity, key) for key in CONVERTER_FIELDS}  # the library's own options
     if backend is not None:
         values["backend"] = backend
     return build_converter(SparseThenDense.name, cfg.sparse_steps, dense_warmup_steps=cfg.dense_warmup_steps, **values)

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparsity.options import CSLT_PACK_MODES, CSLT_SEARCH_MODES
+from sparsity.options import CSLT_PACK_MODES, CSLT_SEARCH_MODES, ConverterOptions
 
 
 @dataclass(frozen=True)
 class BackendSettings:
-    cslt_search: str = "sweep"
-    cslt_pack: str = "auto"
-    fused_wgrad: bool = True
+    cslt_search: str = ConverterOptions.cslt_search  # the converter's defaults, declared there once
+    cslt_pack: str = ConverterOptions.cslt_pack
+    fused_wgrad: bool = ConverterOptions.fused_wgrad
 
     def __post_init__(self):
         for name, choices in (("cslt_search", CSLT_SEARCH_MODES), ("cslt_pack", CSLT_PACK_MODES)):
