@@ -19,6 +19,7 @@ import pytest
 import submitit
 import torch
 
+from configs.eval_schema import load_eval_config, protocol_suffix
 from rundir.metrics import read_metrics, steps_done, without_timing
 
 from launcher_helpers import (CPU_JOB, REPO, SLURM_TIMEOUT_S, TINY, TOTAL_STEPS, job_ids, job_state, launch, slurm_logs,
@@ -27,6 +28,8 @@ from launcher_helpers import (CPU_JOB, REPO, SLURM_TIMEOUT_S, TINY, TOTAL_STEPS,
 pytestmark = pytest.mark.slow  # about 2-4 minutes for the whole module on 2 cores
 
 EVAL_FAST = ["--eval-arg", "linear.n_c=3", "--eval-arg", "features.num_workers=0"]
+# the record a probe under that protocol writes (named for it: evaluation/evaluate.py)
+EVAL_FAST_RECORD = f"eval_linear{protocol_suffix(load_eval_config(None, EVAL_FAST[1::2]))}.json"
 PREEMPT_AFTER_STEP = 5  # metrics line of step 5 written (5 steps done): the run is inside step 6 of 16
 CANCEL_AFTER_STEP = 1  # the first metrics line (one step done): the run is training
 
@@ -220,7 +223,7 @@ def test_a_sweep_trains_and_evaluates_through_slurm_and_a_rerun_submits_nothing(
         assert f"{eval_id} (after {train_id})" in table and str(run) in table, table
         wait_for(lambda job=eval_id: _finished(job), f"the probe of {run.name}")
         assert (job_state(train_id), job_state(eval_id)) == ("COMPLETED", "COMPLETED"), slurm_logs(run)[-4000:]
-        result = json.loads((run / "eval_linear.json").read_text())
+        result = json.loads((run / EVAL_FAST_RECORD).read_text())
         assert 0.0 <= result["top1"] <= 100.0
     assert read_metrics(runs[1] / "metrics.jsonl")[3]["phase"] == "sparse"  # 0.25 of 16 steps: dense from step 4
     assert read_metrics(runs[1] / "metrics.jsonl")[4]["phase"] == "dense"
