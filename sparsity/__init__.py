@@ -9,7 +9,8 @@ Typical use (the MLPs of a ViT, sparse for the first part of training, dense aft
     pruned_state_dict(model)    # (while sparse) the 2:4 network as plain weights, for a plain model to load
 
 or the same as a model converter with a schedule: `SparseThenDense(sparse_steps, backend=...).apply(model, step)`
-at every step (`convert(model)` / `revert(model)` by hand); `decisions()` says what the backends chose per shape.
+at every step (`convert(model)` / `revert(model)` by hand; its keyword options are `ConverterOptions`' fields);
+`decisions()` says what the backends chose per shape.
 
 Modules: `SemiSparseLinear` (weight 2:4), `SemiSparseActivationLinear` (input 2:4), `BlockSparseLinear`.
 Functions: `semi_sparse_linear`, `semi_sparse_activation_linear`, `block_sparse_linear`.
@@ -40,6 +41,7 @@ _EXPORTS = {
     "block_sparse_linear": ("sparsity.block_sparse", "block_sparse_linear"),
     "select_blocks": ("sparsity.block_sparse", "select_blocks"),
     "KINDS": ("sparsity.options", "KINDS"),
+    "ConverterOptions": ("sparsity.options", "ConverterOptions"),
     "SparseThenDense": ("sparsity.converter", "SparseThenDense"),
     "build_converter": ("sparsity.converter", "build_converter"),
     "decisions": ("sparsity.backend_decisions", "decisions"),
