@@ -134,6 +134,9 @@ def protocol_changes(cfg: EvalConfig) -> list[str]:
     return [f"{key}={setting}" for key, setting in protocol(cfg).items() if setting != default[key]]
 
 
+PROTOCOL_PREFIX = "protocol_"  # a record name's protocol label starts so (after `_`, reporting/run_logs.py globs it)
+
+
 def protocol_label(cfg: EvalConfig) -> str:
     """"" under the default protocol; else `protocol_<8 hex>`, a hash of `protocol_changes`: what a probe's record
     name carries (`eval_linear_protocol_1a2b3c4d.json`), so that a probe under another protocol never replaces the
@@ -141,7 +144,7 @@ def protocol_label(cfg: EvalConfig) -> str:
     changes = protocol_changes(cfg)
     if not changes:
         return ""
-    return "protocol_" + hashlib.sha256("\n".join(sorted(changes)).encode()).hexdigest()[:8]
+    return PROTOCOL_PREFIX + hashlib.sha256("\n".join(sorted(changes)).encode()).hexdigest()[:8]
 
 
 def protocol_suffix(cfg: EvalConfig) -> str:

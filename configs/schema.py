@@ -187,8 +187,8 @@ class SparsityConfig(ConverterOptions):
         return None
 
 
+CONVERTER_FIELDS = tuple(f.name for f in dataclasses.fields(ConverterOptions))  # the library converter's keys
 # the `sparsity` keys the trainer acts on itself, not the library's converter: those this section adds
-CONVERTER_FIELDS = tuple(f.name for f in dataclasses.fields(ConverterOptions))
 TRAINER_FIELDS = tuple(f.name for f in dataclasses.fields(SparsityConfig) if f.name not in CONVERTER_FIELDS)
 
 

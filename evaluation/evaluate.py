@@ -359,7 +359,7 @@ def default_output_name(mode: str, baseline: str | None, checkpoint: Path | None
     (or `*_<file stem>.json` without a recorded step) for any other checkpoint, so the final student and a teacher
     export of the same step never share a record; `suffix` last (`_data_<label>` for
     other data than the run's own, `other_data`; then `_protocol_<hash>` under another protocol than the default,
-    `configs.eval_schema.protocol_label`; then `_pruned_mlp` / `_dense_mlp` when the MLPs are probed otherwise
+    `configs.eval_schema.protocol_suffix`; then `_pruned_mlp` / `_dense_mlp` when the MLPs are probed otherwise
     than the run's last step ran them: `MlpPruning.output_suffix`)."""
     knn_only = mode == "knn"
     if baseline:

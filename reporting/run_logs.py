@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from configs import ConfigError, load_config
-from configs.eval_schema import protocol_suffix
-from rundir.layout import CONFIG, METRICS, TEACHER, baseline_results, is_run_dir
+from configs.eval_schema import PROTOCOL_PREFIX, protocol_suffix
+from rundir.layout import CONFIG, METRICS, TEACHER, baseline_results, eval_result_name, is_run_dir
 from rundir.run_dir import RunDir
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED
 
@@ -259,7 +259,7 @@ def _training_status(run: RunSummary, run_dir: RunDir) -> None:
 
 def _other_protocols(run_dir: RunDir, data_suffix: str) -> str:
     """Why a run without the default protocol's record may still have probes: their names, and how to see them."""
-    others = sorted(p.name for p in run_dir.path.glob(f"eval_linear{data_suffix}_protocol_*.json"))
+    others = sorted(p.name for p in run_dir.path.glob(eval_result_name(False, f"{data_suffix}_{PROTOCOL_PREFIX}*")))
     if not others:
         return ""
     return (f"no probe under the default protocol; under others: {', '.join(others[:3])} (make_table.py --eval-arg "

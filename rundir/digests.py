@@ -63,9 +63,10 @@ def recorded_digest(path: Path | str) -> str | None:
 
 def verify(path: Path | str) -> bool:
     """True when `path` has a recorded digest and matches it; False when it has none; CorruptFile on a mismatch."""
-    if recorded_digest(path) is None:
+    expected = recorded_digest(path)
+    if expected is None:
         return False
-    checked_digest(path)
+    _check(path, expected)
     return True
 
 
@@ -73,7 +74,11 @@ def checked_digest(path: Path | str) -> str:
     """The SHA-256 of `path`, checked against its recorded digest where it has one: CorruptFile when that digest is
     damaged or does not match, so a reader that keys on the file's digest (a feature cache) refuses it as a loader
     would."""
-    expected = recorded_digest(path)
+    return _check(path, recorded_digest(path))
+
+
+def _check(path: Path | str, expected: str | None) -> str:
+    """`path`'s SHA-256 against `expected` (`recorded_digest`'s answer: None for no digest, "" for a damaged one)."""
     if expected == "":
         raise CorruptFile(path, f"has an unreadable recorded SHA-256 ({digest_path(path).name}): the digest was "
                                 "damaged after it was written, so the file cannot be checked")
