@@ -7,16 +7,15 @@ Rows (`--rows`): `eager-dense` (the step with train.compile=false), `compiled-de
 `compiled-cusparselt+teacher` / `compiled-auto+teacher`: the sparse phase with the teacher's MLPs 2:4 too
 (`sparsity.teacher=sparse`; the per-step prune + pack of the EMA weights is in the step), and `+mvue` rows
 (`compiled-auto+mvue`, `compiled-auto+teacher+mvue`, ...): the student's MLP weight gradients on 2:4 as well
-(`sparsity.weight_grad=mvue24`: dy^T pruned by MVUE and compressed in one pass per layer); `+mvue-fc2` on the second MLP
-linear alone (`sparsity.weight_grad_modules=.*\\.fc2`, where MVUE pays at ViT-L's shapes); `+gelu` with each 2:4 fc1
-applying its MLP's GELU (`sparsity.fuse_gelu=true`: in cuSPARSELt's epilogue in the teacher). `--compile-modes default
+(`sparsity.weight_grad=mvue24`: dy^T pruned by MVUE and compressed in one pass per layer); `+mvue-fc2` on the second
+MLP linear alone (`sparsity.weight_grad_modules=.*\\.fc2`, where MVUE pays at ViT-L's shapes). `--compile-modes default
 reduce-overhead` repeats the compiled rows with the blocks replayed as CUDA graphs (`graphs-dense`, ...), `step-graph`
-with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three steps
-per row run eagerly, the fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs at its power
-cap and slows as it warms, so rows run later in a fixed order run slower: `--heat-s 60` compiles every row first and
-then runs 60 s of steps, so that the rows start warm, and `--rounds N` lets the rows take turns N times (each row's
-steps of all rounds together); every row records the clock, temperature and power it ended at (`gpu_state`, per round in
-`rounds`).
+with the whole step replayed as one CUDA graph (`train.cuda_graph=true`: `stepgraph-dense`, ...; its first three
+steps per row run eagerly, the fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs at its
+power cap and slows as it warms, so rows run later in a fixed order run slower: `--heat-s 60` compiles every row
+first and then runs 60 s of steps, so that the rows start warm, and `--rounds N` lets the rows take turns N times
+(each row's steps of all rounds together); every row records the clock, temperature and power it ended at
+(`gpu_state`, per round in `rounds`).
 `--ablations` adds compiled-dense rows with one of this step's choices undone (heads and losses left eager,
 foreach instead of fused AdamW, the two-pass EMA, the per-step host syncs of the earlier loop, Python's automatic
 garbage collection), each timed right after the baseline it is compared with. Every row runs with the config's
@@ -54,7 +53,7 @@ MODE_ROW_PREFIX = {"reduce-overhead": "graphs-", "max-autotune-no-cudagraphs": "
 ROWS = ("eager-dense", "compiled-dense", "compiled-cusparselt", "compiled-auto", "eager-cusparselt", "eager-auto",
         "compiled-cusparselt+teacher", "compiled-auto+teacher", "compiled-auto+mvue",
         "compiled-cusparselt+teacher+mvue", "compiled-auto+teacher+mvue", "compiled-auto+mvue-fc2",
-        "compiled-auto+teacher+mvue-fc2", "compiled-auto+teacher+gelu", "compiled-auto+teacher+mvue-fc2+gelu")
+        "compiled-auto+teacher+mvue-fc2")
 ALL_MODULES, FC2_ONLY = ".*", r".*\.fc2"  # sparsity.weight_grad_modules of the `+mvue` and `+mvue-fc2` rows
 ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs", "automatic-gc")
 
@@ -212,8 +211,8 @@ def wgrad_share(trainer: Trainer, row: str) -> float:
 
 def set_row(trainer: Trainer, row: str) -> tuple[str, str]:
     """Put the student (and with `+teacher` the teacher) in the row's phase and backend, with `+mvue` its weight
-    gradients on 2:4 and with `+gelu` GELU fused into fc1; returns (mode, backend)."""
-    mode, backend, flags = parse_row(row)
+    gradients on 2:4; returns (mode, backend)."""
+    mode, backend, _ = parse_row(row)
     student, teacher = trainer.model.student.backbone, trainer.model.teacher.backbone
     trainer.sparse_targets = [student, teacher]  # whatever the previous row made sparse goes dense
     trainer.enter_phase("dense")
@@ -223,7 +222,6 @@ def set_row(trainer: Trainer, row: str) -> tuple[str, str]:
         pattern = wgrad_modules(trainer, row)
         trainer.sparsity.weight_grad = "dense" if pattern is None else "mvue24"
         trainer.sparsity.weight_grad_modules = pattern or ALL_MODULES
-        trainer.sparsity.fuse_gelu = "gelu" in flags or trainer.cfg.sparsity.fuse_gelu
         trainer.enter_phase("sparse")
     return mode, backend
 

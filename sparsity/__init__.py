@@ -13,8 +13,7 @@ at every step (`convert(model)` / `revert(model)` by hand; its keyword options a
 `decisions()` says what the backends chose per shape.
 
 Modules: `SemiSparseLinear` (weight 2:4), `SemiSparseActivationLinear` (input 2:4), `BlockSparseLinear`.
-Functions: `semi_sparse_linear`, `semi_sparse_activation_linear`, `block_sparse_linear`; `fuse_gelu` (a 2:4 fc1
-takes over its MLP's GELU: cuSPARSELt's epilogue where no gradient is asked) and `unfuse_gelu`.
+Functions: `semi_sparse_linear`, `semi_sparse_activation_linear`, `block_sparse_linear`.
 Pruning: `prune(w, method)`, `mvue`, `is_transposable`, `PRUNING_METHODS`; backends: `get_backend(name)`.
 Importing this package imports nothing: each name loads its module on first use (`sparsity.options`, the converter's
 choices and rules, never loads torch, so that a config reader can check them cheaply); Triton loads with the first
@@ -46,8 +45,6 @@ _EXPORTS = {
     "SparseThenDense": ("sparsity.converter", "SparseThenDense"),
     "build_converter": ("sparsity.converter", "build_converter"),
     "decisions": ("sparsity.backend_decisions", "decisions"),
-    "fuse_gelu": ("sparsity.gelu_fusion", "fuse_gelu"),
-    "unfuse_gelu": ("sparsity.gelu_fusion", "unfuse_gelu"),
     "SemiSparseActivationLinear": ("sparsity.modules", "SemiSparseActivationLinear"),
     "SemiSparseLinear": ("sparsity.modules", "SemiSparseLinear"),
     "PRUNING_METHODS": ("sparsity.options", "PRUNING_METHODS"),

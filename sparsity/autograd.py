@@ -26,7 +26,6 @@ compute dtype) and the backend's SparseWeight are kept for backward.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from sparsity import traced
 from sparsity.backends import Backend, get_backend
@@ -186,45 +185,21 @@ def semi_sparse_linear(
     masked_grad: bool = False,
     scale: torch.Tensor | None = None,
     weight_grad: str = "dense",
-    gelu: str | None = None,
 ) -> torch.Tensor:
     """y = x @ prune(weight)^T [* scale] + bias with straight-through weight gradients (see the module docstring).
 
     `scale`: optional 0-d tensor multiplying the pruned weight (S-STE's beta for pruning="soft_threshold").
     `weight_grad`: "dense" (dy^T @ x) | "mvue24" (MVUE24(dy^T) @ x, `sparsity.mvue_grad`; under torch.compile on
-    cuSPARSELt only). `gelu`: "none" | "tanh" (F.gelu's `approximate`) returns GELU(y) instead; where no gradient is
-    asked (an EMA teacher) a backend with a GELU epilogue applies it in the GEMM (cuSPARSELt: the tanh form).
+    cuSPARSELt only).
     """
     check_method(pruning)
     check_weight_grad(weight_grad)
-    dtype = compute_dtype_for(x)
     if torch.compiler.is_compiling():  # the compiler's form: ops it can see and fuse (sparsity/traced.py)
-        return traced.semi_sparse_linear(x, weight, bias, backend, pruning, masked_grad, scale, dtype, weight_grad,
-                                         gelu)
-    if gelu is not None and not grad_asked(x, weight, bias):
-        return _linear_gelu_without_grad(x, weight, bias, get_backend(backend), pruning, scale, dtype, gelu)
-    y = SemiSparseWeightFunction.apply(x, weight, bias, get_backend(backend), pruning, masked_grad, scale, dtype,
-                                       weight_grad)
-    return y if gelu is None else F.gelu(y, approximate=gelu)
-
-
-def grad_asked(*tensors: torch.Tensor | None) -> bool:
-    """Whether autograd would record an op on these tensors (grad mode on and one of them requires grad)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _linear_gelu_without_grad(x, weight, bias, backend: Backend, pruning, scale, dtype, gelu) -> torch.Tensor:
-    """GELU(x @ prune(W)^T [* scale] + b) with nothing kept for a backward: the backend's GELU epilogue where it has
-    one (`SparseWeight.matmul_gelu`)."""
-    with AutocastOff(x.device.type):
-        x2 = cast(_rows(x, weight.shape[1]), dtype)
-        sw = backend.sparsify(cast(weight, dtype), pruning)
-        if scale is None:
-            y = sw.matmul_gelu(x2, bias, gelu)
-        else:
-            y = sw.matmul(x2) * scale
-            y = F.gelu(y if bias is None else y + cast(bias, dtype), approximate=gelu)
-    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
+        return traced.semi_sparse_linear(x, weight, bias, backend, pruning, masked_grad, scale, compute_dtype_for(x),
+                                         weight_grad)
+    return SemiSparseWeightFunction.apply(
+        x, weight, bias, get_backend(backend), pruning, masked_grad, scale, compute_dtype_for(x), weight_grad
+    )
 
 
 def semi_sparse_activation_linear(

@@ -24,7 +24,6 @@ from torch import nn
 
 from sparsity.backends import BackendSettings, check_backend_name, configure_backends, get_backend
 from sparsity.block_sparse import BlockSparseLinear
-from sparsity.gelu_fusion import fuse_gelu
 from sparsity.backend_decisions import decisions
 from sparsity.modules import SemiSparseActivationLinear, SemiSparseLinear
 from sparsity.options import DEFAULT_MODULES, KINDS, ConverterOptions  # noqa: F401  (as sparsity.converter.X too)
@@ -58,9 +57,9 @@ class SparseThenDense:
     that many of them dense too (a warm-up before the sparse phase; the switch to dense stays at `sparse_steps`).
 
     Its keyword `options` are `sparsity.options.ConverterOptions`' fields (modules, kind, backend, pruning,
-    weight_grad, weight_grad_modules, pruned_grad, pruned_decay, fuse_gelu, cslt_search, cslt_pack, fused_wgrad,
-    block_density, block_size), which say what each does and its default; an unknown one is a TypeError naming it.
-    Errors name the `sparsity.` config key."""
+    weight_grad, weight_grad_modules, pruned_grad, pruned_decay, cslt_search, cslt_pack, fused_wgrad, block_density,
+    block_size), which say what each does and its default; an unknown one is a TypeError naming it. Errors name the
+    `sparsity.` config key."""
 
     name = "sparse_then_dense"
 
@@ -81,7 +80,6 @@ class SparseThenDense:
         self.weight_grad, self.weight_grad_modules = opts.weight_grad, opts.weight_grad_modules
         self.block_density, self.block_size = float(opts.block_density), int(opts.block_size)
         self.pruned_grad, self.pruned_decay = opts.pruned_grad, float(opts.pruned_decay)
-        self.fuse_gelu = bool(opts.fuse_gelu)
         self.settings = BackendSettings(cslt_search=opts.cslt_search, cslt_pack=opts.cslt_pack,
                                         fused_wgrad=opts.fused_wgrad)
         self.phase = DENSE
@@ -155,8 +153,6 @@ class SparseThenDense:
             for model in _each(models):
                 converted += swap_linear_modules(model, pattern=self.modules, module_cls=MODULE_CLASSES[self.kind],
                                                  **self._module_options())
-                if self.fuse_gelu:
-                    fuse_gelu(model)
         except BaseException:  # all or nothing: the models converted before the failing one are reverted
             self.revert(models)
             raise
@@ -248,7 +244,6 @@ class SparseThenDense:
         grad += f" on {self.weight_grad_modules}" if grad and self.weight_grad_modules != ".*" else ""
         grad += ", pruned entries get no gradient" if self.pruned_grad == "masked" else ""
         grad += f", pruned entries decayed ({self.pruned_decay:g})" if self.pruned_decay else ""
-        grad += ", fc1 applies its MLP's GELU (cuSPARSELt's epilogue without gradients)" if self.fuse_gelu else ""
         return f"2:4-sparse ({self.kind}, backend={self.backend}, pruning={self.pruning}{grad})"
 
     # --------------------------------------------------------------------------------------------- what it decided

@@ -130,14 +130,12 @@ class SemiSparseLinear(_SparseLinearBase):
     order, by signed value) | "tile_optimal" (transposable: both GEMMs sparse) | "rowwise" | "soft_threshold"
     (input-gradient GEMM dense); masked_grad: multiply the
     straight-through weight gradient by the mask; weight_grad: "dense" | "mvue24" (the weight gradient from the
-    MVUE 2:4-sparse output gradient, `sparsity.mvue_grad`). `gelu` ("none" | "tanh", set by
-    `sparsity.gelu_fusion.fuse_gelu`): the layer returns GELU of its output, in the GEMM's epilogue where it can.
+    MVUE 2:4-sparse output gradient, `sparsity.mvue_grad`).
     """
 
     masked_grad = False
     weight_grad = "dense"
-    gelu: str | None = None
-    _SPARSE_ATTRS = ("backend", "pruning", "masked_grad", "weight_grad", "gelu")
+    _SPARSE_ATTRS = ("backend", "pruning", "masked_grad", "weight_grad")
     _SPARSE_BUFFERS = (SCALE_BUFFER,)
 
     def configure(
@@ -188,13 +186,11 @@ class SemiSparseLinear(_SparseLinearBase):
             masked_grad=self.masked_grad,
             scale=getattr(self, SCALE_BUFFER) if self.pruning == "soft_threshold" else None,
             weight_grad=self.weight_grad,
-            gelu=self.gelu,
         )
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + (", masked_grad=True" if self.masked_grad else "")
-                + (f", weight_grad={self.weight_grad}" if self.weight_grad != "dense" else "")
-                + (f", gelu={self.gelu}" if self.gelu is not None else ""))
+                + (f", weight_grad={self.weight_grad}" if self.weight_grad != "dense" else ""))
 
 
 class SemiSparseActivationLinear(_SparseLinearBase):

@@ -56,10 +56,6 @@ class ConverterOptions:
     # (1 - mask) * W (SR-STE's masked decay, on the gradient as Hu et al. 2024); 0 = off (the published recipe).
     # metrics.jsonl's pruned_grad_to_weight is the strength at which the decay equals the gradient
     pruned_decay: float = _option(0.0, ge=0)
-    # kind=weight: a converted fc1 followed by its timm Mlp's GELU applies that GELU itself, in cuSPARSELt's GEMM
-    # epilogue where no gradient is asked (an EMA teacher on 2:4): one pass over the hidden activations less per
-    # block (sparsity/gelu_fusion.py). The epilogue computes GELU's tanh form (at most 4.7e-4 from the exact one)
-    fuse_gelu: bool = False
     # How the GEMM backends run (sparsity/backends/settings.py says each value): how cuSPARSELt chooses a shape's
     # algorithm, how W is compressed for it, and whether the weight gradient is one cuBLASLt call
     cslt_search: str = _option("sweep", choices=CSLT_SEARCH_MODES, execution=True)
@@ -73,12 +69,11 @@ class ConverterOptions:
         return options_problem(kind=self.kind, backend=self.backend, pruning=self.pruning,
                                weight_grad=self.weight_grad, pruned_grad=self.pruned_grad,
                                pruned_decay=self.pruned_decay, block_density=self.block_density,
-                               block_size=self.block_size, fuse_gelu=self.fuse_gelu)
+                               block_size=self.block_size)
 
 
 def options_problem(*, kind: str, backend: str, pruning: str, weight_grad: str, pruned_grad: str,
-                    pruned_decay: float, block_density: float, block_size: int,
-                    fuse_gelu: bool = False) -> str | None:
+                    pruned_decay: float, block_density: float, block_size: int) -> str | None:
     """What is wrong with these converter options, as one message naming the `sparsity.` config keys, or None: the
     library's one statement of its rules, which `SparseThenDense` raises and the training config's checks report."""
     for key, v, choices in (("kind", kind, KINDS), ("backend", backend, BACKENDS),
@@ -88,8 +83,6 @@ def options_problem(*, kind: str, backend: str, pruning: str, weight_grad: str, 
             return f"sparsity.{key}={v!r} is not one of {', '.join(choices)}"
     if weight_grad != "dense" and kind != "weight":
         return f"sparsity.weight_grad={weight_grad} applies to sparsity.kind=weight only, not {kind}"
-    if fuse_gelu and kind != "weight":
-        return f"sparsity.fuse_gelu=true applies to sparsity.kind=weight only, not {kind}"
     problem = pruned_decay_problem(pruned_decay, pruning)
     if problem:
         return problem

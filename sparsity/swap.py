@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from sparsity.block_sparse import BlockSparseLinear
-from sparsity.gelu_fusion import unfuse_gelu
 from sparsity.modules import SCALE_BUFFER, SemiSparseActivationLinear, SemiSparseLinear, SparseLinearMixin
 from sparsity.pruning import prune
 
@@ -126,9 +125,7 @@ def swap_linear_modules(
 
 def swap_to_dense(model: nn.Module, pattern: str | None = None) -> list[str]:
     """Turn every sparse linear module (or those whose name matches `pattern`) back into nn.Linear holding the same
-    Parameters; returns the names swapped. Their extra buffers (soft_threshold_scale, block masks) are dropped, and
-    GELU modules a 2:4 fc1 took over (`sparsity.gelu_fusion`) are put back first."""
-    unfuse_gelu(model)
+    Parameters; returns the names swapped. Their extra buffers (soft_threshold_scale, block masks) are dropped."""
     match = name_matcher(pattern) if pattern is not None else (lambda name: True)
     swapped = [(name, m) for name, m in model.named_modules() if isinstance(m, SPARSE_LINEAR_TYPES) and match(name)]
     for name, m in swapped:

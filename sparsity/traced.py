@@ -100,7 +100,7 @@ def _rows(x: torch.Tensor, features: int, dtype: torch.dtype) -> torch.Tensor:
 
 def semi_sparse_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, backend: str, pruning: str,
                        masked_grad: bool, scale: torch.Tensor | None, dtype: torch.dtype,
-                       weight_grad: str = "dense", gelu: str | None = None) -> torch.Tensor:
+                       weight_grad: str = "dense") -> torch.Tensor:
     """The traced form of `sparsity.autograd.semi_sparse_linear` (same arguments, resolved)."""
     out_f, in_f = weight.shape
     x2 = _rows(x, in_f, dtype)
@@ -111,17 +111,10 @@ def semi_sparse_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     tokens = _specialized(x2.shape[0]) if backend == "auto" else 0  # auto's choice is per token count
     path = _path(backend, pruning, str(x.device), str(dtype).replace("torch.", ""), out_f, in_f, tokens,
                  bias is not None)
-    # GELU in cuSPARSELt's epilogue where no gradient is asked (a trace-time fact, guarded like every grad mode)
-    epilogue = (gelu is not None and path != "dense" and scale is None
-                and not (torch.is_grad_enabled() and (x2.requires_grad or w.requires_grad
-                                                       or (bias is not None and bias.requires_grad))))
     if path == "dense":
         y = _dense(x2, w, bias, pruning, masked_grad, scale)
     else:
-        y = _cusparselt(x2, w, bias, pruning, masked_grad, scale, library=path == "cusparselt-library", mvue=mvue,
-                        activation="gelu" if epilogue else "")
-    if gelu is not None and not epilogue:
-        y = F.gelu(y, approximate=gelu)
+        y = _cusparselt(x2, w, bias, pruning, masked_grad, scale, library=path == "cusparselt-library", mvue=mvue)
     return y.reshape(*x.shape[:-1], out_f)
 
 
@@ -143,7 +136,7 @@ def _dense(x2, w, bias, pruning, masked_grad, scale):
     return y if bias is None else y + bias.to(x2.dtype)
 
 
-def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: bool = False, activation: str = ""):
+def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: bool = False):
     out_f, in_f = w.shape
     rows_pad = -(-out_f // 16) * 16
     wd = w.detach()
@@ -179,7 +172,7 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: b
     if pad:
         x2 = F.pad(x2, (0, 0, 0, pad))
     y = torch.ops.sparsity.cslt_linear(x2, w_grad, bias if scale is None else None, fwd, dgrad, rows_pad,
-                                       transposable, ref, _cslt_search(), mvue, activation)
+                                       transposable, ref, _cslt_search(), mvue)
     if pad:
         y = y[:tokens]
     if scale is None:

@@ -35,12 +35,6 @@ class SparseWeight(abc.ABC):
         """x (tokens, in) -> x @ W_s^T + bias (tokens, out), in x's dtype; bias may come in any float dtype (e.g.
         the fp32 master bias under autocast): the backend casts it where its GEMM needs it."""
 
-    def matmul_gelu(self, x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
-        """GELU(x @ W_s^T + bias) for a forward no gradient is asked of; `approximate` is the form the model asks
-        for ("none" | "tanh", F.gelu's). Backends whose GEMM has a GELU epilogue override this (and may compute
-        their own form: cuSPARSELt's is tanh)."""
-        return torch.nn.functional.gelu(self.matmul(x, bias), approximate=approximate)
-
     @abc.abstractmethod
     def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:
         """dy (tokens, out) -> dy @ W_s (tokens, in)."""

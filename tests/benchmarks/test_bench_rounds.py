@@ -138,9 +138,8 @@ def test_set_row_makes_the_teacher_sparse_only_in_its_rows():
     class FakeTrainer:
         def __init__(self):
             self.model = SimpleNamespace(student=SimpleNamespace(backbone="S"), teacher=SimpleNamespace(backbone="T"))
-            self.cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense", weight_grad="dense", fuse_gelu=False))
-            self.sparsity = SimpleNamespace(backend="auto", weight_grad="dense", weight_grad_modules=".*",
-                                            fuse_gelu=False)
+            self.cfg = SimpleNamespace(sparsity=SimpleNamespace(teacher="dense", weight_grad="dense"))
+            self.sparsity = SimpleNamespace(backend="auto", weight_grad="dense", weight_grad_modules=".*")
             self.sparse = set()
 
         def enter_phase(self, phase):
@@ -155,11 +154,8 @@ def test_set_row_makes_the_teacher_sparse_only_in_its_rows():
     assert t.sparsity.weight_grad == "mvue24" and t.sparsity.weight_grad_modules == r".*\.fc2"
     B.set_row(t, "compiled-auto+mvue")
     assert t.sparsity.weight_grad_modules == ".*"
-    assert not t.sparsity.fuse_gelu
-    B.set_row(t, "compiled-auto+teacher+mvue-fc2+gelu")  # GELU in fc1, with the rest of the row's flags
-    assert t.sparse == {"S", "T"} and t.sparsity.fuse_gelu and t.sparsity.weight_grad_modules == r".*\.fc2"
     B.set_row(t, "compiled-auto")
-    assert t.sparse == {"S"} and t.sparsity.weight_grad == "dense" and not t.sparsity.fuse_gelu
+    assert t.sparse == {"S"} and t.sparsity.weight_grad == "dense"
     B.set_row(t, "compiled-dense")
     assert t.sparse == set()
 

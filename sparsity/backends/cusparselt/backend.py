@@ -65,17 +65,13 @@ class CuSparseLtSparseWeight(SparseWeight):
     def transposable(self) -> bool:
         return self.packed_t is not None
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, activation: str = "") -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         out, inf = self.shape
         if bias is not None and self.rows_pad != out:
             bias = F.pad(bias, (0, self.rows_pad - out))
         # bias in any dtype: the plan copies it into its own buffer of the GEMM's dtype (the copy casts)
-        y = mm(self.packed, cast(x, self.dtype), bias, self.rows_pad, inf, False, self._ref, self.search, activation)
+        y = mm(self.packed, cast(x, self.dtype), bias, self.rows_pad, inf, False, self._ref, self.search)
         return y if self.rows_pad == out else y[:, :out]
-
-    def matmul_gelu(self, x: torch.Tensor, bias: torch.Tensor | None, approximate: str) -> torch.Tensor:
-        """GELU in the GEMM's epilogue: cuSPARSELt's tanh form whatever `approximate` asks (`plans.CSLT_GELU`)."""
-        return self.matmul(x, bias, "gelu")
 
     def matmul_t(self, dy: torch.Tensor) -> torch.Tensor:
         out, inf = self.shape

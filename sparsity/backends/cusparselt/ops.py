@@ -1,17 +1,14 @@
 """The cuSPARSELt operations as `torch.library` operators: what torch.compile traces of the 2:4 layers call (eager
 layers call the same Python functions directly).
 
-    sparsity::cslt_mm          x @ W_s^T (+ bias) (then GELU, with `activation`), or x @ W_s, with W_s compressed
-                               for cuSPARSELt (no gradient)
+    sparsity::cslt_mm          x @ W_s^T (+ bias), or x @ W_s, with W_s compressed for cuSPARSELt (no gradient)
     sparsity::cslt_prune_pack  fused prune (tile_greedy, or a given mask) + compression of W and W^T (no gradient),
                                or, with `library`, the library compressor on an already pruned W
     sparsity::cslt_linear      a 2:4 linear layer's forward GEMM with its registered autograd formula: the input
                                gradient on the compressed W_s^T, the straight-through weight gradient dy^T x for
                                the dense weight (or, with `mvue_wgrad`, its MVUE estimate on the 2:4 GEMM), the
                                bias gradient. This is what a compiled graph sees of a sparse layer; eager layers use
-                               `sparsity.autograd` instead (no dispatcher overhead). With `activation="gelu"` the
-                               epilogue applies GELU after the bias: a forward for layers no gradient is asked of
-                               (an EMA teacher); its backward refuses.
+                               `sparsity.autograd` instead (no dispatcher overhead).
     sparsity::cslt_mvue_wgrad  dW = MVUE(dy^T) @ x on cuSPARSELt (`wgrad.py`), its seed a device tensor: what the
                                compiled backward of an `mvue_wgrad` layer calls after drawing the seed on the GPU
 
@@ -45,9 +42,8 @@ SPLIT_MIN_TOKENS = 64  # below this a padded copy of x is cheaper than a second 
 
 def _gemm_impl(packed: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, out_features: int,
                in_features: int, transpose: bool, dense_ref: torch.Tensor | None,
-               search: str = DEFAULT_SEARCH, activation: str = "") -> torch.Tensor:
-    """transpose=False: x (n, in) -> x @ W^T (+bias) (n, out), then GELU with activation="gelu" (cuSPARSELt's
-    epilogue).  transpose=True: x (n, out) -> x @ W (n, in).
+               search: str = DEFAULT_SEARCH) -> torch.Tensor:
+    """transpose=False: x (n, in) -> x @ W^T (+bias) (n, out).  transpose=True: x (n, out) -> x @ W (n, in).
 
     cuSPARSELt needs the token count to be a multiple of 8. A row-major x with n % 8 != 0 (e.g. 30779 tokens in a
     DINOv2 step with stochastic depth) is not copied into a padded buffer (a full read + write of x, 0.06-0.25 ms
@@ -66,28 +62,26 @@ def _gemm_impl(packed: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
         y = torch.empty(n, m_dim, dtype=x.dtype, device=x.device)
         main = n - tail
         _gemm_run(packed, x[:main] if tail else x, True, y, bias, out_features, in_features, transpose, dense_ref,
-                  search, activation)
+                  search)
         if tail:
             xt = x.new_zeros(TOKEN_MULTIPLE, k_dim)
             xt[:tail].copy_(x[main:])
             yt = torch.empty(TOKEN_MULTIPLE, m_dim, dtype=x.dtype, device=x.device)
-            _gemm_run(packed, xt, True, yt, bias, out_features, in_features, transpose, dense_ref, search, activation)
+            _gemm_run(packed, xt, True, yt, bias, out_features, in_features, transpose, dense_ref, search)
             y[main:].copy_(yt[:tail])
         return y
     if x.stride(0) == 1 and x.stride(1) == n and tail == 0 and aligned:  # column-major x = row-major x^T: op(B)=N
         y = torch.empty(n, m_dim, dtype=x.dtype, device=x.device)
-        _gemm_run(packed, x.t(), False, y, bias, out_features, in_features, transpose, dense_ref, search,
-                  activation)
+        _gemm_run(packed, x.t(), False, y, bias, out_features, in_features, transpose, dense_ref, search)
         return y
     n_pad = n + (TOKEN_MULTIPLE - tail) % TOKEN_MULTIPLE  # anything else: a padded row-major copy
     b = x.new_zeros(n_pad, k_dim) if n_pad != n else torch.empty(n, k_dim, dtype=x.dtype, device=x.device)
     b[:n].copy_(x)
     y = torch.empty(n_pad, m_dim, dtype=x.dtype, device=x.device)
-    _gemm_run(packed, b, True, y, bias, out_features, in_features, transpose, dense_ref, search, activation)
+    _gemm_run(packed, b, True, y, bias, out_features, in_features, transpose, dense_ref, search)
     return y if n_pad == n else y[:n]
 
-def _gemm_run(packed, b, b_transposed, y, bias, out_features, in_features, transpose, dense_ref, search,
-              activation="") -> None:
+def _gemm_run(packed, b, b_transposed, y, bias, out_features, in_features, transpose, dense_ref, search) -> None:
     """One cuSPARSELt GEMM into the first rows of y (row-major (>= n, m)); b: (n, k) row-major when b_transposed,
     else (k, n) row-major; n a multiple of 8."""
     kind = "dgrad" if transpose else "fwd"
@@ -106,7 +100,7 @@ def _gemm_run(packed, b, b_transposed, y, bias, out_features, in_features, trans
         return xb @ w if transpose else xb @ w.t()
 
     plan = get_plan(out_features, in_features, kind, n, dtype, dev_index, mode=search, b_transposed=b_transposed,
-                    has_bias=bias is not None, a_compressed=packed, b=b, reference=reference, activation=activation)
+                    has_bias=bias is not None, a_compressed=packed, b=b, reference=reference)
     plan.run(packed, b, y, bias)
 
 
@@ -115,41 +109,37 @@ def _gemm_run(packed, b, b_transposed, y, bias, out_features, in_features, trans
 # wrapper, backend wrapper, output-alias check) cost more host time than the GEMM launch itself.
 _LIB = torch.library.Library("sparsity", "FRAGMENT")
 _LIB.define("cslt_mm(Tensor packed, Tensor x, Tensor? bias, int out_features, int in_features, bool transpose, "
-            f"Tensor? dense_ref=None, str search='{DEFAULT_SEARCH}', str activation='') -> Tensor")
+            f"Tensor? dense_ref=None, str search='{DEFAULT_SEARCH}') -> Tensor")
 _LIB.define("cslt_prune_pack(Tensor w, Tensor? mask, bool write_t, bool library=False) -> (Tensor, Tensor, Tensor)")
 _LIB.define("cslt_linear(Tensor x, Tensor w, Tensor? bias, Tensor packed, Tensor dgrad, int rows_pad, "
-            f"bool dgrad_sparse, Tensor? dense_ref=None, str search='{DEFAULT_SEARCH}', bool mvue_wgrad=False, "
-            "str activation='') -> Tensor")
+            f"bool dgrad_sparse, Tensor? dense_ref=None, str search='{DEFAULT_SEARCH}', bool mvue_wgrad=False) "
+            "-> Tensor")
 _LIB.define(f"cslt_mvue_wgrad(Tensor dy, Tensor x, Tensor seed, str search='{DEFAULT_SEARCH}') -> Tensor")
 
 
 def cslt_mm(packed: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, out_features: int,
             in_features: int, transpose: bool, dense_ref: torch.Tensor | None = None,
-            search: str = DEFAULT_SEARCH, activation: str = "") -> torch.Tensor:
+            search: str = DEFAULT_SEARCH) -> torch.Tensor:
     """`sparsity::cslt_mm`: cuSPARSELt 2:4 GEMM with W (out x in) compressed for it: x @ W^T + bias, or x @ W when
     transpose. `dense_ref`: the pruned W dense, only read the first time a shape is seen (to check the chosen
     algorithm); when None it is rebuilt from `packed` with the known layout. `search`: how a new shape's algorithm
-    is chosen (`BackendSettings.cslt_search`). `activation="gelu"`: GELU after the bias, in the GEMM's epilogue
-    (forward orientation only)."""
-    if activation and transpose:
-        raise ValueError("cslt_mm: an epilogue activation applies to the forward GEMM (transpose=False) only")
-    return _gemm_impl(packed, x, bias, out_features, in_features, transpose, dense_ref, search, activation)
+    is chosen (`BackendSettings.cslt_search`)."""
+    return _gemm_impl(packed, x, bias, out_features, in_features, transpose, dense_ref, search)
 
 
 _LIB.impl("cslt_mm", cslt_mm, "CUDA")
 
 
 @torch.library.register_fake("sparsity::cslt_mm", lib=_LIB)
-def _(packed, x, bias, out_features, in_features, transpose, dense_ref=None, search=DEFAULT_SEARCH, activation=""):
+def _(packed, x, bias, out_features, in_features, transpose, dense_ref=None, search=DEFAULT_SEARCH):
     return x.new_empty(x.shape[0], in_features if transpose else out_features)
 
 
-def mm(packed, x, bias, out_features, in_features, transpose, ref, search=DEFAULT_SEARCH, activation=""):
+def mm(packed, x, bias, out_features, in_features, transpose, ref, search=DEFAULT_SEARCH):
     """cslt_mm for eager callers: skips the custom-op dispatch (tens of microseconds of host time per call)."""
     if torch.compiler.is_compiling():
-        return torch.ops.sparsity.cslt_mm(packed, x, bias, out_features, in_features, transpose, ref, search,
-                                          activation)
-    return cslt_mm(packed, x, bias, out_features, in_features, transpose, ref, search, activation)
+        return torch.ops.sparsity.cslt_mm(packed, x, bias, out_features, in_features, transpose, ref, search)
+    return _gemm_impl(packed, x, bias, out_features, in_features, transpose, ref, search)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -206,19 +196,18 @@ def prune_pack(w, mask, write_t, library=False):
 def cslt_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor,
                 dgrad: torch.Tensor, rows_pad: int, dgrad_sparse: bool,
                 dense_ref: torch.Tensor | None = None, search: str = DEFAULT_SEARCH,
-                mvue_wgrad: bool = False, activation: str = "") -> torch.Tensor:
+                mvue_wgrad: bool = False) -> torch.Tensor:
     """`sparsity::cslt_linear`: y = x @ W_s^T + bias (tokens, out) in x's dtype, W_s (out, in) given compressed in
     `packed` (rows zero-padded to `rows_pad`). `w` (out, in) is not read: it is the tensor the straight-through weight
     gradient dy^T x is returned for. `dgrad`: W_s^T compressed (`dgrad_sparse`) or W_s dense (out, in) for a dense
     input gradient. `bias` may be in any float dtype (the plan's copy casts it). `dense_ref`: the padded pruned W,
     needed only where the library compressor packs (its layout cannot be decoded here to check a new plan's
     algorithm). `search`: `BackendSettings.cslt_search`. `mvue_wgrad`: the weight gradient is MVUE(dy^T) @ x on
-    the 2:4 GEMM (`sparsity.mvue_grad`), its seed drawn from torch's CUDA generator in the backward.
-    `activation="gelu"`: y = GELU(x @ W_s^T + bias) in the GEMM's epilogue, for a layer no gradient is asked of."""
+    the 2:4 GEMM (`sparsity.mvue_grad`), its seed drawn from torch's CUDA generator in the backward."""
     out_features, in_features = w.shape
     if bias is not None and rows_pad != out_features:
         bias = F.pad(bias, (0, rows_pad - out_features))
-    y = _gemm_impl(packed, x, bias, rows_pad, in_features, False, dense_ref, search, activation)
+    y = _gemm_impl(packed, x, bias, rows_pad, in_features, False, dense_ref, search)
     return y if rows_pad == out_features else y[:, :out_features].contiguous()
 
 
@@ -226,8 +215,7 @@ _LIB.impl("cslt_linear", cslt_linear, "CUDA")
 
 
 @torch.library.register_fake("sparsity::cslt_linear", lib=_LIB)
-def _(x, w, bias, packed, dgrad, rows_pad, dgrad_sparse, dense_ref=None, search=DEFAULT_SEARCH, mvue_wgrad=False,
-      activation=""):
+def _(x, w, bias, packed, dgrad, rows_pad, dgrad_sparse, dense_ref=None, search=DEFAULT_SEARCH, mvue_wgrad=False):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
@@ -256,18 +244,14 @@ def _(dy, x, seed, search=DEFAULT_SEARCH):
 
 
 def _linear_setup_context(ctx, inputs, output):
-    x, w, bias, packed, dgrad, rows_pad, dgrad_sparse, dense_ref, search, mvue_wgrad, activation = inputs
+    x, w, bias, packed, dgrad, rows_pad, dgrad_sparse, dense_ref, search, mvue_wgrad = inputs
     ctx.save_for_backward(x, dgrad, dense_ref)
     ctx.meta = (w.shape, w.dtype, None if bias is None else bias.dtype, rows_pad, dgrad_sparse, search, mvue_wgrad)
-    ctx.activation = activation
 
 
 def _linear_backward(ctx, dy):
     x, dgrad, dense_ref = ctx.saved_tensors
     (out_features, in_features), w_dtype, b_dtype, rows_pad, dgrad_sparse, search, mvue_wgrad = ctx.meta
-    if ctx.activation:  # its pre-activation is not kept: the caller asks for the epilogue only without gradients
-        raise RuntimeError("sparsity::cslt_linear with an epilogue activation has no backward: call it where no "
-                           "gradient is asked, or apply the activation outside")
     dx = dw = db = None
     if ctx.needs_input_grad[0]:
         if dgrad_sparse:
@@ -283,7 +267,7 @@ def _linear_backward(ctx, dy):
             dw = (dy.t() @ x).to(w_dtype)
     if ctx.needs_input_grad[2]:
         db = dy.sum(0).to(b_dtype)
-    return dx, dw, db, None, None, None, None, None, None, None, None
+    return dx, dw, db, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("sparsity::cslt_linear", _linear_backward, setup_context=_linear_setup_context,

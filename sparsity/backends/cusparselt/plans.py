@@ -2,8 +2,7 @@
 
 Why not torch's `_cslt_sparse_mm`: it builds descriptors and a plan on every call (about 0.5 ms of host time on an
 H100, measured by `scripts/bench_sparse.py`'s `torch_cslt` rows), which starves the GPU at ViT-L MLP shapes. A
-`GemmPlan` is built once per (device, dtype, orientation, m, k, n, bias, output order, epilogue activation) and a
-call costs one
+`GemmPlan` is built once per (device, dtype, orientation, m, k, n, bias, output order) and a call costs one
 `cusparseLtMatmul` (microseconds). Each plan owns its workspace and (optional) bias buffer, allocated when it is
 built, so a call allocates nothing and does not synchronise: it can be captured in a CUDA graph. Which algorithm a
 plan runs is chosen in `search.py`.
@@ -22,12 +21,6 @@ from .compressor import OperandLayout, structured_descriptor
 from .library import ALIGN, CUDA_DTYPE, OP_N, OP_T, ORDER_COL, ORDER_ROW, handle, lib, ptr
 
 
-ACTIVATIONS = ("gelu",)  # what a plan's epilogue can apply (CUSPARSELT_MATMUL_ACTIVATION_GELU)
-# The form of GELU that epilogue computes, as F.gelu's `approximate` names it (tests/gpu/test_cusparselt.py checks it
-# against both forms). It differs from the exact GELU by at most 4.7e-4 (at 2.7), 3% of a bf16 ulp there.
-CSLT_GELU = "tanh"
-
-
 @dataclass
 class GemmPlan:
     """One cached cuSPARSELt plan: descriptors, algorithm, workspace, bias buffer."""
@@ -42,7 +35,6 @@ class GemmPlan:
     d_order: int
     has_bias: bool
     alg_id: int | None = None  # None = library default
-    activation: str = ""  # "" | "gelu": GELU applied in the epilogue, after the bias (cuSPARSELt's tanh form)
     descs: list = field(default_factory=list)
     matmul_desc: int = 0
     alg_sel: int = 0
@@ -71,13 +63,6 @@ class GemmPlan:
             self._bias_ptr = np.array([self.bias_buf.data_ptr()], dtype=np.uint64)
             c.matmul_desc_set_attribute(
                 self.h, self.matmul_desc, c.MatmulDescAttribute.BIAS_POINTER, ptr(self._bias_ptr), 8
-            )
-        if self.activation:
-            if self.activation not in ACTIVATIONS:
-                raise ValueError(f"cuSPARSELt epilogue activation {self.activation!r}: expected one of {ACTIVATIONS}")
-            self._gelu_on = np.ones(1, dtype=np.int32)
-            c.matmul_desc_set_attribute(
-                self.h, self.matmul_desc, c.MatmulDescAttribute.ACTIVATION_GELU, ptr(self._gelu_on), 4
             )
         self.alg_sel = c.matmul_alg_selection_init(self.h, self.matmul_desc, c.MatmulAlg.DEFAULT)
         if self.alg_id is not None:
@@ -144,11 +129,9 @@ class GemmPlan:
             pass
 
 
-def make_plan(key, device_index, lay, n, dtype, b_transposed, d_order, has_bias, activation="",
-              alg_id=None) -> GemmPlan:
+def make_plan(key, device_index, lay, n, dtype, b_transposed, d_order, has_bias, alg_id=None) -> GemmPlan:
     """A built plan (this thread's handle) running algorithm `alg_id` (None: the library's default)."""
-    p = GemmPlan(key, device_index, handle(device_index), lay, n, dtype, b_transposed, d_order, has_bias, alg_id,
-                 activation)
+    p = GemmPlan(key, device_index, handle(device_index), lay, n, dtype, b_transposed, d_order, has_bias, alg_id)
     p.build()
     return p
 

@@ -26,7 +26,6 @@ import logging
 import threading
 
 import torch
-import torch.nn.functional as F
 
 from ..base import BackendUnavailable
 from ..cuda import rel_err
@@ -34,7 +33,7 @@ from ..settings import CSLT_SEARCH_MODES
 from ..timing import median_cuda_ms
 from .compressor import OperandLayout
 from .library import ORDER_COL, arch_of, lib, version
-from .plans import CSLT_GELU, GemmPlan, d_as_tokens_major, empty_d, make_plan
+from .plans import GemmPlan, d_as_tokens_major, empty_d, make_plan
 
 log = logging.getLogger(__name__)
 
@@ -106,21 +105,17 @@ def get_plan(
     a_compressed: torch.Tensor | None = None,
     b: torch.Tensor | None = None,
     reference=None,
-    activation: str = "",
 ) -> GemmPlan:
     """The cached plan for this GEMM; built (and its algorithm chosen by `mode` and checked) on first use.
-    `search=False`: the default algorithm, not remembered (as without operands). `activation`: "gelu" applies
-    GELU in the epilogue (`reference()` is then the product before it: the check applies the same GELU)."""
+    `search=False`: the default algorithm, not remembered (as without operands)."""
     if mode not in CSLT_SEARCH_MODES:
         raise ValueError(f"cslt_search={mode!r} is not one of {', '.join(CSLT_SEARCH_MODES)}")
     key = (device_index, dtype, kind, out_features, in_features, n, b_transposed, d_order, has_bias, mode)
-    if activation:  # (plain GEMMs keep the keys their records were logged under)
-        key += (activation,)
     plan = _plans.by_key.get(key)
     if plan is not None:
         return plan
     lay = OperandLayout.for_weight(out_features, in_features, kind)
-    args = (key, device_index, lay, n, dtype, b_transposed, d_order, has_bias, activation)
+    args = (key, device_index, lay, n, dtype, b_transposed, d_order, has_bias)
     with _alg_lock:
         choice = _alg_choice.get(key)
     if choice is not None:
@@ -141,8 +136,6 @@ def get_plan(
     d = empty_d(plan, b.device)
     bias0 = torch.zeros(lay.rows, dtype=dtype, device=b.device) if has_bias else None
     ref = reference()
-    if activation:
-        ref = F.gelu(ref.float(), approximate=CSLT_GELU).to(ref.dtype)
     if mode == "library":
         plan = _library_search(plan, args, a_compressed, b, d, bias0, ref, record)
     else:
