@@ -8,6 +8,7 @@ class ConfigError(UsageError, ValueError):
 
 
 def as_written(cfg, key: str, value) -> str:
-    """`value` (the config's `key`) as shown in logs and messages: the interpolation as written where it was one
-    (`${oc.env:DATA}`: an environment value may be a credential, and never reaches a file), else the value."""
+    """`value` (the config's `key`) as shown in logs and messages: the interpolation as written
+    where it was one (`${oc.env:DATA}`: an environment value may be a credential, and never reaches
+    a file), else the value."""
     return str(getattr(cfg, "_interpolations", {}).get(key, value))

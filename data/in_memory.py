@@ -1,13 +1,15 @@
-"""A dataset decoded once into one uint8 array (`data.in_memory=true`): for small images (CIFAR-size), where opening
-and decoding a file per sample per step costs more than the step's augmentation and model together.
+"""A dataset decoded once into one uint8 array (`data.in_memory=true`): for small images
+(CIFAR-size), where opening and decoding a file per sample per step costs more than the step's
+augmentation and model together.
 
-The array is shared with forked data workers without copying (numpy pages are read, never written). Unreadable
-files follow `data.on_corrupt` at decoding time: skipped (logged, the next readable image takes the slot, as the
-per-step path does) or raised.
+The array is shared with forked data workers without copying (numpy pages are read, never written).
+Unreadable files follow `data.on_corrupt` at decoding time: skipped (logged, the next readable image
+takes the slot, as the per-step path does) or raised.
 
-A replaced file counts where the per-step path counts it: each time its slot is drawn, the sample reports the files
-skipped to fill it (`replaced_at`), so `corrupt_skipped` in metrics.jsonl is the same with and without
-`data.in_memory` (it is not a count of distinct files: that number is in the warning logged after decoding).
+A replaced file counts where the per-step path counts it: each time its slot is drawn, the sample
+reports the files skipped to fill it (`replaced_at`), so `corrupt_skipped` in metrics.jsonl is the
+same with and without `data.in_memory` (it is not a count of distinct files: that number is in the
+warning logged after decoding).
 """
 
 import logging
@@ -28,13 +30,16 @@ LOG_EVERY_S = 10.0
 
 class InMemoryImages:
     """`dataset`'s images as one (N, H, W, 3) uint8 array; same `classes`, `targets`, `describe` and
-    `__getitem__` -> (PIL RGB image, label) as the dataset it was built from, plus `pixels(i)` (the array row)."""
+    `__getitem__` -> (PIL RGB image, label) as the dataset it was built from, plus `pixels(i)` (the
+    array row)."""
 
     def __init__(self, dataset, on_corrupt: str = "skip", threads: int = 8):
         n = len(dataset)
         self.classes = list(getattr(dataset, "classes", []))
         self.targets = np.asarray(dataset.targets, dtype=np.int64).copy()
-        self.fingerprint = getattr(dataset, "fingerprint", "")  # the images it decodes: the same data set
+        self.fingerprint = getattr(
+            dataset, "fingerprint", ""
+        )  # the images it decodes: the same data set
         self.kind = getattr(dataset, "kind", "")
         self._describe = dataset.describe
         self.notes = DataNotes()  # the tree's warnings and this decoding's, kept for the run's log
@@ -52,15 +57,22 @@ class InMemoryImages:
             image, label, skipped = load_image(dataset, i, on_corrupt)
             pixels = np.asarray(image)
             if pixels.shape != shape:
-                raise DatasetError(f"data.in_memory=true needs images of one size: {printable(dataset.describe(i))} is "
-                                   f"{pixels.shape[1]}x{pixels.shape[0]}, {printable(dataset.describe(0))} is "
-                                   f"{shape[1]}x{shape[0]} (set data.in_memory=false for this dataset)")
+                raise DatasetError(
+                    f"data.in_memory=true needs images of one size: "
+                    f"{printable(dataset.describe(i))} is "
+                    f"{pixels.shape[1]}x{pixels.shape[0]}, {printable(dataset.describe(0))} is "
+                    f"{shape[1]}x{shape[0]} (set data.in_memory=false for this dataset)"
+                )
             self.array[i] = pixels
             return label, skipped
 
         with ThreadPoolExecutor(max(1, threads)) as pool:  # PIL releases the GIL while decoding
-            for i, (label, skipped) in enumerate(pool.map(decode, range(1, n), chunksize=256), start=1):
-                self.targets[i] = label  # a skipped file's slot holds its replacement's image and label
+            for i, (label, skipped) in enumerate(
+                pool.map(decode, range(1, n), chunksize=256), start=1
+            ):
+                self.targets[i] = (
+                    label  # a skipped file's slot holds its replacement's image and label
+                )
                 self.replaced[i] = skipped
                 now = time.perf_counter()
                 if now - last_log > LOG_EVERY_S:
@@ -70,11 +82,21 @@ class InMemoryImages:
         self.corrupt_skipped = len(bad)  # distinct unreadable files (each slot's own file)
         if len(bad):
             names = ", ".join(printable(dataset.describe(int(i))) for i in bad[:SHOWN])
-            self.notes.warn(f"{len(bad)} of {n} images are unreadable and were replaced by the next readable one "
-                            f"while decoding into memory (data.on_corrupt=skip); each draw of one counts in "
-                            f"corrupt_skipped: {names}{', ...' if len(bad) > SHOWN else ''}", logger)
-        logger.info("decoded %d images (%dx%d) into memory in %.1f s (%.0f MB)", n, shape[1], shape[0],
-                    time.perf_counter() - start, self.array.nbytes / 2**20)
+            self.notes.warn(
+                f"{len(bad)} of {n} images are unreadable and were replaced by the next readable "
+                f"one "
+                f"while decoding into memory (data.on_corrupt=skip); each draw of one counts in "
+                f"corrupt_skipped: {names}{', ...' if len(bad) > SHOWN else ''}",
+                logger,
+            )
+        logger.info(
+            "decoded %d images (%dx%d) into memory in %.1f s (%.0f MB)",
+            n,
+            shape[1],
+            shape[0],
+            time.perf_counter() - start,
+            self.array.nbytes / 2**20,
+        )
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -83,7 +105,8 @@ class InMemoryImages:
         return self._describe(index)
 
     def replaced_at(self, index: int) -> int:
-        """Unreadable files skipped to fill slot `index` (what reading it from disk would report each time)."""
+        """Unreadable files skipped to fill slot `index` (what reading it from disk would report
+        each time)."""
         return int(self.replaced[index])
 
     def pixels(self, index: int) -> np.ndarray:

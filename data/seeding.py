@@ -1,8 +1,10 @@
-"""Seeds for every random draw of the data pipeline, derived from (train.seed, stream position, ...).
+"""Seeds for every random draw of the data pipeline, derived from (train.seed, stream position,
+...).
 
-Nothing in `data/` reads a global random state: each draw comes from a generator seeded here, so a batch is a pure
-function of the config, the rank and its position in the sample stream (independent of `num_workers` and of where a
-run was resumed). Each consumer has its own tag, so two streams never share a seed.
+Nothing in `data/` reads a global random state: each draw comes from a generator seeded here, so a
+batch is a pure function of the config, the rank and its position in the sample stream (independent
+of `num_workers` and of where a run was resumed). Each consumer has its own tag, so two streams
+never share a seed.
 """
 
 import numpy as np

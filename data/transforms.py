@@ -1,4 +1,5 @@
-"""Small shared transforms: ImageNet normalisation, DINOv2's GaussianBlur, and the eval transform for probes."""
+"""Small shared transforms: ImageNet normalisation, DINOv2's GaussianBlur, and the eval transform
+for probes."""
 
 from torchvision import transforms
 
@@ -21,23 +22,33 @@ def make_to_tensor_normalize() -> transforms.Compose:
 class GaussianBlur(transforms.RandomApply):
     """Gaussian blur (kernel 9, sigma uniform in [0.1, 2.0]) applied with probability `p`.
 
-    `reference_inversion=True` reproduces the reference DINOv2 code, which passes `1 - p` to `RandomApply`
-    (dinov2 PR #411): its blur probabilities are 0.0 / 0.9 / 0.5 where 1.0 / 0.1 / 0.5 were meant, and the
-    released checkpoints were trained that way. `self.p` is the probability actually applied.
+    `reference_inversion=True` reproduces the reference DINOv2 code, which passes `1 - p` to
+    `RandomApply` (dinov2 PR #411): its blur probabilities are 0.0 / 0.9 / 0.5 where 1.0 / 0.1 / 0.5
+    were meant, and the released checkpoints were trained that way. `self.p` is the probability
+    actually applied.
     """
 
-    def __init__(self, *, p: float = 0.5, reference_inversion: bool = False,
-                 radius_min: float = BLUR_SIGMA[0], radius_max: float = BLUR_SIGMA[1]):
+    def __init__(
+        self,
+        *,
+        p: float = 0.5,
+        reference_inversion: bool = False,
+        radius_min: float = BLUR_SIGMA[0],
+        radius_max: float = BLUR_SIGMA[1],
+    ):
         blur = transforms.GaussianBlur(kernel_size=BLUR_KERNEL_SIZE, sigma=(radius_min, radius_max))
         self.intended_p = p
         super().__init__(transforms=[blur], p=(1.0 - p) if reference_inversion else p)
 
 
 def make_eval_transform(resize: int = 256, crop: int = 224) -> transforms.Compose:
-    """Evaluation transform of the reference's kNN / linear probes: Resize(resize, bicubic) on the short side,
-    CenterCrop(crop), ToTensor, ImageNet normalisation. (Its log-regression probe uses resize=crop=224.)"""
-    return transforms.Compose([
-        transforms.Resize(resize, interpolation=transforms.InterpolationMode.BICUBIC),
-        transforms.CenterCrop(crop),
-        make_to_tensor_normalize(),
-    ])
+    """Evaluation transform of the reference's kNN / linear probes: Resize(resize, bicubic) on the
+    short side, CenterCrop(crop), ToTensor, ImageNet normalisation. (Its log-regression probe uses
+    resize=crop=224.)"""
+    return transforms.Compose(
+        [
+            transforms.Resize(resize, interpolation=transforms.InterpolationMode.BICUBIC),
+            transforms.CenterCrop(crop),
+            make_to_tensor_normalize(),
+        ]
+    )

@@ -1,7 +1,8 @@
-"""DINOv2 models: ViT backbone, DINO/iBOT heads, losses, the student/teacher meta-architecture, param groups.
+"""DINOv2 models: ViT backbone, DINO/iBOT heads, losses, the student/teacher meta-architecture,
+param groups.
 
-Names are imported lazily, so importing one submodule (e.g. `models.checkpoint_conversion`) does not pay for timm /
-torchvision.
+Names are imported lazily, so importing one submodule (e.g. `models.checkpoint_conversion`) does not
+pay for timm / torchvision.
 """
 
 import importlib

@@ -1,11 +1,12 @@
-"""DINOv2 vision transformer (the reference's `DinoVisionTransformer`), with a list forward for multi-crop training.
+"""DINOv2 vision transformer (the reference's `DinoVisionTransformer`), with a list forward for
+multi-crop training.
 
-Module names follow timm's `VisionTransformer` (`patch_embed.proj`, `blocks.{i}.norm1`, `attn.qkv`, `attn.proj`,
-`ls1.gamma`, `norm2`, `mlp.fc1`, `mlp.fc2`, `ls2.gamma`, `norm`) plus the reference's `mask_token` and
-`register_tokens`, so the state dict is also the reference's (non-chunked) layout.
+Module names follow timm's `VisionTransformer` (`patch_embed.proj`, `blocks.{i}.norm1`, `attn.qkv`,
+`attn.proj`, `ls1.gamma`, `norm2`, `mlp.fc1`, `mlp.fc2`, `ls2.gamma`, `norm`) plus the reference's
+`mask_token` and `register_tokens`, so the state dict is also the reference's (non-chunked) layout.
 
-The blocks are in `vit_block.py`: how the list forward hands the MLPs one matrix of all crop batches' tokens, and the
-reference's stochastic depth.
+The blocks are in `vit_block.py`: how the list forward hands the MLPs one matrix of all crop
+batches' tokens, and the reference's stochastic depth.
 """
 
 import math
@@ -32,7 +33,8 @@ ARCH_SIZES: dict[str, tuple[int, int, int]] = {  # embed_dim, depth, num_heads
 
 
 class DinoVisionTransformer(nn.Module):
-    """The reference backbone. `img_size` fixes the learned pos-embed grid; other sizes are interpolated."""
+    """The reference backbone. `img_size` fixes the learned pos-embed grid; other sizes are
+    interpolated."""
 
     def __init__(
         self,
@@ -64,7 +66,11 @@ class DinoVisionTransformer(nn.Module):
         self.chunked_blocks = False  # read by the reference's param-group code; we never chunk
 
         self.patch_embed = PatchEmbed(
-            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim, strict_img_size=False
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            strict_img_size=False,
         )
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
@@ -72,7 +78,9 @@ class DinoVisionTransformer(nn.Module):
         if num_register_tokens < 0:
             raise ValueError("num_register_tokens must be >= 0")
         self.register_tokens = (
-            nn.Parameter(torch.zeros(1, num_register_tokens, embed_dim)) if num_register_tokens else None
+            nn.Parameter(torch.zeros(1, num_register_tokens, embed_dim))
+            if num_register_tokens
+            else None
         )
         self.blocks = nn.ModuleList(
             [
@@ -83,7 +91,8 @@ class DinoVisionTransformer(nn.Module):
                     qkv_bias=qkv_bias,
                     proj_bias=proj_bias,
                     ffn_bias=ffn_bias,
-                    drop_path=drop_path_rate,  # uniform across blocks (reference drop_path_uniform: true)
+                    # uniform across blocks (reference drop_path_uniform: true)
+                    drop_path=drop_path_rate,
                     init_values=init_values,
                     norm_layer=NORM_LAYER,
                 )
@@ -100,15 +109,19 @@ class DinoVisionTransformer(nn.Module):
         nn.init.normal_(self.cls_token, std=1e-6)
         if self.register_tokens is not None:
             nn.init.normal_(self.register_tokens, std=1e-6)
-        for m in self.modules():  # init_weights_vit_timm: every Linear (patch_embed's conv keeps torch's default)
+        for m in (
+            self.modules()
+        ):  # init_weights_vit_timm: every Linear (patch_embed's conv keeps torch's default)
             if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
-    # tokens ----------------------------------------------------------------------------------------------------------
+    # tokens
+    # ----------------------------------------------------------------------------------------------
     def interpolate_pos_encoding(self, x: Tensor, h: int, w: int) -> Tensor:
-        """Pos-embed for an (h, w) image; `x` holds cls + patch tokens. Bicubic, as the reference (offset/antialias)."""
+        """Pos-embed for an (h, w) image; `x` holds cls + patch tokens. Bicubic, as the reference
+        (offset/antialias)."""
         previous_dtype = x.dtype
         npatch = x.shape[1] - 1
         N = self.pos_embed.shape[1] - 1
@@ -123,8 +136,12 @@ class DinoVisionTransformer(nn.Module):
         assert N == M * M, f"pos_embed holds {N} patch positions, not a square grid"
         kwargs = {}
         if self.interpolate_offset:
-            # historical kludge (dino issue #8) kept for compatibility: the operator uses the scale factor
-            kwargs["scale_factor"] = (float(h0 + self.interpolate_offset) / M, float(w0 + self.interpolate_offset) / M)
+            # historical kludge (dino issue #8) kept for compatibility: the operator uses the scale
+            # factor
+            kwargs["scale_factor"] = (
+                float(h0 + self.interpolate_offset) / M,
+                float(w0 + self.interpolate_offset) / M,
+            )
         else:
             kwargs["size"] = (h0, w0)
         patch_pos_embed = F.interpolate(
@@ -142,7 +159,8 @@ class DinoVisionTransformer(nn.Module):
         return 1 + self.num_register_tokens + (img_size // self.patch_size) ** 2
 
     def mlp_rows(self, crops: Sequence[tuple[int, int]], training: bool) -> list[int]:
-        """Per block, the rows the MLP gets in the list forward of crop batches of (images, image size)."""
+        """Per block, the rows the MLP gets in the list forward of crop batches of (images, image
+        size)."""
         batches = [(images, self.tokens_per_image(size)) for images, size in crops if images]
         return [blk.mlp_rows(batches, training) for blk in self.blocks]
 
@@ -154,7 +172,9 @@ class DinoVisionTransformer(nn.Module):
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
         x = x + self.interpolate_pos_encoding(x, h, w)
         if self.register_tokens is not None:
-            x = torch.cat((x[:, :1], self.register_tokens.expand(x.shape[0], -1, -1), x[:, 1:]), dim=1)
+            x = torch.cat(
+                (x[:, :1], self.register_tokens.expand(x.shape[0], -1, -1), x[:, 1:]), dim=1
+            )
         return x
 
     def _output(self, x: Tensor, masks: Tensor | None) -> dict[str, Tensor | None]:
@@ -168,7 +188,8 @@ class DinoVisionTransformer(nn.Module):
             "masks": masks,
         }
 
-    # forwards --------------------------------------------------------------------------------------------------------
+    # forwards
+    # ----------------------------------------------------------------------------------------------
     def forward_features_list(
         self, x_list: Sequence[Tensor], masks_list: Sequence[Tensor | None] | None = None
     ) -> list[dict[str, Tensor | None]]:
@@ -178,11 +199,14 @@ class DinoVisionTransformer(nn.Module):
             raise ValueError(f"{len(x_list)} crop batches but {len(masks_list)} masks")
         xs = [self.prepare_tokens_with_masks(x, m) for x, m in zip(x_list, masks_list)]
         for blk in self.blocks:
-            xs = blk(xs)  # the module call (-> forward_list), so hooks and per-block compilation apply
+            xs = blk(
+                xs
+            )  # the module call (-> forward_list), so hooks and per-block compilation apply
         return [self._output(x, m) for x, m in zip(xs, masks_list)]
 
     def forward_features(self, x, masks=None):
-        """One dict for a tensor `x` (B, 3, H, W); a list of dicts for a list of crop batches (`masks` a list too)."""
+        """One dict for a tensor `x` (B, 3, H, W); a list of dicts for a list of crop batches
+        (`masks` a list too)."""
         if isinstance(x, (list, tuple)):
             return self.forward_features_list(x, masks)
         x = self.prepare_tokens_with_masks(x, masks)
@@ -191,7 +215,8 @@ class DinoVisionTransformer(nn.Module):
         return self._output(x, masks)
 
     def forward(self, x, masks=None, is_training: bool = False):
-        """Eval: the final-norm CLS feature (B, D). `is_training=True` returns `forward_features` (reference API)."""
+        """Eval: the final-norm CLS feature (B, D). `is_training=True` returns `forward_features`
+        (reference API)."""
         ret = self.forward_features(x, masks)
         if is_training:
             return ret
@@ -206,7 +231,9 @@ class DinoVisionTransformer(nn.Module):
             x = blk(x)
             if i in blocks_to_take:
                 output.append(x)
-        assert len(output) == len(blocks_to_take), f"only {len(output)} / {len(blocks_to_take)} blocks found"
+        assert len(output) == len(blocks_to_take), (
+            f"only {len(output)} / {len(blocks_to_take)} blocks found"
+        )
         return output
 
     def get_intermediate_layers(
@@ -217,7 +244,8 @@ class DinoVisionTransformer(nn.Module):
         return_class_token: bool = False,
         norm: bool = True,
     ):
-        """As the reference: per block, patch tokens (B, N, D) or (B, D, h, w) with `reshape`, optionally with CLS."""
+        """As the reference: per block, patch tokens (B, N, D) or (B, D, h, w) with `reshape`,
+        optionally with CLS."""
         outputs = self._get_intermediate_layers(x, n)
         if norm:
             outputs = [self.norm(out) for out in outputs]
@@ -226,7 +254,9 @@ class DinoVisionTransformer(nn.Module):
         if reshape:
             B, _, h, w = x.shape
             outputs = [
-                out.reshape(B, h // self.patch_size, w // self.patch_size, -1).permute(0, 3, 1, 2).contiguous()
+                out.reshape(B, h // self.patch_size, w // self.patch_size, -1)
+                .permute(0, 3, 1, 2)
+                .contiguous()
                 for out in outputs
             ]
         if return_class_token:
@@ -252,11 +282,16 @@ def vit_large(**kwargs) -> DinoVisionTransformer:
 
 def _vit(arch: str, **kwargs) -> DinoVisionTransformer:
     embed_dim, depth, num_heads = ARCH_SIZES[arch]
-    return DinoVisionTransformer(embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=4.0, **kwargs)
+    return DinoVisionTransformer(
+        embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=4.0, **kwargs
+    )
 
 
-def build_backbone(student_cfg, img_size: int, drop_path_rate: float | None = None) -> DinoVisionTransformer:
-    """Backbone from `configs.schema.StudentConfig`; pos-embed sized for `img_size` (the global crop size).
+def build_backbone(
+    student_cfg, img_size: int, drop_path_rate: float | None = None
+) -> DinoVisionTransformer:
+    """Backbone from `configs.schema.StudentConfig`; pos-embed sized for `img_size` (the global crop
+    size).
 
     `drop_path_rate` overrides the config's (the teacher is built with 0).
     """

@@ -1,19 +1,24 @@
-"""The DINOv2 ViT's transformer block (the reference's `NestedTensorBlock`) and its attention, with a list forward for
-multi-crop training. Module names follow timm's (`norm1`, `attn.qkv`, `attn.proj`, `ls1.gamma`, `norm2`, `mlp.fc1`,
-`mlp.fc2`, `ls2.gamma`), so the backbone's state dict is timm's and the reference's.
+"""The DINOv2 ViT's transformer block (the reference's `NestedTensorBlock`) and its attention, with
+a list forward for multi-crop training. Module names follow timm's (`norm1`, `attn.qkv`,
+`attn.proj`, `ls1.gamma`, `norm2`, `mlp.fc1`, `mlp.fc2`, `ls2.gamma`), so the backbone's state dict
+is timm's and the reference's.
 
-Every MLP call receives a 2-D `(tokens, dim)` matrix: in the list forward one matrix holds the tokens of all crop
-batches, so the (possibly 2:4-sparse) `mlp.fc1` / `mlp.fc2` GEMMs see one large batch per block. Attention runs per
-crop batch (the reference does the same with a block-diagonal xFormers mask).
+Every MLP call receives a 2-D `(tokens, dim)` matrix: in the list forward one matrix holds the
+tokens of all crop batches, so the (possibly 2:4-sparse) `mlp.fc1` / `mlp.fc2` GEMMs see one large
+batch per block. Attention runs per crop batch (the reference does the same with a block-diagonal
+xFormers mask).
 
-Stochastic depth follows the reference (`dinov2/layers/block.py`), with a uniform rate across blocks:
+Stochastic depth follows the reference (`dinov2/layers/block.py`), with a uniform rate across
+blocks:
 - single tensor, training, rate > 0.1: each residual branch runs on a random batch subset of size
-  `max(int(B * (1 - rate)), 1)` and is added back to those rows (the reference's `index_add`), scaled by `B / subset`;
+  `max(int(B * (1 - rate)), 1)` and is added back to those rows (the reference's `index_add`),
+  scaled by `B / subset`;
 - single tensor, training, 0 < rate <= 0.1: per-sample DropPath;
-- list forward, training, rate > 0: always the batch-subset form (per crop batch; the MLP still runs once on the
-  kept subsets of all crops concatenated). This is what the reference's `NestedTensorBlock.forward_nested` does,
-  and it is the path the student takes in training.
-All random draws use torch's global RNG (`torch.randperm` / `bernoulli_` on the activations' device).
+- list forward, training, rate > 0: always the batch-subset form (per crop batch; the MLP still runs
+  once on the kept subsets of all crops concatenated). This is what the reference's
+  `NestedTensorBlock.forward_nested` does, and it is the path the student takes in training.
+All random draws use torch's global RNG (`torch.randperm` / `bernoulli_` on the activations'
+device).
 """
 
 from collections.abc import Sequence
@@ -24,7 +29,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from configs.torch_env import ensure_torchvision_importable
-from models.stochastic_depth import SUBSET_DROP_PATH_MIN_RATE, add_to_subset, batch_subset, kept_samples
+from models.stochastic_depth import (
+    SUBSET_DROP_PATH_MIN_RATE,
+    add_to_subset,
+    batch_subset,
+    kept_samples,
+)
 
 ensure_torchvision_importable()  # before timm, which imports torchvision (see configs/torch_env.py)
 
@@ -35,11 +45,14 @@ try:  # timm >= 1.0.? exports it from timm.layers; older 1.0.x only defines it i
 except ImportError:  # pragma: no cover
     from timm.models.vision_transformer import LayerScale
 
-NORM_LAYER = partial(nn.LayerNorm, eps=1e-6)  # the reference's LayerNorm, in every block and after the last
+NORM_LAYER = partial(
+    nn.LayerNorm, eps=1e-6
+)  # the reference's LayerNorm, in every block and after the last
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention (`qkv`, `proj` as in timm / the reference) on F.scaled_dot_product_attention."""
+    """Multi-head self-attention (`qkv`, `proj` as in timm / the reference) on
+    F.scaled_dot_product_attention."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, proj_bias: bool = True):
         super().__init__()
@@ -51,7 +64,9 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        qkv = (
+            self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        )
         q, k, v = qkv.unbind(0)
         x = F.scaled_dot_product_attention(q, k, v)
         return self.proj(x.transpose(1, 2).reshape(B, N, C))
@@ -78,12 +93,15 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU, bias=ffn_bias)
+        self.mlp = Mlp(
+            in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU, bias=ffn_bias
+        )
         self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.sample_drop_ratio = drop_path
 
-    # residual branches -------------------------------------------------------------------------------------------
+    # residual branches
+    # -------------------------------------------------------------------------------------------
     def _attn_branch(self, x: Tensor) -> Tensor:
         return self.ls1(self.attn(self.norm1(x)))
 
@@ -94,7 +112,8 @@ class Block(nn.Module):
     def _ffn_branch(self, x: Tensor) -> Tensor:
         return self._ffn_branch_2d(x.reshape(-1, x.shape[-1])).view(x.shape)
 
-    # single tensor ------------------------------------------------------------------------------------------------
+    # single tensor
+    # ----------------------------------------------------------------------------------------------
     def forward(self, x: Tensor | list[Tensor]) -> Tensor | list[Tensor]:
         if isinstance(x, (list, tuple)):
             return self.forward_list(list(x))
@@ -111,17 +130,19 @@ class Block(nn.Module):
         x = x + self._attn_branch(x)
         return x + self._ffn_branch(x)
 
-    # list of crop batches -------------------------------------------------------------------------------------------
+    # list of crop batches
+    # -------------------------------------------------------------------------------------------
     def _ffn_on_concat(self, xs: list[Tensor]) -> list[Tensor]:
-        """The MLP branch run once on the tokens of all tensors in `xs` (each (b, n, D)); per-tensor results."""
+        """The MLP branch run once on the tokens of all tensors in `xs` (each (b, n, D)); per-tensor
+        results."""
         flat = [x.reshape(-1, x.shape[-1]) for x in xs]
         out = self._ffn_branch_2d(torch.cat(flat, dim=0) if len(flat) > 1 else flat[0])
         return [o.view(x.shape) for o, x in zip(out.split([f.shape[0] for f in flat], dim=0), xs)]
 
     def mlp_rows(self, batches: Sequence[tuple[int, int]], training: bool) -> int:
-        """The rows of the (tokens, dim) matrix the MLP gets in `forward_list` for crop batches of (images, tokens
-        each): the kept subsets' tokens when drop-path samples subsets. For config checks without tensors (a pruning
-        of the MLP's input that needs a row multiple)."""
+        """The rows of the (tokens, dim) matrix the MLP gets in `forward_list` for crop batches of
+        (images, tokens each): the kept subsets' tokens when drop-path samples subsets. For config
+        checks without tensors (a pruning of the MLP's input that needs a row multiple)."""
         if training and self.sample_drop_ratio > 0.0:
             return sum(kept_samples(b, self.sample_drop_ratio) * n for b, n in batches)
         return sum(b * n for b, n in batches)
@@ -129,7 +150,8 @@ class Block(nn.Module):
     def forward_list(self, x_list: list[Tensor]) -> list[Tensor]:
         rate = self.sample_drop_ratio
         if self.training and rate > 0.0:
-            # attention: per crop batch, on a random subset (reference: drop_add_residual_stochastic_depth_list)
+            # attention: per crop batch, on a random subset (reference:
+            # drop_add_residual_stochastic_depth_list)
             subsets = [batch_subset(x.shape[0], rate, x.device) for x in x_list]
             x_list = [
                 add_to_subset(x, brange, self._attn_branch(x[brange]), scale)
@@ -137,7 +159,9 @@ class Block(nn.Module):
             ]
             # MLP: fresh subsets, kept tokens of all crop batches in one matrix
             subsets = [batch_subset(x.shape[0], rate, x.device) for x in x_list]
-            residuals = self._ffn_on_concat([x[brange] for x, (brange, _, _) in zip(x_list, subsets)])
+            residuals = self._ffn_on_concat(
+                [x[brange] for x, (brange, _, _) in zip(x_list, subsets)]
+            )
             return [
                 add_to_subset(x, brange, r, scale)
                 for x, r, (brange, _, scale) in zip(x_list, residuals, subsets)

@@ -1,9 +1,11 @@
-"""The loss-curve figure of a sparse-then-dense study: one panel per loss term with every run overlaid (colour: the
-share of sparse steps, or the row label where runs differ in more than the schedule; dashed: other seeds; the
-sparse->dense switch marked), and under each a panel of each run's difference to its dense run, because the curves
-of one study lie on top of each other. Every panel's y range is that of the values after the first 10% of steps.
+"""The loss-curve figure of a sparse-then-dense study: one panel per loss term with every run
+overlaid (colour: the share of sparse steps, or the row label where runs differ in more than the
+schedule; dashed: other seeds; the sparse->dense switch marked), and under each a panel of each
+run's difference to its dense run, because the curves of one study lie on top of each other. Every
+panel's y range is that of the values after the first 10% of steps.
 
-Runs are duck-typed (run_logs.RunSummary); the dense references come from the caller (table.dense_references).
+Runs are duck-typed (run_logs.RunSummary); the dense references come from the caller
+(table.dense_references).
 """
 
 import math
@@ -18,16 +20,21 @@ from .figures import LEGEND_WIDTH, STYLE, palette, plt, save_with_caption, save_
 from .run_logs import LOSS_TERMS
 
 EARLY = 0.1  # the first 10% of steps: the initial transient, kept out of every panel's y range
-TERM_TITLES = {"loss": "Total loss", "dino_local_crops_loss": "DINO loss, local crops",
-               "dino_global_crops_loss": "DINO loss, global crops", "koleo_loss": "KoLeo regulariser",
-               "ibot_loss": "iBOT masked-patch loss"}
+TERM_TITLES = {
+    "loss": "Total loss",
+    "dino_local_crops_loss": "DINO loss, local crops",
+    "dino_global_crops_loss": "DINO loss, global crops",
+    "koleo_loss": "KoLeo regulariser",
+    "ibot_loss": "iBOT masked-patch loss",
+}
 LEGEND_TITLE = "schedule (% steps sparse)"
 
 
 @dataclass
 class LossFigure:
-    """The drawn figure before it is saved: the panels per term, the difference panels per term (empty without
-    references), the caption's notes and the legend's handles."""
+    """The drawn figure before it is saved: the panels per term, the difference panels per term
+    (empty without references), the caption's notes and the legend's handles."""
+
     fig: object
     panels: dict = field(default_factory=dict)
     differences: dict = field(default_factory=dict)
@@ -36,9 +43,12 @@ class LossFigure:
 
 
 def drawn_terms(runs) -> list[str]:
-    """The loss terms to draw: total first, then the logged terms that are not constant (a weight of 0)."""
+    """The loss terms to draw: total first, then the logged terms that are not constant (a weight of
+    0)."""
     present = []
-    for term in list(LOSS_TERMS) + sorted({t for r in runs for t in r.loss_terms} - set(LOSS_TERMS)):
+    for term in list(LOSS_TERMS) + sorted(
+        {t for r in runs for t in r.loss_terms} - set(LOSS_TERMS)
+    ):
         values = [v for r in runs for _, v in r.loss_terms.get(term, []) if math.isfinite(v)]
         if values and (term == "loss" or max(values) > min(values)):
             present.append(term)
@@ -46,25 +56,27 @@ def drawn_terms(runs) -> list[str]:
 
 
 def _smooth(steps, values, window: int):
-    """Centred moving average over `window` logged values (odd); the ends keep the raw values' extent."""
+    """Centred moving average over `window` logged values (odd); the ends keep the raw values'
+    extent."""
     steps, values = np.asarray(steps, float), np.asarray(values, float)
     if window <= 1 or len(values) < 2 * window:
         return steps, values
     kernel = np.ones(window) / window
     half = window // 2
-    return steps[half:len(steps) - half], np.convolve(values, kernel, mode="valid")
+    return steps[half : len(steps) - half], np.convolve(values, kernel, mode="valid")
 
 
 def _colors(runs) -> dict:
-    """Sparse fraction -> colour: viridis by rank, so that 0.7 and 0.8 differ as much as 0 and 0.4 (the order,
-    dark = dense to light = all sparse, is what carries the meaning)."""
+    """Sparse fraction -> colour: viridis by rank, so that 0.7 and 0.8 differ as much as 0 and 0.4
+    (the order, dark = dense to light = all sparse, is what carries the meaning)."""
     fractions = sorted({r.sparse_fraction for r in runs}, key=lambda f: (f is None, f or 0.0))
     cmap = plt.get_cmap("viridis")
     return {f: cmap(0.9 * i / max(len(fractions) - 1, 1)) for i, f in enumerate(fractions)}
 
 
 def smoothing_window(runs) -> int:
-    """Logged values per moving average (odd): ~40 averages along the longest run, none for short runs."""
+    """Logged values per moving average (odd): ~40 averages along the longest run, none for short
+    runs."""
     longest = max((len(r.loss_terms.get("loss", [])) for r in runs), default=0)
     return (longest // 40) | 1 if longest > 80 else 1
 
@@ -76,7 +88,8 @@ def difference_curve(curve, reference) -> list[tuple]:
 
 
 def _set_late_limits(ax, late: list, early: list) -> bool:
-    """The y range of the values after the first 10% of steps; True where an earlier value now lies outside."""
+    """The y range of the values after the first 10% of steps; True where an earlier value now lies
+    outside."""
     if not late:
         return False
     low, high = min(late), max(late)
@@ -86,8 +99,9 @@ def _set_late_limits(ax, late: list, early: list) -> bool:
 
 
 def draw_curves(ax, runs, curves, colors, keys, base_seed, window: int, zero=None) -> bool:
-    """Each run's curve (None: not drawn) smoothed, its switch marked; the y range after the first 10% of steps
-    (with `zero`, a reference line at 0 in that colour, kept in range). Returns whether the start was cut."""
+    """Each run's curve (None: not drawn) smoothed, its switch marked; the y range after the first
+    10% of steps (with `zero`, a reference line at 0 in that colour, kept in range). Returns whether
+    the start was cut."""
     late, early = ([0.0], []) if zero is not None else ([], [])
     if zero is not None:
         ax.axhline(0.0, color=zero, lw=1.0)
@@ -99,7 +113,16 @@ def draw_curves(ax, runs, curves, colors, keys, base_seed, window: int, zero=Non
         ax.plot(xs, ys, color=colors[key], lw=1.3, ls="--" if dashed else "-")
         switch = run.sparse_steps
         if switch and run.total_steps and switch < run.total_steps and xs[0] <= switch <= xs[-1]:
-            ax.plot(switch, np.interp(switch, xs, ys), "o", ms=6, mfc=colors[key], mec="black", mew=0.8, zorder=4)
+            ax.plot(
+                switch,
+                np.interp(switch, xs, ys),
+                "o",
+                ms=6,
+                mfc=colors[key],
+                mec="black",
+                mew=0.8,
+                zorder=4,
+            )
         cut = EARLY * (run.total_steps or xs[-1])
         for x, y in zip(xs, ys):
             if math.isfinite(y):
@@ -109,13 +132,19 @@ def draw_curves(ax, runs, curves, colors, keys, base_seed, window: int, zero=Non
 
 
 def loss_figure(runs, labels=None, references=None) -> LossFigure:
-    """The figure `plot_losses` saves. `references`: each run's dense run (the 0% sparse run of the same
-    configuration and seed) or None; with any, a row of difference panels under each row of loss panels."""
+    """The figure `plot_losses` saves. `references`: each run's dense run (the 0% sparse run of the
+    same configuration and seed) or None; with any, a row of difference panels under each row of
+    loss panels."""
     terms = drawn_terms(runs) or ["loss"]
     references = list(references) if references is not None else [None] * len(runs)
-    compared = [ref is not None and ref is not run and bool(run.loss_terms) for run, ref in zip(runs, references)]
+    compared = [
+        ref is not None and ref is not run and bool(run.loss_terms)
+        for run, ref in zip(runs, references)
+    ]
     columns = min(3, len(terms))
-    spare = len(terms) % columns != 0 and len(terms) > columns and labels is None  # an empty cell takes the legend
+    spare = (
+        len(terms) % columns != 0 and len(terms) > columns and labels is None
+    )  # an empty cell takes the legend
     lines = math.ceil(len(terms) / columns)
     per_line = 2 if any(compared) else 1
     window = smoothing_window(runs)
@@ -126,21 +155,40 @@ def loss_figure(runs, labels=None, references=None) -> LossFigure:
     else:
         keys = list(labels)
         colors = dict(zip(dict.fromkeys(keys), palette(len(set(keys)))))
-    dense_color = next((colors[k] for r, k in zip(runs, keys) if r.sparse_fraction == 0.0 and labels is None), "0.3")
-    fig, axes = plt.subplots(lines * per_line, columns, squeeze=False, sharex=True,
-                             figsize=(4.6 * columns + (0 if spare or labels else 2.2), (3.4 + 2.8 * (per_line - 1))
-                                      * lines), gridspec_kw={"height_ratios": [1.0, 0.8][:per_line] * lines})
+    dense_color = next(
+        (colors[k] for r, k in zip(runs, keys) if r.sparse_fraction == 0.0 and labels is None),
+        "0.3",
+    )
+    fig, axes = plt.subplots(
+        lines * per_line,
+        columns,
+        squeeze=False,
+        sharex=True,
+        figsize=(
+            4.6 * columns + (0 if spare or labels else 2.2),
+            (3.4 + 2.8 * (per_line - 1)) * lines,
+        ),
+        gridspec_kw={"height_ratios": [1.0, 0.8][:per_line] * lines},
+    )
     figure, clipped = LossFigure(fig), False
     for i, term in enumerate(terms):
         ax = figure.panels[term] = axes[per_line * (i // columns)][i % columns]
-        clipped |= draw_curves(ax, runs, [r.loss_terms.get(term) for r in runs], colors, keys, base_seed, window)
+        clipped |= draw_curves(
+            ax, runs, [r.loss_terms.get(term) for r in runs], colors, keys, base_seed, window
+        )
         ax.set_title(TERM_TITLES.get(term, term.replace("_", " ")))
         ax.set_ylabel("loss")
         if per_line == 2:
             diff = figure.differences[term] = axes[per_line * (i // columns) + 1][i % columns]
-            curves = [difference_curve(r.loss_terms.get(term, []), ref.loss_terms.get(term, [])) if c else None
-                      for r, ref, c in zip(runs, references, compared)]
-            clipped |= draw_curves(diff, runs, curves, colors, keys, base_seed, window, zero=dense_color)
+            curves = [
+                difference_curve(r.loss_terms.get(term, []), ref.loss_terms.get(term, []))
+                if c
+                else None
+                for r, ref, c in zip(runs, references, compared)
+            ]
+            clipped |= draw_curves(
+                diff, runs, curves, colors, keys, base_seed, window, zero=dense_color
+            )
             diff.set_title("difference to the dense run", fontsize=9)
             diff.set_ylabel("Δ loss")
     used = {id(ax) for ax in [*figure.panels.values(), *figure.differences.values()]}
@@ -151,47 +199,77 @@ def loss_figure(runs, labels=None, references=None) -> LossFigure:
         lowest.set_xlabel("training step")
         lowest.xaxis.set_tick_params(labelbottom=True)
     if not runs:
-        axes[0][0].text(0.5, 0.5, "no metrics logged yet", ha="center", va="center", color="0.4",
-                        transform=axes[0][0].transAxes)
+        axes[0][0].text(
+            0.5,
+            0.5,
+            "no metrics logged yet",
+            ha="center",
+            va="center",
+            color="0.4",
+            transform=axes[0][0].transAxes,
+        )
     figure.handles = _loss_legend(runs, base_seed, colors, keys)
     if spare:
-        axes[per_line * (lines - 1)][columns - 1].legend(handles=figure.handles, loc="center", frameon=False,
-                                                          title=LEGEND_TITLE)
+        axes[per_line * (lines - 1)][columns - 1].legend(
+            handles=figure.handles, loc="center", frameon=False, title=LEGEND_TITLE
+        )
     elif labels is None:
-        fig.legend(handles=figure.handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
-                   title=LEGEND_TITLE)
+        fig.legend(
+            handles=figure.handles,
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            frameon=False,
+            title=LEGEND_TITLE,
+        )
     if window > 1:
         figure.notes.append(f"Curves: moving average over {window} logged values.")
     if per_line == 2:
         missing = [r.name for r, c in zip(runs, compared) if not c and r.sparse_fraction != 0.0]
-        figure.notes.append("Under each panel: each run's loss minus its dense run's (the 0% sparse run of the same "
-                            "configuration and seed) at the same steps; the line at 0 is the dense run."
-                            + (f" No dense run of the same seed: {', '.join(missing)}." if missing else ""))
+        figure.notes.append(
+            "Under each panel: each run's loss minus its dense run's (the 0% sparse run of the "
+            "same "
+            "configuration and seed) at the same steps; the line at 0 is the dense run."
+            + (f" No dense run of the same seed: {', '.join(missing)}." if missing else "")
+        )
     if clipped:
-        figure.notes.append("Y axes span the values after the first 10% of steps; the start, outside that range, "
-                            "is cut off.")
+        figure.notes.append(
+            "Y axes span the values after the first 10% of steps; the start, outside that range, "
+            "is cut off."
+        )
     return figure
 
 
-def plot_losses(runs, path: Path, labels=None, references=None, note: str = "", setting: str = "") -> Path:
-    """Write `loss_figure` as a PNG with its notes (and `note`) as the caption: the legend beside the panels (or in a
-    spare cell), or under them where `labels` name the runs. `setting`: what the runs share, for the title."""
+def plot_losses(
+    runs, path: Path, labels=None, references=None, note: str = "", setting: str = ""
+) -> Path:
+    """Write `loss_figure` as a PNG with its notes (and `note`) as the caption: the legend beside
+    the panels (or in a spare cell), or under them where `labels` name the runs. `setting`: what the
+    runs share, for the title."""
     with plt.rc_context(STYLE):
         figure = loss_figure(runs, labels, references)
         what = "each schedule" if labels is None else "each configuration and schedule"
-        figure.fig.suptitle(f"Training loss of {what}" + (f", {setting}" if setting else "")
-                            + (", and its difference to the dense run" if figure.differences else ""), fontsize=12)
-        width = round(figure.fig.get_figwidth() * 15)  # characters of 9-point text across the figure
+        figure.fig.suptitle(
+            f"Training loss of {what}"
+            + (f", {setting}" if setting else "")
+            + (", and its difference to the dense run" if figure.differences else ""),
+            fontsize=12,
+        )
+        width = round(
+            figure.fig.get_figwidth() * 15
+        )  # characters of 9-point text across the figure
         caption = "\n".join(textwrap.fill(line, width) for line in [*figure.notes, note] if line)
         if labels is None:
             save_with_caption(figure.fig, path, caption, y=-0.01)
         else:
-            save_with_legend_below(figure.fig, path, figure.handles, ncol=min(len(figure.panels), 2), caption=caption)
+            save_with_legend_below(
+                figure.fig, path, figure.handles, ncol=min(len(figure.panels), 2), caption=caption
+            )
     return Path(path)
 
 
 def _loss_legend(runs, base_seed, colors: dict, keys: list) -> list:
-    """One entry per colour key (sparse fraction, or row label), its first run's state where not complete."""
+    """One entry per colour key (sparse fraction, or row label), its first run's state where not
+    complete."""
     handles, seen = [], set()
     for run, key in zip(runs, keys):
         if key in seen:
@@ -203,7 +281,9 @@ def _loss_legend(runs, base_seed, colors: dict, keys: list) -> list:
             label = "?" if run.sparse_fraction is None else f"{run.sparse_fraction * 100:g}% sparse"
         if run.status != "complete":
             label += f" ({run.status.split(' (')[0]})"  # the state, without its details
-        handles.append(Line2D([], [], color=colors[key], lw=2, label=textwrap.fill(label, LEGEND_WIDTH)))
+        handles.append(
+            Line2D([], [], color=colors[key], lw=2, label=textwrap.fill(label, LEGEND_WIDTH))
+        )
     return handles + seed_and_switch_handles(runs, base_seed)
 
 
@@ -216,5 +296,9 @@ def seed_and_switch_handles(runs, base_seed) -> list:
         others = ", ".join(str(s) for s in seeds if s != base_seed)
         handles.append(Line2D([], [], color="0.2", lw=1.3, ls="--", label=f"seed {others}"))
     if any(r.sparse_steps and r.total_steps and r.sparse_steps < r.total_steps for r in runs):
-        handles.append(Line2D([], [], ls="", marker="o", ms=6, mfc="white", mec="black", label="switch to dense"))
+        handles.append(
+            Line2D(
+                [], [], ls="", marker="o", ms=6, mfc="white", mec="black", label="switch to dense"
+            )
+        )
     return handles

@@ -1,8 +1,10 @@
-"""The published 2:4 sparse-then-dense table that this project reproduces (data only; table.py and plots.py read it).
+"""The published 2:4 sparse-then-dense table that this project reproduces (data only; table.py and
+plots.py read it).
 
-torchao's sparse-training README: DINOv2 ViT-L/16 pre-trained on ImageNet-1k for 125k steps (4x A100), ImageNet-1k
-top-1 of the linear probe per schedule. Its "40%" row ran 40k of the 125k steps 2:4-sparse (32%); the others ran
-their labelled share. A copy of the numbers: ../shared/reference/torchao_dinov2_vitl_accuracy.csv.
+torchao's sparse-training README: DINOv2 ViT-L/16 pre-trained on ImageNet-1k for 125k steps (4x
+A100), ImageNet-1k top-1 of the linear probe per schedule. Its "40%" row ran 40k of the 125k steps
+2:4-sparse (32%); the others ran their labelled share. A copy of the numbers:
+../shared/reference/torchao_dinov2_vitl_accuracy.csv.
 """
 
 from dataclasses import dataclass

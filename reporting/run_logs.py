@@ -1,10 +1,10 @@
-"""Read one training run directory (as written by `train.py`) into a `RunSummary`: its schedule, how far it got,
-how long each phase took, and its evaluation.
+"""Read one training run directory (as written by `train.py`) into a `RunSummary`: its schedule, how
+far it got, how long each phase took, and its evaluation.
 
 The files and their readers are `rundir`'s (config.yaml, metrics.jsonl, checkpoints, status.json,
-teacher_backbone.pth, eval_linear.json and the baselines' results: the untrained network and raw pixels). Anything
-may be missing or cut short: the summary then says so in `status` instead of raising, so a table of many runs always
-shows every run.
+teacher_backbone.pth, eval_linear.json and the baselines' results: the untrained network and raw
+pixels). Anything may be missing or cut short: the summary then says so in `status` instead of
+raising, so a table of many runs always shows every run.
 """
 
 import dataclasses
@@ -20,20 +20,38 @@ from rundir.layout import CONFIG, METRICS, TEACHER, baseline_results, eval_resul
 from rundir.run_dir import RunDir
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED
 
-from .eval_records import (COMPLETE, FAILED, KNN_SHOWN_K, MISSING, PARTIAL, STALE, UNREADABLE,  # noqa: F401
-                           EvalRecord, EvalResults, as_float, find_probe, probe_arguments, read_eval_record, shown_k,
-                           short_text, stale_reason)
+from .eval_records import (  # noqa: F401  (re-exported: the table's modules read them here)
+    COMPLETE,
+    FAILED,
+    KNN_SHOWN_K,
+    MISSING,
+    PARTIAL,
+    STALE,
+    UNREADABLE,
+    EvalRecord,
+    EvalResults,
+    as_float,
+    find_probe,
+    probe_arguments,
+    read_eval_record,
+    short_text,
+    shown_k,
+    stale_reason,
+)
 
-# The evaluation side lives in eval_records.py; its names are re-exported, since the table's modules read them here.
+# The evaluation side lives in eval_records.py; its names are re-exported, since the table's modules
+# read them here.
 
-DUPLICATE = "duplicate"  # a copy of another run directory of the table (the same run id): never a second seed
+# a copy of another run directory of the table (the same run id): never a second seed
+DUPLICATE = "duplicate"
 # total first, then the terms ssl_meta_arch logs; any other "*_loss" key found follows these
 LOSS_TERMS = ("loss", "dino_local_crops_loss", "dino_global_crops_loss", "koleo_loss", "ibot_loss")
 
 
 @dataclass(kw_only=True)
 class RunSummary(EvalResults):
-    """A run directory read back; its evaluation's numbers are the inherited `EvalResults` fields."""
+    """A run directory read back; its evaluation's numbers are the inherited `EvalResults`
+    fields."""
 
     name: str
     path: str
@@ -48,38 +66,54 @@ class RunSummary(EvalResults):
     data_root: str = ""
     sparse_fraction: float | None = None
     total_steps: int | None = None
-    sparse_steps: int | None = None  # the step of the switch to dense: the steps before it are sparse ...
+    sparse_steps: int | None = (
+        None  # the step of the switch to dense: the steps before it are sparse ...
+    )
     dense_warmup_steps: int = 0  # ... but these first ones (sparsity.dense_warmup_fraction)
     global_batch: int | None = None
     processes: int | None = None  # data-parallel processes (GPUs) the run trained on
     seed: int | None = None
-    run_id: str = ""  # status.json's: made at the run's fresh start, kept by every copy of the directory
-    # every key of the resolved config, flattened ({"student.arch": "vit_small", ...}); None if unreadable
+    run_id: str = (
+        ""  # status.json's: made at the run's fresh start, kept by every copy of the directory
+    )
+    # every key of the resolved config, flattened ({"student.arch": "vit_small", ...}); None if
+    # unreadable
     config: dict | None = field(default=None, repr=False)
     # progress and timing (from metrics.jsonl and the checkpoints)
     steps_done: int = 0
-    time_s: float | None = None  # summed step time of the logged windows (excludes start-up and evaluation)
+    time_s: float | None = (
+        None  # summed step time of the logged windows (excludes start-up and evaluation)
+    )
     sparse_time_s: float | None = None
     dense_time_s: float | None = None
     timed_steps: int = 0  # steps covered by time_s
     images_per_s: float | None = None  # over all timed steps, time-weighted
-    # per phase: median of the logged windows' images/s, without each phase's first window after a (re)start
-    # (torch.compile and warm-up; the dense phase recompiles), so the phases' steady speeds compare
+    # per phase: median of the logged windows' images/s, without each phase's first window after a
+    # (re)start (torch.compile and warm-up; the dense phase recompiles), so the phases' steady
+    # speeds compare
     sparse_images_per_s: float | None = None
     dense_images_per_s: float | None = None
-    # where it trained (run_info.json: "cuda:0", "NVIDIA H200"; "" where not recorded) and the most memory its GPU
-    # had in use outside the run's allocator at a logged window (MB; None where the run did not log it): whether it
-    # had the GPU to itself (speed_columns.py)
+    # where it trained (run_info.json: "cuda:0", "NVIDIA H200"; "" where not recorded) and the most
+    # memory its GPU had in use outside the run's allocator at a logged window (MB; None where the
+    # run did not log it): whether it had the GPU to itself (speed_columns.py)
     device: str = ""
     device_name: str = ""
-    data_fingerprint: str = ""  # run_info.json's: which images it trained on ("" where not recorded)
+    data_fingerprint: str = (
+        ""  # run_info.json's: which images it trained on ("" where not recorded)
+    )
     gpu_mem_outside_mb: float | None = None
-    screening: bool = False  # named by the table's maker as a run that chose settings: kept out of every mean
+    screening: bool = (
+        False  # named by the table's maker as a run that chose settings: kept out of every mean
+    )
     final_loss: float | None = None
-    loss_terms: dict = field(default_factory=dict, repr=False)  # {term: [(step, value)]}, LOSS_TERMS order
+    loss_terms: dict = field(
+        default_factory=dict, repr=False
+    )  # {term: [(step, value)]}, LOSS_TERMS order
     # evaluation (from eval_linear.json; top1, top5, knn, best_C, solver, n_val from EvalResults)
     eval_seconds: float | None = None
-    baselines: dict = field(default_factory=dict)  # {"random_init" | "pixels": EvalRecord}, those found
+    baselines: dict = field(
+        default_factory=dict
+    )  # {"random_init" | "pixels": EvalRecord}, those found
 
     @property
     def loss_curve(self) -> list:
@@ -99,7 +133,8 @@ class RunSummary(EvalResults):
 
     @property
     def status(self) -> str:
-        """One human-readable word or phrase: complete, no eval, partial (step x of y), failed (reason), ..."""
+        """One human-readable word or phrase: complete, no eval, partial (step x of y), failed
+        (reason), ..."""
         if self.train_status == COMPLETE:
             if self.eval_status == COMPLETE:
                 return COMPLETE
@@ -118,15 +153,26 @@ def _read_config(run: RunSummary, run_dir: RunDir) -> bool:
     path = run_dir.config_file
     if not path.is_file():
         there = os.path.lexists(path)  # a FIFO, a directory or a dangling link: never opened
-        run.train_status, run.reason = UNREADABLE, f"{CONFIG} is not a regular file" if there else f"no {CONFIG}"
+        run.train_status, run.reason = (
+            UNREADABLE,
+            f"{CONFIG} is not a regular file" if there else f"no {CONFIG}",
+        )
         return False
     try:
         cfg = load_config(path)
-    except (ConfigError, OSError, ValueError) as e:  # the message without the machine's path to the file
+    except (
+        ConfigError,
+        OSError,
+        ValueError,
+    ) as e:  # the message without the machine's path to the file
         message = str(e).replace(f"{path}: ", "").replace(str(path), CONFIG)
         run.train_status, run.reason = UNREADABLE, short_text(f"{CONFIG}: {message}")
         return False
-    run.arch, run.patch_size, run.dataset = cfg.student.arch, cfg.student.patch_size, cfg.data.dataset
+    run.arch, run.patch_size, run.dataset = (
+        cfg.student.arch,
+        cfg.student.patch_size,
+        cfg.data.dataset,
+    )
     run.data_root = cfg.data.root
     run.sparse_fraction = cfg.sparsity.sparse_fraction
     run.total_steps, run.sparse_steps = cfg.total_steps, cfg.sparse_steps
@@ -137,7 +183,8 @@ def _read_config(run: RunSummary, run_dir: RunDir) -> bool:
     run.config = flatten_config(dataclasses.asdict(cfg))
     info = run_dir.read_run_info()
     run.device, run.device_name, run.data_fingerprint = (
-        info.get(k) or "" for k in ("device", "device_name", "data_fingerprint"))
+        info.get(k) or "" for k in ("device", "device_name", "data_fingerprint")
+    )
     return True
 
 
@@ -151,17 +198,22 @@ def flatten_config(node: dict, prefix: str = "") -> dict:
 
 
 def _batch_layout(run_dir: RunDir, batch_size_per_gpu: int) -> tuple[int, int]:
-    """(processes, per-GPU batch) of the run: its images per step are their product (metrics' images/s are global).
-    From the newest readable checkpoint, memory-mapped so a ViT-L checkpoint costs no more than its header; else
-    from run_info.json (written at every start, and kept where checkpoints are not, as in committed results); else
-    the config's per-GPU batch on one process."""
+    """(processes, per-GPU batch) of the run: its images per step are their product (metrics'
+    images/s are global). From the newest readable checkpoint, memory-mapped so a ViT-L checkpoint
+    costs no more than its header; else from run_info.json (written at every start, and kept where
+    checkpoints are not, as in committed results); else the config's per-GPU batch on one
+    process."""
     checkpoints = run_dir.checkpoints()
     if checkpoints:
-        import torch  # only where there are checkpoints to read: tables of committed runs and --help go without it
+        # only where there are checkpoints to read: tables of committed runs and --help go without
+        # it
+        import torch
     for _, path in reversed(checkpoints):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            return int(state["world_size"]), int(state.get("batch_size_per_gpu", batch_size_per_gpu))
+            return int(state["world_size"]), int(
+                state.get("batch_size_per_gpu", batch_size_per_gpu)
+            )
         except Exception:  # noqa: BLE001 - an unreadable checkpoint: try the previous one
             continue
     info = run_dir.read_run_info()
@@ -171,21 +223,24 @@ def _batch_layout(run_dir: RunDir, batch_size_per_gpu: int) -> tuple[int, int]:
 
 
 def _read_metrics(run: RunSummary, run_dir: RunDir) -> None:
-    """Progress, loss curve and phase times. Each record's images/s covers the steps since the previous record,
-    so a window took steps * global_batch / images_per_s seconds; a window straddling the sparse->dense switch is
-    split between the phases by its step count."""
+    """Progress, loss curve and phase times. Each record's images/s covers the steps since the
+    previous record, so a window took steps * global_batch / images_per_s seconds; a window
+    straddling the sparse->dense switch is split between the phases by its step count."""
     records = run_dir.read_metrics()
     checkpoint_steps = [step for step, _ in run_dir.checkpoints()]
     run.steps_done = max([r["step"] for r in records] + checkpoint_steps + [0])
-    terms = list(LOSS_TERMS) + sorted({k for r in records for k in r if k.endswith("_loss")} - set(LOSS_TERMS))
+    terms = list(LOSS_TERMS) + sorted(
+        {k for r in records for k in r if k.endswith("_loss")} - set(LOSS_TERMS)
+    )
     for term in terms:
         curve = [(r["step"], v) for r in records if (v := as_float(r.get(term))) is not None]
         if curve:
             run.loss_terms[term] = curve
     if run.loss_curve:
         run.final_loss = run.loss_curve[-1][1]
-    run.sparse_images_per_s, run.dense_images_per_s = _phase_rates(records, run.sparse_steps,
-                                                                   run_dir.read_status().resumed_at)
+    run.sparse_images_per_s, run.dense_images_per_s = _phase_rates(
+        records, run.sparse_steps, run_dir.read_status().resumed_at
+    )
     outside = [v for r in records if (v := as_float(r.get("gpu_mem_outside_mb"))) is not None]
     run.gpu_mem_outside_mb = max(outside) if outside else None
     if not run.global_batch:
@@ -198,13 +253,22 @@ def _read_metrics(run: RunSummary, run_dir: RunDir) -> None:
         rate = as_float(record.get("images_per_s"))
         steps = end - previous_end
         previous_end = end
-        if not rate or not math.isfinite(rate) or rate <= 0 or steps <= 0:  # "nan"/"inf" logged: no time
+        if (
+            not rate or not math.isfinite(rate) or rate <= 0 or steps <= 0
+        ):  # "nan"/"inf" logged: no time
             continue
-        batch = record.get("global_batch") or run.global_batch  # a logged batch size wins over the inferred one
+        batch = (
+            record.get("global_batch") or run.global_batch
+        )  # a logged batch size wins over the inferred one
         seconds = steps * batch / rate
-        start = end - steps  # the window's steps: start .. end - 1; the sparse ones: dense_warmup_steps .. switch - 1
-        sparse_part = (max(0, min(end, run.sparse_steps) - max(start, run.dense_warmup_steps))
-                       if run.sparse_steps is not None else 0)
+        start = (
+            end - steps
+        )  # the window's steps: start .. end - 1; the sparse ones: dense_warmup_steps .. switch - 1
+        sparse_part = (
+            max(0, min(end, run.sparse_steps) - max(start, run.dense_warmup_steps))
+            if run.sparse_steps is not None
+            else 0
+        )
         images += steps * batch
         sparse_images += sparse_part * batch
         sparse_time += seconds * sparse_part / steps
@@ -217,8 +281,9 @@ def _read_metrics(run: RunSummary, run_dir: RunDir) -> None:
 
 
 def _phase_rates(records: list[dict], sparse_steps: int | None, restarts: list[int]) -> tuple:
-    """(sparse, dense) median images/s over each phase's logged windows, leaving out the first window of a phase
-    and the first window after each restart (both include compilation and warm-up). None where nothing is left."""
+    """(sparse, dense) median images/s over each phase's logged windows, leaving out the first
+    window of a phase and the first window after each restart (both include compilation and
+    warm-up). None where nothing is left."""
     rates: dict[str, list[float]] = {"sparse": [], "dense": []}
     previous_phase, previous_end = None, 0
     for record in records:
@@ -234,9 +299,10 @@ def _phase_rates(records: list[dict], sparse_steps: int | None, restarts: list[i
 
 
 def _training_status(run: RunSummary, run_dir: RunDir) -> None:
-    """Complete when trained to the end with the teacher exported (the export itself, or status.json's "finished",
-    written after it: published results carry no weights); otherwise what status.json (or, for older runs, their
-    log) recorded: failed with its reason, or partial (preempted, or still running / killed)."""
+    """Complete when trained to the end with the teacher exported (the export itself, or
+    status.json's "finished", written after it: published results carry no weights); otherwise what
+    status.json (or, for older runs, their log) recorded: failed with its reason, or partial
+    (preempted, or still running / killed)."""
     finished = run.total_steps is not None and run.steps_done >= run.total_steps
     status = run_dir.read_status()
     run.run_id = status.run_id  # what a copy of the directory keeps: `mark_duplicates`
@@ -258,26 +324,40 @@ def _training_status(run: RunSummary, run_dir: RunDir) -> None:
 
 
 def _other_protocols(run_dir: RunDir, data_suffix: str) -> str:
-    """Why a run without the default protocol's record may still have probes: their names, and how to see them."""
-    others = sorted(p.name for p in run_dir.path.glob(eval_result_name(False, f"{data_suffix}_{PROTOCOL_PREFIX}*")))
+    """Why a run without the default protocol's record may still have probes: their names, and how
+    to see them."""
+    others = sorted(
+        p.name
+        for p in run_dir.path.glob(eval_result_name(False, f"{data_suffix}_{PROTOCOL_PREFIX}*"))
+    )
     if not others:
         return ""
-    return (f"no probe under the default protocol; under others: {', '.join(others[:3])} (make_table.py --eval-arg "
-            "with a probe's settings tabulates it)")
+    return (
+        f"no probe under the default protocol; under others: {', '.join(others[:3])} "
+        f"(make_table.py --eval-arg "
+        "with a probe's settings tabulates it)"
+    )
 
 
 def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=None) -> None:
-    if probe is not None:  # the record of the probe asked, found by its settings (as the launcher's done)
+    if (
+        probe is not None
+    ):  # the record of the probe asked, found by its settings (as the launcher's done)
         own = find_probe(run_dir.path, probe, stale_too=True) or EvalRecord(
-            path=str(run_dir.eval_result()), status=MISSING,
-            reason=f"no readable record of the probe asked ({' '.join(probe_arguments(probe)) or 'default'})")
+            path=str(run_dir.eval_result()),
+            status=MISSING,
+            reason=f"no readable record of the probe asked "
+            f"({' '.join(probe_arguments(probe)) or 'default'})",
+        )
     else:
         data_suffix = f"_data_{eval_label}" if eval_label else ""
         own = read_eval_record(run_dir.eval_result(suffix=data_suffix), other_data=bool(eval_label))
         if own.status == MISSING:
             own.reason = _other_protocols(run_dir, data_suffix)
     if own.status == COMPLETE and (reason := stale_reason(own, run_dir.path)):
-        own = EvalRecord(path=own.path, status=STALE, reason=reason)  # its numbers are never shown as the run's
+        own = EvalRecord(
+            path=own.path, status=STALE, reason=reason
+        )  # its numbers are never shown as the run's
     run.eval_status, run.eval_reason, run.eval_seconds = own.status, own.reason, own.seconds
     for f in fields(EvalResults):
         setattr(run, f.name, getattr(own, f.name))
@@ -290,11 +370,13 @@ def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=Non
                 break
 
 
-def read_run(run_dir: Path, name: str | None = None, eval_label: str = "", probe=None) -> RunSummary:
-    """Everything the tables need about one run directory; never raises for a damaged or absent run. `eval_label`:
-    the probe on other data to read (`eval_linear_data_<label>.json`) instead of the run's own `eval_linear.json`;
-    `probe` (an `EvalConfig`): the record of the probe run with those settings, whatever its name
-    (`eval_records.find_probe`)."""
+def read_run(
+    run_dir: Path, name: str | None = None, eval_label: str = "", probe=None
+) -> RunSummary:
+    """Everything the tables need about one run directory; never raises for a damaged or absent run.
+    `eval_label`: the probe on other data to read (`eval_linear_data_<label>.json`) instead of the
+    run's own `eval_linear.json`; `probe` (an `EvalConfig`): the record of the probe run with those
+    settings, whatever its name (`eval_records.find_probe`)."""
     run_dir = RunDir(run_dir)
     run = RunSummary(name=name or run_dir.path.name, path=str(run_dir))
     if not run_dir.path.is_dir():
@@ -309,9 +391,9 @@ def read_run(run_dir: Path, name: str | None = None, eval_label: str = "", probe
 
 
 def mark_duplicates(runs: list[RunSummary]) -> list[RunSummary]:
-    """A run directory copied (or restored twice) carries its original's run id: the first by name stays, every
-    other copy becomes a `DUPLICATE` row naming it, so that one training run is never averaged as two seeds.
-    Runs written before run ids existed carry none and are not compared."""
+    """A run directory copied (or restored twice) carries its original's run id: the first by name
+    stays, every other copy becomes a `DUPLICATE` row naming it, so that one training run is never
+    averaged as two seeds. Runs written before run ids existed carry none and are not compared."""
     first: dict[str, RunSummary] = {}
     for run in sorted(runs, key=lambda r: (r.name, r.path)):
         if not run.run_id:
@@ -324,8 +406,9 @@ def mark_duplicates(runs: list[RunSummary]) -> list[RunSummary]:
 
 
 def find_run_dirs(paths: list[Path], max_depth: int = 3) -> list[Path]:
-    """Run directories among `paths`: each path is a run, or a folder holding runs (searched `max_depth` deep).
-    A path that does not exist is kept, so it shows as a missing run rather than vanishing."""
+    """Run directories among `paths`: each path is a run, or a folder holding runs (searched
+    `max_depth` deep). A path that does not exist is kept, so it shows as a missing run rather than
+    vanishing."""
     found: list[Path] = []
 
     def walk(path: Path, depth: int) -> None:
@@ -342,9 +425,13 @@ def find_run_dirs(paths: list[Path], max_depth: int = 3) -> list[Path]:
         before = len(found)
         walk(path, 0)
         if len(found) == before:
-            raise FileNotFoundError(f"{path}: neither a run directory (no config.yaml or metrics.jsonl) nor a "
-                                    f"folder containing runs")
+            raise FileNotFoundError(
+                f"{path}: neither a run directory (no config.yaml or metrics.jsonl) nor a "
+                f"folder containing runs"
+            )
     unique: dict[Path, Path] = {}
-    for path in found:  # the same run named twice (e.g. as itself and through its parent) is read once
+    for (
+        path
+    ) in found:  # the same run named twice (e.g. as itself and through its parent) is read once
         unique.setdefault(path.resolve(), path)
     return list(unique.values())

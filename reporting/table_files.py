@@ -1,4 +1,5 @@
-"""The files a result table writes into its folder (`table.make_table`, `table_figures.draw_figures`)."""
+"""The files a result table writes into its folder (`table.make_table`,
+`table_figures.draw_figures`)."""
 
 TEXT_FILES = ("table.md", "table.csv", "summary.json")
 ACCURACY_PNG = "top1_vs_sparsity.png"

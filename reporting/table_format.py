@@ -1,6 +1,7 @@
 """Markdown and CSV of the result table (table.py builds the rows; this module only formats them).
 
-The rows are duck-typed (table.TableRow, ScheduleMean, BaselineRow), so this module imports nothing from table.py.
+The rows are duck-typed (table.TableRow, ScheduleMean, BaselineRow), so this module imports nothing
+from table.py.
 """
 
 import csv
@@ -23,11 +24,15 @@ def _steps(n: int | None) -> str:
 
 
 def _phase_steps(row) -> str:
-    """"3104 → 4656" (sparse, then dense steps); with a dense warm-up "776 dense, then 2328 → 4656"."""
+    """ "3104 → 4656" (sparse, then dense steps); with a dense warm-up "776 dense, then 2328 →
+    4656"."""
     warmup = row.dense_warmup_steps
     if not warmup or row.sparse_steps is None:
         return f"{_steps(row.sparse_steps)} → {_steps(row.dense_steps)}"
-    return f"{_steps(warmup)} dense, then {_steps(row.sparse_steps - warmup)} → {_steps(row.dense_steps)}"
+    return (
+        f"{_steps(warmup)} dense, then {_steps(row.sparse_steps - warmup)} → "
+        f"{_steps(row.dense_steps)}"
+    )
 
 
 def _duration(seconds: float | None) -> str:
@@ -46,11 +51,13 @@ def _number(value: float | None, fmt: str, suffix: str = "") -> str:
 
 
 def _with_spread(value: float | None, spread: float | None, fmt: str) -> str:
-    return _number(value, fmt) + (f" ± {spread:.2f}" if spread is not None and value is not None else "")
+    return _number(value, fmt) + (
+        f" ± {spread:.2f}" if spread is not None and value is not None else ""
+    )
 
 
 def _with_interval(text: str, interval, fmt: str) -> str:
-    """"-0.80 [-2.31, +0.71]": a value and its 95% interval, where it has one."""
+    """ "-0.80 [-2.31, +0.71]": a value and its 95% interval, where it has one."""
     if interval is None or text == "–":
         return text
     return f"{text} [{format(interval.low, fmt)}, {format(interval.high, fmt)}]"
@@ -61,7 +68,8 @@ def _rate(value: float | None) -> str:
 
 
 def _knn_header(items) -> tuple[str, bool]:
-    """The k-NN column header, and whether cells must name their k (the rows were evaluated at different k)."""
+    """The k-NN column header, and whether cells must name their k (the rows were evaluated at
+    different k)."""
     ks = {item.knn_k for item in items if item.knn_k is not None}
     if len(ks) > 1:
         return "k-NN top-1 (%)", True
@@ -76,24 +84,31 @@ SAME_TEACHER_HEADER = "Δ top-1 vs dense with the same teacher momentum (pp)"
 
 
 def _has_same_teacher(items) -> bool:
-    """Whether any row has a dense run with its teacher momentum schedule (configurations.same_teacher_key)."""
+    """Whether any row has a dense run with its teacher momentum schedule
+    (configurations.same_teacher_key)."""
     return any(item.delta_top1_same_teacher is not None for item in items)
 
 
 # the columns that measure speed: left out where the runs' speeds do not compare (speed_columns.py)
-SPEED_HEADERS = ("Images/s, sparse phase", "Images/s, dense phase", "Training time (sparse + dense)", "Speed-up",
-                 "Images/s, all steps")
+SPEED_HEADERS = (
+    "Images/s, sparse phase",
+    "Images/s, dense phase",
+    "Training time (sparse + dense)",
+    "Speed-up",
+    "Images/s, all steps",
+)
 
 
 def _cell(text: str) -> str:
-    """A markdown cell: a `|` in a run's name or a config value must not open a column, nor a newline a row."""
+    """A markdown cell: a `|` in a run's name or a config value must not open a column, nor a
+    newline a row."""
     return str(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
 @dataclass(frozen=True)
 class Column:
-    """One column of a markdown table: its header, a run row's or mean's cell, and a baseline row's (baselines are
-    not schedules: only their accuracies apply, "–" elsewhere)."""
+    """One column of a markdown table: its header, a run row's or mean's cell, and a baseline row's
+    (baselines are not schedules: only their accuracies apply, "–" elsewhere)."""
 
     header: str
     cell: Callable[[Any], str]
@@ -101,10 +116,15 @@ class Column:
 
 
 def _run_columns(rows, knn_header: str, name_k: bool) -> list[Column]:
-    """The run table's columns, left to right; the published and same-teacher columns only where a row has them."""
-    published = [Column("Published top-1 (%)", lambda r: _number(r.published_top1, ".1f")),
-                 Column("Published Δ (pp)", lambda r: _number(r.published_delta_top1, "+.1f"))]
-    same_teacher = [Column(SAME_TEACHER_HEADER, lambda r: _number(r.delta_top1_same_teacher, "+.1f"))]
+    """The run table's columns, left to right; the published and same-teacher columns only where a
+    row has them."""
+    published = [
+        Column("Published top-1 (%)", lambda r: _number(r.published_top1, ".1f")),
+        Column("Published Δ (pp)", lambda r: _number(r.published_delta_top1, "+.1f")),
+    ]
+    same_teacher = [
+        Column(SAME_TEACHER_HEADER, lambda r: _number(r.delta_top1_same_teacher, "+.1f"))
+    ]
 
     def knn(item) -> str:
         return _knn_cell(item, _number(item.knn_top1, ".1f"), name_k)
@@ -113,7 +133,9 @@ def _run_columns(rows, knn_header: str, name_k: bool) -> list[Column]:
         Column("Schedule", lambda r: r.schedule, lambda b: f"*{b.label}*"),
         Column("Seed", _seed_cell),
         Column("Sparse → dense steps", _phase_steps),
-        Column("Linear top-1 (%)", lambda r: _number(r.top1, ".1f"), lambda b: _number(b.top1, ".1f")),
+        Column(
+            "Linear top-1 (%)", lambda r: _number(r.top1, ".1f"), lambda b: _number(b.top1, ".1f")
+        ),
         Column("Δ top-1 (pp)", lambda r: _number(r.delta_top1, "+.1f")),
         *(published if any(r.published_top1 is not None for r in rows) else []),
         *(same_teacher if _has_same_teacher(rows) else []),
@@ -123,8 +145,11 @@ def _run_columns(rows, knn_header: str, name_k: bool) -> list[Column]:
         Column("Final loss", lambda r: _number(r.final_loss, ".3f")),
         Column("Training time (sparse + dense)", _time_cell),
         Column("Speed-up", lambda r: _number(r.speedup, ".2f", "×")),
-        Column("Status", lambda r: f"{r.status}, screening" if r.screening else r.status,
-               lambda b: f"baseline, evaluated in {b.run}"),
+        Column(
+            "Status",
+            lambda r: f"{r.status}, screening" if r.screening else r.status,
+            lambda b: f"baseline, evaluated in {b.run}",
+        ),
     ]
 
 
@@ -143,7 +168,10 @@ def _time_cell(r) -> str:
 def _table_lines(columns: list[Column], body: list[list[str]], speeds: bool) -> list[str]:
     """A markdown table, its speed columns dropped unless `speeds`."""
     keep = [i for i, column in enumerate(columns) if speeds or column.header not in SPEED_HEADERS]
-    lines = ["| " + " | ".join(columns[i].header for i in keep) + " |", "|" + "|".join("---" for _ in keep) + "|"]
+    lines = [
+        "| " + " | ".join(columns[i].header for i in keep) + " |",
+        "|" + "|".join("---" for _ in keep) + "|",
+    ]
     return lines + ["| " + " | ".join(_cell(cells[i]) for i in keep) + " |" for cells in body]
 
 
@@ -160,23 +188,33 @@ def markdown(rows, means, baselines, notes: list[str], speeds: bool = True) -> s
 
 
 def _mean_columns(means, knn_header: str, name_k: bool) -> list[Column]:
-    """The per-schedule means' columns, left to right; the same-teacher one only where a mean has it."""
+    """The per-schedule means' columns, left to right; the same-teacher one only where a mean has
+    it."""
+
     def with_interval(value, spread, interval) -> str:
         return _with_interval(_with_spread(value, spread, ".2f"), interval, ".2f")
 
     def same_teacher_deltas(m) -> str:
-        return (f"{_delta(m.delta_top1_same_teacher, m.delta_top1_same_teacher_interval)} / "
-                f"{_delta(m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval)}")
+        return (
+            f"{_delta(m.delta_top1_same_teacher, m.delta_top1_same_teacher_interval)} / "
+            f"{_delta(m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval)}"
+        )
 
-    same_teacher = [Column("Δ top-1 / k-NN vs dense with the same teacher momentum (pp)", same_teacher_deltas)]
+    same_teacher = [
+        Column("Δ top-1 / k-NN vs dense with the same teacher momentum (pp)", same_teacher_deltas)
+    ]
     return [
         Column("Schedule", lambda m: m.schedule),
         Column("Seeds", lambda m: ", ".join("–" if s is None else str(s) for s in m.seeds)),
         Column("n", lambda m: str(m.n_seeds)),
         Column("Linear top-1 (%)", lambda m: with_interval(m.top1, m.top1_spread, m.top1_interval)),
         Column("Δ top-1 (pp)", lambda m: _delta(m.delta_top1, m.delta_top1_interval)),
-        Column(knn_header, lambda m: _knn_cell(m, with_interval(m.knn_top1, m.knn_top1_spread, m.knn_top1_interval),
-                                               name_k)),
+        Column(
+            knn_header,
+            lambda m: _knn_cell(
+                m, with_interval(m.knn_top1, m.knn_top1_spread, m.knn_top1_interval), name_k
+            ),
+        ),
         Column("Δ k-NN (pp)", lambda m: _delta(m.delta_knn_top1, m.delta_knn_top1_interval)),
         *(same_teacher if _has_same_teacher(means) else []),
         Column("Images/s, sparse phase", lambda m: _rate(m.sparse_images_per_s)),
@@ -188,8 +226,13 @@ def _mean_columns(means, knn_header: str, name_k: bool) -> list[Column]:
 def means_markdown(means, knn_header: str, name_k: bool, speeds: bool = True) -> str:
     columns = _mean_columns(means, knn_header, name_k)
     body = [[column.cell(m) for column in columns] for m in means]
-    return "\n".join(["## Per schedule, over seeds (mean ± half the range [95% interval])", "",
-                      *_table_lines(columns, body, speeds)])
+    return "\n".join(
+        [
+            "## Per schedule, over seeds (mean ± half the range [95% interval])",
+            "",
+            *_table_lines(columns, body, speeds),
+        ]
+    )
 
 
 def _delta(value: float | None, interval) -> str:
@@ -202,40 +245,104 @@ def details_markdown(rows, speeds: bool = True) -> str:
         Column("Steps done", lambda r: f"{r.steps_done} of {_steps(r.total_steps)}"),
         Column("Images/s, all steps", lambda r: _rate(r.images_per_s)),
         Column("Top-5 (%)", lambda r: _number(r.top5, ".1f")),
-        Column("k-NN top-1 by k", lambda r: ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–"),
+        Column(
+            "k-NN top-1 by k", lambda r: ", ".join(f"{k}: {v:.1f}" for k, v in r.knn.items()) or "–"
+        ),
         Column("Probe C", lambda r: _number(r.best_C, ".3g")),
         Column("Eval time", lambda r: _duration(r.eval_seconds)),
     ]
-    return "\n".join(_table_lines(columns, [[column.cell(r) for column in columns] for r in rows], speeds))
+    return "\n".join(
+        _table_lines(columns, [[column.cell(r) for column in columns] for r in rows], speeds)
+    )
 
 
-# kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw pixels). After
-# "schedule" (the row's label) come the config keys that differ between the rows, one column each; at the end the
-# k-NN top-1 per k.
-CSV_FIELDS = ["kind", "run", "schedule", "status", "screening", "sparse_fraction", "seed", "layout", "n_seeds",
-              "sparse_steps", "dense_steps", "total_steps", "steps_done", "top1", "top1_spread", "top1_low",
-              "top1_high", "top5", "delta_top1", "delta_top1_low", "delta_top1_high", "delta_top1_interval",
-              "knn_top1", "knn_k", "knn_top1_spread", "knn_top1_low", "knn_top1_high", "delta_knn_top1",
-              "delta_knn_top1_low", "delta_knn_top1_high", "delta_top1_same_teacher", "delta_top1_same_teacher_low",
-              "delta_top1_same_teacher_high", "delta_knn_top1_same_teacher", "time_s", "sparse_time_s",
-              "dense_time_s", "images_per_s", "sparse_images_per_s", "dense_images_per_s", "speedup", "final_loss",
-              "best_C", "eval_seconds", "published_top1", "published_delta_top1", "published_schedule", "path"]
+# kind: run (one training run) | schedule mean (over its seeds) | baseline (random-init network, raw
+# pixels). After "schedule" (the row's label) come the config keys that differ between the rows, one
+# column each; at the end the k-NN top-1 per k.
+CSV_FIELDS = [
+    "kind",
+    "run",
+    "schedule",
+    "status",
+    "screening",
+    "sparse_fraction",
+    "seed",
+    "layout",
+    "n_seeds",
+    "sparse_steps",
+    "dense_steps",
+    "total_steps",
+    "steps_done",
+    "top1",
+    "top1_spread",
+    "top1_low",
+    "top1_high",
+    "top5",
+    "delta_top1",
+    "delta_top1_low",
+    "delta_top1_high",
+    "delta_top1_interval",
+    "knn_top1",
+    "knn_k",
+    "knn_top1_spread",
+    "knn_top1_low",
+    "knn_top1_high",
+    "delta_knn_top1",
+    "delta_knn_top1_low",
+    "delta_knn_top1_high",
+    "delta_top1_same_teacher",
+    "delta_top1_same_teacher_low",
+    "delta_top1_same_teacher_high",
+    "delta_knn_top1_same_teacher",
+    "time_s",
+    "sparse_time_s",
+    "dense_time_s",
+    "images_per_s",
+    "sparse_images_per_s",
+    "dense_images_per_s",
+    "speedup",
+    "final_loss",
+    "best_C",
+    "eval_seconds",
+    "published_top1",
+    "published_delta_top1",
+    "published_schedule",
+    "path",
+]
 
 
 def write_csv(rows, means, baselines, path: Path) -> None:
-    """One line per run, then per schedule mean (spread: half the range over seeds; _low/_high: the 95% interval),
-    then per baseline."""
+    """One line per run, then per schedule mean (spread: half the range over seeds; _low/_high: the
+    95% interval), then per baseline."""
     knn_ks = sorted({k for item in [*rows, *baselines] for k in item.knn})
-    config_keys = list(dict.fromkeys(key for item in [*rows, *means] for key in item.differing_config))
+    config_keys = list(
+        dict.fromkeys(key for item in [*rows, *means] for key in item.differing_config)
+    )
     lines = []
     for r in rows:
         lines.append({**vars(r), "kind": "run", **{f"knn_top1_k{k}": r.knn.get(k) for k in knn_ks}})
     for m in means:
-        lines.append({**vars(m), **_interval_columns(m), "kind": "schedule mean", "run": ", ".join(m.runs),
-                      "status": "", "seed": " ".join("–" if s is None else str(s) for s in m.seeds)})
+        lines.append(
+            {
+                **vars(m),
+                **_interval_columns(m),
+                "kind": "schedule mean",
+                "run": ", ".join(m.runs),
+                "status": "",
+                "seed": " ".join("–" if s is None else str(s) for s in m.seeds),
+            }
+        )
     for b in baselines:
-        lines.append({**vars(b), "kind": "baseline", "schedule": b.label, "status": f"baseline from {b.run}",
-                      "run": f"{b.key} ({b.run})", **{f"knn_top1_k{k}": b.knn.get(k) for k in knn_ks}})
+        lines.append(
+            {
+                **vars(b),
+                "kind": "baseline",
+                "schedule": b.label,
+                "status": f"baseline from {b.run}",
+                "run": f"{b.key} ({b.run})",
+                **{f"knn_top1_k{k}": b.knn.get(k) for k in knn_ks},
+            }
+        )
     at = CSV_FIELDS.index("schedule") + 1
     fields = CSV_FIELDS[:at] + config_keys + CSV_FIELDS[at:] + [f"knn_top1_k{k}" for k in knn_ks]
     text = io.StringIO(newline="")
@@ -243,20 +350,26 @@ def write_csv(rows, means, baselines, path: Path) -> None:
     writer.writeheader()
     for line in lines:
         config = line.get("differing_config") or {}
-        writer.writerow({name: _config_cell(config[name]) if name in config else _csv_value(line.get(name))
-                         for name in fields})
+        writer.writerow(
+            {
+                name: _config_cell(config[name]) if name in config else _csv_value(line.get(name))
+                for name in fields
+            }
+        )
     atomic_write_text(path, text.getvalue())
 
 
 def _interval_columns(mean) -> dict:
-    """<name>_low / <name>_high of each 95% interval of a schedule mean (blank where it has none), and how the Δ's
-    interval was taken (paired t, Welch t)."""
+    """<name>_low / <name>_high of each 95% interval of a schedule mean (blank where it has none),
+    and how the Δ's interval was taken (paired t, Welch t)."""
     columns = {}
     for name in ("top1", "knn_top1", "delta_top1", "delta_knn_top1", "delta_top1_same_teacher"):
         interval = getattr(mean, f"{name}_interval")
         columns[f"{name}_low"] = interval.low if interval else None
         columns[f"{name}_high"] = interval.high if interval else None
-    columns["delta_top1_interval"] = mean.delta_top1_interval.method if mean.delta_top1_interval else None
+    columns["delta_top1_interval"] = (
+        mean.delta_top1_interval.method if mean.delta_top1_interval else None
+    )
     return columns
 
 
@@ -265,8 +378,9 @@ def _config_cell(value) -> str:
 
 
 def config_value(value) -> str:
-    """A config value as the row labels and the CSV show it: floats in their shortest exact form (1e-05, 0.004, not
-    rounded: two different values never print alike), booleans as YAML writes them."""
+    """A config value as the row labels and the CSV show it: floats in their shortest exact form
+    (1e-05, 0.004, not rounded: two different values never print alike), booleans as YAML writes
+    them."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, tuple)):

@@ -1,9 +1,10 @@
 """Run files kept compressed: the committed runs under `results/` store metrics.jsonl, log.txt and
-sparsity_masks.jsonl as `<name>.xz` (Python's lzma; `.gz` is read too), and every reader takes whichever of the
-plain file and its compressed forms is there. A run being written keeps them plain: training appends to them.
+sparsity_masks.jsonl as `<name>.xz` (Python's lzma; `.gz` is read too), and every reader takes
+whichever of the plain file and its compressed forms is there. A run being written keeps them plain:
+training appends to them.
 
-A compressed file that does not decompress reads as empty, as a damaged plain file reads as its readable lines: it
-costs its own run's fields, never a whole table.
+A compressed file that does not decompress reads as empty, as a damaged plain file reads as its
+readable lines: it costs its own run's fields, never a whole table.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ SUFFIXES = (".xz", ".gz")  # the first is what `scripts/experiments/study_import
 
 
 def stored(path: Path) -> Path | None:
-    """The file holding `path`'s content: itself, else its `.xz` or `.gz` form; None if there is none."""
+    """The file holding `path`'s content: itself, else its `.xz` or `.gz` form; None if there is
+    none."""
     path = Path(path)
     for candidate in (path, *(path.with_name(path.name + s) for s in SUFFIXES)):
         if candidate.is_file():
@@ -29,10 +31,13 @@ def exists(path: Path) -> bool:
 
 
 def read_bytes(path: Path) -> bytes:
-    """`path`'s content, decompressed where it is stored compressed; FileNotFoundError if it is stored nowhere."""
+    """`path`'s content, decompressed where it is stored compressed; FileNotFoundError if it is
+    stored nowhere."""
     found = stored(path)
     if found is None:
-        raise FileNotFoundError(f"{path}: no such file (nor {', '.join(Path(path).name + s for s in SUFFIXES)})")
+        raise FileNotFoundError(
+            f"{path}: no such file (nor {', '.join(Path(path).name + s for s in SUFFIXES)})"
+        )
     if found == Path(path):  # the plain file
         return found.read_bytes()
     try:

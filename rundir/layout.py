@@ -1,4 +1,5 @@
-"""The run directory's layout: the names of its files and folders, and the writers of its small records.
+"""The run directory's layout: the names of its files and folders, and the writers of its small
+records.
 
 A run directory (`train.py --output-dir`) holds:
 
@@ -23,15 +24,15 @@ A run directory (`train.py --output-dir`) holds:
                                     whatever the command (a finished run, `train.resume=false`), and by eval_linear.py
                                     while it writes here: see `rundir.guard`
 
-Steps are counted as steps done everywhere: a checkpoint's number, the teacher export's and status's `step`, and
-(since metrics format 2) a metrics line's `step`; a run's last line says `"step": total_steps`. Lines written
-before carry no `format` key and counted from 0; `rundir.metrics.steps_done` reads both, so older run directories
-stay readable (`results/` holds some), and so does their status, inferred from `log.txt` where no `status.json`
-exists.
+Steps are counted as steps done everywhere: a checkpoint's number, the teacher export's and status's
+`step`, and (since metrics format 2) a metrics line's `step`; a run's last line says `"step":
+total_steps`. Lines written before carry no `format` key and counted from 0;
+`rundir.metrics.steps_done` reads both, so older run directories stay readable (`results/` holds
+some), and so does their status, inferred from `log.txt` where no `status.json` exists.
 
-Torch-free: the tables (`reporting`) and `slurm/launch.py status` read run directories without importing torch.
-Every write is atomic (`rundir.atomic`), except the metrics line appended per logged step (a line cut by a kill
-mid-write is skipped by the readers and dropped on resume).
+Torch-free: the tables (`reporting`) and `slurm/launch.py status` read run directories without
+importing torch. Every write is atomic (`rundir.atomic`), except the metrics line appended per
+logged step (a line cut by a kill mid-write is skipped by the readers and dropped on resume).
 """
 
 import json
@@ -47,7 +48,8 @@ CONFIG = "config.yaml"
 RUN_INFO = "run_info.json"
 STATUS = "status.json"
 METRICS = "metrics.jsonl"
-SPARSITY_MASKS = "sparsity_masks.jsonl"  # per-layer mask statistics, one line per logged step (like metrics.jsonl)
+# per-layer mask statistics, one line per logged step (like metrics.jsonl)
+SPARSITY_MASKS = "sparsity_masks.jsonl"
 LOG = "log.txt"
 CHECKPOINTS = "checkpoints"
 TEACHER = "teacher_backbone.pth"
@@ -57,12 +59,15 @@ EVAL_DIR = "eval"
 LOCK = ".lock"
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8})\.pt$")
-CORRUPT_SUFFIX = ".corrupt"  # an unreadable checkpoint set aside: out of the rotation, never deleted
+CORRUPT_SUFFIX = (
+    ".corrupt"  # an unreadable checkpoint set aside: out of the rotation, never deleted
+)
 
 
 def eval_result_name(knn_only: bool = False, suffix: str = "") -> str:
-    """An eval_linear.py result file: `eval_linear<suffix>.json`, or `eval_knn<suffix>.json` for a k-NN-only one
-    (suffix: a baseline's, or `_step_XXXXXXXX` for another checkpoint than the final teacher)."""
+    """An eval_linear.py result file: `eval_linear<suffix>.json`, or `eval_knn<suffix>.json` for a
+    k-NN-only one (suffix: a baseline's, or `_step_XXXXXXXX` for another checkpoint than the final
+    teacher)."""
     return f"{'eval_knn' if knn_only else 'eval_linear'}{suffix}.json"
 
 
@@ -72,13 +77,19 @@ def is_eval_result_name(name: str) -> bool:
 
 
 EVAL_RESULT = eval_result_name()  # the final teacher's linear probe: what the tables read
-BASELINE_SUFFIXES = {"random_init": "_random_init", "pixels": "_pixels"}  # the untrained network, raw pixels
+BASELINE_SUFFIXES = {
+    "random_init": "_random_init",
+    "pixels": "_pixels",
+}  # the untrained network, raw pixels
 
 
 def baseline_results(suffix: str = "") -> dict[str, tuple[str, str]]:
-    """Baseline key -> its result files, first found wins; `suffix`: a probe protocol's (`_protocol_<hash>`)."""
-    return {key: (eval_result_name(False, own + suffix), eval_result_name(True, own + suffix))
-            for key, own in BASELINE_SUFFIXES.items()}
+    """Baseline key -> its result files, first found wins; `suffix`: a probe protocol's
+    (`_protocol_<hash>`)."""
+    return {
+        key: (eval_result_name(False, own + suffix), eval_result_name(True, own + suffix))
+        for key, own in BASELINE_SUFFIXES.items()
+    }
 
 
 BASELINE_RESULTS = baseline_results()  # under the default protocol
@@ -97,8 +108,8 @@ def checkpoint_name(step: int) -> str:
 
 
 def checkpoint_step(path: Path, suffix: str = "") -> int | None:
-    """The step of a checkpoint file name (`step_XXXXXXXX.pt` + `suffix`), None for anything else (digests, `.tmp`,
-    strays, and `.corrupt` ones unless that is the suffix asked for)."""
+    """The step of a checkpoint file name (`step_XXXXXXXX.pt` + `suffix`), None for anything else
+    (digests, `.tmp`, strays, and `.corrupt` ones unless that is the suffix asked for)."""
     name = Path(path).name
     if suffix:
         if not name.endswith(suffix):
@@ -109,14 +120,18 @@ def checkpoint_step(path: Path, suffix: str = "") -> int | None:
 
 
 def list_checkpoints(directory: Path, suffix: str = "") -> list[tuple[int, Path]]:
-    """(step, path) of the checkpoints in a checkpoints folder, oldest first; [] if there is no such folder.
-    `suffix=CORRUPT_SUFFIX`: those set aside as unreadable instead. Only regular files (or links to them): a FIFO or
-    a device named like a checkpoint is none, since opening it would block its reader."""
+    """(step, path) of the checkpoints in a checkpoints folder, oldest first; [] if there is no such
+    folder. `suffix=CORRUPT_SUFFIX`: those set aside as unreadable instead. Only regular files (or
+    links to them): a FIFO or a device named like a checkpoint is none, since opening it would block
+    its reader."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted((step, p) for p in directory.iterdir()
-                  if (step := checkpoint_step(p, suffix)) is not None and p.is_file())
+    return sorted(
+        (step, p)
+        for p in directory.iterdir()
+        if (step := checkpoint_step(p, suffix)) is not None and p.is_file()
+    )
 
 
 def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
@@ -125,9 +140,9 @@ def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
 
 
 def teacher_export_path(run_dir: Path, step: int) -> Path:
-    """Where the teacher of `step` is exported during training (the final one is `<run>/teacher_backbone.pth`)."""
+    """Where the teacher of `step` is exported during training (the final one is
+    `<run>/teacher_backbone.pth`)."""
     return Path(run_dir) / EVAL_DIR / f"step_{step:08d}" / TEACHER
-
 
 
 # ----------------------------------------------------------------- the run's small records
@@ -140,8 +155,9 @@ def write_run_info(run_dir: Path, info: dict) -> None:
 
 
 def read_run_info(run_dir: Path) -> dict:
-    """run_info.json with its typed fields checked; {} where it is absent or unreadable (a field of the wrong type
-    included: the readers then go by the config alone, as for a run that never wrote one)."""
+    """run_info.json with its typed fields checked; {} where it is absent or unreadable (a field of
+    the wrong type included: the readers then go by the config alone, as for a run that never wrote
+    one)."""
     try:
         return checked(read_json(Path(run_dir) / RUN_INFO), RUN_INFO_FIELDS, RUN_INFO)
     except UnreadableRecord:
@@ -149,12 +165,14 @@ def read_run_info(run_dir: Path) -> dict:
 
 
 def write_sparsity_decisions(run_dir: Path, decisions: dict, unless: str = "") -> str:
-    """sparsity_decisions.json, unless its text would be `unless` (what was last written); returns the text."""
+    """sparsity_decisions.json, unless its text would be `unless` (what was last written); returns
+    the text."""
     text = json.dumps(decisions, indent=1, default=str) + "\n"
     if text != unless:
         atomic_write_text(Path(run_dir) / SPARSITY_DECISIONS, text)
     return text
 
-# room for the longest path a run writes inside its directory (an export's digest, a probe record with suffixes):
-# what a run directory's name is checked with (guard.resolve_run_dir)
+
+# room for the longest path a run writes inside its directory (an export's digest, a probe record
+# with suffixes): what a run directory's name is checked with (guard.resolve_run_dir)
 RUN_FILE_ROOM = Path("eval", "step_00000000", "x" * 80)

@@ -1,8 +1,9 @@
-"""`RunDir(path)`: one run directory's paths and typed readers, so that no command spells a run's file names itself.
+"""`RunDir(path)`: one run directory's paths and typed readers, so that no command spells a run's
+file names itself.
 
-The names and the layout are `rundir.layout`'s; the readers are those of `rundir.status`, `rundir.metrics` and
-`layout.read_run_info`, each of which turns a damaged or absent file into its "nothing readable" value instead of
-raising. Torch-free, like the readers it gathers.
+The names and the layout are `rundir.layout`'s; the readers are those of `rundir.status`,
+`rundir.metrics` and `layout.read_run_info`, each of which turns a damaged or absent file into its
+"nothing readable" value instead of raising. Torch-free, like the readers it gathers.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class RunDir:
     def __str__(self) -> str:
         return str(self.path)
 
-    # ------------------------------------------------------------------------------------------------ paths
+    # ---------------------------------------------------------------------------------------- paths
     @property
     def config_file(self) -> Path:
         return self.path / layout.CONFIG
@@ -85,11 +86,11 @@ class RunDir:
         return self.checkpoint_dir / layout.checkpoint_name(step)
 
     def eval_result(self, knn_only: bool = False, suffix: str = "") -> Path:
-        """A probe record (`layout.eval_result_name`); with no arguments the final teacher's linear probe, which the
-        tables and the launcher read."""
+        """A probe record (`layout.eval_result_name`); with no arguments the final teacher's linear
+        probe, which the tables and the launcher read."""
         return self.path / layout.eval_result_name(knn_only, suffix)
 
-    # ------------------------------------------------------------------------------------------------ state
+    # ---------------------------------------------------------------------------------------- state
     def is_run(self) -> bool:
         """Whether the folder holds a run (its config, or, for older runs, its metrics)."""
         return layout.is_run_dir(self.path)
@@ -105,7 +106,7 @@ class RunDir:
     def newest_checkpoint(self) -> tuple[int, Path] | None:
         return layout.newest_checkpoint(self.path)
 
-    # ------------------------------------------------------------------------------------------------ readers
+    # -------------------------------------------------------------------------------------- readers
     def read_status(self) -> RunStatus:
         return read_status(self.path)
 
@@ -113,5 +114,6 @@ class RunDir:
         return layout.read_run_info(self.path)
 
     def read_metrics(self) -> list[dict]:
-        """The metrics lines with `step` counted as steps done; a line cut by a kill mid-write is skipped."""
+        """The metrics lines with `step` counted as steps done; a line cut by a kill mid-write is
+        skipped."""
         return metrics_by_steps_done(self.metrics_file)

@@ -1,10 +1,12 @@
-"""The processes a local job started, read from /proc (Linux), so that a stop leaves none of them behind.
+"""The processes a local job started, read from /proc (Linux), so that a stop leaves none of them
+behind.
 
-A local job's controller forwards the stop to its tasks and kills them after its own grace; if the controller itself
-has to be killed first (a loaded machine where train.py takes long to save its last checkpoint), its tasks and their
-train.py are re-parented and would keep running. `family(pid)` names them while they are still its descendants;
-`kill_left(family)` ends whichever are still alive (each checked by its start time, so a reused pid is never hit).
-Elsewhere than Linux both do nothing.
+A local job's controller forwards the stop to its tasks and kills them after its own grace; if the
+controller itself has to be killed first (a loaded machine where train.py takes long to save its
+last checkpoint), its tasks and their train.py are re-parented and would keep running. `family(pid)`
+names them while they are still its descendants; `kill_left(family)` ends whichever are still alive
+(each checked by its start time, so a reused pid is never hit). Elsewhere than Linux both do
+nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ PROC = Path("/proc")
 
 
 def _stat(pid: int):
-    """(parent pid, start time in clock ticks) of a live process, or None (gone, a zombie, or no /proc)."""
+    """(parent pid, start time in clock ticks) of a live process, or None (gone, a zombie, or no
+    /proc)."""
     try:
         text = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (name) ": state, ppid, ..., starttime (field 22)
+    fields = text[
+        text.rindex(")") + 2 :
+    ].split()  # after "pid (name) ": state, ppid, ..., starttime (field 22)
     return None if fields[0] == "Z" else (int(fields[1]), fields[19])
 
 
@@ -43,7 +48,8 @@ def family(pid: int) -> dict[int, str]:
 
 
 def kill_left(members: dict[int, str]) -> list[int]:
-    """SIGKILL the members of a `family` that still run (same pid, same start time); the pids killed."""
+    """SIGKILL the members of a `family` that still run (same pid, same start time); the pids
+    killed."""
     killed = []
     for pid, start in members.items():
         st = _stat(pid)

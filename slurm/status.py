@@ -1,11 +1,12 @@
-"""Where each run of a sweep stands: `python slurm/launch.py status --runs-dir DIR` (or `python slurm/status.py`).
-DIR is the sweep folder, or one run directory (then that run alone).
+"""Where each run of a sweep stands: `python slurm/launch.py status --runs-dir DIR` (or `python
+slurm/status.py`). DIR is the sweep folder, or one run directory (then that run alone).
 
-One line per run directory: steps done of the run's total (with how the run ended, when it did: finished,
-preempted, failed, as the trainer recorded it), the sparsity phase of the last logged step, the newest checkpoint,
-the latest training and evaluation jobs with their Slurm state, and the linear-probe result. Progress comes from the
-run directory (`rundir`: metrics.jsonl, checkpoints/, status.json, eval_linear.json), job states from
-`sacct` (with `squeue` as a fallback where accounting is off), so it works for runs launched by hand as well.
+One line per run directory: steps done of the run's total (with how the run ended, when it did:
+finished, preempted, failed, as the trainer recorded it), the sparsity phase of the last logged
+step, the newest checkpoint, the latest training and evaluation jobs with their Slurm state, and the
+linear-probe result. Progress comes from the run directory (`rundir`: metrics.jsonl, checkpoints/,
+status.json, eval_linear.json), job states from `sacct` (with `squeue` as a fallback where
+accounting is off), so it works for runs launched by hand as well.
 """
 
 import argparse
@@ -27,10 +28,29 @@ from rundir.status import RUNNING, last_step  # noqa: E402
 from slurm.sweep import JOBS_FILE, JobRecord, read_jobs  # noqa: E402
 
 # Job states after which Slurm may still run the job (a requeued job is PENDING again).
-ACTIVE_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
-                 "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}
-FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-                 "DEADLINE"}
+ACTIVE_STATES = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "CONFIGURING",
+    "COMPLETING",
+    "SUSPENDED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+}
+FAILED_STATES = {
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 JOB_KINDS = ("train", "eval")  # the job columns of the table, in order
 
 
@@ -44,12 +64,15 @@ def _parse_states(text: str) -> dict[str, str]:
         row = dict(zip(header, fields))
         job_id, state = row.get("JobID", ""), row.get("State", "")
         if job_id and "." not in job_id and state:
-            states[job_id] = state.split()[0]  # "CANCELLED by 0" -> CANCELLED; the last row of a requeued job wins
+            states[job_id] = state.split()[
+                0
+            ]  # "CANCELLED by 0" -> CANCELLED; the last row of a requeued job wins
     return states
 
 
 def query_states(job_ids: Iterable[str]) -> dict[str, str]:
-    """{job id: Slurm state} for the ids Slurm still knows; {} where no Slurm client is installed."""
+    """{job id: Slurm state} for the ids Slurm still knows; {} where no Slurm client is
+    installed."""
     ids = sorted(set(job_ids))
     if not ids:
         return {}
@@ -60,9 +83,15 @@ def query_states(job_ids: Iterable[str]) -> dict[str, str]:
             return _parse_states(done.stdout)
         states = {}  # accounting disabled: squeue knows jobs for MinJobAge after they end
         for job_id in ids:
-            done = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%T"], capture_output=True,
-                                  text=True, timeout=60)
-            states.update(_parse_states("JobID|State\n" + done.stdout) if done.returncode == 0 else {})
+            done = subprocess.run(
+                ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%i|%T"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            states.update(
+                _parse_states("JobID|State\n" + done.stdout) if done.returncode == 0 else {}
+            )
         return states
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return {}
@@ -76,9 +105,10 @@ def _total_steps(run_dir: Path) -> int | None:
 
 
 def _eval_summary(run_dir: Path, eval_args: list[str]) -> str:
-    """The linear-probe top-1 of the probe the run's eval job ran (`eval_args`, its settings as recorded in
-    jobs.json: `reporting.eval_records.find_probe`, as the launcher's "done"), else of the run's own eval_linear.json,
-    read as the table reads it (only a finite percentage; a FIFO is never opened)."""
+    """The linear-probe top-1 of the probe the run's eval job ran (`eval_args`, its settings as
+    recorded in jobs.json: `reporting.eval_records.find_probe`, as the launcher's "done"), else of
+    the run's own eval_linear.json, read as the table reads it (only a finite percentage; a FIFO is
+    never opened)."""
     try:
         found = find_probe(run_dir, load_eval_config(None, eval_args))
     except ConfigError:  # settings this version refuses: the usual record is all there is to show
@@ -96,7 +126,8 @@ def _eval_summary(run_dir: Path, eval_args: list[str]) -> str:
 
 
 def _latest_jobs(run_dir: Path) -> dict[str, JobRecord | None] | None:
-    """The latest recorded job of each kind, from one read of jobs.json; None when it cannot be read."""
+    """The latest recorded job of each kind, from one read of jobs.json; None when it cannot be
+    read."""
     try:
         jobs = read_jobs(run_dir)
     except RunDirProblem:
@@ -112,13 +143,16 @@ def run_row(run_dir: Path, states: dict[str, str]) -> dict[str, str]:
     newest = run.newest_checkpoint()
     status = run.read_status()
     state = status.state  # running: the Slurm state says more (a killed run cannot record its end)
-    # the step the run reached: metrics lines come every log_period steps, the checkpoint and status.json say more
+    # the step the run reached: metrics lines come every log_period steps, the checkpoint and
+    # status.json say more
     step = max([record["step"] if record else 0, status.step or 0, newest[0] if newest else 0])
-    row = {"run": run_dir.name,
-           "step": f"{step}/{total if total is not None else '?'}"
-                   + (f" {state}" if state and state != RUNNING else ""),
-           "phase": record.get("phase", "?") if record else "-",
-           "checkpoint": str(newest[0]) if newest else "-"}
+    row = {
+        "run": run_dir.name,
+        "step": f"{step}/{total if total is not None else '?'}"
+        + (f" {state}" if state and state != RUNNING else ""),
+        "phase": record.get("phase", "?") if record else "-",
+        "checkpoint": str(newest[0]) if newest else "-",
+    }
     jobs = _latest_jobs(run_dir)
     for kind in JOB_KINDS:
         if jobs is None:  # the row says so; the other runs' rows still print
@@ -141,8 +175,8 @@ def _is_run(path: Path) -> bool:
 
 
 def find_runs(runs_dir: Path) -> list[Path]:
-    """The run directories of a sweep folder, or [runs_dir] if it is a run directory itself; FileNotFoundError if
-    there is none (an empty table would read as "nothing launched")."""
+    """The run directories of a sweep folder, or [runs_dir] if it is a run directory itself;
+    FileNotFoundError if there is none (an empty table would read as "nothing launched")."""
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise FileNotFoundError(f"{runs_dir}: no such sweep folder")
@@ -150,15 +184,22 @@ def find_runs(runs_dir: Path) -> list[Path]:
         return [runs_dir]
     runs = sorted(p for p in runs_dir.iterdir() if p.is_dir() and _is_run(p))
     if not runs:
-        raise FileNotFoundError(f"{runs_dir}: neither a run directory (no {CONFIG}, {JOBS_FILE} or {METRICS}) "
-                                f"nor a sweep folder holding runs (one sub-folder per fraction, e.g. sparse_0.70): "
-                                f"pass the --runs-dir given to the launcher, or one run's directory")
+        raise FileNotFoundError(
+            f"{runs_dir}: neither a run directory (no {CONFIG}, {JOBS_FILE} or {METRICS}) "
+            f"nor a sweep folder holding runs (one sub-folder per fraction, e.g. sparse_0.70): "
+            f"pass the --runs-dir given to the launcher, or one run's directory"
+        )
     return runs
 
 
 def sweep_rows(runs_dir: Path) -> list[dict[str, str]]:
     runs = find_runs(runs_dir)
-    ids = [j.job_id for r in runs for j in (_latest_jobs(r) or {}).values() if j and j.cluster == "slurm"]
+    ids = [
+        j.job_id
+        for r in runs
+        for j in (_latest_jobs(r) or {}).values()
+        if j and j.cluster == "slurm"
+    ]
     states = query_states(ids)
     return [run_row(r, states) for r in runs]
 
@@ -174,10 +215,17 @@ def format_table(rows: list[dict[str, str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="slurm/launch.py status", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs-dir", type=Path, required=True,
-                        help="the sweep folder given to the launcher, or one run directory")
+    parser = argparse.ArgumentParser(
+        prog="slurm/launch.py status",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--runs-dir",
+        type=Path,
+        required=True,
+        help="the sweep folder given to the launcher, or one run directory",
+    )
     args = parse_command_line(parser, argv)
     try:
         rows = sweep_rows(args.runs_dir)

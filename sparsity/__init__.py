@@ -8,17 +8,20 @@ Typical use (the MLPs of a ViT, sparse for the first part of training, dense aft
     swap_to_dense(model)        # same Parameter objects: optimizer state, EMA, DDP hooks untouched
     pruned_state_dict(model)    # (while sparse) the 2:4 network as plain weights, for a plain model to load
 
-or the same as a model converter with a schedule: `SparseThenDense(sparse_steps, backend=...).apply(model, step)`
-at every step (`convert(model)` / `revert(model)` by hand; its keyword options are `ConverterOptions`' fields);
-`decisions()` says what the backends chose per shape.
+or the same as a model converter with a schedule: `SparseThenDense(sparse_steps,
+backend=...).apply(model, step)` at every step (`convert(model)` / `revert(model)` by hand; its
+keyword options are `ConverterOptions`' fields); `decisions()` says what the backends chose per
+shape.
 
-Modules: `SemiSparseLinear` (weight 2:4), `SemiSparseActivationLinear` (input 2:4), `BlockSparseLinear`.
-Functions: `semi_sparse_linear`, `semi_sparse_activation_linear`, `block_sparse_linear`.
-Pruning: `prune(w, method)`, `mvue`, `is_transposable`, `PRUNING_METHODS`; backends: `get_backend(name)`.
-Importing this package imports nothing: each name loads its module on first use (`sparsity.options`, the converter's
-choices and rules, never loads torch, so that a config reader can check them cheaply); Triton loads with the first
-kernel, on CUDA tensors; torchvision never. On Linux with a CPU-only torch, the first use of a name (or `import
-sparsity` once torch is loaded) lets PyPI's torchvision, and so timm, import afterwards (`sparsity.torchvision_compat`).
+Modules: `SemiSparseLinear` (weight 2:4), `SemiSparseActivationLinear` (input 2:4),
+`BlockSparseLinear`. Functions: `semi_sparse_linear`, `semi_sparse_activation_linear`,
+`block_sparse_linear`. Pruning: `prune(w, method)`, `mvue`, `is_transposable`, `PRUNING_METHODS`;
+backends: `get_backend(name)`. Importing this package imports nothing: each name loads its module on
+first use (`sparsity.options`, the converter's choices and rules, never loads torch, so that a
+config reader can check them cheaply); Triton loads with the first kernel, on CUDA tensors;
+torchvision never. On Linux with a CPU-only torch, the first use of a name (or `import sparsity`
+once torch is loaded) lets PyPI's torchvision, and so timm, import afterwards
+(`sparsity.torchvision_compat`).
 """
 
 import importlib
@@ -90,5 +93,7 @@ def __dir__():
     return sorted({*globals(), *_EXPORTS})
 
 
-if "torch" in sys.modules:  # torch is loaded already, so the shim costs nothing: a later `import timm` works
+if (
+    "torch" in sys.modules
+):  # torch is loaded already, so the shim costs nothing: a later `import timm` works
     _let_torchvision_import()

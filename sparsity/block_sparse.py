@@ -1,14 +1,16 @@
-"""Block-sparse linear layers: only `density` of the (block_size x block_size) blocks of W are used and trained.
+"""Block-sparse linear layers: only `density` of the (block_size x block_size) blocks of W are used
+and trained.
 
-Blocks are kept by magnitude (sum of squares of the block, fp32; ties to the lower row-major block index) when the
-module is created and whenever `select_blocks()` is called. Forward y = x @ (W * M)^T + b, input grad dx = dy @ (W * M),
-weight grad dy^T @ x on the kept blocks only (zero elsewhere: the pruned blocks are frozen, as in
-pytorch_block_sparse, which stores only the kept blocks). On CUDA the three products are Triton block-sparse GEMMs
-(`sparsity.kernels.block_sparse`), skipping pruned blocks; elsewhere, and under torch.compile, they are dense torch
-ops on the masked weight.
+Blocks are kept by magnitude (sum of squares of the block, fp32; ties to the lower row-major block
+index) when the module is created and whenever `select_blocks()` is called. Forward y = x @ (W *
+M)^T + b, input grad dx = dy @ (W * M), weight grad dy^T @ x on the kept blocks only (zero
+elsewhere: the pruned blocks are frozen, as in pytorch_block_sparse, which stores only the kept
+blocks). On CUDA the three products are Triton block-sparse GEMMs (`sparsity.kernels.block_sparse`),
+skipping pruned blocks; elsewhere, and under torch.compile, they are dense torch ops on the masked
+weight.
 
-The block mask is the persistent buffer ``block_mask`` (bool, (out/block, in/block)); loading a state dict without
-it (e.g. an nn.Linear one) re-selects blocks from the loaded weight.
+The block mask is the persistent buffer ``block_mask`` (bool, (out/block, in/block)); loading a
+state dict without it (e.g. an nn.Linear one) re-selects blocks from the loaded weight.
 """
 
 from __future__ import annotations
@@ -26,14 +28,24 @@ IMPLS = ("auto", "torch", "triton")
 
 
 def select_blocks(weight: torch.Tensor, density: float, block_size: int) -> torch.Tensor:
-    """Bool (out/bs, in/bs): the round(density * n_blocks) (at least 1) blocks of largest sum of squares."""
+    """Bool (out/bs, in/bs): the round(density * n_blocks) (at least 1) blocks of largest sum of
+    squares."""
     rows, cols = weight.shape
     if rows % block_size or cols % block_size:
-        raise ValueError(f"block_size {block_size} must divide the weight shape, got {tuple(weight.shape)}")
+        raise ValueError(
+            f"block_size {block_size} must divide the weight shape, got {tuple(weight.shape)}"
+        )
     if not 0.0 < density <= 1.0:
         raise ValueError(f"density must be in (0, 1], got {density}")
     nr, nc = rows // block_size, cols // block_size
-    score = weight.detach().float().reshape(nr, block_size, nc, block_size).square().sum((1, 3)).flatten()
+    score = (
+        weight.detach()
+        .float()
+        .reshape(nr, block_size, nc, block_size)
+        .square()
+        .sum((1, 3))
+        .flatten()
+    )
     n_keep = max(1, round(density * score.numel()))
     order = torch.sort(score, descending=True, stable=True).indices[:n_keep]
     mask = torch.zeros(score.numel(), dtype=torch.bool, device=weight.device)
@@ -43,8 +55,9 @@ def select_blocks(weight: torch.Tensor, density: float, block_size: int) -> torc
 
 @dataclass
 class BlockLayout:
-    """Index lists of a block mask (nr x nc) for the kernels: CSR by block row (forward), CSR by block column
-    (input grad), and the flat list of kept blocks (weight grad). Built once per mask (it synchronises on CUDA)."""
+    """Index lists of a block mask (nr x nc) for the kernels: CSR by block row (forward), CSR by
+    block column (input grad), and the flat list of kept blocks (weight grad). Built once per mask
+    (it synchronises on CUDA)."""
 
     mask: torch.Tensor
     block_size: int
@@ -65,7 +78,13 @@ class BlockLayout:
         row_ptr, row_cols = csr(mask)
         col_ptr, col_rows = csr(mask.t())
         return cls(
-            mask.clone(), block_size, row_ptr, row_cols, col_ptr, col_rows, mask.nonzero().to(torch.int32).contiguous()
+            mask.clone(),
+            block_size,
+            row_ptr,
+            row_cols,
+            col_ptr,
+            col_rows,
+            mask.nonzero().to(torch.int32).contiguous(),
         )
 
     def dense_mask(self) -> torch.Tensor:
@@ -87,7 +106,8 @@ class BlockSparseFunction(torch.autograd.Function):
             w = weight.detach().to(dtype)
             b = None if bias is None else bias.to(dtype)
             if _use_triton(x2, impl):
-                # Triton (an optional dependency on CPU) is imported by the kernel module, on first use
+                # Triton (an optional dependency on CPU) is imported by the kernel module, on first
+                # use
                 from sparsity.kernels import block_sparse as k
 
                 y = k.bsmm_forward(x2, w, b, layout)
@@ -96,7 +116,9 @@ class BlockSparseFunction(torch.autograd.Function):
                 y = F.linear(x2, w, b)
         ctx.layout, ctx.impl = layout, impl
         record_input_meta(ctx, x, weight, bias)
-        ctx.save_for_backward(x2 if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
+        ctx.save_for_backward(
+            x2 if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None
+        )
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @staticmethod
@@ -109,10 +131,13 @@ class BlockSparseFunction(torch.autograd.Function):
             dy2 = dy.reshape(-1, dy.shape[-1])
             triton_path = _use_triton(dy2, ctx.impl)
             if triton_path:
-                # Triton (an optional dependency on CPU) is imported by the kernel module, on first use
+                # Triton (an optional dependency on CPU) is imported by the kernel module, on first
+                # use
                 from sparsity.kernels import block_sparse as k
             if ctx.needs_input_grad[0]:
-                dx = k.bsmm_input_grad(dy2, w, layout) if triton_path else dy2 @ w  # w already masked (torch)
+                dx = (
+                    k.bsmm_input_grad(dy2, w, layout) if triton_path else dy2 @ w
+                )  # w already masked (torch)
                 dx = dx.reshape(x_shape).to(x_dtype)
             if ctx.needs_input_grad[1]:
                 if triton_path:
@@ -126,29 +151,40 @@ class BlockSparseFunction(torch.autograd.Function):
 
 
 def block_sparse_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, layout: BlockLayout, *, impl: str = "auto"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    layout: BlockLayout,
+    *,
+    impl: str = "auto",
 ) -> torch.Tensor:
-    """y = x @ (W * M)^T + b with M the block mask of `layout`; gradients masked to the kept blocks."""
+    """y = x @ (W * M)^T + b with M the block mask of `layout`; gradients masked to the kept
+    blocks."""
     return BlockSparseFunction.apply(x, weight, bias, layout, impl, compute_dtype_for(x))
 
 
 class BlockSparseLinear(SparseLinearMixin, nn.Linear):
-    """nn.Linear using only `density` of its (block_size x block_size) weight blocks (see the module docstring).
+    """nn.Linear using only `density` of its (block_size x block_size) weight blocks (see the module
+    docstring).
 
-    `from_dense(linear, density=, block_size=, impl=, inplace=False)` / `to_dense(inplace=False)` share the
-    Parameter objects (`sparsity.modules.SparseLinearMixin`).
+    `from_dense(linear, density=, block_size=, impl=, inplace=False)` / `to_dense(inplace=False)`
+    share the Parameter objects (`sparsity.modules.SparseLinearMixin`).
     """
 
     _SPARSE_ATTRS = ("density", "block_size", "impl", "_layout", "_layout_key")
     _SPARSE_BUFFERS = ("block_mask",)
 
-    def _init_sparse(self, *, density: float = 0.5, block_size: int = 32, impl: str = "auto") -> None:
+    def _init_sparse(
+        self, *, density: float = 0.5, block_size: int = 32, impl: str = "auto"
+    ) -> None:
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
         try:
             mask = select_blocks(self.weight, float(density), int(block_size))
         except ValueError as e:
-            raise ValueError(f"BlockSparseLinear: weight (out, in) = {tuple(self.weight.shape)}: {e}") from None
+            raise ValueError(
+                f"BlockSparseLinear: weight (out, in) = {tuple(self.weight.shape)}: {e}"
+            ) from None
         self.density, self.block_size, self.impl = float(density), int(block_size), impl
         self.register_buffer("block_mask", mask, persistent=True)
         self._layout: BlockLayout | None = None
@@ -156,13 +192,15 @@ class BlockSparseLinear(SparseLinearMixin, nn.Linear):
 
     @torch.no_grad()
     def select_blocks(self) -> torch.Tensor:
-        """Re-select the kept blocks from the current weight magnitudes; returns the new block mask."""
+        """Re-select the kept blocks from the current weight magnitudes; returns the new block
+        mask."""
         self.block_mask.copy_(select_blocks(self.weight, self.density, self.block_size))
         self._layout = None
         return self.block_mask
 
     def layout(self) -> BlockLayout:
-        """The kernels' index lists, rebuilt only when block_mask changed (in place, replaced or moved)."""
+        """The kernels' index lists, rebuilt only when block_mask changed (in place, replaced or
+        moved)."""
         m = self.block_mask
         key = (m.data_ptr(), m.device, m._version)
         if self._layout is None or self._layout_key != key:
@@ -170,10 +208,14 @@ class BlockSparseLinear(SparseLinearMixin, nn.Linear):
             self._layout_key = key
         return self._layout
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, *args
+    ):
         key = prefix + "block_mask"
         reselect = key not in state_dict
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, *args
+        )
         if reselect:
             if key in missing_keys:
                 missing_keys.remove(key)
@@ -182,9 +224,10 @@ class BlockSparseLinear(SparseLinearMixin, nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            # the compiler's form: the same math on the masked weight, as ops it can see (the layout cache reads
-            # data pointers and the Triton kernels take a Python layout object; neither traces). The gradient of
-            # W * M is dy^T x * M: the pruned blocks stay frozen as in the eager path.
+            # the compiler's form: the same math on the masked weight, as ops it can see (the layout
+            # cache reads data pointers and the Triton kernels take a Python layout object; neither
+            # traces). The gradient of W * M is dy^T x * M: the pruned blocks stay frozen as in the
+            # eager path.
             b = self.block_size
             mask = self.block_mask.repeat_interleave(b, 0).repeat_interleave(b, 1)
             return F.linear(x, self.weight * mask, self.bias)

@@ -1,11 +1,11 @@
 """Drop-in `nn.Linear` subclasses whose weight (or input) is pruned 2:4 on every forward.
 
-Swapping to and from these modules shares the *same* Parameter objects (`from_dense` / `to_dense`), so optimizer
-state, EMA copies, DDP's parameter hooks and `state_dict` keys are untouched. One exception to "keys identical to
-nn.Linear": with pruning="soft_threshold" the module holds S-STE's per-tensor scale in the persistent buffer
-``soft_threshold_scale`` (0-d fp32), computed from the weight when the module is created, so a resumed run uses the
-stored value. Loading a state dict without that key (e.g. one saved from nn.Linear) recomputes it from the loaded
-weight.
+Swapping to and from these modules shares the *same* Parameter objects (`from_dense` / `to_dense`),
+so optimizer state, EMA copies, DDP's parameter hooks and `state_dict` keys are untouched. One
+exception to "keys identical to nn.Linear": with pruning="soft_threshold" the module holds S-STE's
+per-tensor scale in the persistent buffer ``soft_threshold_scale`` (0-d fp32), computed from the
+weight when the module is created, so a resumed run uses the stored value. Loading a state dict
+without that key (e.g. one saved from nn.Linear) recomputes it from the loaded weight.
 """
 
 from __future__ import annotations
@@ -39,19 +39,29 @@ def linear_to_dense(m: nn.Linear) -> nn.Linear:
 
 
 class SparseLinearMixin:
-    """Conversion between nn.Linear and an nn.Linear subclass that adds its state in `_init_sparse(**opts)` and
-    lists it in `_SPARSE_ATTRS` / `_SPARSE_BUFFERS` (so that it can be stripped again).
+    """Conversion between nn.Linear and an nn.Linear subclass that adds its state in
+    `_init_sparse(**opts)` and lists it in `_SPARSE_ATTRS` / `_SPARSE_BUFFERS` (so that it can be
+    stripped again).
 
-    Two ways, both sharing the Parameter objects: a new module object (default), or `inplace=True`, which changes
-    the class of the given module object itself (a plain nn.Linear) and back. In-place keeps the module's identity, so
-    whatever holds a reference to it keeps working: FSDP's per-module parameter bookkeeping, forward hooks, names in
-    other containers. The swap functions use in-place conversion for plain nn.Linear modules.
+    Two ways, both sharing the Parameter objects: a new module object (default), or `inplace=True`,
+    which changes the class of the given module object itself (a plain nn.Linear) and back. In-place
+    keeps the module's identity, so whatever holds a reference to it keeps working: FSDP's
+    per-module parameter bookkeeping, forward hooks, names in other containers. The swap functions
+    use in-place conversion for plain nn.Linear modules.
     """
 
     _SPARSE_ATTRS: tuple[str, ...] = ()
     _SPARSE_BUFFERS: tuple[str, ...] = ()
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, **opts):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device=None,
+        dtype=None,
+        **opts,
+    ):
         """Like nn.Linear(...); the keyword options go to `_init_sparse`."""
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self._init_sparse(**opts)
@@ -61,13 +71,17 @@ class SparseLinearMixin:
 
     @classmethod
     def from_dense(cls, linear: nn.Linear, *, inplace: bool = False, **opts):
-        """A module of this class holding `linear`'s Parameters (the same objects); with inplace=True, `linear`
-        itself (which must be a plain nn.Linear) turned into this class."""
+        """A module of this class holding `linear`'s Parameters (the same objects); with
+        inplace=True, `linear` itself (which must be a plain nn.Linear) turned into this class."""
         if not isinstance(linear, nn.Linear):
-            raise TypeError(f"{cls.__name__}.from_dense needs an nn.Linear, got {type(linear).__name__}")
+            raise TypeError(
+                f"{cls.__name__}.from_dense needs an nn.Linear, got {type(linear).__name__}"
+            )
         if inplace:
             if type(linear) is not nn.Linear:
-                raise TypeError(f"in-place conversion needs a plain nn.Linear, got {type(linear).__name__}")
+                raise TypeError(
+                    f"in-place conversion needs a plain nn.Linear, got {type(linear).__name__}"
+                )
             linear.__class__ = cls
             try:
                 linear._init_sparse(**opts)
@@ -83,8 +97,8 @@ class SparseLinearMixin:
         return m
 
     def to_dense(self, *, inplace: bool = False) -> nn.Linear:
-        """A plain nn.Linear holding this module's Parameters (the same objects); with inplace=True this module
-        object itself, its sparse state (attributes, extra buffers) removed."""
+        """A plain nn.Linear holding this module's Parameters (the same objects); with inplace=True
+        this module object itself, its sparse state (attributes, extra buffers) removed."""
         if inplace:
             self._strip_sparse()
             self.__class__ = nn.Linear
@@ -104,7 +118,8 @@ class _SparseLinearBase(SparseLinearMixin, nn.Linear):
     _SPARSE_ATTRS = ("backend", "pruning")
 
     def _init_sparse(self, *, backend: str = "dense", pruning: str | None = None, **opts) -> None:
-        """backend, pruning (default: the class's default_pruning) and the class's other `configure` options."""
+        """backend, pruning (default: the class's default_pruning) and the class's other `configure`
+        options."""
         self.configure(backend=backend, pruning=pruning or self.default_pruning, **opts)
 
     def _check_pruning(self, pruning: str) -> None:
@@ -126,11 +141,11 @@ class _SparseLinearBase(SparseLinearMixin, nn.Linear):
 class SemiSparseLinear(_SparseLinearBase):
     """nn.Linear with its weight pruned 2:4 every forward (`sparsity.autograd.semi_sparse_linear`).
 
-    backend: "dense" | "cusparselt" | "cutlass" | "auto"; pruning: "tile_greedy" | "tile_greedy_signed" (torchao's
-    order, by signed value) | "tile_optimal" (transposable: both GEMMs sparse) | "rowwise" | "soft_threshold"
-    (input-gradient GEMM dense); masked_grad: multiply the
-    straight-through weight gradient by the mask; weight_grad: "dense" | "mvue24" (the weight gradient from the
-    MVUE 2:4-sparse output gradient, `sparsity.mvue_grad`).
+    backend: "dense" | "cusparselt" | "cutlass" | "auto"; pruning: "tile_greedy" |
+    "tile_greedy_signed" (torchao's order, by signed value) | "tile_optimal" (transposable: both
+    GEMMs sparse) | "rowwise" | "soft_threshold" (input-gradient GEMM dense); masked_grad: multiply
+    the straight-through weight gradient by the mask; weight_grad: "dense" | "mvue24" (the weight
+    gradient from the MVUE 2:4-sparse output gradient, `sparsity.mvue_grad`).
     """
 
     masked_grad = False
@@ -139,7 +154,11 @@ class SemiSparseLinear(_SparseLinearBase):
     _SPARSE_BUFFERS = (SCALE_BUFFER,)
 
     def configure(
-        self, *, backend: str | None = None, pruning: str | None = None, masked_grad: bool | None = None,
+        self,
+        *,
+        backend: str | None = None,
+        pruning: str | None = None,
+        masked_grad: bool | None = None,
         weight_grad: str | None = None,
     ) -> None:
         super().configure(backend=backend, pruning=pruning)
@@ -154,12 +173,16 @@ class SemiSparseLinear(_SparseLinearBase):
         try:
             check_shape(self.weight.shape, pruning)
         except ValueError as e:
-            raise ValueError(f"{type(self).__name__}: weight (out, in) = {tuple(self.weight.shape)}: {e}") from None
+            raise ValueError(
+                f"{type(self).__name__}: weight (out, in) = {tuple(self.weight.shape)}: {e}"
+            ) from None
 
     def _sync_scale_buffer(self) -> None:
         if self.pruning == "soft_threshold":
             if getattr(self, SCALE_BUFFER, None) is None:
-                self.register_buffer(SCALE_BUFFER, self.compute_soft_threshold_scale(), persistent=True)
+                self.register_buffer(
+                    SCALE_BUFFER, self.compute_soft_threshold_scale(), persistent=True
+                )
         elif SCALE_BUFFER in self._buffers:
             del self._buffers[SCALE_BUFFER]
 
@@ -167,10 +190,14 @@ class SemiSparseLinear(_SparseLinearBase):
     def compute_soft_threshold_scale(self) -> torch.Tensor:
         return soft_threshold_scale(self.weight)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, *args):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, *args
+    ):
         key = prefix + SCALE_BUFFER
         recompute = self.pruning == "soft_threshold" and key not in state_dict
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, *args
+        )
         if recompute:
             if key in missing_keys:
                 missing_keys.remove(key)
@@ -189,23 +216,33 @@ class SemiSparseLinear(_SparseLinearBase):
         )
 
     def extra_repr(self) -> str:
-        return (super().extra_repr() + (", masked_grad=True" if self.masked_grad else "")
-                + (f", weight_grad={self.weight_grad}" if self.weight_grad != "dense" else ""))
+        return (
+            super().extra_repr()
+            + (", masked_grad=True" if self.masked_grad else "")
+            + (f", weight_grad={self.weight_grad}" if self.weight_grad != "dense" else "")
+        )
 
 
 class SemiSparseActivationLinear(_SparseLinearBase):
-    """nn.Linear whose *input* is pruned 2:4 along features every forward (torchao's SemiSparseActivationLinear):
-    y = x_s @ W^T + b, straight-through gradient to x. pruning defaults to "rowwise" (any number of tokens)."""
+    """nn.Linear whose *input* is pruned 2:4 along features every forward (torchao's
+    SemiSparseActivationLinear): y = x_s @ W^T + b, straight-through gradient to x. pruning defaults
+    to "rowwise" (any number of tokens)."""
 
     default_pruning = "rowwise"
 
     def _check_pruning(self, pruning: str) -> None:
         if pruning == "soft_threshold":
-            raise ValueError("SemiSparseActivationLinear: soft_threshold is a weight method (S-STE); use rowwise")
+            raise ValueError(
+                "SemiSparseActivationLinear: soft_threshold is a weight method (S-STE); use rowwise"
+            )
         try:
             check_shape((4, self.in_features), pruning)
         except ValueError as e:
-            raise ValueError(f"{type(self).__name__}: in_features = {self.in_features}: {e}") from None
+            raise ValueError(
+                f"{type(self).__name__}: in_features = {self.in_features}: {e}"
+            ) from None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return semi_sparse_activation_linear(x, self.weight, self.bias, backend=self.backend, pruning=self.pruning)
+        return semi_sparse_activation_linear(
+            x, self.weight, self.bias, backend=self.backend, pruning=self.pruning
+        )

@@ -1,22 +1,25 @@
 """The entries a 2:4 mask drops: what training does with them, and how to watch it.
 
-Plain straight-through training (STE: the published recipe, and the default here) gives a pruned entry the dense
-gradient dy^T x, full AdamW steps and no extra decay, so it keeps moving although the forward never uses it: masks
-flip often (Hu et al., ICML 2024, "flip rate") and the pruned entries drift to values the network never computed
-with, which enter at once at a sparse -> dense switch. Two remedies act on those entries:
+Plain straight-through training (STE: the published recipe, and the default here) gives a pruned
+entry the dense gradient dy^T x, full AdamW steps and no extra decay, so it keeps moving although
+the forward never uses it: masks flip often (Hu et al., ICML 2024, "flip rate") and the pruned
+entries drift to values the network never computed with, which enter at once at a sparse -> dense
+switch. Two remedies act on those entries:
 
-- masked gradient (`SemiSparseLinear(masked_grad=True)`, the converter's `pruned_grad="masked"`): dW * mask, so a
-  pruned entry gets no gradient and AdamW's decoupled weight decay alone moves it (xFormers' first 2:4 training
-  modes);
-- masked decay (`decay_pruned_grads`, the converter's `pruned_decay`): after backward and clipping, before the
-  optimizer step, grad += strength * (1 - mask) * W (SR-STE, Zhou et al. 2021; applied to the gradient under AdamW as
-  Hu et al. do): a pull of the pruned entries towards zero, through the optimizer.
+- masked gradient (`SemiSparseLinear(masked_grad=True)`, the converter's `pruned_grad="masked"`): dW
+  * mask, so a pruned entry gets no gradient and AdamW's decoupled weight decay alone moves it
+  (xFormers' first 2:4 training modes);
+- masked decay (`decay_pruned_grads`, the converter's `pruned_decay`): after backward and clipping,
+  before the optimizer step, grad += strength * (1 - mask) * W (SR-STE, Zhou et al. 2021; applied to
+  the gradient under AdamW as Hu et al. do): a pull of the pruned entries towards zero, through the
+  optimizer.
 
-`MaskStats` measures, per layer and in total, the flip rate (share of mask entries changed since its last call), the
-pruned entries' share of sum |W|, and the root mean square of their gradient over that of their weight: the
-`strength` at which the masked decay would equal the gradient it is added to. Both act on the mask the forward
-uses: the weight cast to the dtype the forward pruned in (`mask_dtype`, e.g. bf16 under autocast), pruned with the
-module's method. One host synchronisation per `MaskStats.update`, none in `decay_pruned_grads`.
+`MaskStats` measures, per layer and in total, the flip rate (share of mask entries changed since its
+last call), the pruned entries' share of sum |W|, and the root mean square of their gradient over
+that of their weight: the `strength` at which the masked decay would equal the gradient it is added
+to. Both act on the mask the forward uses: the weight cast to the dtype the forward pruned in
+(`mask_dtype`, e.g. bf16 under autocast), pruned with the module's method. One host synchronisation
+per `MaskStats.update`, none in `decay_pruned_grads`.
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ def check_pruned_decay(strength: float, pruning: str) -> float:
     return float(strength)
 
 
-def weight_mask(weight: torch.Tensor, method: str, mask_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The bool 2:4 mask of `weight` as the forward computes it: pruned with `method` after the cast to
-    `mask_dtype` (default: the weight's own dtype)."""
+def weight_mask(
+    weight: torch.Tensor, method: str, mask_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """The bool 2:4 mask of `weight` as the forward computes it: pruned with `method` after the cast
+    to `mask_dtype` (default: the weight's own dtype)."""
     w = weight.detach()
     return prune(w if mask_dtype in (None, w.dtype) else w.to(mask_dtype), method)[1]
 
@@ -59,13 +64,17 @@ def sparse_weight_layers(modules: Iterable[tuple[str, nn.Module]]) -> dict[str, 
 
 
 @torch.no_grad()
-def decay_pruned_grads(layers: Iterable[nn.Module], strength: float,
-                       mask_dtype: torch.dtype | None = None, scale: float | torch.Tensor = 1.0) -> int:
-    """grad += strength * scale * (1 - mask) * W for each `SemiSparseLinear` in `layers` whose weight has a
-    gradient; the mask is the one its forward used (`weight_mask`). `scale`: a step's share of the strength (a
-    schedule's value; a 0-d tensor where a captured CUDA graph must read it from device memory). Call between
-    backward (and clipping) and the optimizer step; on device, no host synchronisation. Returns the number of
-    weights decayed."""
+def decay_pruned_grads(
+    layers: Iterable[nn.Module],
+    strength: float,
+    mask_dtype: torch.dtype | None = None,
+    scale: float | torch.Tensor = 1.0,
+) -> int:
+    """grad += strength * scale * (1 - mask) * W for each `SemiSparseLinear` in `layers` whose
+    weight has a gradient; the mask is the one its forward used (`weight_mask`). `scale`: a step's
+    share of the strength (a schedule's value; a 0-d tensor where a captured CUDA graph must read it
+    from device memory). Call between backward (and clipping) and the optimizer step; on device, no
+    host synchronisation. Returns the number of weights decayed."""
     done = 0
     if not strength:
         return done
@@ -87,8 +96,8 @@ def _is_one(scale) -> bool:
 
 @dataclass
 class MaskReport:
-    """One `MaskStats.update`: per layer and in total. `flip_rate` is None where there was no earlier mask to
-    compare with; `grad_to_weight` None where the weight has no gradient."""
+    """One `MaskStats.update`: per layer and in total. `flip_rate` is None where there was no
+    earlier mask to compare with; `grad_to_weight` None where the weight has no gradient."""
 
     flip_rate: dict[str, float | None] = field(default_factory=dict)
     pruned_share: dict[str, float] = field(default_factory=dict)
@@ -99,15 +108,17 @@ class MaskReport:
 
 
 class MaskStats:
-    """The 2:4 masks of named weights followed over time (see the module docstring): `update(weights)` compares each
-    weight's current mask with the one of the previous call. Keeps one bool mask per weight on its device."""
+    """The 2:4 masks of named weights followed over time (see the module docstring):
+    `update(weights)` compares each weight's current mask with the one of the previous call. Keeps
+    one bool mask per weight on its device."""
 
     def __init__(self, method: str, mask_dtype: torch.dtype | None = None):
         self.method, self.mask_dtype = method, mask_dtype
         self.previous: dict[str, torch.Tensor] = {}
 
     def reset(self) -> None:
-        """Forget the earlier masks: the next update reports no flip rate (e.g. after a phase change)."""
+        """Forget the earlier masks: the next update reports no flip rate (e.g. after a phase
+        change)."""
         self.previous = {}
 
     @torch.no_grad()
@@ -115,7 +126,8 @@ class MaskStats:
         names = list(weights)
         if not names:
             return MaskReport()
-        # per layer: entries, flips, |W| pruned, |W| all, sum g^2 pruned, sum w^2 pruned (one transfer for all)
+        # per layer: entries, flips, |W| pruned, |W| all, sum g^2 pruned, sum w^2 pruned (one
+        # transfer for all)
         rows, has_prev, has_grad = [], [], []
         for name in names:
             w = weights[name]
@@ -128,8 +140,18 @@ class MaskStats:
             g = getattr(w, "grad", None)
             has_grad.append(g is not None)
             g2 = (g.float().square() * pruned).sum() if g is not None else a.new_zeros(())
-            rows.append(torch.stack([a.new_full((), float(mask.numel())), flips.float(), (a * pruned).sum(), a.sum(),
-                                     g2, (a.square() * pruned).sum()]))
+            rows.append(
+                torch.stack(
+                    [
+                        a.new_full((), float(mask.numel())),
+                        flips.float(),
+                        (a * pruned).sum(),
+                        a.sum(),
+                        g2,
+                        (a.square() * pruned).sum(),
+                    ]
+                )
+            )
             self.previous[name] = mask
         values = torch.stack(rows).double().cpu()
         report = MaskReport()

@@ -2,16 +2,18 @@
 
 import os
 
-# Idle OpenMP threads sleep instead of spinning: on a machine whose cores are shared (two CI cores, a second torch
-# process), spinning threads of one process starve the others and every small op waits for a descheduled thread.
-# Read once, when torch loads libgomp, so before the import; subprocesses (train.py, eval_linear.py) inherit it.
+# Idle OpenMP threads sleep instead of spinning: on a machine whose cores are shared (two CI cores,
+# a second torch process), spinning threads of one process starve the others and every small op
+# waits for a descheduled thread. Read once, when torch loads libgomp, so before the import;
+# subprocesses (train.py, eval_linear.py) inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
-    # Must be set before any @triton.jit decorator runs, i.e. before sparsity's kernel modules are imported.
+    # Must be set before any @triton.jit decorator runs, i.e. before sparsity's kernel modules are
+    # imported.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from configs.torch_env import ensure_torchvision_importable  # noqa: E402
@@ -21,10 +23,12 @@ ensure_torchvision_importable()
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """One process, one test at a time, where the GPU is in play: GPU tests time kernels and fill its memory, so
-    workers sharing one GPU would disturb each other (pyproject.toml spreads CPU runs over workers)."""
-    if hasattr(config.option, "numprocesses") and (torch.cuda.is_available()
-                                                    or "gpu" in (config.option.markexpr or "").replace("not gpu", "")):
+    """One process, one test at a time, where the GPU is in play: GPU tests time kernels and fill
+    its memory, so workers sharing one GPU would disturb each other (pyproject.toml spreads CPU runs
+    over workers)."""
+    if hasattr(config.option, "numprocesses") and (
+        torch.cuda.is_available() or "gpu" in (config.option.markexpr or "").replace("not gpu", "")
+    ):
         config.option.numprocesses = 0
 
 
@@ -39,8 +43,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def fresh_dynamo():
-    """torch.compile's caches and flags reset around a test, so that graphs compiled for one test never serve another
-    and a test that forbids recompilation does not leak that into the next one."""
+    """torch.compile's caches and flags reset around a test, so that graphs compiled for one test
+    never serve another and a test that forbids recompilation does not leak that into the next
+    one."""
     import torch._dynamo
 
     torch._dynamo.reset()

@@ -1,6 +1,6 @@
-"""Every field of the training and the evaluation schema, given a value outside its declared range (and every float
-NaN and inf), and the malformed configs and output directories of a hostile user: each is exit 2 with one line that
-names the key or the file, never a traceback."""
+"""Every field of the training and the evaluation schema, given a value outside its declared range
+(and every float NaN and inf), and the malformed configs and output directories of a hostile user:
+each is exit 2 with one line that names the key or the file, never a traceback."""
 
 import subprocess
 import sys
@@ -25,7 +25,11 @@ def bad_values(rng: Range, is_int: bool) -> list:
     if rng.pair:
         lo = rng.gt if rng.gt is not None else (rng.ge if rng.ge is not None else 0)
         hi = rng.le if rng.le is not None else (rng.lt if rng.lt is not None else lo + 2)
-        return [f"[{hi},{lo + (hi - lo) / 4}]", f"[{lo - step},{hi}]", "[0.5]"]  # reversed, below, one number
+        return [
+            f"[{hi},{lo + (hi - lo) / 4}]",
+            f"[{lo - step},{hi}]",
+            "[0.5]",
+        ]  # reversed, below, one number
     if rng.nonempty:
         return ["[]", f"[{(rng.ge or 1) - 1}]"]
     out = []
@@ -77,7 +81,9 @@ def test_every_field_has_a_range_or_is_free_text_or_a_flag():
 
     for schema in (Config, EvalConfig):
         ranged = schema_ranges(schema)
-        unranged = [k for k, t in leaves(schema) if k not in ranged and t not in (bool, "bool", str, "str")]
+        unranged = [
+            k for k, t in leaves(schema) if k not in ranged and t not in (bool, "bool", str, "str")
+        ]
         assert unranged == [], unranged
     assert len(TRAIN_CASES) > 100 and len(EVAL_CASES) > 25
 
@@ -96,31 +102,40 @@ def test_eval_refuses_an_out_of_range_value_naming_the_key(key, value, capsys, t
     assert err.count("\n") == 0 and key in err, err
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["optim.warmup_epochs=200"], "optim.warmup_epochs=200 must be <= optim.epochs"),
-    (["dino.loss_weight=0", "ibot.loss_weight=0"], "nothing to train"),
-    (["crops.global_crops_scale=[1.0,0.2]"], "crops.global_crops_scale"),
-    (["dino.head_n_prototypes=0"], "dino.head_n_prototypes=0 is out of range"),
-    (["optim.clip_grad=0"], "optim.clip_grad=0"),
-    (["train.max_to_keep=0"], "train.max_to_keep=0"),
-    (["teacher.momentum_teacher=1.5"], "teacher.momentum_teacher=1.5"),
-    (["optim.base_lr=nan"], "optim.base_lr=nan"),
-    (["student.patch_size=0"], "student.patch_size=0"),
-    (["crops.local_crops_size=10", "student.patch_size=8"], "must be a multiple of student.patch_size"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["optim.warmup_epochs=200"], "optim.warmup_epochs=200 must be <= optim.epochs"),
+        (["dino.loss_weight=0", "ibot.loss_weight=0"], "nothing to train"),
+        (["crops.global_crops_scale=[1.0,0.2]"], "crops.global_crops_scale"),
+        (["dino.head_n_prototypes=0"], "dino.head_n_prototypes=0 is out of range"),
+        (["optim.clip_grad=0"], "optim.clip_grad=0"),
+        (["train.max_to_keep=0"], "train.max_to_keep=0"),
+        (["teacher.momentum_teacher=1.5"], "teacher.momentum_teacher=1.5"),
+        (["optim.base_lr=nan"], "optim.base_lr=nan"),
+        (["student.patch_size=0"], "student.patch_size=0"),
+        (
+            ["crops.local_crops_size=10", "student.patch_size=8"],
+            "must be a multiple of student.patch_size",
+        ),
+    ],
+)
 def test_meaningless_combinations(overrides, message, capsys):
     assert train.main(overrides) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and err.count("\n") == 0, err
 
 
-@pytest.mark.parametrize("text,message", [
-    ("train:\n  seed: [1\n", "not a valid YAML config"),
-    ("train:\n  seed: 1\n  seed: 2\n", "duplicate key seed"),
-    ("train: 5\n", "'train' is a section"),
-    ("- a\n- b\n", "a config is a mapping of sections"),
-    ("trian:\n  seed: 1\n", "unknown config key 'trian'"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("train:\n  seed: [1\n", "not a valid YAML config"),
+        ("train:\n  seed: 1\n  seed: 2\n", "duplicate key seed"),
+        ("train: 5\n", "'train' is a section"),
+        ("- a\n- b\n", "a config is a mapping of sections"),
+        ("trian:\n  seed: 1\n", "unknown config key 'trian'"),
+    ],
+)
 def test_malformed_config_files(text, message, tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -137,7 +152,9 @@ def test_an_output_dir_that_is_a_file_or_read_only(tmp_path, capsys):
     readonly = tmp_path / "ro"
     readonly.mkdir()
     # a read-only bind of a real directory is what a read-only file system looks like, for root too
-    mounted = subprocess.run(["mount", "--bind", "-o", "ro", str(readonly), str(readonly)], capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "--bind", "-o", "ro", str(readonly), str(readonly)], capture_output=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot make a read-only mount here: {mounted.stderr.decode().strip()}")
     try:
@@ -149,6 +166,9 @@ def test_an_output_dir_that_is_a_file_or_read_only(tmp_path, capsys):
 
 
 def test_the_cli_exit_code_is_2_with_no_traceback():
-    result = subprocess.run([sys.executable, "train.py", "optim.base_lr=-1"], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "train.py", "optim.base_lr=-1"], cwd=REPO, capture_output=True, text=True
+    )
     assert result.returncode == 2 and result.stderr.strip() == (
-        "config error: optim.base_lr=-1.0 is out of range: must be > 0")
+        "config error: optim.base_lr=-1.0 is out of range: must be > 0"
+    )

@@ -1,6 +1,6 @@
-"""The README and docs/ say what the repository does: every relative link and anchor resolves, the "use it in your own
-model" example runs as written, and the numbers they quote are the committed results (or, for the ImageNet cost
-estimates, recomputed here from the committed measurements)."""
+"""The README and docs/ say what the repository does: every relative link and anchor resolves, the
+"use it in your own model" example runs as written, and the numbers they quote are the committed
+results (or, for the ImageNet cost estimates, recomputed here from the committed measurements)."""
 
 import json
 import math
@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
-# The committed measurements the ImageNet estimates are computed from (docs/imagenet.md links the same files).
+# The committed measurements the ImageNet estimates are computed from (docs/imagenet.md links the
+# same files).
 BENCH = REPO / "results" / "bench"
 STEP_LAUNCHED = BENCH / "rounds_h100" / "train_step_rounds_heated_fp32_h100.json"
 SCALING = BENCH / "scaling_dense" / "scaling_h200.json"  # the compiled step, dense phase
@@ -26,14 +27,14 @@ RECIPE_SUMMARY = REPO / "results" / "cifar10" / "recipe" / "table" / "summary.js
 DIGITS_TABLE = REPO / "results" / "default" / "table.md"
 
 
-# ------------------------------------------------------------------------------------------------ links
+# -------------------------------------------------------------------------------------------- links
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped (word characters, spaces and hyphens kept),
-    spaces to hyphens."""
+    """GitHub's anchor of a heading: lower case, punctuation dropped (word characters, spaces and
+    hyphens kept), spaces to hyphens."""
     text = heading.strip().lower()
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
@@ -62,15 +63,23 @@ def broken_links(path: Path) -> list[str]:
 def test_the_slug_is_githubs():
     assert slug("Result tables: `make_table.py`") == "result-tables-make_tablepy"
     assert slug("The trainer's sparsity options") == "the-trainers-sparsity-options"
-    assert slug("The whole ViT-L/16 DINOv2 step on one H100") == "the-whole-vit-l16-dinov2-step-on-one-h100"
+    assert (
+        slug("The whole ViT-L/16 DINOv2 step on one H100")
+        == "the-whole-vit-l16-dinov2-step-on-one-h100"
+    )
 
 
 def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path):
     (tmp_path / "other.md").write_text("# Other\n\n## A section\n")
     page = tmp_path / "page.md"
-    page.write_text("[ok](other.md#a-section) [ok](#title) [web](https://example.org/x)\n# Title\n"
-                    "[gone](missing.md) [no heading](other.md#nowhere)\n```\n[in code](ignored.md)\n```\n")
-    assert broken_links(page) == ["missing.md (no such file)", "other.md#nowhere (no heading #nowhere)"]
+    page.write_text(
+        "[ok](other.md#a-section) [ok](#title) [web](https://example.org/x)\n# Title\n"
+        "[gone](missing.md) [no heading](other.md#nowhere)\n```\n[in code](ignored.md)\n```\n"
+    )
+    assert broken_links(page) == [
+        "missing.md (no such file)",
+        "other.md#nowhere (no heading #nowhere)",
+    ]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
@@ -88,9 +97,11 @@ def test_the_readme_stays_a_first_screen():
     assert len(README.read_text().splitlines()) <= 200
 
 
-# ------------------------------------------------------------------------------------------------ the example
+# -------------------------------------------------------------------------------------- the example
 def marked_block(text: str, name: str) -> str:
-    match = re.search(rf"^<!-- {name}:begin -->\n(.*?)^<!-- {name}:end -->$", text, re.DOTALL | re.MULTILINE)
+    match = re.search(
+        rf"^<!-- {name}:begin -->\n(.*?)^<!-- {name}:end -->$", text, re.DOTALL | re.MULTILINE
+    )
     assert match, f"no <!-- {name}:begin/end --> block"
     return match.group(1)
 
@@ -99,15 +110,22 @@ def test_own_model_snippet_runs_as_written(tmp_path):
     block = marked_block((DOCS / "sparsity.md").read_text(), "own-model-snippet")
     code = re.fullmatch(r"```python\n(.*?)```\n", block, re.DOTALL)
     assert code, "the own-model-snippet block must be a single ```python fence"
-    # A fresh interpreter outside the repository, so only the installed package is importable (as for a user), and
-    # without the TRITON_INTERPRET this test session sets.
+    # A fresh interpreter outside the repository, so only the installed package is importable (as
+    # for a user), and without the TRITON_INTERPRET this test session sets.
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", code.group(1)], cwd=tmp_path, env=env, check=False,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", code.group(1)],
+        cwd=tmp_path,
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-# ------------------------------------------------------------------------------------------------ quoted numbers
+# ----------------------------------------------------------------------------------- quoted numbers
 def table_rows(text: str) -> dict[str, list[str]]:
     """Markdown table rows of `text` keyed by their first cell."""
     rows = {}
@@ -119,41 +137,63 @@ def table_rows(text: str) -> dict[str, list[str]]:
 
 
 def test_quoted_digits_numbers_are_the_committed_tables_and_say_they_are_one_machines():
-    """docs/embedded-default.md quotes the digits results twice (what to expect, and the committed table); both must
-    be results/default/table.md, and the first must say that another machine gives other numbers inside the interval
-    it quotes (CPU runs are not bit-identical across machines)."""
+    """docs/embedded-default.md quotes the digits results twice (what to expect, and the committed
+    table); both must be results/default/table.md, and the first must say that another machine gives
+    other numbers inside the interval it quotes (CPU runs are not bit-identical across machines)."""
     text = (DOCS / "embedded-default.md").read_text()
     committed = DIGITS_TABLE.read_text()
-    table = table_rows(committed[:committed.index("## Runs")])  # the schedules' table, not the per-run one
-    page_table = table_rows(text[text.index("The committed `results/default/`"):])
+    table = table_rows(
+        committed[: committed.index("## Runs")]
+    )  # the schedules' table, not the per-run one
+    page_table = table_rows(text[text.index("The committed `results/default/`") :])
     schedules = [name for name in table if "sparse" in name or name.startswith("*")]
     assert len(schedules) == 9, schedules
     for name in schedules:
-        # table.md: schedule, seed, steps, linear, delta, k-NN; the page: schedule, steps, linear, delta, k-NN.
+        # table.md: schedule, seed, steps, linear, delta, k-NN; the page: schedule, steps, linear,
+        # delta, k-NN.
         assert page_table[name][1:5] == [table[name][2], *table[name][3:6]], name
 
-    expect = re.search(r"linear-probe top-1 ([\d.]+)% and k-NN \(k=20\)\s+([\d.]+)% for the 70% schedule "
-                       r"\(([\d.]+)% and ([\d.]+)% dense\), above the untrained network \(([\d.]+)% and ([\d.]+)%",
-                       text)
+    expect = re.search(
+        r"linear-probe top-1 ([\d.]+)% and k-NN \(k=20\)\s+([\d.]+)% for the 70% schedule "
+        r"\(([\d.]+)% and ([\d.]+)% dense\), above the untrained network \(([\d.]+)% and ([\d.]+)%",
+        text,
+    )
     assert expect, "the expected numbers are not where this test looks for them"
     linear70, knn70, linear0, knn0, linear_random, knn_random = expect.groups()
     assert (linear70, knn70) == (table["70% sparse"][3], table["70% sparse"][5])
-    assert (linear0, knn0) == (table["0% sparse (dense baseline)"][3], table["0% sparse (dense baseline)"][5])
-    assert (linear_random, knn_random) == (table["*random-init network*"][3], table["*random-init network*"][5])
-    paragraph = text[expect.start():text.index("\n\n", expect.start())]
+    assert (linear0, knn0) == (
+        table["0% sparse (dense baseline)"][3],
+        table["0% sparse (dense baseline)"][5],
+    )
+    assert (linear_random, knn_random) == (
+        table["*random-init network*"][3],
+        table["*random-init network*"][5],
+    )
+    paragraph = text[expect.start() : text.index("\n\n", expect.start())]
     assert "not bit-identical across" in paragraph and "machines" in paragraph
-    low, high = map(float, re.search(r"\(([\d.]+)-([\d.]+)% around the dense run", paragraph).groups())
+    low, high = map(
+        float, re.search(r"\(([\d.]+)-([\d.]+)% around the dense run", paragraph).groups()
+    )
     other = re.search(r"e\.g\. ([\d.]+)% / [\d.]+% for the 70% schedule on another", paragraph)
-    assert other and low <= float(other.group(1)) <= high, "the other machine's number must lie inside the interval"
+    assert other and low <= float(other.group(1)) <= high, (
+        "the other machine's number must lie inside the interval"
+    )
 
 
-README_SCHEDULES = {"0% sparse (dense)": "0% sparse (dense baseline)", "40%": "40% sparse", "60%": "60% sparse",
-                    "70%": "70% sparse", "80%": "80% sparse", "90%": "90% sparse",
-                    "100% (2:4 model)": "100% sparse (2:4-sparse model)"}
+README_SCHEDULES = {
+    "0% sparse (dense)": "0% sparse (dense baseline)",
+    "40%": "40% sparse",
+    "60%": "60% sparse",
+    "70%": "70% sparse",
+    "80%": "80% sparse",
+    "90%": "90% sparse",
+    "100% (2:4 model)": "100% sparse (2:4-sparse model)",
+}
 
 
 def _readme_cell(mean: dict | None) -> str:
-    """A README cell of a schedule mean: "70.51 (-1.04 [-1.89, -0.18])", the dense baseline as its mean alone."""
+    """A README cell of a schedule mean: "70.51 (-1.04 [-1.89, -0.18])", the dense baseline as its
+    mean alone."""
     if mean["sparse_fraction"] == 0.0:
         return f"{mean['top1']:.2f}"
     interval = mean["delta_top1_interval"]
@@ -161,35 +201,50 @@ def _readme_cell(mean: dict | None) -> str:
 
 
 def test_readme_table_is_the_published_numbers_and_the_committed_recipe_table():
-    """The README's table: the published numbers, and every CIFAR-10 cell the committed recipe table's mean, Δ and
-    95% interval against its one dense baseline (three seeds): the published recipe's configuration in one column,
-    the small-model recipe's (its fresh seeds only; the screening runs are kept out of the means) in the other."""
+    """The README's table: the published numbers, and every CIFAR-10 cell the committed recipe
+    table's mean, Δ and 95% interval against its one dense baseline (three seeds): the published
+    recipe's configuration in one column, the small-model recipe's (its fresh seeds only; the
+    screening runs are kept out of the means) in the other."""
     readme = table_rows(README.read_text())
     means = json.loads(RECIPE_SUMMARY.read_text())["schedule_means"]
     rows = {row.label: row for row in published.ROWS}
 
     def mean_of(fraction: float, decay: float) -> dict | None:
-        found = [m for m in means if m["sparse_fraction"] == fraction
-                 and m["differing_config"]["sparsity.pruned_decay"] == decay
-                 and m["differing_config"]["teacher.momentum_restart_fraction"] == 0.0]
+        found = [
+            m
+            for m in means
+            if m["sparse_fraction"] == fraction
+            and m["differing_config"]["sparsity.pruned_decay"] == decay
+            and m["differing_config"]["teacher.momentum_restart_fraction"] == 0.0
+        ]
         assert len(found) <= 1, found
         return found[0] if found else None
 
     for ours, name in README_SCHEDULES.items():
         imagenet_cell, published_recipe_cell, recipe_cell = readme[ours][1:4]
         row = rows[name]
-        expected = f"{row.top1:.1f}" if row.sparse_steps == 0 else f"{row.top1:.1f} ({row.delta_top1:+.1f})"
+        expected = (
+            f"{row.top1:.1f}"
+            if row.sparse_steps == 0
+            else f"{row.top1:.1f} ({row.delta_top1:+.1f})"
+        )
         assert imagenet_cell == expected, (ours, imagenet_cell, expected)
         fraction = row.sparse_steps / published.TOTAL_STEPS if name != "40% sparse" else 0.4
         dense = mean_of(0.0, 0.0)
-        assert published_recipe_cell == _readme_cell(mean_of(fraction, 0.0) if fraction else dense), ours
+        assert published_recipe_cell == _readme_cell(
+            mean_of(fraction, 0.0) if fraction else dense
+        ), ours
         recipe = mean_of(fraction, 0.005) if fraction else dense
         if recipe is None:
             assert recipe_cell.startswith("no fresh seed yet"), (ours, recipe_cell)
         else:
             assert recipe_cell == _readme_cell(recipe), (ours, recipe_cell)
-    assert dense["n_seeds"] == 3 and f"71.55 (seeds 0-2, 95% interval {dense['top1_interval']['low']:.2f}-" \
-        f"{dense['top1_interval']['high']:.2f})" in README.read_text().replace("\n", " ")
+    assert (
+        dense["n_seeds"] == 3
+        and f"71.55 (seeds 0-2, 95% interval {dense['top1_interval']['low']:.2f}-"
+        f"{dense['top1_interval']['high']:.2f})"
+        in README.read_text().replace("\n", " ")
+    )
 
 
 def test_imagenet_expected_table_is_the_published_one():
@@ -197,11 +252,15 @@ def test_imagenet_expected_table_is_the_published_one():
     for row in published.ROWS:
         cells = rows[row.label]
         assert cells[2].split(" → ")[0] == f"{row.sparse_steps:,}", row.label
-        assert float(cells[3]) == row.top1 and float(cells[4]) == pytest.approx(row.delta_top1, abs=1e-9), row.label
+        assert float(cells[3]) == row.top1 and float(cells[4]) == pytest.approx(
+            row.delta_top1, abs=1e-9
+        ), row.label
 
 
 def measured_step_ms() -> tuple[float, float]:
-    rows = {row["row"]: round(row["ms"], 1) for row in json.loads(STEP_LAUNCHED.read_text())["rows"]}  # as quoted
+    rows = {
+        row["row"]: round(row["ms"], 1) for row in json.loads(STEP_LAUNCHED.read_text())["rows"]
+    }  # as quoted
     return rows["compiled-dense"], rows["compiled-auto"]
 
 
@@ -211,13 +270,15 @@ def scaling_efficiency(gpus: int) -> float:
 
 
 def test_imagenet_cost_table_is_computed_from_the_committed_measurements():
-    """Each schedule's hours on 32 H100s and H100-hours in docs/imagenet.md, recomputed from the committed step times
-    (one H100, compiled, launched) and the 4-GPU scaling efficiency."""
+    """Each schedule's hours on 32 H100s and H100-hours in docs/imagenet.md, recomputed from the
+    committed step times (one H100, compiled, launched) and the 4-GPU scaling efficiency."""
     text = (DOCS / "imagenet.md").read_text()
     dense_ms, sparse_ms = measured_step_ms()
     efficiency = round(scaling_efficiency(4), 2)
     assert f"{dense_ms} ms | {sparse_ms} ms" in text and f"**{efficiency:.2f} on 4**" in text
-    rows = table_rows(text[text.index("### What is extrapolated"):text.index("How far these can be off")])
+    rows = table_rows(
+        text[text.index("### What is extrapolated") : text.index("How far these can be off")]
+    )
     total_gpu_hours, seen = 0.0, 0
     for first, cells in rows.items():
         match = re.match(r"([\d.]+) ", first + " ")
@@ -230,7 +291,9 @@ def test_imagenet_cost_table_is_computed_from_the_committed_measurements():
         assert cells[1] == f"{sparse_steps:,} → {dense_steps:,}", first
         assert cells[2] == f"{hours:.2f}", first
         assert cells[3] == f"{32 * hours:.0f}", first
-        speedup = published.TOTAL_STEPS * dense_ms / (sparse_steps * sparse_ms + dense_steps * dense_ms)
+        speedup = (
+            published.TOTAL_STEPS * dense_ms / (sparse_steps * sparse_ms + dense_steps * dense_ms)
+        )
         assert cells[4] == f"{speedup:.3f}x", first
         if any(math.isclose(fraction, row.fraction) for row in published.ROWS):
             total_gpu_hours += 32 * hours
@@ -240,8 +303,8 @@ def test_imagenet_cost_table_is_computed_from_the_committed_measurements():
 
 
 def test_imagenet_storage_is_computed_from_the_model():
-    """The checkpoint and export sizes in docs/imagenet.md from the parameter counts of the ViT-L/16 config (built on
-    the meta device: no memory, no time)."""
+    """The checkpoint and export sizes in docs/imagenet.md from the parameter counts of the ViT-L/16
+    config (built on the meta device: no memory, no time)."""
     import torch
 
     from configs import load_config
@@ -254,7 +317,11 @@ def test_imagenet_storage_is_computed_from_the_model():
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     backbone = sum(p.numel() for p in model.teacher.backbone.parameters())
     text = (DOCS / "imagenet.md").read_text()
-    assert f"{state:,} floats" in text and f"{trained:,} trained parameters" in text and f"{backbone:,} floats" in text
+    assert (
+        f"{state:,} floats" in text
+        and f"{trained:,} trained parameters" in text
+        and f"{backbone:,} floats" in text
+    )
     checkpoint_gb = (state + 2 * trained) * 4 / 1e9  # model state + AdamW's two moments, fp32
     export_gb = backbone * 4 / 1e9
     assert f"| {checkpoint_gb:.2f} GB ({checkpoint_gb * 1e9 / 2**30:.2f} GiB) |" in text

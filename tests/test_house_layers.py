@@ -1,6 +1,7 @@
-"""Imports point down the house: each package imports only packages below it (or itself), so that a package can be
-understood, tested and reused without what sits above it. `sparsity` (the library) and `rundir` (the run
-directory's rules) import nothing of the repository; the entry points sit on top."""
+"""Imports point down the house: each package imports only packages below it (or itself), so that a
+package can be understood, tested and reused without what sits above it. `sparsity` (the library)
+and `rundir` (the run directory's rules) import nothing of the repository; the entry points sit on
+top."""
 
 import ast
 from pathlib import Path
@@ -9,12 +10,27 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # bottom first; a package may import those before it in this list (and itself)
-HOUSE = ["sparsity", "rundir", "configs", "data", "models", "training", "evaluation", "reporting", "slurm", "scripts"]
-INDEPENDENT = {"sparsity": {"rundir"}, "rundir": {"sparsity"}}  # side by side at the bottom: neither imports the other
+HOUSE = [
+    "sparsity",
+    "rundir",
+    "configs",
+    "data",
+    "models",
+    "training",
+    "evaluation",
+    "reporting",
+    "slurm",
+    "scripts",
+]
+INDEPENDENT = {
+    "sparsity": {"rundir"},
+    "rundir": {"sparsity"},
+}  # side by side at the bottom: neither imports the other
 
 
 def project_imports(path: Path) -> list[tuple[int, str]]:
-    """(line, top-level package) of every absolute import of a house package in `path`, function-local ones too."""
+    """(line, top-level package) of every absolute import of a house package in `path`,
+    function-local ones too."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -31,8 +47,11 @@ def violations(package: str) -> list[str]:
     allowed = set(HOUSE[: HOUSE.index(package) + 1]) - INDEPENDENT.get(package, set())
     bad = []
     for path in sorted((REPO / package).rglob("*.py")):
-        bad += [f"{path.relative_to(REPO)}:{line} imports {name}" for line, name in project_imports(path)
-                if name not in allowed]
+        bad += [
+            f"{path.relative_to(REPO)}:{line} imports {name}"
+            for line, name in project_imports(path)
+            if name not in allowed
+        ]
     return bad
 
 
@@ -47,16 +66,17 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     assert project_imports(upward) == [(2, "training")]
 
 
-# Within the house, modules import each other without cycles either (function-local imports included): a cycle
-# makes two modules one, which neither can be read, tested or changed without.
+# Within the house, modules import each other without cycles either (function-local imports
+# included): a cycle makes two modules one, which neither can be read, tested or changed without.
 def module_name(path: Path, root: Path = REPO) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def module_imports(path: Path, root: Path = REPO) -> set[str]:
-    """The house modules `path` imports (absolute and relative, at any depth of the file), as dotted names; an
-    import of a name from a package counts as the submodule where one of that name exists."""
+    """The house modules `path` imports (absolute and relative, at any depth of the file), as dotted
+    names; an import of a name from a package counts as the submodule where one of that name
+    exists."""
     me = module_name(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found = set()
@@ -87,9 +107,13 @@ def _module_path(name: str, root: Path):
 
 
 def import_cycles(root: Path = REPO, packages=HOUSE) -> list[list[str]]:
-    """Every cycle of module imports among the packages' modules (one list of modules per cycle found)."""
-    graph = {module_name(p, root): module_imports(p, root)
-             for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+    """Every cycle of module imports among the packages' modules (one list of modules per cycle
+    found)."""
+    graph = {
+        module_name(p, root): module_imports(p, root)
+        for pkg in packages
+        for p in sorted((root / pkg).rglob("*.py"))
+    }
     cycles, state = [], {}
 
     def visit(node, stack):
@@ -97,7 +121,7 @@ def import_cycles(root: Path = REPO, packages=HOUSE) -> list[list[str]]:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == "open":
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack)
         stack.pop()
@@ -118,7 +142,9 @@ def test_the_checker_sees_a_cycle_through_a_function_local_import(tmp_path):
     (tmp_path / "reporting").mkdir()
     (tmp_path / "reporting" / "__init__.py").write_text("")
     (tmp_path / "reporting" / "a.py").write_text("from .b import B\nA = 1\n")
-    (tmp_path / "reporting" / "b.py").write_text("B = 2\n\n\ndef f():\n    from reporting.a import A\n    return A\n")
+    (tmp_path / "reporting" / "b.py").write_text(
+        "B = 2\n\n\ndef f():\n    from reporting.a import A\n    return A\n"
+    )
     assert import_cycles(tmp_path, ["reporting"]) == [["reporting.a", "reporting.b", "reporting.a"]]
     (tmp_path / "reporting" / "b.py").write_text("B = 2\n")
     assert import_cycles(tmp_path, ["reporting"]) == []

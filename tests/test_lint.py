@@ -1,6 +1,6 @@
-"""The repository passes `ruff check` with the rules of pyproject.toml ([tool.ruff.lint]: unused or undefined names,
-pycodestyle's errors and warnings, lines within the project's length, today's type hints), and the check fails where
-it should."""
+"""The repository passes `ruff check` with the rules of pyproject.toml ([tool.ruff.lint]: unused or
+undefined names, pycodestyle's errors and warnings, lines within the project's length, today's type
+hints), and the check fails where it should."""
 
 import subprocess
 import sys
@@ -14,7 +14,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def ruff_check(*paths: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--config", str(REPO / "pyproject.toml")]
+    command = [
+        sys.executable,
+        "-m",
+        "ruff",
+        "check",
+        "--no-cache",
+        "--config",
+        str(REPO / "pyproject.toml"),
+    ]
     return subprocess.run([*command, *map(str, paths)], cwd=REPO, capture_output=True, text=True)
 
 
@@ -23,9 +31,44 @@ def test_the_repository_passes_ruff_check():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_the_repository_is_formatted():
+    command = [sys.executable, "-m", "ruff", "format", "--check", "--no-cache"]
+    done = subprocess.run(
+        [*command, "--config", str(REPO / "pyproject.toml"), str(REPO)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, "run `ruff format .`:\n" + done.stdout + done.stderr
+
+
+def test_the_format_check_finds_an_unformatted_file(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("x = [1,2]\n")
+    command = [sys.executable, "-m", "ruff", "format", "--check", "--no-cache"]
+    done = subprocess.run(
+        [*command, "--config", str(REPO / "pyproject.toml"), str(planted)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and "planted.py" in done.stdout
+
+
 def test_the_check_finds_an_unused_import_and_an_overlong_line(tmp_path):
     planted = tmp_path / "planted.py"
-    planted.write_text("import os\nfrom typing import Optional\n\nx: Optional[int] = None\ny = '" + "a" * 130 + "'\n")
+    planted.write_text(
+        "import os\nfrom typing import Optional\n\nx: Optional[int] = None\ny = '"
+        + "a" * 130
+        + "'\n"
+    )
     done = ruff_check(planted)
     assert done.returncode == 1
     assert "F401" in done.stdout and "E501" in done.stdout and "UP045" in done.stdout
+
+
+def test_the_check_finds_imports_out_of_order(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import sys\nimport os\n\nprint(os, sys)\n")
+    done = ruff_check(planted)
+    assert done.returncode == 1 and "I001" in done.stdout

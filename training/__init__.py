@@ -1,1 +1,2 @@
-"""The training engine behind `train.py`: schedules, checkpoints, metrics, distributed set-up, the loop."""
+"""The training engine behind `train.py`: schedules, checkpoints, metrics, distributed set-up, the
+loop."""

@@ -1,7 +1,7 @@
-"""What train.py checks about the model before the run directory exists, so that a config the model cannot take is
-one line and writes nothing: the sparsity converter against the student's modules (a backbone built on the meta
-device, no memory), and `student.pretrained_weights` (a regular file whose backbone weights fit the model; a FIFO
-there would block the load)."""
+"""What train.py checks about the model before the run directory exists, so that a config the model
+cannot take is one line and writes nothing: the sparsity converter against the student's modules (a
+backbone built on the meta device, no memory), and `student.pretrained_weights` (a regular file
+whose backbone weights fit the model; a FIFO there would block the load)."""
 
 from pathlib import Path
 
@@ -18,12 +18,13 @@ from .sparsity_setup import ModelConfigError, check_sparsity, sparsity_converter
 
 
 class PretrainedWeightsError(ModelConfigError):
-    """`student.pretrained_weights` cannot be loaded into the model (the message names the key and the file)."""
+    """`student.pretrained_weights` cannot be loaded into the model (the message names the key and
+    the file)."""
 
 
 def check_model(cfg: Config) -> None:
-    """`ModelConfigError` (a `sparsity.` key the model cannot take: the library's ConversionError as this command's
-    refusal) or `PretrainedWeightsError`, before any work."""
+    """`ModelConfigError` (a `sparsity.` key the model cannot take: the library's ConversionError as
+    this command's refusal) or `PretrainedWeightsError`, before any work."""
     with torch.device("meta"):
         backbone = build_backbone(cfg.student, img_size=cfg.crops.global_crops_size)
     check_sparsity(sparsity_converter(cfg), backbone)
@@ -39,16 +40,19 @@ GLOBAL_CROPS = 2  # DINOv2's two global crops per image, forwarded together
 
 
 def check_activation_rows(cfg: Config, backbone) -> None:
-    """kind=activation prunes the MLP linears' *inputs*, whose rows are the tokens of every crop the block's MLP
-    sees at once (the kept drop-path subsets in training): each count must be a shape the pruning takes (4x4 tiles
-    need rows divisible by 4; rowwise any count). Checked from the config, before the run directory exists,
-    since the first forward that breaks it would come after."""
+    """kind=activation prunes the MLP linears' *inputs*, whose rows are the tokens of every crop the
+    block's MLP sees at once (the kept drop-path subsets in training): each count must be a shape
+    the pruning takes (4x4 tiles need rows divisible by 4; rowwise any count). Checked from the
+    config, before the run directory exists, since the first forward that breaks it would come
+    after."""
     sp = cfg.sparsity
     if sp.kind != "activation" or cfg.sparse_steps == 0:
         return
     batch = cfg.train.batch_size_per_gpu
-    student = [(GLOBAL_CROPS * batch, cfg.crops.global_crops_size),
-               (cfg.crops.local_crops_number * batch, cfg.crops.local_crops_size)]
+    student = [
+        (GLOBAL_CROPS * batch, cfg.crops.global_crops_size),
+        (cfg.crops.local_crops_number * batch, cfg.crops.local_crops_size),
+    ]
     forwards = [("the student's", backbone.mlp_rows(student, training=True))]
     if sp.teacher == "sparse":
         forwards.append(("the teacher's", backbone.mlp_rows(student[:1], training=False)))
@@ -56,10 +60,15 @@ def check_activation_rows(cfg: Config, backbone) -> None:
         bad = sorted({r for r in rows if _refused(r, sp.pruning)})
         if bad:
             raise ConversionError(
-                f"sparsity.kind=activation with sparsity.pruning={sp.pruning} prunes 4x4 tiles of the MLP inputs, so "
-                f"their token rows must be divisible by 4, and {whose} blocks get {', '.join(map(str, bad))} "
-                f"(train.batch_size_per_gpu={batch}, the crops' sizes and numbers, student.drop_path_rate's kept "
-                "subsets); use sparsity.pruning=rowwise (any number of tokens) or another batch size")
+                f"sparsity.kind=activation with sparsity.pruning={sp.pruning} prunes 4x4 tiles of "
+                f"the MLP inputs, so "
+                f"their token rows must be divisible by 4, and {whose} blocks get "
+                f"{', '.join(map(str, bad))} "
+                f"(train.batch_size_per_gpu={batch}, the crops' sizes and numbers, "
+                f"student.drop_path_rate's kept "
+                "subsets); use sparsity.pruning=rowwise (any number of tokens) or another batch "
+                "size"
+            )
 
 
 def _refused(rows: int, pruning: str) -> bool:
@@ -80,4 +89,6 @@ def check_pretrained_weights(cfg: Config, path: Path) -> None:
     try:
         load_backbone_weights(backbone, str(path))
     except (CorruptFile, UnsafeFile, KeyError, RuntimeError, ValueError, OSError) as e:
-        raise PretrainedWeightsError(f"{key}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise PretrainedWeightsError(
+            f"{key}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None

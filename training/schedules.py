@@ -1,7 +1,7 @@
 """Per-iteration hyper-parameter schedules, precomputed as arrays (the reference's CosineScheduler).
 
-Everything is counted in iterations: an "epoch" is `train.epoch_length` iterations, whatever the dataset size.
-Precomputed arrays make resuming trivial (index by step) and every value loggable.
+Everything is counted in iterations: an "epoch" is `train.epoch_length` iterations, whatever the
+dataset size. Precomputed arrays make resuming trivial (index by step) and every value loggable.
 """
 
 from dataclasses import dataclass
@@ -19,13 +19,18 @@ def cosine_schedule(
     start_warmup_value: float = 0.0,
     freeze_iters: int = 0,
 ) -> np.ndarray:
-    """`freeze_iters` zeros, then a linear warm-up from `start_warmup_value`, then a cosine to `final_value`."""
+    """`freeze_iters` zeros, then a linear warm-up from `start_warmup_value`, then a cosine to
+    `final_value`."""
     if freeze_iters + warmup_iters > total_iters:
-        raise ValueError(f"freeze ({freeze_iters}) + warm-up ({warmup_iters}) iterations exceed {total_iters}")
+        raise ValueError(
+            f"freeze ({freeze_iters}) + warm-up ({warmup_iters}) iterations exceed {total_iters}"
+        )
     freeze = np.zeros(freeze_iters)
     warmup = np.linspace(start_warmup_value, base_value, warmup_iters)
     iters = np.arange(total_iters - warmup_iters - freeze_iters)
-    cosine = final_value + 0.5 * (base_value - final_value) * (1 + np.cos(np.pi * iters / max(len(iters), 1)))
+    cosine = final_value + 0.5 * (base_value - final_value) * (
+        1 + np.cos(np.pi * iters / max(len(iters), 1))
+    )
     return np.concatenate((freeze, warmup, cosine))
 
 
@@ -57,13 +62,15 @@ class Schedules:
 
 
 def build_schedules(cfg: Config, world_size: int) -> Schedules:
-    """The reference's `build_schedulers`: lr (warm-up + cosine), wd and momentum (cosine; its distance from 1 scaled
-    by `cfg.momentum_scale`), teacher temperature (linear warm-up then constant), last-layer lr = lr with the first
-    `freeze_last_layer_epochs` zeroed."""
+    """The reference's `build_schedulers`: lr (warm-up + cosine), wd and momentum (cosine; its
+    distance from 1 scaled by `cfg.momentum_scale`), teacher temperature (linear warm-up then
+    constant), last-layer lr = lr with the first `freeze_last_layer_epochs` zeroed."""
     epoch = cfg.train.epoch_length
     total = cfg.total_steps
     peak_lr = scaled_lr(cfg, world_size)
-    lr = cosine_schedule(peak_lr, cfg.optim.min_lr, total, warmup_iters=cfg.optim.warmup_epochs * epoch)
+    lr = cosine_schedule(
+        peak_lr, cfg.optim.min_lr, total, warmup_iters=cfg.optim.warmup_epochs * epoch
+    )
     last_layer_lr = lr.copy()
     last_layer_lr[: cfg.optim.freeze_last_layer_epochs * epoch] = 0.0
     return Schedules(
@@ -82,26 +89,30 @@ def build_schedules(cfg: Config, world_size: int) -> Schedules:
 
 
 def pruned_decay_ramp(cfg: Config) -> np.ndarray:
-    """The masked decay's share of its strength per step (`sparsity.pruned_decay_ramp`): (k + 1) / R at the sparse
-    phase's k-th step for its first R = ramp x sparse steps (the first step already decays, the R-th at full
-    strength), 1 after them and everywhere else (outside the sparse phase the converter decays nothing anyway)."""
+    """The masked decay's share of its strength per step (`sparsity.pruned_decay_ramp`): (k + 1) / R
+    at the sparse phase's k-th step for its first R = ramp x sparse steps (the first step already
+    decays, the R-th at full strength), 1 after them and everywhere else (outside the sparse phase
+    the converter decays nothing anyway)."""
     scale = np.ones(cfg.total_steps)
     start, end = cfg.dense_warmup_steps, cfg.sparse_steps
     ramp = round(cfg.sparsity.pruned_decay_ramp * (end - start))
     if ramp > 0:
-        scale[start:start + ramp] = (np.arange(ramp) + 1) / ramp
+        scale[start : start + ramp] = (np.arange(ramp) + 1) / ramp
     return scale
 
 
 def _teacher_momentum(cfg: Config) -> np.ndarray:
     """dinov2's cosine from `momentum_teacher` to `final_momentum_teacher` over the run; with
-    `teacher.momentum_reference_steps`, 1 - m scaled so that the EMA's horizon is the same fraction of the run; with
-    `teacher.momentum_restart_at_switch`, the cosine starts again at the first dense step and spans the dense steps;
-    with `teacher.momentum_restart_fraction`, the same at that fraction of the steps (its dense control)."""
+    `teacher.momentum_reference_steps`, 1 - m scaled so that the EMA's horizon is the same fraction
+    of the run; with `teacher.momentum_restart_at_switch`, the cosine starts again at the first
+    dense step and spans the dense steps; with `teacher.momentum_restart_fraction`, the same at that
+    fraction of the steps (its dense control)."""
     t = cfg.teacher
     total = cfg.total_steps
     momentum = cosine_schedule(t.momentum_teacher, t.final_momentum_teacher, total)
     restart = cfg.momentum_restart_step
     if restart is not None:
-        momentum[restart:] = cosine_schedule(t.momentum_teacher, t.final_momentum_teacher, total - restart)
+        momentum[restart:] = cosine_schedule(
+            t.momentum_teacher, t.final_momentum_teacher, total - restart
+        )
     return 1.0 - (1.0 - momentum) * cfg.momentum_scale

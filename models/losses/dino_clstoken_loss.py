@@ -1,9 +1,10 @@
 """DINO loss on CLS tokens (the reference's `dinov2/loss/dino_clstoken_loss.py::DINOLoss`).
 
 Differences from the reference, none of which changes a loss value:
-- the center EMA is applied synchronously in `update_center` (the reference queues an async all-reduce and applies
-  it at the next `softmax_center_teacher`); the center used at each step is the same, and a checkpoint saved after a
-  step now holds that step's update instead of losing the pending one;
+- the center EMA is applied synchronously in `update_center` (the reference queues an async
+  all-reduce and applies it at the next `softmax_center_teacher`); the center used at each step is
+  the same, and a checkpoint saved after a step now holds that step's update instead of losing the
+  pending one;
 - the cross-entropy and the teacher probabilities are computed in fp32 whatever the autocast dtype.
 """
 
@@ -14,13 +15,20 @@ from torch import Tensor, nn
 from ._dist import all_reduce_sum_, world_size
 
 
-def sinkhorn_knopp(teacher_output: Tensor, teacher_temp, n_samples_total, n_iterations: int = 3,
-                   valid: Tensor | None = None) -> Tensor:
-    """Sinkhorn-Knopp on (B, K) logits in fp32; sums all-reduced over ranks. Returns (B, K) rows summing to 1.
+def sinkhorn_knopp(
+    teacher_output: Tensor,
+    teacher_temp,
+    n_samples_total,
+    n_iterations: int = 3,
+    valid: Tensor | None = None,
+) -> Tensor:
+    """Sinkhorn-Knopp on (B, K) logits in fp32; sums all-reduced over ranks. Returns (B, K) rows
+    summing to 1.
 
-    `n_samples_total` is B summed over ranks (int or tensor), the reference's `B`. `valid` (B,) bool marks the rows
-    that take part (the others are padding, kept so that shapes stay fixed): they add nothing to any sum and come
-    back as zero rows. `teacher_temp` may be a 0-d device tensor (written before each replay of a CUDA graph).
+    `n_samples_total` is B summed over ranks (int or tensor), the reference's `B`. `valid` (B,) bool
+    marks the rows that take part (the others are padding, kept so that shapes stay fixed): they add
+    nothing to any sum and come back as zero rows. `teacher_temp` may be a 0-d device tensor
+    (written before each replay of a CUDA graph).
     """
     teacher_output = teacher_output.float()
     Q = torch.exp(teacher_output / teacher_temp).t()  # K-by-B, the paper's notation
@@ -36,7 +44,8 @@ def sinkhorn_knopp(teacher_output: Tensor, teacher_temp, n_samples_total, n_iter
         Q /= K
         # columns: total weight per sample must be 1/B
         col = torch.sum(Q, dim=0, keepdim=True)
-        # a padding column sums to 0: kept at 0 instead of 0/0 (a real column's sum is far above `tiny`)
+        # a padding column sums to 0: kept at 0 instead of 0/0 (a real column's sum is far above
+        # `tiny`)
         Q /= col if valid is None else col.clamp(min=torch.finfo(torch.float32).tiny)
         Q /= n_samples_total
     Q *= n_samples_total  # columns sum to 1: an assignment per sample
@@ -56,18 +65,24 @@ class DINOLoss(nn.Module):
         return F.softmax((teacher_output.float() - self.center) / teacher_temp, dim=-1)
 
     @torch.no_grad()
-    def sinkhorn_knopp_teacher(self, teacher_output: Tensor, teacher_temp: float, n_iterations: int = 3) -> Tensor:
-        return sinkhorn_knopp(teacher_output, teacher_temp, teacher_output.shape[0] * world_size(), n_iterations)
+    def sinkhorn_knopp_teacher(
+        self, teacher_output: Tensor, teacher_temp: float, n_iterations: int = 3
+    ) -> Tensor:
+        return sinkhorn_knopp(
+            teacher_output, teacher_temp, teacher_output.shape[0] * world_size(), n_iterations
+        )
 
     @torch.no_grad()
     def update_center(self, teacher_output: Tensor) -> None:
-        """center <- m * center + (1 - m) * mean of `teacher_output` (B, K) over the global batch."""
+        """center <- m * center + (1 - m) * mean of `teacher_output` (B, K) over the global
+        batch."""
         batch_center = all_reduce_sum_(torch.sum(teacher_output.float(), dim=0, keepdim=True))
         batch_center /= teacher_output.shape[0] * world_size()
         self.center.mul_(self.center_momentum).add_(batch_center, alpha=1 - self.center_momentum)
 
     def forward(self, student_output_list, teacher_out_softmaxed_centered_list) -> Tensor:
-        """Sum over (student, teacher) pairs of the batch-mean cross-entropy -sum(t * log_softmax(s / T_s))."""
+        """Sum over (student, teacher) pairs of the batch-mean cross-entropy -sum(t * log_softmax(s
+        / T_s))."""
         total_loss = 0
         for s in student_output_list:
             lsm = F.log_softmax(s.float() / self.student_temp, dim=-1)

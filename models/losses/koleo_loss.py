@@ -1,4 +1,5 @@
-"""KoLeo regulariser (the reference's `dinov2/loss/koleo_loss.py::KoLeoLoss`), in fp32 with autocast off."""
+"""KoLeo regulariser (the reference's `dinov2/loss/koleo_loss.py::KoLeoLoss`), in fp32 with autocast
+off."""
 
 import torch
 import torch.nn.functional as F
@@ -6,7 +7,8 @@ from torch import Tensor, nn
 
 
 class KoLeoLoss(nn.Module):
-    """Kozachenko-Leonenko entropy estimator (Sablayrolles et al. 2018): -mean(log(nearest-neighbour distance))."""
+    """Kozachenko-Leonenko entropy estimator (Sablayrolles et al. 2018): -mean(log(nearest-neighbour
+    distance))."""
 
     def __init__(self):
         super().__init__()
@@ -14,7 +16,8 @@ class KoLeoLoss(nn.Module):
 
     @staticmethod
     def pairwise_NNs_inner(x: Tensor) -> Tensor:
-        """Index of each row's nearest neighbour (max dot product, the row itself excluded) for L2-normalised x."""
+        """Index of each row's nearest neighbour (max dot product, the row itself excluded) for
+        L2-normalised x."""
         dots = torch.mm(x, x.t())
         n = x.shape[0]
         dots.view(-1)[:: (n + 1)].fill_(-1)  # diagonal -> -1
@@ -24,8 +27,10 @@ class KoLeoLoss(nn.Module):
         """student_output: (B, D) backbone features, B >= 2."""
         if student_output.dim() != 2 or student_output.shape[0] < 2:
             raise ValueError(
-                f"KoLeo needs at least 2 samples per crop batch (got shape {tuple(student_output.shape)}): "
-                "with 1 sample there is no nearest neighbour and the loss is infinite (dinov2 issues #307/#314)"
+                f"KoLeo needs at least 2 samples per crop batch (got shape "
+                f"{tuple(student_output.shape)}): "
+                "with 1 sample there is no nearest neighbour and the loss is infinite (dinov2 "
+                "issues #307/#314)"
             )
         with torch.autocast(device_type=student_output.device.type, enabled=False):
             x = F.normalize(student_output.float(), eps=eps, p=2, dim=-1)

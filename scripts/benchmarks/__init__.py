@@ -1,4 +1,5 @@
-"""What the benchmarks (`scripts/bench_*.py`, run from the repository root as `python -m scripts.bench_<name>`) share.
+"""What the benchmarks (`scripts/bench_*.py`, run from the repository root as `python -m
+scripts.bench_<name>`) share.
 
     timing          CUDA-event medians (the library's `sparsity.backends.timing`, plus rotation over input sets and
                     CUDA-graph replay), and the training-step timer
@@ -14,5 +15,6 @@
     linear_profiles where a linear layer's time goes: kernel categories, host cost per step
     bad_algs        cuSPARSELt algorithm ids that crash a library version, handed to the sweep (`--bad-algs`)
 
-The one-off GPU probes that found the facts the library relies on are in `scripts/experiments/probes/`.
+The one-off GPU probes that found the facts the library relies on are in
+`scripts/experiments/probes/`.
 """

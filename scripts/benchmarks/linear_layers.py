@@ -1,5 +1,6 @@
-"""The layers `scripts/bench_sparse.py` times and profiles: a ViT-L MLP linear (nn.Linear, or SemiSparseLinear on a
-backend) with a fixed seed, the fc1 -> GELU -> fc2 MLP, and one eager forward + backward of either under autocast."""
+"""The layers `scripts/bench_sparse.py` times and profiles: a ViT-L MLP linear (nn.Linear, or
+SemiSparseLinear on a backend) with a fixed seed, the fc1 -> GELU -> fc2 MLP, and one eager forward
++ backward of either under autocast."""
 
 import torch
 from torch import nn

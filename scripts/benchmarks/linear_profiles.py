@@ -1,6 +1,6 @@
-"""Where the time of a 2:4 linear layer goes (`scripts/bench_sparse.py --ops kernels host`): device time per kernel
-category of one eager forward + backward, and the host's cost per step (wall time at a negligible GPU load, a
-cProfile by Python function and a torch.profiler table)."""
+"""Where the time of a 2:4 linear layer goes (`scripts/bench_sparse.py --ops kernels host`): device
+time per kernel category of one eager forward + backward, and the host's cost per step (wall time at
+a negligible GPU load, a cProfile by Python function and a torch.profiler table)."""
 
 import json
 import sys
@@ -12,9 +12,9 @@ from scripts.benchmarks.timing import wall_ms
 
 
 def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5, backends=(None, "cusparselt")):
-    """Device time per kernel category of one eager linear fwd+bwd (nn.Linear vs each backend), from the profiler:
-    the numbers behind the fwd+bwd bound (fwd, dgrad, wgrad GEMMs, pack, casts, bias gradient), and the GPU's idle
-    time between kernels (host-bound eager steps)."""
+    """Device time per kernel category of one eager linear fwd+bwd (nn.Linear vs each backend), from
+    the profiler: the numbers behind the fwd+bwd bound (fwd, dgrad, wgrad GEMMs, pack, casts, bias
+    gradient), and the GPU's idle time between kernels (host-bound eager steps)."""
     from torch.profiler import ProfilerActivity, profile
 
     from scripts.benchmarks.profiling import kernel_summary
@@ -32,24 +32,41 @@ def kernel_breakdown(dtype, tokens, in_f, out_f, x_dtype, steps=5, backends=(Non
                 step()
             torch.cuda.synchronize()
         summ = kernel_summary(prof, steps=steps, top=12)
-        out.append({"backend": backend or "nn.Linear", "tokens": tokens, "in_features": in_f, "out_features": out_f,
-                    "dtype": str(dtype).replace("torch.", ""), "input_dtype": str(x_dtype).replace("torch.", ""),
-                    **summ})
+        out.append(
+            {
+                "backend": backend or "nn.Linear",
+                "tokens": tokens,
+                "in_features": in_f,
+                "out_features": out_f,
+                "dtype": str(dtype).replace("torch.", ""),
+                "input_dtype": str(x_dtype).replace("torch.", ""),
+                **summ,
+            }
+        )
         print(json.dumps(out[-1]), flush=True)
     return out
 
 
 def bench_host(B, dtype):
-    """Host cost of one linear fwd+bwd: wall time per step at 256 tokens (GPU work negligible), and a profile of one
-    eager step at 32768 tokens (top CPU ops, synchronisations)."""
+    """Host cost of one linear fwd+bwd: wall time per step at 256 tokens (GPU work negligible), and
+    a profile of one eager step at 32768 tokens (top CPU ops, synchronisations)."""
     dn = str(dtype).replace("torch.", "")
     for backend in (None, "cusparselt", "auto"):
         x = torch.randn(256, 1024, device="cuda", requires_grad=True)
         dy = torch.randn(256, 4096, device="cuda", dtype=dtype)
         step = fwd_bwd_step(linear_pair(1024, 4096, backend), x, dy, dtype)
         us = wall_ms(step, 5, 50) * 1e3
-        B.add(op="host_per_step", backend=backend or "nn.Linear", tokens=256, in_features=1024, out_features=4096,
-              dtype=dn, ms=us / 1e3, dense_ms=None, graph=False)
+        B.add(
+            op="host_per_step",
+            backend=backend or "nn.Linear",
+            tokens=256,
+            in_features=1024,
+            out_features=4096,
+            dtype=dn,
+            ms=us / 1e3,
+            dense_ms=None,
+            graph=False,
+        )
         if backend is not None:  # where the host time goes, by Python function
             import cProfile
             import io
@@ -63,8 +80,12 @@ def bench_host(B, dtype):
             torch.cuda.synchronize()
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-            print(f"=== cProfile, 50 eager fwd+bwd steps at 256 tokens, {backend} (tottime)\n{buf.getvalue()}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"=== cProfile, 50 eager fwd+bwd steps at 256 tokens, {backend} "
+                f"(tottime)\n{buf.getvalue()}",
+                file=sys.stderr,
+                flush=True,
+            )
     from torch.profiler import ProfilerActivity, profile
 
     for backend in ("cusparselt", None):
@@ -79,6 +100,12 @@ def bench_host(B, dtype):
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
-        tab = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60)
-        print(f"=== profile linear fwd+bwd 32768x1024->4096 {backend or 'nn.Linear'} (3 eager steps)\n{tab}",
-              file=sys.stderr, flush=True)
+        tab = prof.key_averages().table(
+            sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60
+        )
+        print(
+            f"=== profile linear fwd+bwd 32768x1024->4096 {backend or 'nn.Linear'} (3 eager "
+            f"steps)\n{tab}",
+            file=sys.stderr,
+            flush=True,
+        )

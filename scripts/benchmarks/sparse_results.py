@@ -1,6 +1,7 @@
-"""The results of `scripts/bench_sparse.py`: its Markdown table, and several runs merged into one result (GPU-free).
+"""The results of `scripts/bench_sparse.py`: its Markdown table, and several runs merged into one
+result (GPU-free).
 
-    python -m scripts.bench_sparse --merge RUN_JSON_OR_LOG... --out merged.json --md merged.md
+python -m scripts.bench_sparse --merge RUN_JSON_OR_LOG... --out merged.json --md merged.md
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import os
 
 
 def fmt_table(rows):
-    hdr = "| op | gemm | backend | graph | tokens | in→out | dtype | ms | dense ms | speedup | note |"
+    hdr = (
+        "| op | gemm | backend | graph | tokens | in→out | dtype | ms | dense ms | speedup | note |"
+    )
     lines = [hdr, "|" + "---|" * 11]
     for r in rows:
         note = ""
@@ -23,24 +26,52 @@ def fmt_table(rows):
         if r.get("error"):
             note = r["error"][:60]
         us_ops = ("prune_pack", "pack_variant", "host_per_step")
-        ms = "-" if r.get("ms") is None else (f"{r['ms'] * 1e3:.1f} µs" if r["op"] in us_ops else f"{r['ms']:.4f}")
-        dms = "-" if r.get("dense_ms") is None else (
-            f"{r['dense_ms'] * 1e3:.1f} µs" if r["op"] == "prune_pack" else f"{r['dense_ms']:.4f}")
+        ms = (
+            "-"
+            if r.get("ms") is None
+            else (f"{r['ms'] * 1e3:.1f} µs" if r["op"] in us_ops else f"{r['ms']:.4f}")
+        )
+        dms = (
+            "-"
+            if r.get("dense_ms") is None
+            else (
+                f"{r['dense_ms'] * 1e3:.1f} µs"
+                if r["op"] == "prune_pack"
+                else f"{r['dense_ms']:.4f}"
+            )
+        )
         sp = "-" if r.get("speedup") is None else f"{r['speedup']:.3f}x"
-        lines.append(f"| {r['op']} | {r.get('gemm', '')} | {r['backend']} | {'yes' if r.get('graph') else 'no'} | "
-                     f"{r['tokens']} | {r['in_features']}→{r['out_features']} | {r['dtype']} | {ms} | {dms} | {sp} | "
-                     f"{note} |")
+        lines.append(
+            f"| {r['op']} | {r.get('gemm', '')} | {r['backend']} | "
+            f"{'yes' if r.get('graph') else 'no'} | "
+            f"{r['tokens']} | {r['in_features']}→{r['out_features']} | {r['dtype']} | {ms} | {dms} "
+            f"| {sp} | "
+            f"{note} |"
+        )
     return "\n".join(lines)
 
 
 def row_key(r):
-    return tuple(r.get(k) for k in ("op", "gemm", "backend", "graph", "tokens", "in_features", "out_features", "dtype",
-                                    "input_dtype"))
+    return tuple(
+        r.get(k)
+        for k in (
+            "op",
+            "gemm",
+            "backend",
+            "graph",
+            "tokens",
+            "in_features",
+            "out_features",
+            "dtype",
+            "input_dtype",
+        )
+    )
 
 
 def read_run(path):
-    """(info, rows) of one run: a JSON written by this script, or its stdout log (one JSON row per line; the info
-    line first), which also holds the rows a timed-out run printed after its last JSON write."""
+    """(info, rows) of one run: a JSON written by this script, or its stdout log (one JSON row per
+    line; the info line first), which also holds the rows a timed-out run printed after its last
+    JSON write."""
     if path.endswith(".json"):
         d = json.load(open(path))
         return {k: v for k, v in d.items() if k != "rows"}, d["rows"]
@@ -58,8 +89,9 @@ def read_run(path):
 
 
 def merge_runs(paths, out, md):
-    """One result from several runs (e.g. bf16 and fp16 in separate device calls): rows of later runs replace rows
-    of earlier ones with the same key; each row keeps `run` (its index in `runs`), each run its own ceilings."""
+    """One result from several runs (e.g. bf16 and fp16 in separate device calls): rows of later
+    runs replace rows of earlier ones with the same key; each row keeps `run` (its index in `runs`),
+    each run its own ceilings."""
     merged, runs = {}, []
     for i, path in enumerate(paths):
         info, rows = read_run(path)
@@ -67,19 +99,33 @@ def merge_runs(paths, out, md):
         for r in rows:
             merged[row_key(r)] = {**r, "run": i}
     first = runs[0]
-    result = {"gpu": first["gpu"], "arch": first.get("arch"), "torch": first["torch"], "triton": first.get("triton"),
-              "cusparselt": first["cusparselt"], "torch_cusparselt": first.get("torch_cusparselt"),
-              "runs": runs, "rows": list(merged.values())}
+    result = {
+        "gpu": first["gpu"],
+        "arch": first.get("arch"),
+        "torch": first["torch"],
+        "triton": first.get("triton"),
+        "cusparselt": first["cusparselt"],
+        "torch_cusparselt": first.get("torch_cusparselt"),
+        "runs": runs,
+        "rows": list(merged.values()),
+    }
     write_json(out, result)
     if md:
         with open(md, "w") as f:
-            f.write(f"# 2:4 sparse vs dense on {result['gpu']} ({result['arch']}), torch {result['torch']}, "
-                    f"cuSPARSELt {result['cusparselt']}\n\nGenerated by `scripts/bench_sparse.py --merge` from "
-                    f"{len(runs)} runs ({', '.join(r['source'] for r in runs)}); ceilings per run: "
-                    f"{[r.get('ceilings') for r in runs]}. `graph` = CUDA-graph replay (else eager). speedup = dense "
-                    f"ms / ms in the same run; dense = nn.Linear (linear/MLP rows, fp32 master weights under autocast; "
-                    f"`x` = the input's dtype) or cuBLAS on the pruned weight (gemm rows). Analysis: NOTES.md.\n\n"
-                    f"{fmt_table(result['rows'])}\n")
+            f.write(
+                f"# 2:4 sparse vs dense on {result['gpu']} ({result['arch']}), torch "
+                f"{result['torch']}, "
+                f"cuSPARSELt {result['cusparselt']}\n\nGenerated by `scripts/bench_sparse.py "
+                f"--merge` from "
+                f"{len(runs)} runs ({', '.join(r['source'] for r in runs)}); ceilings per run: "
+                f"{[r.get('ceilings') for r in runs]}. `graph` = CUDA-graph replay (else eager). "
+                f"speedup = dense "
+                f"ms / ms in the same run; dense = nn.Linear (linear/MLP rows, fp32 master weights "
+                f"under autocast; "
+                f"`x` = the input's dtype) or cuBLAS on the pruned weight (gemm rows). Analysis: "
+                f"NOTES.md.\n\n"
+                f"{fmt_table(result['rows'])}\n"
+            )
     print(fmt_table(result["rows"]))
 
 

@@ -1,16 +1,18 @@
-"""KoLeo of the class tokens of a freshly initialised backbone, per residual-stream numerics: does a low-precision
-residual stream (`train.residual_dtype=amp`) change what KoLeo sees at the start of training, and is LayerScale why?
+"""KoLeo of the class tokens of a freshly initialised backbone, per residual-stream numerics: does a
+low-precision residual stream (`train.residual_dtype=amp`) change what KoLeo sees at the start of
+training, and is LayerScale why?
 
     python scripts/experiments/koleo_at_init.py --images data/cifar10/train --arch vit_large --size 112 \
         --layerscale 1e-5 1e-1
 
-Reads --count images evenly spaced over the sorted paths under --images (e.g. a prepared CIFAR-10 split),
-builds one backbone per LayerScale init (seed 0) and evaluates it on CPU under autocast as `fp32` (bf16 matmuls, fp32
-residual stream) and as `amp` in bf16 and in fp16 (the reference's param_dtype choices), all from the same weights.
-Prints one line and writes one JSON line (--out) per case: KoLeo of the batch's class tokens and the median
-nearest-neighbour distance between them. With LayerScale at 1e-5 each block adds ~1e-5 of the stream, below bf16's
-resolution, so the class tokens of different images differ less in bf16 than in fp32 (results/bench/NOTES.md,
-"What do the reference's numerics cost?").
+Reads --count images evenly spaced over the sorted paths under --images (e.g. a prepared CIFAR-10
+split), builds one backbone per LayerScale init (seed 0) and evaluates it on CPU under autocast as
+`fp32` (bf16 matmuls, fp32 residual stream) and as `amp` in bf16 and in fp16 (the reference's
+param_dtype choices), all from the same weights. Prints one line and writes one JSON line (--out)
+per case: KoLeo of the batch's class tokens and the median nearest-neighbour distance between them.
+With LayerScale at 1e-5 each block adds ~1e-5 of the stream, below bf16's resolution, so the class
+tokens of different images differ less in bf16 than in fp32 (results/bench/NOTES.md, "What do the
+reference's numerics cost?").
 """
 
 import argparse
@@ -24,8 +26,8 @@ CASES = (("fp32", "bfloat16"), ("amp", "bfloat16"), ("amp", "float16"))
 
 
 def load_images(root: Path, count: int, size: int):
-    """(count, 3, size, size) ImageNet-normalised tensor of `count` images evenly spaced over the sorted image paths
-    under `root` (the extensions the datasets read)."""
+    """(count, 3, size, size) ImageNet-normalised tensor of `count` images evenly spaced over the
+    sorted image paths under `root` (the extensions the datasets read)."""
     import torch
     from PIL import Image
 
@@ -33,7 +35,9 @@ def load_images(root: Path, count: int, size: int):
     from data.transforms import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
-    paths = paths[:: max(1, len(paths) // count)][:count]  # evenly spaced: every class of a class-per-folder tree
+    paths = paths[:: max(1, len(paths) // count)][
+        :count
+    ]  # evenly spaced: every class of a class-per-folder tree
     if len(paths) < 2:
         raise SystemExit(f"{root}: {len(paths)} image(s); KoLeo needs at least 2")
     pixels = []
@@ -56,7 +60,9 @@ def koleo_cases(x, arch: str, patch_size: int, layerscale: float) -> list[dict]:
 
     def build():
         build_arch = getattr(vision_transformer, arch)
-        return build_arch(img_size=x.shape[-1], patch_size=patch_size, init_values=layerscale).eval()
+        return build_arch(
+            img_size=x.shape[-1], patch_size=patch_size, init_values=layerscale
+        ).eval()
 
     torch.manual_seed(0)
     state = build().state_dict()
@@ -69,19 +75,33 @@ def koleo_cases(x, arch: str, patch_size: int, layerscale: float) -> list[dict]:
             cls = model.forward_features(x)["x_norm_clstoken"]
             koleo = KoLeoLoss()(cls).item()
         unit = F.normalize(cls.double(), dim=-1)
-        dist = (unit[:, None] - unit[None]).norm(dim=-1)  # direct differences: no cancellation of a Gram matrix
+        dist = (unit[:, None] - unit[None]).norm(
+            dim=-1
+        )  # direct differences: no cancellation of a Gram matrix
         dist.fill_diagonal_(float("inf"))
-        rows.append({
-            "arch": arch, "layerscale": layerscale, "residual_dtype": residual_dtype, "amp_dtype": amp_dtype,
-            "images": x.shape[0], "size": x.shape[-1], "koleo": koleo,
-            "median_nn_distance": dist.min(dim=1).values.median().item(), "cls_dtype": str(cls.dtype).split(".")[-1],
-        })
+        rows.append(
+            {
+                "arch": arch,
+                "layerscale": layerscale,
+                "residual_dtype": residual_dtype,
+                "amp_dtype": amp_dtype,
+                "images": x.shape[0],
+                "size": x.shape[-1],
+                "koleo": koleo,
+                "median_nn_distance": dist.min(dim=1).values.median().item(),
+                "cls_dtype": str(cls.dtype).split(".")[-1],
+            }
+        )
     return rows
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=Path, required=True, help="a folder of images (read recursively, sorted)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--images", type=Path, required=True, help="a folder of images (read recursively, sorted)"
+    )
     ap.add_argument("--count", type=int, default=32, help="images in the batch (default 32)")
     from models.vision_transformer import ARCH_SIZES  # the architectures the models build, one list
 
@@ -99,9 +119,13 @@ def main(argv=None) -> int:
     rows = []
     for layerscale in args.layerscale:
         for row in koleo_cases(x, args.arch, args.patch_size, layerscale):
-            print(f"layerscale {layerscale:g}, residual {row['residual_dtype']}, autocast {row['amp_dtype']}: "
-                  f"KoLeo {row['koleo']:.4f}, median nearest-neighbour distance {row['median_nn_distance']:.3e}",
-                  flush=True)
+            print(
+                f"layerscale {layerscale:g}, residual {row['residual_dtype']}, autocast "
+                f"{row['amp_dtype']}: "
+                f"KoLeo {row['koleo']:.4f}, median nearest-neighbour distance "
+                f"{row['median_nn_distance']:.3e}",
+                flush=True,
+            )
             rows.append(row)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

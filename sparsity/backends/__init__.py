@@ -1,13 +1,15 @@
 """Backend registry: `get_backend(name)` -> one cached `Backend` instance per name and process.
 
-"dense" (`dense.DenseBackend`, any device) is the reference math. "cusparselt", "cutlass" and "auto" live in their own
-modules (`cusparselt.CuSparseLtBackend`, `cutlass.CutlassBackend`, `auto.AutoBackend`) and are imported lazily by
-module path, so this registry imports nothing heavy and works in builds without them: asking for a missing one raises
-`BackendUnavailable`. Instances are cached because some keep per-shape state (plans, `auto`'s decisions).
+"dense" (`dense.DenseBackend`, any device) is the reference math. "cusparselt", "cutlass" and "auto"
+live in their own modules (`cusparselt.CuSparseLtBackend`, `cutlass.CutlassBackend`,
+`auto.AutoBackend`) and are imported lazily by module path, so this registry imports nothing heavy
+and works in builds without them: asking for a missing one raises `BackendUnavailable`. Instances
+are cached because some keep per-shape state (plans, `auto`'s decisions).
 
-Every instance is built with the process's `BackendSettings` (`settings.py`: cuSPARSELt's algorithm search and
-packing, the fused weight gradient), set with `configure_backends(settings)` (a training run does this from its
-config when it converts the model, `sparsity.converter`); changing them drops the cached instances.
+Every instance is built with the process's `BackendSettings` (`settings.py`: cuSPARSELt's algorithm
+search and packing, the fused weight gradient), set with `configure_backends(settings)` (a training
+run does this from its config when it converts the model, `sparsity.converter`); changing them drops
+the cached instances.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import threading
 
 import torch
 
+from sparsity.options import BACKENDS
+
 from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
 from .settings import CSLT_PACK_MODES, CSLT_SEARCH_MODES, BackendSettings
-from sparsity.options import BACKENDS
 
 _IMPLEMENTATIONS = {
     "dense": ("sparsity.backends.dense", "DenseBackend"),
@@ -33,11 +36,13 @@ _SETTINGS = BackendSettings()
 
 
 def configure_backends(settings: BackendSettings) -> None:
-    """The settings every backend instance is built with from now on; instances built with other settings are
-    dropped (the next `get_backend` builds a new one)."""
+    """The settings every backend instance is built with from now on; instances built with other
+    settings are dropped (the next `get_backend` builds a new one)."""
     global _SETTINGS
     if not isinstance(settings, BackendSettings):
-        raise TypeError(f"configure_backends takes a BackendSettings, got {type(settings).__name__}")
+        raise TypeError(
+            f"configure_backends takes a BackendSettings, got {type(settings).__name__}"
+        )
     with _LOCK:
         if settings != _SETTINGS:
             _SETTINGS = settings
@@ -56,8 +61,9 @@ def check_backend_name(name: str) -> str:
 
 
 def get_backend(name: str) -> Backend:
-    """The process-wide instance of backend `name` (ValueError if the name is unknown, BackendUnavailable if this
-    build lacks it). Whether it can run on a given device/dtype is `get_backend(name).check(device, dtype)`."""
+    """The process-wide instance of backend `name` (ValueError if the name is unknown,
+    BackendUnavailable if this build lacks it). Whether it can run on a given device/dtype is
+    `get_backend(name).check(device, dtype)`."""
     backend = _CACHE.get(name)
     if backend is not None:
         return backend
@@ -69,7 +75,8 @@ def get_backend(name: str) -> Backend:
             except ModuleNotFoundError as e:
                 if e.name == module_name:
                     raise BackendUnavailable(
-                        f"sparse backend {name!r} is not available in this build ({module_name} does not exist)"
+                        f"sparse backend {name!r} is not available in this build ({module_name} "
+                        f"does not exist)"
                     ) from e
                 raise BackendUnavailable(f"sparse backend {name!r} cannot be imported: {e}") from e
             except ImportError as e:
@@ -79,7 +86,8 @@ def get_backend(name: str) -> Backend:
 
 
 def built_backends() -> dict[str, Backend]:
-    """{name: instance} of the backends built so far in this process (nothing is built by asking)."""
+    """{name: instance} of the backends built so far in this process (nothing is built by
+    asking)."""
     with _LOCK:
         return dict(_CACHE)
 

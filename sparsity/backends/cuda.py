@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-# The raw cudaStream_t of the current stream of a device, as an int: torch's private fast path where it exists
-# (a Stream object costs microseconds of host time per call), else the public one.
+# The raw cudaStream_t of the current stream of a device, as an int: torch's private fast path where
+# it exists (a Stream object costs microseconds of host time per call), else the public one.
 raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda idx: torch.cuda.current_stream(idx).cuda_stream
 )

@@ -1,11 +1,13 @@
 """The reference backend: prune, keep the pruned weight dense, run both products as dense GEMMs.
 
-Runs anywhere (CPU included) for every pruning method; every other backend must match its results. Pruning uses the
-Triton kernels on CUDA and the torch references elsewhere (`sparsity.pruning.prune`).
+Runs anywhere (CPU included) for every pruning method; every other backend must match its results.
+Pruning uses the Triton kernels on CUDA and the torch references elsewhere
+(`sparsity.pruning.prune`).
 
-`dense_sparsify` is the cheapest dense path on a GPU (what `auto` falls back to and what a compiled dense layer
-prunes with): tile_greedy by the fused kernel's dense-output mode (`prune_dense`, one read and one write of W)
-rather than the generic pruning kernel; other methods and devices as `DenseBackend`.
+`dense_sparsify` is the cheapest dense path on a GPU (what `auto` falls back to and what a compiled
+dense layer prunes with): tile_greedy by the fused kernel's dense-output mode (`prune_dense`, one
+read and one write of W) rather than the generic pruning kernel; other methods and devices as
+`DenseBackend`.
 """
 
 from __future__ import annotations
@@ -78,10 +80,16 @@ class FastDenseSparseWeight(SparseWeight):
 
 
 def dense_sparsify(weight: torch.Tensor, pruning: str) -> SparseWeight:
-    """The fast fused pruning where it applies (tile_greedy, CUDA, 16-bit, dims multiples of 16), else `prune`."""
+    """The fast fused pruning where it applies (tile_greedy, CUDA, 16-bit, dims multiples of 16),
+    else `prune`."""
     R, C = weight.shape
-    if (pruning == "tile_greedy" and weight.is_cuda and weight.dtype in (torch.float16, torch.bfloat16)
-            and R % 16 == 0 and C % 16 == 0):
+    if (
+        pruning == "tile_greedy"
+        and weight.is_cuda
+        and weight.dtype in (torch.float16, torch.bfloat16)
+        and R % 16 == 0
+        and C % 16 == 0
+    ):
         # Triton (an optional dependency on CPU) is imported by the kernel modules, on first use
         from sparsity.kernels.pack_cusparselt import prune_dense
 
@@ -92,7 +100,8 @@ def dense_sparsify(weight: torch.Tensor, pruning: str) -> SparseWeight:
 
 
 class FastDenseBackend(Backend):
-    """`dense_sparsify` as a Backend object (auto times its dense path through the real autograd function)."""
+    """`dense_sparsify` as a Backend object (auto times its dense path through the real autograd
+    function)."""
 
     name = "auto-dense"
 

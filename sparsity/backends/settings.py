@@ -1,8 +1,9 @@
 """How the GEMM backends run: `BackendSettings`, what a backend gets in its constructor.
 
-A training run fills it from its config (`sparsity.cslt_search`, `sparsity.cslt_pack`, `sparsity.fused_wgrad`:
-the schema takes its valid values from the tuples below), a library user passes one to
-`sparsity.backends.configure_backends` (or to a backend's constructor). Nothing here is read from the environment.
+A training run fills it from its config (`sparsity.cslt_search`, `sparsity.cslt_pack`,
+`sparsity.fused_wgrad`: the schema takes its valid values from the tuples below), a library user
+passes one to `sparsity.backends.configure_backends` (or to a backend's constructor). Nothing here
+is read from the environment.
 
     cslt_search   how cuSPARSELt's algorithm is chosen, once per GEMM shape (`cusparselt.search`):
                   "sweep" (default) every algorithm id checked against the dense product and timed, the fastest

@@ -1,8 +1,8 @@
 """Timing GPU work: medians of CUDA-event timings after warm-up (used by plan search and `auto`).
 
-`median_cuda_ms` times calls as they are launched (host time shows when the host is slower than the GPU);
-`device_only_ms` keeps the host ahead of the GPU so that only device time is measured (what a CUDA graph replay
-costs)."""
+`median_cuda_ms` times calls as they are launched (host time shows when the host is slower than the
+GPU); `device_only_ms` keeps the host ahead of the GPU so that only device time is measured (what a
+CUDA graph replay costs)."""
 
 import time
 
@@ -17,8 +17,9 @@ def median_cuda_ms(fn, warmup: int = 3, reps: int = 15) -> float:
 
 
 def device_only_ms(fn, warmup: int = 2, reps: int = 10) -> float:
-    """Median device time of fn(): a sleep kernel holds the GPU while all repetitions are queued, so launch gaps
-    (host time) do not show. The sleep is sized from the measured host time of the repetitions."""
+    """Median device time of fn(): a sleep kernel holds the GPU while all repetitions are queued, so
+    launch gaps (host time) do not show. The sleep is sized from the measured host time of the
+    repetitions."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -27,13 +28,19 @@ def device_only_ms(fn, warmup: int = 2, reps: int = 10) -> float:
     host_ms = (time.perf_counter() - t0) * 1e3
     torch.cuda.synchronize()
     sleep_ms = 2.0 * host_ms * reps + 1.0
-    torch.cuda._sleep(int(sleep_ms * 2e6))  # ~2e6 cycles per ms (<= 2 GHz clocks): sleeping longer is harmless
+    torch.cuda._sleep(
+        int(sleep_ms * 2e6)
+    )  # ~2e6 cycles per ms (<= 2 GHz clocks): sleeping longer is harmless
     return _timed_median(fn, reps)
 
 
 def _timed_median(fn, reps: int) -> float:
-    """Median over `reps` calls of fn() of the CUDA-event time around each call, as they are queued now."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    """Median over `reps` calls of fn() of the CUDA-event time around each call, as they are queued
+    now."""
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(reps)
+    ]
     for start, end in events:
         start.record()
         fn()

@@ -1,16 +1,19 @@
-"""Triton pruning kernels, bit-identical to `sparsity.pruning.reference` (masks exact, values exact on GPU; under the
-CPU interpreter fp32 -> bf16 stores truncate, so soft_threshold's bf16 values may differ by 1 ulp there).
+"""Triton pruning kernels, bit-identical to `sparsity.pruning.reference` (masks exact, values exact
+on GPU; under the CPU interpreter fp32 -> bf16 stores truncate, so soft_threshold's bf16 values may
+differ by 1 ulp there).
 
-Every kernel reads its input once (any strides), computes in fp32, is branch-free and writes a contiguous
-(values, mask) pair. Tie rules are those of the reference: a pairwise "j beats i" comparison
-(|w_j| > |w_i|, or equal and j < i) gives each element its rank in the documented order.
+Every kernel reads its input once (any strides), computes in fp32, is branch-free and writes a
+contiguous (values, mask) pair. Tie rules are those of the reference: a pairwise "j beats i"
+comparison (|w_j| > |w_i|, or equal and j < i) gives each element its rank in the documented order.
 
-- groups of 4 (rowwise, soft_threshold): one program handles BLOCK_G groups laid out as (BLOCK_G, 4).
-- 4x4 tiles (tile_greedy, tile_greedy_signed, tile_optimal): one program handles BLOCK_T tiles laid out as
-  (BLOCK_T, 16), entries in row-major order inside the tile. Greedy: ranks from 16x16 pairwise comparisons, then the
-  greedy walk as 16 unrolled steps on a 16-bit kept mask per tile (row/column "has < 2 kept" = popcount < 2 =
-  x & (x - 1) == 0). Optimal: the 24 pair sums, the 90 pattern scores summed in the reference's order (patterns
-  from a small table), argmax with the first-max rule.
+- groups of 4 (rowwise, soft_threshold): one program handles BLOCK_G groups laid out as (BLOCK_G,
+  4).
+- 4x4 tiles (tile_greedy, tile_greedy_signed, tile_optimal): one program handles BLOCK_T tiles laid
+  out as (BLOCK_T, 16), entries in row-major order inside the tile. Greedy: ranks from 16x16
+  pairwise comparisons, then the greedy walk as 16 unrolled steps on a 16-bit kept mask per tile
+  (row/column "has < 2 kept" = popcount < 2 = x & (x - 1) == 0). Optimal: the 24 pair sums, the 90
+  pattern scores summed in the reference's order (patterns from a small table), argmax with the
+  first-max rule.
 """
 
 from __future__ import annotations
@@ -29,8 +32,16 @@ PATTERN_SLOTS = 128  # power of two >= N_PATTERNS for tl.arange
 
 @triton.jit
 def _groups4_kernel(
-    w_ptr, out_ptr, mask_ptr, n_groups, groups_per_row, stride_r, stride_c, n_cols,
-    SOFT: tl.constexpr, BLOCK_G: tl.constexpr,
+    w_ptr,
+    out_ptr,
+    mask_ptr,
+    n_groups,
+    groups_per_row,
+    stride_r,
+    stride_c,
+    n_cols,
+    SOFT: tl.constexpr,
+    BLOCK_G: tl.constexpr,
 ):
     g = tl.program_id(0) * BLOCK_G + tl.arange(0, BLOCK_G)
     valid = g < n_groups
@@ -47,7 +58,9 @@ def _groups4_kernel(
     rank = tl.sum(beats.to(tl.int32), axis=2)  # (G, 4), a permutation of 0..3 per group
     keep = rank < 2
     if SOFT:
-        t = tl.sum(tl.where(rank == 2, mag, 0.0), axis=1)[:, None]  # 2nd-smallest |a| (one non-zero term: exact)
+        t = tl.sum(tl.where(rank == 2, mag, 0.0), axis=1)[
+            :, None
+        ]  # 2nd-smallest |a| (one non-zero term: exact)
         s = tl.where(a > 0, a - t, a + t)
         val = tl.where(keep, s, 0.0).to(out_ptr.dtype.element_ty)
     else:
@@ -59,8 +72,8 @@ def _groups4_kernel(
 
 @triton.jit
 def _greedy_bits(mag, p):
-    """(T, 16) ordering keys (|w|, or w for the signed walk) -> (T,) int32 kept mask of the greedy walk (bit p =
-    row-major position p)."""
+    """(T, 16) ordering keys (|w|, or w for the signed walk) -> (T,) int32 kept mask of the greedy
+    walk (bit p = row-major position p)."""
     mi = mag[:, :, None]
     mj = mag[:, None, :]
     beats = (mj > mi) | ((mj == mi) & (p[None, None, :] < p[None, :, None]))
@@ -82,7 +95,8 @@ def _tile_entry(mag, p, q: tl.constexpr):
 
 @triton.jit
 def _optimal_bits(mag, p, pat_ptr, bits_ptr, N_PAT: tl.constexpr, SLOTS: tl.constexpr):
-    """(T, 16) |w| -> (T,) int32 mask of the best 2-per-row-and-column pattern (reference order of sums, first max)."""
+    """(T, 16) |w| -> (T,) int32 mask of the best 2-per-row-and-column pattern (reference order of
+    sums, first max)."""
     slot = tl.arange(0, SLOTS)
     score = tl.zeros([mag.shape[0], SLOTS], dtype=tl.float32)
     for r in tl.static_range(4):
@@ -93,11 +107,22 @@ def _optimal_bits(mag, p, pat_ptr, bits_ptr, N_PAT: tl.constexpr, SLOTS: tl.cons
         # pair sums in ROW_PAIRS order: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
         k = tl.load(pat_ptr + r * SLOTS + slot)[None, :]
         g = tl.where(
-            k == 0, (a0 + a1)[:, None],
-            tl.where(k == 1, (a0 + a2)[:, None],
-                     tl.where(k == 2, (a0 + a3)[:, None],
-                              tl.where(k == 3, (a1 + a2)[:, None],
-                                       tl.where(k == 4, (a1 + a3)[:, None], (a2 + a3)[:, None])))))
+            k == 0,
+            (a0 + a1)[:, None],
+            tl.where(
+                k == 1,
+                (a0 + a2)[:, None],
+                tl.where(
+                    k == 2,
+                    (a0 + a3)[:, None],
+                    tl.where(
+                        k == 3,
+                        (a1 + a2)[:, None],
+                        tl.where(k == 4, (a1 + a3)[:, None], (a2 + a3)[:, None]),
+                    ),
+                ),
+            ),
+        )
         score = score + g  # 0 + row0, then ((row0 + row1) + row2) + row3: the reference's order
     score = tl.where(slot[None, :] < N_PAT, score, -1.0)
     best_score = tl.max(score, axis=1)
@@ -108,8 +133,21 @@ def _optimal_bits(mag, p, pat_ptr, bits_ptr, N_PAT: tl.constexpr, SLOTS: tl.cons
 
 @triton.jit
 def _tiles_kernel(
-    w_ptr, out_ptr, mask_ptr, pat_ptr, bits_ptr, n_tiles, tiles_per_row, stride_r, stride_c, n_cols,
-    OPTIMAL: tl.constexpr, SIGNED: tl.constexpr, N_PAT: tl.constexpr, SLOTS: tl.constexpr, BLOCK_T: tl.constexpr,
+    w_ptr,
+    out_ptr,
+    mask_ptr,
+    pat_ptr,
+    bits_ptr,
+    n_tiles,
+    tiles_per_row,
+    stride_r,
+    stride_c,
+    n_cols,
+    OPTIMAL: tl.constexpr,
+    SIGNED: tl.constexpr,
+    N_PAT: tl.constexpr,
+    SLOTS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = t < n_tiles
@@ -118,7 +156,9 @@ def _tiles_kernel(
     col = (t % tiles_per_row)[:, None] * 4 + (p % 4)[None, :]
     m2 = valid[:, None]
     w = tl.load(w_ptr + row * stride_r + col * stride_c, mask=m2, other=0.0)
-    if SIGNED:  # tile_greedy_signed: the walk ordered by w itself (torch's default largest_values_greedy)
+    if (
+        SIGNED
+    ):  # tile_greedy_signed: the walk ordered by w itself (torch's default largest_values_greedy)
         mag = w.to(tl.float32)
     else:
         mag = tl.abs(w.to(tl.float32))
@@ -136,7 +176,8 @@ _TABLES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _pattern_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(4, SLOTS) int32 ROW_PAIRS index per row and pattern, (SLOTS,) int32 pattern bits; padding slots are unused."""
+    """(4, SLOTS) int32 ROW_PAIRS index per row and pattern, (SLOTS,) int32 pattern bits; padding
+    slots are unused."""
     if device not in _TABLES:
         assert len(ROW_PAIRS) == 6
         pat = torch.zeros(4, PATTERN_SLOTS, dtype=torch.int32)
@@ -156,7 +197,8 @@ def _block(gpu: int, interp: int) -> int:
 
 
 def prune(w: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of `reference.prune_reference`: (values in w.dtype, bool mask), both contiguous."""
+    """Triton version of `reference.prune_reference`: (values in w.dtype, bool mask), both
+    contiguous."""
     check_shape(w.shape, method)
     check_launchable(w)
     rows, cols = w.shape
@@ -168,16 +210,38 @@ def prune(w: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
         n_groups = rows * cols // 4
         block = _block(256, 4096)
         _groups4_kernel[(triton.cdiv(n_groups, block),)](
-            w, out, mask.view(torch.uint8), n_groups, cols // 4, w.stride(0), w.stride(1), cols,
-            SOFT=method == "soft_threshold", BLOCK_G=block, num_warps=4,
+            w,
+            out,
+            mask.view(torch.uint8),
+            n_groups,
+            cols // 4,
+            w.stride(0),
+            w.stride(1),
+            cols,
+            SOFT=method == "soft_threshold",
+            BLOCK_G=block,
+            num_warps=4,
         )
     else:
         n_tiles = rows * cols // 16
         block = _block(32, 256)
         pat, bits = _pattern_tables(w.device)
         _tiles_kernel[(triton.cdiv(n_tiles, block),)](
-            w, out, mask.view(torch.uint8), pat, bits, n_tiles, cols // 4, w.stride(0), w.stride(1), cols,
-            OPTIMAL=method == "tile_optimal", SIGNED=method == "tile_greedy_signed", N_PAT=N_PATTERNS,
-            SLOTS=PATTERN_SLOTS, BLOCK_T=block, num_warps=4,
+            w,
+            out,
+            mask.view(torch.uint8),
+            pat,
+            bits,
+            n_tiles,
+            cols // 4,
+            w.stride(0),
+            w.stride(1),
+            cols,
+            OPTIMAL=method == "tile_optimal",
+            SIGNED=method == "tile_greedy_signed",
+            N_PAT=N_PATTERNS,
+            SLOTS=PATTERN_SLOTS,
+            BLOCK_T=block,
+            num_warps=4,
         )
     return out, mask

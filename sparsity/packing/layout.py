@@ -1,28 +1,32 @@
 """Pure-torch reference of cuSPARSELt's compressed 2:4 layout for 16-bit types (fp16, bf16).
 
-Reverse-engineered on an H100 (sm90) with cuSPARSELt 0.8.0 by compressing known inputs with the library's own
-compressor (`scripts/experiments/probes/probe_layout.py`, analysis in results/bench/NOTES.md); the library says this
-layout is internal and "can change at any time", so the backend re-checks it at start-up on every (arch, version)
-pair it has not been validated on (`sparsity/backends/cusparselt/packing.py`).
+Reverse-engineered on an H100 (sm90) with cuSPARSELt 0.8.0 by compressing known inputs with the
+library's own compressor (`scripts/experiments/probes/probe_layout.py`, analysis in
+results/bench/NOTES.md); the library says this layout is internal and "can change at any time", so
+the backend re-checks it at start-up on every (arch, version) pair it has not been validated on
+(`sparsity/backends/cusparselt/packing.py`).
 
-Vocabulary. The structured operand A is a logical (m x k) matrix, 2:4 along k, with m % 16 == 0 and k % 16 == 0
-(the library refuses other shapes). It lies in memory either row-major ("row": W in the forward GEMM, A = W) or
-column-major ("col": the input-gradient GEMM, A = W^T read from W's own memory). Groups are A[r, 4g : 4g + 4].
+Vocabulary. The structured operand A is a logical (m x k) matrix, 2:4 along k, with m % 16 == 0 and
+k % 16 == 0 (the library refuses other shapes). It lies in memory either row-major ("row": W in the
+forward GEMM, A = W) or column-major ("col": the input-gradient GEMM, A = W^T read from W's own
+memory). Groups are A[r, 4g : 4g + 4].
 
 Compressed buffer = values, then metadata:
 
-* values: per group two 16-bit values, the group's entries at its two metadata indices (i0 < i1), in that order.
-  They form an (m x k/2) matrix stored row-major for "row" and column-major for "col"; m*k bytes in all.
-* metadata: per group a nibble i0 | i1 << 2. Which two indices: the nonzero entries (x != 0, so -0.0 counts as
-  zero), filled up with the highest unused indices when fewer than two are nonzero (e.g. {1} -> (1, 3),
-  {3} -> (2, 3), {} -> (2, 3)). Padding slots hold the dense entry at that index (a zero).
-  Nibble q (low nibble of byte q // 2 first) holds group (r, g) with
+* values: per group two 16-bit values, the group's entries at its two metadata indices (i0 < i1), in
+  that order. They form an (m x k/2) matrix stored row-major for "row" and column-major for "col";
+  m*k bytes in all.
+* metadata: per group a nibble i0 | i1 << 2. Which two indices: the nonzero entries (x != 0, so -0.0
+  counts as zero), filled up with the highest unused indices when fewer than two are nonzero (e.g.
+  {1} -> (1, 3), {3} -> (2, 3), {} -> (2, 3)). Padding slots hold the dense entry at that index (a
+  zero). Nibble q (low nibble of byte q // 2 first) holds group (r, g) with
       tiles of 64 rows x 8 groups (32 columns), 256 bytes each, ordered k-tile fastest then 64-row band;
       inside a tile, 4 chunks of 16 rows; inside a chunk q_in = 16 * (r % 8) + 2 * j + (r % 16) // 8
       with j = 2 * (g % 4) + (g % 8) // 4   (groups 0,4,1,5,2,6,3,7 of the tile, rows r and r+8 interleaved).
   This is the same in logical (r, g) coordinates for both orientations.
-* size: m*k + max(ceil64(m) * ceil32(k), ceil32(m) * ceil64(k)) / 8 bytes (the library's size; bytes beyond the
-  tiles the shape uses are never read and are left uninitialised by the library; we write zeros).
+* size: m*k + max(ceil64(m) * ceil32(k), ceil32(m) * ceil64(k)) / 8 bytes (the library's size; bytes
+  beyond the tiles the shape uses are never read and are left uninitialised by the library; we write
+  zeros).
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ def _ceil(a: int, b: int) -> int:
 
 def check_shape(m: int, k: int) -> None:
     if m % 16 or k % 16 or m <= 0 or k <= 0:
-        raise ValueError(f"cuSPARSELt's 2:4 layout needs both dims of the structured operand to be positive multiples "
-                         f"of 16, got ({m}, {k})")
+        raise ValueError(
+            f"cuSPARSELt's 2:4 layout needs both dims of the structured operand to be positive "
+            f"multiples "
+            f"of 16, got ({m}, {k})"
+        )
 
 
 def values_bytes(m: int, k: int) -> int:
@@ -61,7 +68,11 @@ def compressed_size(m: int, k: int) -> int:
 
 def used_meta_bytes(m: int, k: int) -> int:
     """Bytes of the metadata region that the tiles of this shape occupy (the rest is never read)."""
-    return (_ceil(m, TILE_ROWS) // TILE_ROWS) * (_ceil(k // 4, TILE_GROUPS) // TILE_GROUPS) * TILE_BYTES
+    return (
+        (_ceil(m, TILE_ROWS) // TILE_ROWS)
+        * (_ceil(k // 4, TILE_GROUPS) // TILE_GROUPS)
+        * TILE_BYTES
+    )
 
 
 @lru_cache(maxsize=64)
@@ -85,7 +96,8 @@ def nibble_index(m: int, k: int, device=None) -> torch.Tensor:
 
 
 def valid_byte_mask(m: int, k: int, device=None) -> torch.Tensor:
-    """Bool per byte of the compressed buffer: True where the library defines the content (values and used meta)."""
+    """Bool per byte of the compressed buffer: True where the library defines the content (values
+    and used meta)."""
     size = compressed_size(m, k)
     valid = torch.zeros(size, dtype=torch.bool, device=device)
     valid[: values_bytes(m, k)] = True
@@ -95,7 +107,8 @@ def valid_byte_mask(m: int, k: int, device=None) -> torch.Tensor:
 
 
 def select_pairs(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per group of 4 along the last dim: the two metadata indices (i0 < i1), int64, shape (..., k/4)."""
+    """Per group of 4 along the last dim: the two metadata indices (i0 < i1), int64, shape (...,
+    k/4)."""
     nz = (a.reshape(*a.shape[:-1], -1, 4) != 0).to(torch.int64)
     # priority: nonzeros first (in index order), then zeros from the highest index down
     idx = torch.arange(4, device=a.device)
@@ -106,7 +119,8 @@ def select_pairs(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_reference(a: torch.Tensor, orient: str) -> torch.Tensor:
-    """Compress the logical (m, k) 2:4 matrix `a` (fp16/bf16, at most 2 nonzeros per group) as the library does.
+    """Compress the logical (m, k) 2:4 matrix `a` (fp16/bf16, at most 2 nonzeros per group) as the
+    library does.
 
     Returns the uint8 buffer of `compressed_size(m, k)` bytes (unused padding bytes zero).
     """
@@ -130,11 +144,13 @@ def pack_reference(a: torch.Tensor, orient: str) -> torch.Tensor:
     nib = torch.zeros(meta_bytes(m, k) * 2, dtype=torch.int64, device=a.device)
     nib[q] = code
     nib = nib.reshape(-1, 2)
-    out[values_bytes(m, k):] = (nib[:, 0] | (nib[:, 1] << 4)).to(torch.uint8)
+    out[values_bytes(m, k) :] = (nib[:, 0] | (nib[:, 1] << 4)).to(torch.uint8)
     return out
 
 
-def unpack_reference(buf: torch.Tensor, m: int, k: int, orient: str, dtype: torch.dtype) -> torch.Tensor:
+def unpack_reference(
+    buf: torch.Tensor, m: int, k: int, orient: str, dtype: torch.dtype
+) -> torch.Tensor:
     """Inverse of `pack_reference`: the dense logical (m, k) matrix (zeros where pruned)."""
     check_shape(m, k)
     vb = values_bytes(m, k)
@@ -153,9 +169,11 @@ def unpack_reference(buf: torch.Tensor, m: int, k: int, orient: str, dtype: torc
 
 
 def logical_operand(w: torch.Tensor, kind: str) -> tuple[torch.Tensor, str]:
-    """The structured operand of a linear layer's GEMM for weight w (out, in): (logical A, orientation).
+    """The structured operand of a linear layer's GEMM for weight w (out, in): (logical A,
+    orientation).
 
-    kind "fwd": A = W (out x in), row-major.  kind "dgrad": A = W^T (in x out), column-major (W's own memory).
+    kind "fwd": A = W (out x in), row-major.  kind "dgrad": A = W^T (in x out), column-major (W's
+    own memory).
     """
     if kind == "fwd":
         return w, "row"

@@ -1,9 +1,10 @@
-"""2:4 pruning: pure-PyTorch oracles (`reference`) and one dispatcher that runs Triton kernels on CUDA and the greedy
-tile walk by a transition table on the CPU (`greedy_table`), each equal to the oracle bit for bit.
+"""2:4 pruning: pure-PyTorch oracles (`reference`) and one dispatcher that runs Triton kernels on
+CUDA and the greedy tile walk by a transition table on the CPU (`greedy_table`), each equal to the
+oracle bit for bit.
 
 `prune(w, method)` -> (pruned values in w.dtype, bool mask). Methods: see `reference.METHODS`;
-`is_transposable(method)` says whether W^T is 2:4 too (only then may the input-gradient GEMM run sparse).
-Triton is imported only when a kernel is first needed.
+`is_transposable(method)` says whether W^T is 2:4 too (only then may the input-gradient GEMM run
+sparse). Triton is imported only when a kernel is first needed.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ def _use_triton(t: torch.Tensor, impl: str) -> bool:
 def prune(w: torch.Tensor, method: str, *, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Prune a 2-D tensor with `method`: (values in w.dtype, bool mask), identical for every impl.
 
-    impl: "auto" = Triton kernel on CUDA tensors, the table walk for the greedy tile methods on the CPU, the torch
-    reference elsewhere; "reference"; "triton" (forced; on CPU it needs TRITON_INTERPRET=1 set before the kernels are
-    first imported).
+    impl: "auto" = Triton kernel on CUDA tensors, the table walk for the greedy tile methods on the
+    CPU, the torch reference elsewhere; "reference"; "triton" (forced; on CPU it needs
+    TRITON_INTERPRET=1 set before the kernels are first imported).
     """
     check_shape(w.shape, method)
     if _use_triton(w, impl):

@@ -1,9 +1,11 @@
-"""The 4x4-tile greedy walk on the CPU, driven by a transition table: the same masks as `reference._greedy_walk`.
+"""The 4x4-tile greedy walk on the CPU, driven by a transition table: the same masks as
+`reference._greedy_walk`.
 
-The walk's state at any step is the kept count of each of the tile's 4 rows and 4 columns (0, 1 or 2 each), so
-3^8 = 6,561 states; for each state and position (0..15) a table says whether the entry is kept and which state
-follows. The reference's 16 steps of gather / compare / scatter-add on counts become 16 table lookups (about 2.5x
-faster on two CPU cores, where the sparse phase's per-step pruning of every linear dominated its cost over dense).
+The walk's state at any step is the kept count of each of the tile's 4 rows and 4 columns (0, 1 or 2
+each), so 3^8 = 6,561 states; for each state and position (0..15) a table says whether the entry is
+kept and which state follows. The reference's 16 steps of gather / compare / scatter-add on counts
+become 16 table lookups (about 2.5x faster on two CPU cores, where the sparse phase's per-step
+pruning of every linear dominated its cost over dense).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def _tables() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def greedy_walk(v: torch.Tensor) -> torch.Tensor:
-    """(T, 16) ordering keys of tiles -> (T, 16) kept: the greedy walk, largest key first, ties to the lower index."""
+    """(T, 16) ordering keys of tiles -> (T, 16) kept: the greedy walk, largest key first, ties to
+    the lower index."""
     kept_table, next16_table = _tables()
     order = torch.sort(v, dim=1, descending=True, stable=True).indices
     n = v.shape[0]
@@ -48,7 +51,8 @@ def greedy_walk(v: torch.Tensor) -> torch.Tensor:
 
 
 def greedy_mask(w: torch.Tensor, method: str) -> torch.Tensor:
-    """`reference.tile_greedy_mask` ("tile_greedy", by |w|) or `tile_greedy_signed_mask` (by w) of a CPU tensor."""
+    """`reference.tile_greedy_mask` ("tile_greedy", by |w|) or `tile_greedy_signed_mask` (by w) of a
+    CPU tensor."""
     if method not in METHODS:
         raise ValueError(f"the table walk runs {sorted(METHODS)}, not {method!r}")
     # the reference's ordering keys: fp32 |w| for tile_greedy, fp32 w for the signed walk

@@ -1,5 +1,5 @@
-"""The step benchmark's record of Python garbage collections (`GcLog`), and its ablation that hands collection back
-to Python (`automatic-gc`), on the CPU."""
+"""The step benchmark's record of Python garbage collections (`GcLog`), and its ablation that hands
+collection back to Python (`automatic-gc`), on the CPU."""
 
 import gc
 import sys
@@ -38,7 +38,11 @@ def test_no_collection_is_an_empty_record():
     gc.disable()
     with GcLog() as log:
         pass
-    assert log.summary() == {"collections": {"gen0": 0, "gen1": 0, "gen2": 0}, "ms": 0.0, "max_ms": 0.0}
+    assert log.summary() == {
+        "collections": {"gen0": 0, "gen1": 0, "gen2": 0},
+        "ms": 0.0,
+        "max_ms": 0.0,
+    }
 
 
 @pytest.mark.parametrize("before", [True, False])
@@ -51,8 +55,8 @@ def test_the_automatic_gc_ablation_turns_collection_on_and_back(before):
 
 
 def test_a_row_steps_the_collector_as_training_does_and_records_what_ran(monkeypatch):
-    """run_row's wiring on the CPU: the timed steps (faked) call the collector's step hook once per step, and the
-    row carries the collections that ran inside them."""
+    """run_row's wiring on the CPU: the timed steps (faked) call the collector's step hook once per
+    step, and the row carries the collections that ran inside them."""
     from training.gc_control import StepGc
 
     seen = []
@@ -83,7 +87,9 @@ def test_a_row_steps_the_collector_as_training_does_and_records_what_ran(monkeyp
     assert seen == [1, 2, 3, 4, 5]
     assert out["ms"] == 11.0 and out["max_ms"] == 12.0
     assert out["gc"]["collections"]["gen2"] == 1
-    assert len(out["per_step"]["host_ms"]) == 3  # the timed steps' host record, aligned with their times
+    assert (
+        len(out["per_step"]["host_ms"]) == 3
+    )  # the timed steps' host record, aligned with their times
     wait = out["per_step"]["wait_ms"]
     assert wait[0] == 0.0 and wait[2] == 0.0 and 20.0 <= wait[1] <= out["per_step"]["host_ms"][1]
     assert "resolve_previous" not in vars(trainer.checks)  # the wrapper is gone after the row
@@ -106,13 +112,16 @@ def test_step_log_puts_each_collection_in_the_step_it_ran_in():
     assert rec["gc_ms"][0] == round(log.events[0][1], 2)
     assert rec["gc_ms"][1] == round(log.events[1][1] + log.events[2][1], 2)
     assert steps.last(3)["gc_ms"][0] == 0.0
-    assert rec["cuda_mallocs"] == [0, 0] and rec["alloc_retries"] == [0, 0]  # no CUDA here: nothing allocated
+    assert rec["cuda_mallocs"] == [0, 0] and rec["alloc_retries"] == [
+        0,
+        0,
+    ]  # no CUDA here: nothing allocated
 
 
 def test_step_log_tells_a_step_off_the_cpu_from_a_busy_one():
-    """A step that sleeps (off the CPU, as a host waiting in the driver is) has wall time far past its CPU time and
-    a voluntary switch; a step that computes for 30 ms of CPU time records those 30 ms (its wall time at least
-    that)."""
+    """A step that sleeps (off the CPU, as a host waiting in the driver is) has wall time far past
+    its CPU time and a voluntary switch; a step that computes for 30 ms of CPU time records those 30
+    ms (its wall time at least that)."""
     from scripts.benchmarks.timing import StepLog
 
     with GcLog() as log:

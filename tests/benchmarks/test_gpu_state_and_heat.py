@@ -1,15 +1,19 @@
-"""The step benchmark's GPU state (nvidia-smi's clock, temperature, power) and its warm-up by time (CPU)."""
+"""The step benchmark's GPU state (nvidia-smi's clock, temperature, power) and its warm-up by time
+(CPU)."""
 
 import subprocess
 from types import SimpleNamespace
 
-from scripts.benchmarks import gpu_state as G
-from scripts.benchmarks import timing
+from scripts.benchmarks import gpu_state as G, timing
 
 
 def test_a_line_of_nvidia_smi_is_parsed_and_anything_else_is_none():
     assert G.parse("1680, 71, 694.46, 0x0000000000000004") == {
-        "sm_mhz": 1680.0, "temperature_c": 71.0, "power_w": 694.46, "throttle_reasons": "0x0000000000000004"}
+        "sm_mhz": 1680.0,
+        "temperature_c": 71.0,
+        "power_w": 694.46,
+        "throttle_reasons": "0x0000000000000004",
+    }
     assert G.parse("[N/A], 71, 694.46, 0x0") is None  # a field the GPU does not report
     assert G.parse("1680, 71") is None
     assert G.parse("") is None
@@ -19,7 +23,9 @@ def test_no_nvidia_smi_or_a_failing_one_gives_none(monkeypatch):
     monkeypatch.setattr(G.shutil, "which", lambda name: None)
     assert G.gpu_state() is None
     monkeypatch.setattr(G.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(G.subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=9, stdout=""))
+    monkeypatch.setattr(
+        G.subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=9, stdout="")
+    )
     assert G.gpu_state() is None
 
     def hangs(*a, **k):
@@ -34,7 +40,12 @@ def test_no_nvidia_smi_or_a_failing_one_gives_none(monkeypatch):
         return SimpleNamespace(returncode=0, stdout="1980, 45, 129.0, 0x0\n")
 
     monkeypatch.setattr(G.subprocess, "run", answers)
-    assert G.gpu_state(3) == {"sm_mhz": 1980.0, "temperature_c": 45.0, "power_w": 129.0, "throttle_reasons": "0x0"}
+    assert G.gpu_state(3) == {
+        "sm_mhz": 1980.0,
+        "temperature_c": 45.0,
+        "power_w": 129.0,
+        "throttle_reasons": "0x0",
+    }
     assert "--id=3" in asked[0] and any(a.startswith("--query-gpu=clocks.sm,") for a in asked[0])
 
 

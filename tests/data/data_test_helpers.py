@@ -14,8 +14,13 @@ def jpeg_bytes(seed: int, size: int = 20) -> bytes:
     return buf.getvalue()
 
 
-def write_folder(root: Path, split: str = "train", classes=("b_cls", "a_cls"), per_class: int = 3,
-                 ext: str = ".JPEG") -> Path:
+def write_folder(
+    root: Path,
+    split: str = "train",
+    classes=("b_cls", "a_cls"),
+    per_class: int = 3,
+    ext: str = ".JPEG",
+) -> Path:
     """root/split/<class>/img_<i><ext> with small random JPEGs; returns root."""
     for c_i, c in enumerate(classes):
         d = root / split / c

@@ -1,5 +1,6 @@
-"""The device-side multi-crop augmentation against independent implementations: torchvision's functional ops and
-RandomResizedCrop sampling, Python's colorsys, PIL's grayscale, and the per-image PIL pipeline's statistics."""
+"""The device-side multi-crop augmentation against independent implementations: torchvision's
+functional ops and RandomResizedCrop sampling, Python's colorsys, PIL's grayscale, and the per-image
+PIL pipeline's statistics."""
 
 import colorsys
 
@@ -8,12 +9,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torchvision.transforms import RandomResizedCrop
-from torchvision.transforms import functional as TF
+from torchvision.transforms import RandomResizedCrop, functional as TF
 
 from data.augmentations import DataAugmentationDINO
-from data.batched_augment import (BatchedAugmentationDINO, adjust_brightness, adjust_contrast, adjust_hue,
-                                  adjust_saturation, gaussian_blur, grayscale, resized_crops, sample_crop_boxes)
+from data.batched_augment import (
+    BatchedAugmentationDINO,
+    adjust_brightness,
+    adjust_contrast,
+    adjust_hue,
+    adjust_saturation,
+    gaussian_blur,
+    grayscale,
+    resized_crops,
+    sample_crop_boxes,
+)
 
 
 def gen(seed=0):
@@ -21,7 +30,8 @@ def gen(seed=0):
 
 
 def smooth_images(n, size=32, seed=0):
-    """Natural-ish images: low-frequency colour fields (what crops, blur and jitter act on visibly)."""
+    """Natural-ish images: low-frequency colour fields (what crops, blur and jitter act on
+    visibly)."""
     g = gen(seed)
     low = torch.rand(n, 3, 4, 4, generator=g)
     return F.interpolate(low, size=(size, size), mode="bilinear", align_corners=False)
@@ -31,21 +41,35 @@ def test_crop_boxes_follow_torchvision_sampling():
     n, H, W, scale = 20000, 32, 32, (0.25, 1.0)
     boxes = sample_crop_boxes(n, H, W, scale, gen(1), "cpu")
     top, left, h, w = boxes.unbind(1)
-    assert bool(((top >= 0) & (left >= 0) & (top + h <= H) & (left + w <= W) & (h >= 1) & (w >= 1)).all())
+    assert bool(
+        ((top >= 0) & (left >= 0) & (top + h <= H) & (left + w <= W) & (h >= 1) & (w >= 1)).all()
+    )
     torch.manual_seed(0)
-    ref = torch.tensor([RandomResizedCrop.get_params(torch.zeros(3, H, W), scale, (3 / 4, 4 / 3))
-                        for _ in range(n)], dtype=torch.float32)
-    for ours, theirs in ((h * w, ref[:, 2] * ref[:, 3]), (w / h, ref[:, 3] / ref[:, 2]), (top, ref[:, 0]),
-                         (left, ref[:, 1])):
+    ref = torch.tensor(
+        [
+            RandomResizedCrop.get_params(torch.zeros(3, H, W), scale, (3 / 4, 4 / 3))
+            for _ in range(n)
+        ],
+        dtype=torch.float32,
+    )
+    for ours, theirs in (
+        (h * w, ref[:, 2] * ref[:, 3]),
+        (w / h, ref[:, 3] / ref[:, 2]),
+        (top, ref[:, 0]),
+        (left, ref[:, 1]),
+    ):
         assert abs(float(ours.mean() - theirs.mean())) < 0.03 * float(theirs.mean()) + 0.05
         assert abs(float(ours.std() - theirs.std())) < 0.05 * float(theirs.std()) + 0.05
 
 
 def test_crop_fallback_matches_torchvision():
-    # a 32 x 8 image (height 8): no try fits a near-full-area crop with a ratio in [3/4, 4/3]: the centred fallback
+    # a 32 x 8 image (height 8): no try fits a near-full-area crop with a ratio in [3/4, 4/3]: the
+    # centred fallback
     boxes = sample_crop_boxes(5, 8, 32, (0.99, 1.0), gen(), "cpu")
     torch.manual_seed(0)
-    top, left, h, w = RandomResizedCrop.get_params(torch.zeros(3, 8, 32), (0.99, 1.0), (3 / 4, 4 / 3))
+    top, left, h, w = RandomResizedCrop.get_params(
+        torch.zeros(3, 8, 32), (0.99, 1.0), (3 / 4, 4 / 3)
+    )
     assert boxes.tolist() == [[top, left, h, w]] * 5
 
 
@@ -59,8 +83,12 @@ def test_resized_crop_equals_interpolate_and_exact_copy():
     torch.testing.assert_close(flipped, ref.flip(-1), atol=1e-5, rtol=0)
     # a crop resized to its own size lands on pixel centres: an exact copy of the box
     box = torch.tensor([[3.0, 5.0, 16.0, 16.0]] * 3)
-    torch.testing.assert_close(resized_crops(x, box, torch.zeros(3, dtype=torch.bool), 16), x[..., 3:19, 5:21],
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        resized_crops(x, box, torch.zeros(3, dtype=torch.bool), 16),
+        x[..., 3:19, 5:21],
+        atol=1e-6,
+        rtol=0,
+    )
 
 
 def test_hue_against_colorsys_and_torchvision():
@@ -80,8 +108,11 @@ def test_hue_against_colorsys_and_torchvision():
 def test_brightness_contrast_saturation_against_torchvision():
     x = torch.rand(3, 3, 6, 6, generator=gen(3))
     f = torch.tensor([0.6, 1.0, 1.4])
-    for ours, theirs in ((adjust_brightness, TF.adjust_brightness), (adjust_contrast, TF.adjust_contrast),
-                         (adjust_saturation, TF.adjust_saturation)):
+    for ours, theirs in (
+        (adjust_brightness, TF.adjust_brightness),
+        (adjust_contrast, TF.adjust_contrast),
+        (adjust_saturation, TF.adjust_saturation),
+    ):
         out = ours(x, f)
         for i in range(3):
             torch.testing.assert_close(out[i], theirs(x[i], float(f[i])), atol=1e-6, rtol=0)
@@ -112,9 +143,16 @@ def test_layout_order_and_determinism():
     images = torch.zeros(n, 3, 32, 32, dtype=torch.uint8)
     images[0::2] = 120  # even images constant: every crop of them is spatially constant
     images[1::2] = torch.randint(0, 256, (n // 2, 3, 32, 32), dtype=torch.uint8, generator=gen(5))
-    aug = BatchedAugmentationDINO((0.3, 1.0), (0.1, 0.3), 3, 24, 12, blur_probabilities=(0.0, 0.0, 0.0))
+    aug = BatchedAugmentationDINO(
+        (0.3, 1.0), (0.1, 0.3), 3, 24, 12, blur_probabilities=(0.0, 0.0, 0.0)
+    )
     out = aug(images, gen(11))
-    assert out["global_crops"].shape == (2 * n, 3, 24, 24) and out["local_crops"].shape == (3 * n, 3, 12, 12)
+    assert out["global_crops"].shape == (2 * n, 3, 24, 24) and out["local_crops"].shape == (
+        3 * n,
+        3,
+        12,
+        12,
+    )
     for name, copies in (("global_crops", 2), ("local_crops", 3)):
         spread = out[name].flatten(2).std(2).amax(1)  # per crop: largest per-channel spatial std
         for c in range(copies):
@@ -129,21 +167,28 @@ def test_layout_order_and_determinism():
 
 
 def test_statistics_match_the_per_image_pipeline():
-    """Same transforms, same probabilities as the PIL pipeline: the normalised crops' per-channel mean and std, and
-    the spatial contrast of global crop 1 (always blurred) and of the others, agree. Sampling noise over 400 images
-    is ~0.02; the PIL path also rounds to uint8 after each jitter op, which shifts its mean by ~0.04 (normalised
-    units, ~2/255). Without the blur on crop 1 its spatial contrast is off by 0.06, with crops of scale 0.9-1 by
-    0.09."""
+    """Same transforms, same probabilities as the PIL pipeline: the normalised crops' per-channel
+    mean and std, and the spatial contrast of global crop 1 (always blurred) and of the others,
+    agree. Sampling noise over 400 images is ~0.02; the PIL path also rounds to uint8 after each
+    jitter op, which shifts its mean by ~0.04 (normalised units, ~2/255). Without the blur on crop 1
+    its spatial contrast is off by 0.06, with crops of scale 0.9-1 by 0.09."""
     n = 400
     images = (smooth_images(n, seed=6) * 255).round().to(torch.uint8)
-    kw = dict(global_crops_scale=(0.3, 1.0), local_crops_scale=(0.1, 0.3), local_crops_number=2,
-              global_crops_size=32, local_crops_size=16)
+    kw = dict(
+        global_crops_scale=(0.3, 1.0),
+        local_crops_scale=(0.1, 0.3),
+        local_crops_number=2,
+        global_crops_size=32,
+        local_crops_size=16,
+    )
     ours = BatchedAugmentationDINO(**kw)(images, gen(7))
     pil = DataAugmentationDINO(**kw)
     torch.manual_seed(0)
     crops = [pil(Image.fromarray(img.permute(1, 2, 0).numpy())) for img in images]
-    theirs = {"global_crops": torch.stack([c["global_crops"][k] for k in range(2) for c in crops]),
-              "local_crops": torch.stack([c["local_crops"][k] for k in range(2) for c in crops])}
+    theirs = {
+        "global_crops": torch.stack([c["global_crops"][k] for k in range(2) for c in crops]),
+        "local_crops": torch.stack([c["local_crops"][k] for k in range(2) for c in crops]),
+    }
 
     def contrast(t):
         return t.flatten(2).std(2).mean(1)  # per crop: mean over channels of the spatial std

@@ -1,4 +1,5 @@
-"""Multi-crop augmentation: every parameter and probability of DataAugmentationDINO, both blur settings."""
+"""Multi-crop augmentation: every parameter and probability of DataAugmentationDINO, both blur
+settings."""
 
 import numpy as np
 import pytest
@@ -11,9 +12,14 @@ from data.transforms import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 
 def _aug(inversion: bool, n_local: int = 3) -> DataAugmentationDINO:
-    return DataAugmentationDINO(global_crops_scale=(0.32, 1.0), local_crops_scale=(0.05, 0.32),
-                                local_crops_number=n_local, global_crops_size=16, local_crops_size=8,
-                                reference_blur_inversion=inversion)
+    return DataAugmentationDINO(
+        global_crops_scale=(0.32, 1.0),
+        local_crops_scale=(0.05, 0.32),
+        local_crops_number=n_local,
+        global_crops_size=16,
+        local_crops_size=8,
+        reference_blur_inversion=inversion,
+    )
 
 
 @pytest.mark.parametrize("inversion, expected", [(False, (1.0, 0.1, 0.5)), (True, (0.0, 0.9, 0.5))])
@@ -25,8 +31,11 @@ def test_blur_probabilities(inversion, expected):
     assert aug.global_transfo1.transforms[1].p == pytest.approx(expected[0])
     assert aug.global_transfo2.transforms[1].transforms[0].p == pytest.approx(expected[1])
     assert aug.local_transfo.transforms[1].p == pytest.approx(expected[2])
-    for blur in (aug.global_transfo1.transforms[1], aug.global_transfo2.transforms[1].transforms[0],
-                 aug.local_transfo.transforms[1]):
+    for blur in (
+        aug.global_transfo1.transforms[1],
+        aug.global_transfo2.transforms[1].transforms[0],
+        aug.local_transfo.transforms[1],
+    ):
         (inner,) = blur.transforms
         assert isinstance(inner, transforms.GaussianBlur)
         assert tuple(inner.kernel_size) == (9, 9) and tuple(inner.sigma) == (0.1, 2.0)
@@ -34,17 +43,23 @@ def test_blur_probabilities(inversion, expected):
 
 def test_every_other_parameter_is_the_reference():
     aug = _aug(False)
-    for geo, size, scale in ((aug.geometric_augmentation_global, 16, (0.32, 1.0)),
-                             (aug.geometric_augmentation_local, 8, (0.05, 0.32))):
+    for geo, size, scale in (
+        (aug.geometric_augmentation_global, 16, (0.32, 1.0)),
+        (aug.geometric_augmentation_local, 8, (0.05, 0.32)),
+    ):
         rrc, flip = geo.transforms
         assert isinstance(rrc, transforms.RandomResizedCrop) and tuple(rrc.size) == (size, size)
-        assert tuple(rrc.scale) == scale and rrc.interpolation == transforms.InterpolationMode.BICUBIC
+        assert (
+            tuple(rrc.scale) == scale and rrc.interpolation == transforms.InterpolationMode.BICUBIC
+        )
         assert tuple(rrc.ratio) == pytest.approx((3 / 4, 4 / 3))
         assert isinstance(flip, transforms.RandomHorizontalFlip) and flip.p == 0.5
     for composed in (aug.global_transfo1, aug.global_transfo2, aug.local_transfo):
         color, _, normalize = composed.transforms
         jitter_apply, gray = color.transforms
-        assert jitter_apply.p == 0.8 and isinstance(gray, transforms.RandomGrayscale) and gray.p == 0.2
+        assert (
+            jitter_apply.p == 0.8 and isinstance(gray, transforms.RandomGrayscale) and gray.p == 0.2
+        )
         (jitter,) = jitter_apply.transforms
         assert tuple(jitter.brightness) == pytest.approx((0.6, 1.4))
         assert tuple(jitter.contrast) == pytest.approx((0.6, 1.4))
@@ -54,7 +69,11 @@ def test_every_other_parameter_is_the_reference():
         assert isinstance(to_tensor, transforms.ToTensor)
         assert tuple(norm.mean) == IMAGENET_DEFAULT_MEAN and tuple(norm.std) == IMAGENET_DEFAULT_STD
     solarize = aug.global_transfo2.transforms[1].transforms[1]
-    assert isinstance(solarize, transforms.RandomSolarize) and solarize.threshold == 128 and solarize.p == 0.2
+    assert (
+        isinstance(solarize, transforms.RandomSolarize)
+        and solarize.threshold == 128
+        and solarize.p == 0.2
+    )
     # global 1 and local crops are never solarized
     assert not any(isinstance(t, transforms.RandomSolarize) for t in aug.global_transfo1.transforms)
     assert not any(isinstance(t, transforms.RandomSolarize) for t in aug.local_transfo.transforms)
@@ -73,7 +92,8 @@ class _Marker:
 
 @pytest.mark.parametrize("inversion, expected", [(False, (1.0, 0.1, 0.5)), (True, (0.0, 0.9, 0.5))])
 def test_blur_frequencies_statistically(inversion, expected):
-    """Run the real pipeline with the blur kernels replaced by markers and count how often each fires."""
+    """Run the real pipeline with the blur kernels replaced by markers and count how often each
+    fires."""
     aug = _aug(inversion, n_local=2)
     log = []
     aug.global_transfo1.transforms[1].transforms = [_Marker(log, "g1")]

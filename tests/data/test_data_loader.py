@@ -1,4 +1,5 @@
-"""The SSL loader: batch layout from a config, bit-identical batches across num_workers and resume."""
+"""The SSL loader: batch layout from a config, bit-identical batches across num_workers and
+resume."""
 
 import faulthandler
 import gc
@@ -54,24 +55,29 @@ def test_same_batches_with_0_and_2_workers(small_cfg):
 
 
 def test_spawned_workers_give_the_same_batches(small_cfg):
-    # fresh worker processes (for tools that build a loader after starting threads) must receive everything they
-    # need by pickling (dataset, collate, seeds) and draw the same stream as forked or no workers
+    # fresh worker processes (for tools that build a loader after starting threads) must receive
+    # everything they need by pickling (dataset, collate, seeds) and draw the same stream as forked
+    # or no workers
     cfg = small_cfg()
     ref = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=1, num_workers=0), 2)
-    loader = build_ssl_loader(cfg, rank=0, world_size=1, start_step=1, num_workers=1, multiprocessing_context="spawn")
+    loader = build_ssl_loader(
+        cfg, rank=0, world_size=1, start_step=1, num_workers=1, multiprocessing_context="spawn"
+    )
     assert loader.dataloader.multiprocessing_context.get_start_method() == "spawn"
     for a, b in zip(ref, batches(loader, 2)):
         assert_same(a, b)
 
 
 def _abort_quietly():
-    faulthandler.disable()  # no "Fatal Python error" dump in the test's output: the signal is what matters
+    # no "Fatal Python error" dump in the test's output: the signal is what matters
+    faulthandler.disable()
     os.kill(os.getpid(), signal.SIGABRT)
 
 
 class AbortsWhenItsWorkerExits(torch.utils.data.Dataset):
-    """A dataset whose worker processes die by SIGABRT as they exit, after every batch was delivered: what a worker
-    with a C++ thread left over does ("terminate called without an active exception")."""
+    """A dataset whose worker processes die by SIGABRT as they exit, after every batch was
+    delivered: what a worker with a C++ thread left over does ("terminate called without an active
+    exception")."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -82,24 +88,32 @@ class AbortsWhenItsWorkerExits(torch.utils.data.Dataset):
     def __getitem__(self, index):
         if torch.utils.data.get_worker_info() is not None and not getattr(self, "armed", False):
             self.armed = True
-            multiprocessing.util.Finalize(None, _abort_quietly, exitpriority=100)  # runs as the worker exits
+            multiprocessing.util.Finalize(
+                None, _abort_quietly, exitpriority=100
+            )  # runs as the worker exits
         return self.dataset[index]
 
 
 def test_a_worker_dying_as_it_stops_does_not_fail_the_close(small_cfg, caplog):
-    # Stopping the workers after the last batch was delivered loses nothing, so a worker that dies while exiting is a
-    # warning naming its signal, not an error: PyTorch's SIGCHLD handler would otherwise raise in the middle of the
-    # close (a benchmark lost all its results to this once).
+    # Stopping the workers after the last batch was delivered loses nothing, so a worker that dies
+    # while exiting is a warning naming its signal, not an error: PyTorch's SIGCHLD handler would
+    # otherwise raise in the middle of the close (a benchmark lost all its results to this once).
     cfg = small_cfg()
     ref = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0, num_workers=0), 3)
     dataset = AbortsWhenItsWorkerExits(build_training_dataset(cfg))
-    loader = build_ssl_loader(cfg, rank=0, world_size=1, start_step=0, num_workers=2, dataset=dataset)
+    loader = build_ssl_loader(
+        cfg, rank=0, world_size=1, start_step=0, num_workers=2, dataset=dataset
+    )
     stream = iter(loader)
     first = [next(stream), next(stream)]
     with caplog.at_level(logging.WARNING, logger="data.loader"):
         loader.close()
-    assert caplog.text.count("died by SIGABRT as it stopped; every batch asked for was delivered") == 2
-    for a, b in zip(ref, first + batches(loader, 1)):  # closed, it starts new workers where it stopped
+    assert (
+        caplog.text.count("died by SIGABRT as it stopped; every batch asked for was delivered") == 2
+    )
+    for a, b in zip(
+        ref, first + batches(loader, 1)
+    ):  # closed, it starts new workers where it stopped
         assert_same(a, b)
     loader.close()
 
@@ -108,8 +122,12 @@ def test_resume_at_step_k_continues_the_stream(small_cfg):
     cfg = small_cfg()
     ref = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0), 5)
     for k in (1, 3):
-        resumed = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=k, num_workers=2 if k == 3 else 0),
-                          5 - k)
+        resumed = batches(
+            build_ssl_loader(
+                cfg, rank=0, world_size=1, start_step=k, num_workers=2 if k == 3 else 0
+            ),
+            5 - k,
+        )
         for a, b in zip(ref[k:], resumed):
             assert_same(a, b)
 
@@ -127,19 +145,25 @@ def test_loader_state_and_reiteration(small_cfg):
 
 
 def test_loader_continues_its_state_dict_on_any_world_size(small_cfg):
-    """A checkpoint stores `loader.state_dict()` (the sampler's state at the delivered batches) and a new loader
-    continues from it: the same world size, or another one that divides the samples consumed."""
+    """A checkpoint stores `loader.state_dict()` (the sampler's state at the delivered batches) and
+    a new loader continues from it: the same world size, or another one that divides the samples
+    consumed."""
     cfg = small_cfg()
     ref = batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=0), 5)
     loader = build_ssl_loader(cfg, rank=0, world_size=1, num_workers=2)
     batches(loader, 2)
     state = loader.state_dict()
-    assert state["samples_consumed"] == 8 and state["world_size"] == 1 and state["seed"] == cfg.train.seed
+    assert (
+        state["samples_consumed"] == 8
+        and state["world_size"] == 1
+        and state["seed"] == cfg.train.seed
+    )
     resumed = build_ssl_loader(cfg, rank=0, world_size=1, sampler_state=state)
     assert resumed.next_step == 2 and resumed.state_dict() == state
     for a, b in zip(ref[2:], batches(resumed, 3)):
         assert_same(a, b)
-    # two ranks deliver 3 batches each (24 samples of the global stream); one rank continues at sample 24
+    # two ranks deliver 3 batches each (24 samples of the global stream); one rank continues at
+    # sample 24
     two = [build_ssl_loader(cfg, rank=r, world_size=2) for r in range(2)]
     for loader in two:
         batches(loader, 3)
@@ -147,7 +171,9 @@ def test_loader_continues_its_state_dict_on_any_world_size(small_cfg):
     assert state["samples_consumed"] == 24 == two[1].state_dict()["samples_consumed"]
     one = build_ssl_loader(cfg, rank=0, world_size=1, sampler_state=state)
     assert one.next_step == 6
-    for a, b in zip(batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=6), 2), batches(one, 2)):
+    for a, b in zip(
+        batches(build_ssl_loader(cfg, rank=0, world_size=1, start_step=6), 2), batches(one, 2)
+    ):
         assert_same(a, b)
 
 
@@ -155,13 +181,16 @@ def test_ranks_differ_and_seed_matters(small_cfg):
     cfg = small_cfg()
     r0 = batches(build_ssl_loader(cfg, rank=0, world_size=2, start_step=0), 1)[0]
     r1 = batches(build_ssl_loader(cfg, rank=1, world_size=2, start_step=0), 1)[0]
-    other = batches(build_ssl_loader(small_cfg("train.seed=8"), rank=0, world_size=2, start_step=0), 1)[0]
+    other = batches(
+        build_ssl_loader(small_cfg("train.seed=8"), rank=0, world_size=2, start_step=0), 1
+    )[0]
     assert not torch.equal(r0.global_crops, r1.global_crops)
     assert not torch.equal(r0.global_crops, other.global_crops)
 
 
 def test_global_rng_untouched(small_cfg):
-    """The loader neither reads nor advances torch's global RNG (the trainer's randomness stays its own)."""
+    """The loader neither reads nor advances torch's global RNG (the trainer's randomness stays its
+    own)."""
     cfg = small_cfg()
     torch.manual_seed(123)
     before = torch.get_rng_state()
@@ -175,7 +204,9 @@ def test_global_rng_untouched(small_cfg):
 
 
 def test_cuda_generators_never_reseeded(small_cfg, monkeypatch):
-    """With num_workers=0 the augmentation runs in the trainer's process: it must not reseed CUDA's RNG."""
+    """With num_workers=0 the augmentation runs in the trainer's process: it must not reseed CUDA's
+    RNG."""
+
     def forbidden(*args, **kwargs):
         raise AssertionError("the data pipeline reseeded the CUDA generators")
 
@@ -185,7 +216,8 @@ def test_cuda_generators_never_reseeded(small_cfg, monkeypatch):
 
 
 class _GcStateDataset(torch.utils.data.Dataset):
-    """The default dataset, refusing to deliver an image where automatic garbage collection is off."""
+    """The default dataset, refusing to deliver an image where automatic garbage collection is
+    off."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -200,15 +232,22 @@ class _GcStateDataset(torch.utils.data.Dataset):
 
 
 def test_workers_collect_garbage_even_when_the_trainer_does_not(small_cfg):
-    """The trainer turns automatic collection off for its loop (train.gc_period) and forks its workers inside it."""
+    """The trainer turns automatic collection off for its loop (train.gc_period) and forks its
+    workers inside it."""
     from data.datasets import build_dataset
 
     cfg = small_cfg()
     was = gc.isenabled()
     gc.disable()
     try:
-        loader = build_ssl_loader(cfg, rank=0, world_size=1, start_step=0, num_workers=2,
-                                  dataset=_GcStateDataset(build_dataset(cfg)))
+        loader = build_ssl_loader(
+            cfg,
+            rank=0,
+            world_size=1,
+            start_step=0,
+            num_workers=2,
+            dataset=_GcStateDataset(build_dataset(cfg)),
+        )
         assert len(batches(loader, 2)) == 2
         assert not gc.isenabled()  # the trainer's own setting is left alone
     finally:

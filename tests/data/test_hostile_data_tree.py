@@ -1,6 +1,6 @@
-"""Hostile data trees: entries that are not regular files, symlinks and their loops, and names that are not UTF-8 or
-hold control characters. Every case asserts the count, the one warning line, and that nothing is opened that must
-not be (data/tree.py states the rules)."""
+"""Hostile data trees: entries that are not regular files, symlinks and their loops, and names that
+are not UTF-8 or hold control characters. Every case asserts the count, the one warning line, and
+that nothing is opened that must not be (data/tree.py states the rules)."""
 
 import logging
 import os
@@ -8,7 +8,14 @@ import pickle
 
 import numpy as np
 import pytest
-from hostile_tree_helpers import assert_clean_log, base_tree, make_fifo, make_socket, put, run_isolated
+from hostile_tree_helpers import (
+    assert_clean_log,
+    base_tree,
+    make_fifo,
+    make_socket,
+    put,
+    run_isolated,
+)
 
 from data.corrupt import load_image
 from data.datasets import CorruptImageError, DatasetError, ImageFolderDataset
@@ -31,7 +38,7 @@ def read_all(ds):
         assert image.size == (12, 12)
 
 
-# ---------------------------------------------------------------- entries that are not regular files, links, loops
+# ------------------------------------------------- entries that are not regular files, links, loops
 def test_a_fifo_named_like_an_image_is_counted_never_opened(tmp_path):
     root = base_tree(tmp_path)
     make_fifo(root / "train" / "a" / "pipe.png")
@@ -44,7 +51,11 @@ def test_a_fifo_named_like_an_image_is_counted_never_opened(tmp_path):
         print("images", len(ds), ds.tree_report.not_regular)
     """)
     assert "images 4 [('a/pipe.png', 'FIFO')]" in out.stdout
-    assert "1 entries under" in out.stderr and "a/pipe.png (FIFO)" in out.stderr and "never opened" in out.stderr
+    assert (
+        "1 entries under" in out.stderr
+        and "a/pipe.png (FIFO)" in out.stderr
+        and "never opened" in out.stderr
+    )
 
 
 def test_a_socket_and_a_device_link_are_skipped(tmp_path, caplog):
@@ -55,9 +66,13 @@ def test_a_socket_and_a_device_link_are_skipped(tmp_path, caplog):
         ds, warnings = build(root, caplog)
     finally:
         sock.close()
-    assert len(ds) == 4 and sorted(ds.tree_report.not_regular) == [("a/s.png", "socket"),
-                                                                  ("b/null.jpg", "character device")]
-    assert len([w for w in warnings if "not regular files" in w]) == 1 and "2 entries" in warnings[0]
+    assert len(ds) == 4 and sorted(ds.tree_report.not_regular) == [
+        ("a/s.png", "socket"),
+        ("b/null.jpg", "character device"),
+    ]
+    assert (
+        len([w for w in warnings if "not regular files" in w]) == 1 and "2 entries" in warnings[0]
+    )
     read_all(ds)
 
 
@@ -67,9 +82,14 @@ def test_dangling_and_self_looping_file_links_are_skipped(tmp_path, caplog):
     os.symlink("self.png", root / "train" / "a" / "self.png")
     ds, warnings = build(root, caplog)
     assert len(ds) == 4
-    assert sorted(ds.tree_report.not_regular) == [("a/dangling.png", "dangling symlink"),
-                                                  ("a/self.png", "symlink loop")]
-    assert "dangling.png (dangling symlink)" in warnings[0] and "self.png (symlink loop)" in warnings[0]
+    assert sorted(ds.tree_report.not_regular) == [
+        ("a/dangling.png", "dangling symlink"),
+        ("a/self.png", "symlink loop"),
+    ]
+    assert (
+        "dangling.png (dangling symlink)" in warnings[0]
+        and "self.png (symlink loop)" in warnings[0]
+    )
 
 
 def test_a_directory_loop_is_listed_once_and_named(tmp_path, caplog):
@@ -77,10 +97,17 @@ def test_a_directory_loop_is_listed_once_and_named(tmp_path, caplog):
     os.symlink("..", root / "train" / "a" / "up")  # a/up -> train: would give b's images a's label
     os.symlink(".", root / "train" / "b" / "here")
     ds, warnings = build(root, caplog)
-    assert names(ds) == ["a/img_0.png", "a/img_1.png", "b/img_0.png", "b/img_1.png"]  # nothing twice
+    assert names(ds) == [
+        "a/img_0.png",
+        "a/img_1.png",
+        "b/img_0.png",
+        "b/img_1.png",
+    ]  # nothing twice
     assert sorted(ds.tree_report.repeated_dirs) == ["a/up", "b/here"]
     line = [w for w in warnings if "second time" in w]
-    assert len(line) == 1 and "2 directories" in line[0] and "a/up" in line[0] and "b/here" in line[0]
+    assert (
+        len(line) == 1 and "2 directories" in line[0] and "a/up" in line[0] and "b/here" in line[0]
+    )
 
 
 def test_a_class_that_links_to_another_is_listed_once(tmp_path, caplog):
@@ -97,7 +124,14 @@ def test_links_to_images_and_folders_outside_are_followed(tmp_path, caplog):
     os.symlink(tmp_path / "elsewhere" / "x.png", root / "train" / "a" / "linked.png")
     os.symlink(tmp_path / "elsewhere", root / "train" / "b" / "more")
     ds, warnings = build(root, caplog)
-    assert names(ds) == ["a/img_0.png", "a/img_1.png", "a/linked.png", "b/img_0.png", "b/img_1.png", "b/more/x.png"]
+    assert names(ds) == [
+        "a/img_0.png",
+        "a/img_1.png",
+        "a/linked.png",
+        "b/img_0.png",
+        "b/img_1.png",
+        "b/more/x.png",
+    ]
     assert not warnings
     read_all(ds)
 
@@ -138,17 +172,21 @@ def test_a_tree_of_nothing_but_special_entries_is_one_clear_error(tmp_path):
         ImageFolderDataset(str(tmp_path), "train")
 
 
-# ---------------------------------------------------------------- names: not UTF-8, control characters
+# ------------------------------------------------------------- names: not UTF-8, control characters
 FORGED = "x\n2026-01-01 00:00:00 INFO train: done"
 
 
-@pytest.mark.parametrize("name,shown", [
-    (FORGED + ".png", "x\\n2026-01-01"),
-    ("\x1b[31mred\x1b[0m.png", "\\x1b[31mred"),
-    ("carriage\rreturn.png", "carriage\\rreturn"),
-    (b"\xff\xfe latin1 \xe9.png", "\\xff\\xfe latin1 \\xe9"),
-    ("rtl\u202egnp.exe.png", "rtl\\u202egnp"),
-], ids=["newline", "escape", "carriage-return", "not-utf8", "bidi-override"])
+@pytest.mark.parametrize(
+    "name,shown",
+    [
+        (FORGED + ".png", "x\\n2026-01-01"),
+        ("\x1b[31mred\x1b[0m.png", "\\x1b[31mred"),
+        ("carriage\rreturn.png", "carriage\\rreturn"),
+        (b"\xff\xfe latin1 \xe9.png", "\\xff\\xfe latin1 \\xe9"),
+        ("rtl\u202egnp.exe.png", "rtl\\u202egnp"),
+    ],
+    ids=["newline", "escape", "carriage-return", "not-utf8", "bidi-override"],
+)
 def test_hostile_names_load_and_reach_the_log_escaped(tmp_path, caplog, name, shown):
     root = base_tree(tmp_path)
     folder = os.fsencode(root / "train" / "a")
@@ -166,7 +204,9 @@ def test_hostile_names_load_and_reach_the_log_escaped(tmp_path, caplog, name, sh
     assert_clean_log(caplog.text)
     with pytest.raises(CorruptImageError) as e:
         load_image(ds, bad, "raise")
-    assert shown in str(e.value) and e.value.path == ds.path(bad)  # the message escaped, the path real
+    assert shown in str(e.value) and e.value.path == ds.path(
+        bad
+    )  # the message escaped, the path real
     assert_clean_log(str(e.value))
 
 
@@ -193,10 +233,15 @@ def test_not_image_files_with_hostile_names_are_listed_escaped(tmp_path, caplog)
 
 
 def test_a_hostile_name_survives_the_data_worker_boundary():
-    original = CorruptImageError("/d/train/a/x\n\x1b[31m\udcff.png", "UnidentifiedImageError: cannot identify")
+    original = CorruptImageError(
+        "/d/train/a/x\n\x1b[31m\udcff.png", "UnidentifiedImageError: cannot identify"
+    )
     text = str(original)
     assert "\n" not in text and "x\\n\\x1b[31m\\xff.png" in text
-    wrapped = "Caught CorruptImageError in DataLoader worker process 0.\nTraceback:\ndata.datasets.CorruptImageError: "
+    wrapped = (
+        "Caught CorruptImageError in DataLoader worker process "
+        "0.\nTraceback:\ndata.datasets.CorruptImageError: "
+    )
     again = CorruptImageError(wrapped + text)  # what PyTorch rebuilds in the main process
     assert str(again) == text and again.reason == original.reason
     assert str(pickle.loads(pickle.dumps(original))) == text
@@ -212,14 +257,18 @@ def test_printable_is_idempotent_and_leaves_plain_unicode_alone():
 
 def test_warnings_from_before_the_log_file_are_logged_again(caplog):
     quiet = logging.getLogger("hostile.quiet")
-    quiet.propagate = False  # no handler anywhere: as when train.py builds the dataset before log.txt exists
+    quiet.propagate = (
+        False  # no handler anywhere: as when train.py builds the dataset before log.txt exists
+    )
     notes = DataNotes()
     notes.warn("3 entries under /d are not regular files", quiet)
     assert notes.log_again(quiet) == 0  # still nowhere to go
     quiet.propagate = True  # logging configured (caplog's handler on the root)
     with caplog.at_level(logging.WARNING):
         assert notes.log_again(quiet) == 1 and notes.log_again(quiet) == 0
-    assert "3 entries under /d are not regular files (found while building the dataset" in caplog.text
+    assert (
+        "3 entries under /d are not regular files (found while building the dataset" in caplog.text
+    )
     assert np.array_equal(notes.lines, ["3 entries under /d are not regular files"])
 
 
@@ -230,25 +279,39 @@ def test_a_dangling_link_or_fifo_where_a_class_would_be_is_counted(tmp_path, cap
     make_fifo(root / "train" / "d")
     ds, warnings = build(root, caplog)
     assert ds.classes == ["a", "b"] and len(ds) == 4
-    assert sorted(ds.tree_report.not_regular) == [("c", "dangling symlink"), ("d", "FIFO"), ("loop", "symlink loop")]
+    assert sorted(ds.tree_report.not_regular) == [
+        ("c", "dangling symlink"),
+        ("d", "FIFO"),
+        ("loop", "symlink loop"),
+    ]
     assert len(warnings) == 1 and "3 entries under" in warnings[0]
 
 
 def test_a_plain_tree_keeps_torchvisions_order(tmp_path):
-    """Indices of a tree without hostile entries are the ones torchvision's make_dataset gave (checkpoints store
-    sample-stream positions, so a run resumed under this version must see the same images at the same indices)."""
+    """Indices of a tree without hostile entries are the ones torchvision's make_dataset gave
+    (checkpoints store sample-stream positions, so a run resumed under this version must see the
+    same images at the same indices)."""
     from torchvision.datasets.folder import make_dataset
 
     from data.datasets import IMG_EXTENSIONS
 
     root = base_tree(tmp_path, per_class=3)
-    for rel in ("a/sub/z.png", "a/sub/deeper/y.png", "a/sub-2/x.JPG", "a/0.png", "b/Sub/B.png", "b/sub/a.png",
-                "a/.hidden.png"):
+    for rel in (
+        "a/sub/z.png",
+        "a/sub/deeper/y.png",
+        "a/sub-2/x.JPG",
+        "a/0.png",
+        "b/Sub/B.png",
+        "b/sub/a.png",
+        "a/.hidden.png",
+    ):
         put(root / "train" / rel)
     os.symlink(root / "train" / "b" / "sub", root / "train" / "a" / "linked")
     ds = ImageFolderDataset(str(root), "train")
     split = str(root / "train")
     expected = make_dataset(split, {"a": 0, "b": 1}, extensions=IMG_EXTENSIONS)
     # make_dataset lists b/sub twice (once through a/linked); ours once, under the first path met
-    assert [ds.path(i) for i in range(len(ds))] == [p for p, _ in expected if not p.startswith(split + "/b/sub")]
+    assert [ds.path(i) for i in range(len(ds))] == [
+        p for p, _ in expected if not p.startswith(split + "/b/sub")
+    ]
     assert ds.tree_report.repeated_dirs == ["b/sub"]

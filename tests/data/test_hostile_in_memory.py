@@ -1,5 +1,6 @@
-"""Corrupt images on the `data.in_memory=true` path: counted in the same `corrupt_skipped` the per-step path feeds into
-metrics (per draw, so both paths count alike), and warned through logging, into the run's log.txt."""
+"""Corrupt images on the `data.in_memory=true` path: counted in the same `corrupt_skipped` the
+per-step path feeds into metrics (per draw, so both paths count alike), and warned through logging,
+into the run's log.txt."""
 
 import json
 import logging
@@ -9,11 +10,20 @@ import sys
 
 import pytest
 import torch
-from hostile_tree_helpers import REPO, assert_clean_log, base_tree, make_fifo, png_bytes, put, run_isolated
+from hostile_tree_helpers import (
+    REPO,
+    assert_clean_log,
+    base_tree,
+    make_fifo,
+    png_bytes,
+    put,
+    run_isolated,
+)
 from tiny_run import TINY_MODEL_AND_DATA
 
 from data import CorruptImageError, InMemoryImages, build_ssl_loader, build_training_dataset
 from data.datasets import ImageFolderDataset
+
 
 def truncated_png() -> bytes:
     data = png_bytes(3, size=24)
@@ -29,7 +39,9 @@ def corrupt_tree(root, bad: dict):
 
 
 def loader_cfg(small_cfg, root, *extra):
-    return small_cfg("data.dataset=imagenet_folder", f"data.root={root}", "train.batch_size_per_gpu=5", *extra)
+    return small_cfg(
+        "data.dataset=imagenet_folder", f"data.root={root}", "train.batch_size_per_gpu=5", *extra
+    )
 
 
 def skipped_over(cfg, steps: int) -> int:
@@ -52,9 +64,17 @@ def test_one_corrupt_image_is_counted_and_warned_through_logging(tmp_path, caplo
     with caplog.at_level(logging.WARNING):
         memory = InMemoryImages(ImageFolderDataset(str(root), "train"), "skip")
     slot = [i for i in range(len(memory)) if memory.describe(i).endswith("img_1x.png")][0]
-    assert memory.corrupt_skipped == 1 and memory.replaced_at(slot) == 1 and int(memory.replaced.sum()) == 1
+    assert (
+        memory.corrupt_skipped == 1
+        and memory.replaced_at(slot) == 1
+        and int(memory.replaced.sum()) == 1
+    )
     lines = memory_warnings(caplog)
-    assert len(lines) == 1 and lines[0].startswith("1 of 9 images are unreadable") and "img_1x.png" in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("1 of 9 images are unreadable")
+        and "img_1x.png" in lines[0]
+    )
     assert memory.notes.lines[-1] == lines[0]  # kept, to reach log.txt once it exists
 
 
@@ -62,7 +82,9 @@ def test_one_corrupt_image_is_counted_and_warned_through_logging(tmp_path, caplo
 def test_in_memory_counts_what_the_per_step_path_counts(tmp_path, small_cfg, augment_on):
     root = corrupt_tree(tmp_path, {"a/img_0x.png": b"", "b/img_2x.png": truncated_png()})
     streaming = skipped_over(loader_cfg(small_cfg, root, f"data.augment_on={augment_on}"), 4)
-    memory = skipped_over(loader_cfg(small_cfg, root, f"data.augment_on={augment_on}", "data.in_memory=true"), 4)
+    memory = skipped_over(
+        loader_cfg(small_cfg, root, f"data.augment_on={augment_on}", "data.in_memory=true"), 4
+    )
     assert streaming == memory == 4  # 20 draws over 2 passes of 10: each broken file met twice
 
 
@@ -71,16 +93,26 @@ def test_consecutive_corrupt_images_and_one_at_index_0(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         memory = InMemoryImages(ImageFolderDataset(str(root), "train"), "skip")
     assert memory.replaced[:4].tolist() == [1, 0, 2, 1] and memory.corrupt_skipped == 3
-    per_file = [r.getMessage() for r in caplog.records if "skipping unreadable image" in r.getMessage()]
-    assert sorted(m.split()[3].rsplit("/", 1)[1] for m in per_file) == ["0_bad.png", "img_0x.png", "img_0y.png",
-                                                                         "img_0y.png"]  # each once per slot it fills
-    assert torch.equal(torch.from_numpy(memory.pixels(0)), torch.from_numpy(memory.pixels(1)))  # the next readable
+    per_file = [
+        r.getMessage() for r in caplog.records if "skipping unreadable image" in r.getMessage()
+    ]
+    assert sorted(m.split()[3].rsplit("/", 1)[1] for m in per_file) == [
+        "0_bad.png",
+        "img_0x.png",
+        "img_0y.png",
+        "img_0y.png",
+    ]  # each once per slot it fills
+    assert torch.equal(
+        torch.from_numpy(memory.pixels(0)), torch.from_numpy(memory.pixels(1))
+    )  # the next readable
 
 
 def test_in_memory_with_a_hostile_name_raises_escaped_or_warns_escaped(tmp_path, caplog, small_cfg):
     root = corrupt_tree(tmp_path, {"b/img_\n\x1b[1m\xff.png".encode("latin-1"): b"junk"})
     cfg = loader_cfg(small_cfg, root, "data.in_memory=true", "data.on_corrupt=raise")
-    with pytest.raises(CorruptImageError, match=r"img_\\n\\x1b\[1m\\xff\.png.*data.on_corrupt=skip"):
+    with pytest.raises(
+        CorruptImageError, match=r"img_\\n\\x1b\[1m\\xff\.png.*data.on_corrupt=skip"
+    ):
         build_training_dataset(cfg)
     with caplog.at_level(logging.WARNING):
         build_training_dataset(loader_cfg(small_cfg, root, "data.in_memory=true"))
@@ -113,19 +145,35 @@ def test_in_memory_with_a_fifo_listed_and_one_swapped_in_does_not_hang(tmp_path)
 
 @pytest.mark.slow
 def test_a_run_on_a_hostile_tree_in_memory_logs_clean_lines_and_counts(tmp_path):
-    root = corrupt_tree(tmp_path / "d", {"a/bad.png": b"junk", b"b/evil\n\x1b[31m\xff.png": b"junk"})
+    root = corrupt_tree(
+        tmp_path / "d", {"a/bad.png": b"junk", b"b/evil\n\x1b[31m\xff.png": b"junk"}
+    )
     make_fifo(root / "train" / "b" / "pipe.png")
     for c in "ab":  # crops are 16 px: images of 24
         for i in range(4):
             put(root / "train" / c / f"img_{i}.png", data=png_bytes(i, 24))
     run = tmp_path / "run"
-    command = [sys.executable, str(REPO / "train.py"), "--output-dir", str(run), *TINY_MODEL_AND_DATA,
-               "data.dataset=imagenet_folder", f"data.root={root}", "data.in_memory=true", "train.max_steps=2",
-               "train.log_period=1", "train.batch_size_per_gpu=5"]
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "--output-dir",
+        str(run),
+        *TINY_MODEL_AND_DATA,
+        "data.dataset=imagenet_folder",
+        f"data.root={root}",
+        "data.in_memory=true",
+        "train.max_steps=2",
+        "train.log_period=1",
+        "train.batch_size_per_gpu=5",
+    ]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     log = (run / "log.txt").read_text(errors="surrogateescape")
     assert_clean_log(log)
-    assert "b/pipe.png (FIFO)" in log and "2 of 10 images are unreadable" in log and "evil\\n\\x1b[31m\\xff.png" in log
+    assert (
+        "b/pipe.png (FIFO)" in log
+        and "2 of 10 images are unreadable" in log
+        and "evil\\n\\x1b[31m\\xff.png" in log
+    )
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["corrupt_skipped"] >= 1  # 10 draws of 10 slots: both replaced slots are met

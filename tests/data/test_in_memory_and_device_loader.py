@@ -1,18 +1,26 @@
-"""`data.in_memory` (one decoded array) and `data.augment_on=device` (crops made per batch by `to_device`)."""
+"""`data.in_memory` (one decoded array) and `data.augment_on=device` (crops made per batch by
+`to_device`)."""
 
 import itertools
 
 import numpy as np
 import pytest
 import torch
-
-from data import DatasetError, InMemoryImages, build_dataset, build_ssl_loader, build_training_dataset
 from data_test_helpers import write_folder
+
+from data import (
+    DatasetError,
+    InMemoryImages,
+    build_dataset,
+    build_ssl_loader,
+    build_training_dataset,
+)
 
 
 def first_batches(cfg, n, start_step=0, num_workers=None, dataset=None):
-    loader = build_ssl_loader(cfg, rank=0, world_size=1, start_step=start_step, num_workers=num_workers,
-                              dataset=dataset)
+    loader = build_ssl_loader(
+        cfg, rank=0, world_size=1, start_step=start_step, num_workers=num_workers, dataset=dataset
+    )
     return [loader.to_device(b, torch.device("cpu")) for b in itertools.islice(iter(loader), n)]
 
 
@@ -23,7 +31,9 @@ def test_in_memory_holds_the_decoded_images(small_cfg):
     assert memory.array.shape == (1437, 24, 24, 3) and memory.array.dtype == np.uint8
     for i in (0, 700, 1436):
         image, label = plain[i]
-        assert np.array_equal(memory.pixels(i), np.asarray(image)) and int(memory.targets[i]) == label
+        assert (
+            np.array_equal(memory.pixels(i), np.asarray(image)) and int(memory.targets[i]) == label
+        )
         assert np.array_equal(np.asarray(memory[i][0]), np.asarray(image)) and memory[i][1] == label
     # the per-image pipeline reads it like the files: identical batches
     a = first_batches(small_cfg(), 2)
@@ -39,9 +49,16 @@ def test_in_memory_refuses_mixed_sizes_and_skips_corrupt_files(tmp_path, small_c
     memory = build_training_dataset(cfg)
     assert memory.corrupt_skipped == 1 and len(memory) == 6
     with pytest.raises(Exception, match="cannot read image"):
-        build_training_dataset(small_cfg("data.dataset=imagenet_folder", f"data.root={root}",
-                                         "data.in_memory=true", "data.on_corrupt=raise"))
+        build_training_dataset(
+            small_cfg(
+                "data.dataset=imagenet_folder",
+                f"data.root={root}",
+                "data.in_memory=true",
+                "data.on_corrupt=raise",
+            )
+        )
     from PIL import Image
+
     Image.new("RGB", (31, 17)).save(root / "train" / "b_cls" / "img_9.JPEG")
     with pytest.raises(DatasetError, match="data.in_memory=true needs images of one size"):
         build_training_dataset(cfg)
@@ -55,9 +72,13 @@ def test_device_augmentation_batches(small_cfg):
     assert batch.images is None and batch.first_position is not None
     assert batch.global_crops.shape == (8, 3, 16, 16) and batch.local_crops.shape == (8, 3, 8, 8)
     assert batch.global_crops.dtype == torch.float32 and batch.masks.shape == (8, 16)
-    # workers, resume and files-vs-memory give the same batches: draws depend on (seed, rank, position) only
-    for other in (first_batches(cfg, 4, num_workers=2, dataset=dataset), first_batches(cfg, 4),
-                  [None] + first_batches(cfg, 3, start_step=1, dataset=dataset)):
+    # workers, resume and files-vs-memory give the same batches: draws depend on (seed, rank,
+    # position) only
+    for other in (
+        first_batches(cfg, 4, num_workers=2, dataset=dataset),
+        first_batches(cfg, 4),
+        [None] + first_batches(cfg, 3, start_step=1, dataset=dataset),
+    ):
         for a, b in zip(ref[1:], other[1:]):
             for k in ("global_crops", "local_crops", "masks", "labels"):
                 assert torch.equal(getattr(a, k), getattr(b, k)), k

@@ -1,5 +1,5 @@
-"""scripts/prepare_cifar10.py on a tiny synthetic npz: the tree the folder dataset reads, bytes unchanged, bad
-inputs refused with the array named, reruns, and no half tree after a failure."""
+"""scripts/prepare_cifar10.py on a tiny synthetic npz: the tree the folder dataset reads, bytes
+unchanged, bad inputs refused with the array named, reruns, and no half tree after a failure."""
 
 import importlib.util
 import io
@@ -58,10 +58,14 @@ def test_tree_holds_the_original_bytes_in_label_order(prep, tmp_path, capsys):
     labels = np.load(npz)["y_train"]
     for i, data in enumerate(images["train"]):
         assert (out / "train" / prep.CLASSES[labels[i]] / f"{i:02d}.JPEG").read_bytes() == data
-    assert (out / "val" / "automobile" / "07.JPEG").read_bytes() == images["test"][7]  # 7 * 3 % 10 = 1
+    assert (out / "val" / "automobile" / "07.JPEG").read_bytes() == images["test"][
+        7
+    ]  # 7 * 3 % 10 = 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npz", "cifar"]  # no work folder left
     marker = json.loads((out / prep.MARKER).read_text())
-    assert marker["counts"]["val"]["airplane"] == 2 and sum(marker["counts"]["train"].values()) == 23
+    assert (
+        marker["counts"]["val"]["airplane"] == 2 and sum(marker["counts"]["train"].values()) == 23
+    )
 
     from data.datasets import ImageFolderDataset
 
@@ -108,15 +112,27 @@ def _shifted_offsets():
     return offsets
 
 
-@pytest.mark.parametrize("replace, message", [
-    ({"offsets_train": "shifted"}, "image 4 of the train split"),
-    ({"offsets_test": np.zeros(12, dtype=np.int64)}, "offsets_test must run from 0 to len(jpeg_test)"),
-    ({"offsets_train": np.arange(5, dtype=np.int64)}, "offsets_train has 5 entries; y_train has 23 labels"),
-    ({"y_train": np.full(23, 10, dtype=np.uint8)}, "y_train[0] = 10: labels must be 0-9"),
-    ({"jpeg_test": np.zeros((3, 4), dtype=np.uint8)}, "jpeg_test must be a 1-D uint8 array"),
-    ({"offsets_test": np.zeros(12, dtype=np.float32)}, "offsets_test must be a 1-D integer array"),
-    ({"y_test": None}, "missing arrays y_test"),
-])
+@pytest.mark.parametrize(
+    "replace, message",
+    [
+        ({"offsets_train": "shifted"}, "image 4 of the train split"),
+        (
+            {"offsets_test": np.zeros(12, dtype=np.int64)},
+            "offsets_test must run from 0 to len(jpeg_test)",
+        ),
+        (
+            {"offsets_train": np.arange(5, dtype=np.int64)},
+            "offsets_train has 5 entries; y_train has 23 labels",
+        ),
+        ({"y_train": np.full(23, 10, dtype=np.uint8)}, "y_train[0] = 10: labels must be 0-9"),
+        ({"jpeg_test": np.zeros((3, 4), dtype=np.uint8)}, "jpeg_test must be a 1-D uint8 array"),
+        (
+            {"offsets_test": np.zeros(12, dtype=np.float32)},
+            "offsets_test must be a 1-D integer array",
+        ),
+        ({"y_test": None}, "missing arrays y_test"),
+    ],
+)
 def test_bad_npz_is_refused_with_the_array_named(prep, tmp_path, capsys, replace, message):
     if isinstance(replace.get("offsets_train"), str):
         replace = {"offsets_train": _shifted_offsets()}
@@ -151,8 +167,11 @@ def test_a_failure_midway_leaves_no_tree_and_leftovers_are_removed(prep, tmp_pat
         prep.prepare(npz, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npz"]
     monkeypatch.setattr(prep, "write_tree", real_write)
-    # a run killed outright (SIGKILL) leaves its work folder; its process is gone, so the next run removes it
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    # a run killed outright (SIGKILL) leaves its work folder; its process is gone, so the next run
+    # removes it
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     stale = tmp_path / f".cifar.partial-{int(gone.stdout)}"
     (stale / "train").mkdir(parents=True)
     prep.prepare(npz, out)
@@ -161,8 +180,12 @@ def test_a_failure_midway_leaves_no_tree_and_leftovers_are_removed(prep, tmp_pat
 
 def test_command_line_prints_plain_progress_off_a_terminal(tmp_path):
     npz, _ = make_npz(tmp_path / "c.npz")
-    result = subprocess.run([sys.executable, str(SCRIPT), "--npz", str(npz), "--out", str(tmp_path / "cifar")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--npz", str(npz), "--out", str(tmp_path / "cifar")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "train: 23/23 images" in result.stdout and "val: 11/11 images" in result.stdout
     assert "wrote " in result.stdout

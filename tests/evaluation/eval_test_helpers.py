@@ -1,4 +1,5 @@
-"""Tiny run directories for evaluation tests: a resolved config.yaml and a teacher export, no training needed."""
+"""Tiny run directories for evaluation tests: a resolved config.yaml and a teacher export, no
+training needed."""
 
 from pathlib import Path
 
@@ -6,19 +7,30 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The smallest model and inputs the embedded default allows: 16-pixel crops of 24-pixel digits, patch 8 (4 patches).
-TINY_RUN = ["student.arch=vit_tiny", "crops.global_crops_size=16", "crops.local_crops_size=8",
-            "data.digits_image_size=24"]
+# The smallest model and inputs the embedded default allows: 16-pixel crops of 24-pixel digits,
+# patch 8 (4 patches).
+TINY_RUN = [
+    "student.arch=vit_tiny",
+    "crops.global_crops_size=16",
+    "crops.local_crops_size=8",
+    "data.digits_image_size=24",
+]
 
 # Few C values and iterations: the protocol's shape, not its cost.
-FAST_EVAL = ["linear.n_c=4", "linear.max_iter=50", "linear.tol=1e-4", "features.num_workers=0", "knn.ks=[5,20]"]
+FAST_EVAL = [
+    "linear.n_c=4",
+    "linear.max_iter=50",
+    "linear.tol=1e-4",
+    "features.num_workers=0",
+    "knn.ks=[5,20]",
+]
 MLP_SUFFIXES = ("_pruned_mlp", "_dense_mlp")
 
 
 def fast(name: str, args=FAST_EVAL) -> str:
-    """The record name a probe under `args`' protocol writes where the default protocol's probe writes `name`: its
-    label (`protocol_label`, held against a hand-computed hash in test_eval_protocol_names.py) before the MLP
-    suffix."""
+    """The record name a probe under `args`' protocol writes where the default protocol's probe
+    writes `name`: its label (`protocol_label`, held against a hand-computed hash in
+    test_eval_protocol_names.py) before the MLP suffix."""
     from configs.eval_schema import load_eval_config, protocol_label
 
     label = protocol_label(load_eval_config(None, list(args)))
@@ -36,8 +48,9 @@ def write_teacher(path: Path, cfg, seed: int, step: int = 16) -> None:
 
 
 def make_run_dir(root: Path, *overrides: str, seed: int = 0, checkpoint: str = "real") -> Path:
-    """`root` as train.py leaves a finished run: config.yaml (resolved) and teacher_backbone.pth. `checkpoint`:
-    "real" (a seeded random backbone), "none", or "dummy" (bytes only, for tests that fail before loading it)."""
+    """`root` as train.py leaves a finished run: config.yaml (resolved) and teacher_backbone.pth.
+    `checkpoint`: "real" (a seeded random backbone), "none", or "dummy" (bytes only, for tests that
+    fail before loading it)."""
     from configs import load_config, to_yaml
 
     cfg = load_config(None, [*TINY_RUN, *overrides])
@@ -50,9 +63,11 @@ def make_run_dir(root: Path, *overrides: str, seed: int = 0, checkpoint: str = "
     return root
 
 
-def make_image_tree(root: Path, classes: int = 3, n_train: int = 4, n_val: int = 2, size: int = 20) -> Path:
-    """An ImageNet-style folder `root/{train,val}/<class>/<i>.png`: a few small images per class, each class its
-    own colour (learnable), with per-image noise."""
+def make_image_tree(
+    root: Path, classes: int = 3, n_train: int = 4, n_val: int = 2, size: int = 20
+) -> Path:
+    """An ImageNet-style folder `root/{train,val}/<class>/<i>.png`: a few small images per class,
+    each class its own colour (learnable), with per-image noise."""
     import numpy as np
     from PIL import Image
 
@@ -64,13 +79,23 @@ def make_image_tree(root: Path, classes: int = 3, n_train: int = 4, n_val: int =
             for i in range(count):
                 colour = np.zeros(3)
                 colour[c % 3] = 200.0
-                pixels = np.clip(colour + rng.normal(0, 30, (size, size, 3)), 0, 255).astype(np.uint8)
+                pixels = np.clip(colour + rng.normal(0, 30, (size, size, 3)), 0, 255).astype(
+                    np.uint8
+                )
                 Image.fromarray(pixels).save(folder / f"{i}.png")
     return root
 
 
-def make_folder_run(tmp_path: Path, *overrides: str, seed: int = 0, checkpoint: str = "real") -> Path:
+def make_folder_run(
+    tmp_path: Path, *overrides: str, seed: int = 0, checkpoint: str = "real"
+) -> Path:
     """A finished-run directory whose dataset is a tiny image folder tree (fast to extract)."""
     tree = make_image_tree(tmp_path / "images")
-    return make_run_dir(tmp_path / "run", "data.dataset=imagenet_folder", f"data.root={tree}", *overrides, seed=seed,
-                        checkpoint=checkpoint)
+    return make_run_dir(
+        tmp_path / "run",
+        "data.dataset=imagenet_folder",
+        f"data.root={tree}",
+        *overrides,
+        seed=seed,
+        checkpoint=checkpoint,
+    )

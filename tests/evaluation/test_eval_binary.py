@@ -1,7 +1,7 @@
-"""Two classes: both solvers fit sklearn's single-logit (sigmoid) model at C, not two softmax rows (that is the
-single-logit problem at 2C), and report sklearn's binary objective. Checked against plain scikit-learn
-LogisticRegression (newton-cholesky: another algorithm) and a numpy float64 objective on the bundled
-breast-cancer set, whose raw features span four orders of magnitude."""
+"""Two classes: both solvers fit sklearn's single-logit (sigmoid) model at C, not two softmax rows
+(that is the single-logit problem at 2C), and report sklearn's binary objective. Checked against
+plain scikit-learn LogisticRegression (newton-cholesky: another algorithm) and a numpy float64
+objective on the bundled breast-cancer set, whose raw features span four orders of magnitude."""
 
 import numpy as np
 import pytest
@@ -12,7 +12,9 @@ from sklearn.linear_model import LogisticRegression
 from evaluation.logreg import LogRegFit, Preconditioner, SklearnLBFGS, TorchLBFGS, c_grid
 from evaluation.probe import best_C, holdout_split, run_probe
 
-CS = c_grid(-5, -2, 4)  # where L-BFGS converges on the raw features (larger C: ill-conditioned, 1000+ iterations)
+CS = c_grid(
+    -5, -2, 4
+)  # where L-BFGS converges on the raw features (larger C: ill-conditioned, 1000+ iterations)
 
 
 @pytest.fixture(scope="module")
@@ -32,27 +34,40 @@ def binary_objective(x, y, coef, intercept, C):
     return float(np.mean(np.logaddexp(0.0, z) - y * z) + coef @ coef / (2.0 * C * len(y)))
 
 
-@pytest.mark.parametrize("solver", [TorchLBFGS(tol=1e-8), SklearnLBFGS(tol=1e-8)], ids=["torch", "sklearn"])
+@pytest.mark.parametrize(
+    "solver", [TorchLBFGS(tol=1e-8), SklearnLBFGS(tol=1e-8)], ids=["torch", "sklearn"]
+)
 def test_both_solvers_fit_the_single_logit_model_at_C(cancer, solver):
     x, y, _, _ = cancer
     C = 1e-3
     ref = reference(x, y, C)
     fit = solver.fit(torch.from_numpy(x), torch.from_numpy(y), 2, C)
-    assert torch.all(fit.weight[0] == 0) and fit.bias[0] == 0  # row 0 fixed at zero, through the preconditioner
+    assert (
+        torch.all(fit.weight[0] == 0) and fit.bias[0] == 0
+    )  # row 0 fixed at zero, through the preconditioner
     want = binary_objective(x, y, ref.coef_[0], ref.intercept_[0], C)
-    assert fit.loss == pytest.approx(want, rel=1e-7)  # the reported loss is sklearn's binary objective at C
+    assert fit.loss == pytest.approx(
+        want, rel=1e-7
+    )  # the reported loss is sklearn's binary objective at C
     coef = fit.weight[1].numpy()
     assert np.abs(coef - ref.coef_[0]).max() <= 1e-3 * np.abs(ref.coef_[0]).max()
     assert fit.bias[1].item() == pytest.approx(ref.intercept_[0], rel=1e-3, abs=1e-3)
 
 
 def test_torch_warm_start_from_two_free_rows(cancer):
-    # an init with both rows non-zero (e.g. the older symmetric pair) keeps its logit difference, row 0 -> zero
+    # an init with both rows non-zero (e.g. the older symmetric pair) keeps its logit difference,
+    # row 0 -> zero
     x, y, _, _ = cancer
     X, Y = torch.from_numpy(x), torch.from_numpy(y)
     cold = TorchLBFGS(tol=1e-8).fit(X, Y, 2, 1e-3)
-    pair = LogRegFit(torch.stack([-cold.weight[1] / 2, cold.weight[1] / 2]),
-                     torch.stack([-cold.bias[1] / 2, cold.bias[1] / 2]), 1e-3, 0.0, 0, 0.0)
+    pair = LogRegFit(
+        torch.stack([-cold.weight[1] / 2, cold.weight[1] / 2]),
+        torch.stack([-cold.bias[1] / 2, cold.bias[1] / 2]),
+        1e-3,
+        0.0,
+        0,
+        0.0,
+    )
     warm = TorchLBFGS(tol=1e-8).fit(X, Y, 2, 1e-3, init=pair)
     assert torch.all(warm.weight[0] == 0) and warm.n_iter <= 2
     assert warm.loss == pytest.approx(cold.loss, rel=1e-10)
@@ -75,14 +90,23 @@ def test_whole_protocol_agrees_with_plain_sklearn(cancer):
     curve = []
     for C in CS:
         ref = reference(x[fit_idx], y[fit_idx], C)
-        curve.append({"C": C, "holdout_top1": 100.0 * np.mean(ref.predict(x[hold_idx]) == y[hold_idx]),
-                      "loss": binary_objective(x[fit_idx], y[fit_idx], ref.coef_[0], ref.intercept_[0], C)})
+        curve.append(
+            {
+                "C": C,
+                "holdout_top1": 100.0 * np.mean(ref.predict(x[hold_idx]) == y[hold_idx]),
+                "loss": binary_objective(
+                    x[fit_idx], y[fit_idx], ref.coef_[0], ref.intercept_[0], C
+                ),
+            }
+        )
     chosen = best_C(curve)
     ref_top1 = 100.0 * np.mean(reference(x, y, chosen).predict(xv) == yv)
     X, Y, XV, YV = (torch.from_numpy(a) for a in (x, y, xv, yv))
     for solver in (TorchLBFGS(tol=1e-8), SklearnLBFGS(tol=1e-8)):
         result = run_probe(solver, X, Y, XV, YV, Cs=CS, progress=False)
-        assert result.best_C == chosen and result.top1 == pytest.approx(ref_top1, abs=1e-9), solver.name
+        assert result.best_C == chosen and result.top1 == pytest.approx(ref_top1, abs=1e-9), (
+            solver.name
+        )
         for ours, theirs in zip(result.C_curve, curve):
             assert ours["holdout_top1"] == theirs["holdout_top1"]
             assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-6), (solver.name, ours["C"])

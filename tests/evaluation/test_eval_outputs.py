@@ -1,10 +1,10 @@
-"""Evaluations other than the final probe write records of their own (never eval_linear.json, which tables read),
-and a missing split names the eval key that asked for it."""
+"""Evaluations other than the final probe write records of their own (never eval_linear.json, which
+tables read), and a missing split names the eval key that asked for it."""
 
 import json
 import sys
 
-from eval_test_helpers import FAST_EVAL, fast, REPO, make_folder_run, make_run_dir
+from eval_test_helpers import FAST_EVAL, REPO, fast, make_folder_run, make_run_dir
 
 sys.path.insert(0, str(REPO))
 import eval_linear  # noqa: E402
@@ -24,8 +24,8 @@ def test_evaluations_other_than_the_final_probe_write_records_of_their_own(tmp_p
 
 
 def test_a_student_and_a_teacher_export_of_one_step_get_records_of_their_own(tmp_path):
-    """The final student (train.export_student) and a teacher export at the same step are two networks: each probe
-    keeps its own record, neither replaces the other's."""
+    """The final student (train.export_student) and a teacher export at the same step are two
+    networks: each probe keeps its own record, neither replaces the other's."""
     run = make_run_dir(tmp_path / "runs" / "tiny")
     export = run / "eval" / "step_00000016" / "teacher_backbone.pth"
     export.parent.mkdir(parents=True)
@@ -33,8 +33,15 @@ def test_a_student_and_a_teacher_export_of_one_step_get_records_of_their_own(tmp
     student = run / "student_backbone.pth"
     student.write_bytes((run / "teacher_backbone.pth").read_bytes())
     for checkpoint in (export, student):
-        assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"checkpoint={checkpoint}", "mode=knn"]) == 0
-    assert json.loads((run / fast("eval_knn_step_00000016.json")).read_text())["checkpoint"] == str(export)
+        assert (
+            eval_linear.main(
+                ["--run", str(run), *FAST_EVAL, f"checkpoint={checkpoint}", "mode=knn"]
+            )
+            == 0
+        )
+    assert json.loads((run / fast("eval_knn_step_00000016.json")).read_text())["checkpoint"] == str(
+        export
+    )
     student_record = run / fast("eval_knn_student_backbone_step_00000016.json")
     assert json.loads(student_record.read_text())["checkpoint"] == str(student)
 
@@ -42,4 +49,6 @@ def test_a_student_and_a_teacher_export_of_one_step_get_records_of_their_own(tmp
 def test_a_missing_eval_split_names_its_key(tmp_path, caplog):
     run = make_folder_run(tmp_path)
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "data.val_split=test"]) == 1
-    assert "data.val_split='test'" in caplog.text and "data.split" not in caplog.text.replace("data.val_split", "")
+    assert "data.val_split='test'" in caplog.text and "data.split" not in caplog.text.replace(
+        "data.val_split", ""
+    )

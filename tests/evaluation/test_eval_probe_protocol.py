@@ -1,4 +1,5 @@
-"""The reference protocol around the solver: hold-out split, C grid, best-C rule, refit on all train features."""
+"""The reference protocol around the solver: hold-out split, C grid, best-C rule, refit on all train
+features."""
 
 import math
 
@@ -31,7 +32,11 @@ def test_holdout_split_is_a_fixed_random_tenth():
 
 
 def test_best_C_takes_the_smallest_C_among_ties():
-    curve = [{"C": 0.1, "holdout_top1": 50.0}, {"C": 1.0, "holdout_top1": 70.0}, {"C": 10.0, "holdout_top1": 70.0}]
+    curve = [
+        {"C": 0.1, "holdout_top1": 50.0},
+        {"C": 1.0, "holdout_top1": 70.0},
+        {"C": 10.0, "holdout_top1": 70.0},
+    ]
     assert best_C(curve) == 1.0
 
 
@@ -42,7 +47,9 @@ class RecordingSolver(TorchLBFGS):
 
     def fit(self, X, y, n_classes, C, init=None):
         fit = super().fit(X, y, n_classes, C, init)
-        self.calls.append({"n": len(y), "C": C, "init_C": None if init is None else init.C, "fit": fit})
+        self.calls.append(
+            {"n": len(y), "C": C, "init_C": None if init is None else init.C, "fit": fit}
+        )
         return fit
 
 

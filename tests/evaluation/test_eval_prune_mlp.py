@@ -1,8 +1,8 @@
 """prune_mlp: the teacher probed with its MLP weights 2:4-pruned as the run's student ran them.
 
-The pruned features are checked against a copy of the teacher whose fc1/fc2 weights were masked by hand with the
-independent torchao-style reference (tests/sparsity/independent_reference.py: pure torch, none of `sparsity`), and
-must differ from the dense features (a no-op would fail)."""
+The pruned features are checked against a copy of the teacher whose fc1/fc2 weights were masked by
+hand with the independent torchao-style reference (tests/sparsity/independent_reference.py: pure
+torch, none of `sparsity`), and must differ from the dense features (a no-op would fail)."""
 
 import copy
 import hashlib
@@ -11,25 +11,29 @@ import sys
 
 import pytest
 import torch
+from eval_test_helpers import FAST_EVAL, REPO, TINY_RUN, fast, make_folder_run, make_run_dir
 
 from configs import ConfigError, load_config, load_eval_config
-from eval_test_helpers import FAST_EVAL, fast, REPO, TINY_RUN, make_folder_run, make_run_dir
 from evaluation.evaluate import extract_run_features
 from evaluation.features import EvalInputError, load_teacher
 from evaluation.mlp_pruning import prune_teacher, resolve_mlp_pruning
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "sparsity"))
-import eval_linear  # noqa: E402
 from independent_reference import tile_mask  # noqa: E402  (pure torch, nothing from this repository)
 
-pytestmark = pytest.mark.slow  # trains for tens of seconds per test on 2 cores: outside the fast lane
+import eval_linear  # noqa: E402
+
+pytestmark = (
+    pytest.mark.slow
+)  # trains for tens of seconds per test on 2 cores: outside the fast lane
 
 MLP_SUFFIXES = (".mlp.fc1", ".mlp.fc2")
-# LayerScale off: at its init (1e-5) the MLPs barely move the residual stream, and pruning them would change the
-# features too little for a test to tell pruned from dense
+# LayerScale off: at its init (1e-5) the MLPs barely move the residual stream, and pruning them
+# would change the features too little for a test to tell pruned from dense
 LOUD_MLPS = ("student.layerscale=0",)
-_MASKS: dict = {}  # the reference walk is slow on CPU; the same seeded weights come back in several tests
+# the reference walk is slow on CPU; the same seeded weights come back in several tests
+_MASKS: dict = {}
 
 
 def reference_mask(w, dtype):
@@ -40,8 +44,9 @@ def reference_mask(w, dtype):
 
 
 def hand_masked(backbone, mask_dtype=torch.float32):
-    """A copy of `backbone` whose MLP weights are multiplied by the reference's tile_greedy mask (largest |w| per 4x4
-    tile, transposable), computed on the weight as `mask_dtype` rounds it (the compute dtype of the forward)."""
+    """A copy of `backbone` whose MLP weights are multiplied by the reference's tile_greedy mask
+    (largest |w| per 4x4 tile, transposable), computed on the weight as `mask_dtype` rounds it (the
+    compute dtype of the forward)."""
     ref = copy.deepcopy(backbone)
     n = 0
     with torch.no_grad():
@@ -49,7 +54,8 @@ def hand_masked(backbone, mask_dtype=torch.float32):
             if name.endswith(MLP_SUFFIXES):
                 w = module.weight
                 mask = reference_mask(w, mask_dtype)
-                # 2:4 along rows; the greedy walk keeps 2 per tile row and column where it can (not always: <= half)
+                # 2:4 along rows; the greedy walk keeps 2 per tile row and column where it can (not
+                # always: <= half)
                 assert mask.reshape(-1, 4).sum(1).max() == 2 and 0.45 < mask.float().mean() <= 0.5
                 w.mul_(mask)
                 n += 1
@@ -71,11 +77,16 @@ def test_pruned_forward_equals_a_hand_masked_copy_and_differs_from_dense(tmp_pat
     names = prune_teacher(pruned, run_cfg)
     assert len(names) == 2 * len(dense.blocks) and all(n.endswith(MLP_SUFFIXES) for n in names)
     x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+    with (
+        torch.no_grad(),
+        torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None),
+    ):
         got, want, plain = pruned.eval()(x).float(), ref.eval()(x).float(), dense.eval()(x).float()
     tol = {"atol": 1e-5, "rtol": 1e-5} if autocast is None else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(got, want, **tol)
-    assert (got - plain).abs().mean() > 0.2  # pruning half of every MLP weight shows (features ~ N(0, 1))
+    assert (
+        got - plain
+    ).abs().mean() > 0.2  # pruning half of every MLP weight shows (features ~ N(0, 1))
 
 
 def test_eval_features_equal_those_of_a_hand_masked_checkpoint(tmp_path):
@@ -83,29 +94,53 @@ def test_eval_features_equal_those_of_a_hand_masked_checkpoint(tmp_path):
     run_cfg = load_config(run / "config.yaml")
     eval_cfg = load_eval_config(None, FAST_EVAL)
     ckpt = run / "teacher_backbone.pth"
-    pruned = extract_run_features(run, run_cfg, eval_cfg, ckpt, torch.device("cpu"),
-                                  mlp=resolve_mlp_pruning("auto", run_cfg))
-    dense = extract_run_features(run, run_cfg, eval_cfg, ckpt, torch.device("cpu"),
-                                 mlp=resolve_mlp_pruning("false", run_cfg))
+    pruned = extract_run_features(
+        run, run_cfg, eval_cfg, ckpt, torch.device("cpu"), mlp=resolve_mlp_pruning("auto", run_cfg)
+    )
+    dense = extract_run_features(
+        run, run_cfg, eval_cfg, ckpt, torch.device("cpu"), mlp=resolve_mlp_pruning("false", run_cfg)
+    )
     masked_ckpt = tmp_path / "masked.pth"
-    torch.save({"backbone": hand_masked(load_teacher(run_cfg, ckpt)[0]).state_dict(), "step": 16}, masked_ckpt)
-    reference = extract_run_features(run, run_cfg, eval_cfg, masked_ckpt, torch.device("cpu"),
-                                     mlp=resolve_mlp_pruning("false", run_cfg))
-    assert not pruned["train"].from_cache and not dense["train"].from_cache  # the two caches are separate
+    torch.save(
+        {"backbone": hand_masked(load_teacher(run_cfg, ckpt)[0]).state_dict(), "step": 16},
+        masked_ckpt,
+    )
+    reference = extract_run_features(
+        run,
+        run_cfg,
+        eval_cfg,
+        masked_ckpt,
+        torch.device("cpu"),
+        mlp=resolve_mlp_pruning("false", run_cfg),
+    )
+    assert (
+        not pruned["train"].from_cache and not dense["train"].from_cache
+    )  # the two caches are separate
     torch.testing.assert_close(pruned["train"].x, reference["train"].x, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(pruned["val"].x, reference["val"].x, atol=1e-5, rtol=1e-5)
     assert (pruned["train"].x - dense["train"].x).abs().mean() > 0.2
-    assert (run / "eval" / "features_train_pruned_mlp.pt").is_file() and (run / "eval" / "features_train.pt").is_file()
+    assert (run / "eval" / "features_train_pruned_mlp.pt").is_file() and (
+        run / "eval" / "features_train.pt"
+    ).is_file()
 
 
-@pytest.mark.parametrize("overrides,prunes", [
-    (["sparsity.sparse_fraction=1.0"], True),
-    (["sparsity.sparse_fraction=0.0"], False),
-    (["sparsity.sparse_fraction=0.7"], False),
-    (["sparsity.sparse_fraction=0.7", "train.max_steps=100"], True),  # stopped at step 100 of 300, before the switch
-    (["sparsity.sparse_fraction=1.0", "sparsity.kind=activation"], True),
-    (["sparsity.sparse_fraction=1.0", "sparsity.kind=block", "sparsity.block_size=4"], False),  # no 2:4 to redo
-])
+@pytest.mark.parametrize(
+    "overrides,prunes",
+    [
+        (["sparsity.sparse_fraction=1.0"], True),
+        (["sparsity.sparse_fraction=0.0"], False),
+        (["sparsity.sparse_fraction=0.7"], False),
+        (
+            ["sparsity.sparse_fraction=0.7", "train.max_steps=100"],
+            True,
+        ),  # stopped at step 100 of 300, before the switch
+        (["sparsity.sparse_fraction=1.0", "sparsity.kind=activation"], True),
+        (
+            ["sparsity.sparse_fraction=1.0", "sparsity.kind=block", "sparsity.block_size=4"],
+            False,
+        ),  # no 2:4 to redo
+    ],
+)
 def test_auto_prunes_exactly_when_the_last_step_was_2_4_sparse(overrides, prunes):
     cfg = _run_cfg(*overrides)
     auto = resolve_mlp_pruning("auto", cfg)
@@ -120,9 +155,14 @@ def test_auto_prunes_exactly_when_the_last_step_was_2_4_sparse(overrides, prunes
 
 def test_what_is_recorded_names_the_pruning():
     assert resolve_mlp_pruning("true", _run_cfg()).weights == "2:4-pruned (tile_greedy)"
-    assert resolve_mlp_pruning("true", _run_cfg("sparsity.pruning=tile_optimal")).weights == "2:4-pruned (tile_optimal)"
-    assert resolve_mlp_pruning("true", _run_cfg("sparsity.kind=activation")).weights == \
-        "dense, inputs 2:4-pruned (tile_greedy)"
+    assert (
+        resolve_mlp_pruning("true", _run_cfg("sparsity.pruning=tile_optimal")).weights
+        == "2:4-pruned (tile_optimal)"
+    )
+    assert (
+        resolve_mlp_pruning("true", _run_cfg("sparsity.kind=activation")).weights
+        == "dense, inputs 2:4-pruned (tile_greedy)"
+    )
 
 
 def test_true_is_refused_where_there_is_nothing_2_4_to_prune():
@@ -130,10 +170,15 @@ def test_true_is_refused_where_there_is_nothing_2_4_to_prune():
         resolve_mlp_pruning("true", _run_cfg("sparsity.kind=block", "sparsity.block_size=4"))
     with pytest.raises(EvalInputError, match="checkpoint=pixels"):
         resolve_mlp_pruning("true", _run_cfg(), has_model=False)
-    assert resolve_mlp_pruning("auto", _run_cfg("sparsity.sparse_fraction=1.0"), has_model=False).prune is False
+    assert (
+        resolve_mlp_pruning("auto", _run_cfg("sparsity.sparse_fraction=1.0"), has_model=False).prune
+        is False
+    )
 
 
-@pytest.mark.parametrize("given,stored", [("auto", "auto"), ("true", "true"), ("false", "false"), ("True", "true")])
+@pytest.mark.parametrize(
+    "given,stored", [("auto", "auto"), ("true", "true"), ("false", "false"), ("True", "true")]
+)
 def test_prune_mlp_values(given, stored):
     assert load_eval_config(None, [f"prune_mlp={given}"]).prune_mlp == stored
 
@@ -153,13 +198,17 @@ def test_the_result_records_the_mode_and_both_probes_keep_their_files(tmp_path):
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"index={index}"]) == 0
     as_trained = json.loads((run / fast("eval_linear.json")).read_text())
     assert as_trained["mlp_weights"] == "2:4-pruned (tile_greedy)"
-    assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"index={index}", "prune_mlp=false"]) == 0
+    assert (
+        eval_linear.main(["--run", str(run), *FAST_EVAL, f"index={index}", "prune_mlp=false"]) == 0
+    )
     dense = json.loads((run / fast("eval_linear_dense_mlp.json")).read_text())
     assert dense["mlp_weights"] == "dense"
     assert json.loads((run / fast("eval_linear.json")).read_text()) == as_trained  # not overwritten
     assert dense["C_curve"] != as_trained["C_curve"]  # other features, other fits
-    assert {p.name for p in (run / "eval").glob("features_train*.pt")} == {"features_train.pt",
-                                                                          "features_train_pruned_mlp.pt"}
+    assert {p.name for p in (run / "eval").glob("features_train*.pt")} == {
+        "features_train.pt",
+        "features_train_pruned_mlp.pt",
+    }
     lines = [json.loads(line) for line in index.read_text().splitlines()]
     assert [line["mlp_weights"] for line in lines] == ["2:4-pruned (tile_greedy)", "dense"]
 
@@ -167,9 +216,20 @@ def test_the_result_records_the_mode_and_both_probes_keep_their_files(tmp_path):
 def test_a_dense_run_probed_pruned_writes_its_own_file_and_says_so_first(tmp_path, caplog):
     run = make_folder_run(tmp_path, "sparsity.sparse_fraction=0.0")
     caplog.set_level("INFO")
-    assert eval_linear.main(["--run", str(run), *FAST_EVAL, "index=none", "prune_mlp=true", "mode=knn"]) == 0
+    assert (
+        eval_linear.main(
+            ["--run", str(run), *FAST_EVAL, "index=none", "prune_mlp=true", "mode=knn"]
+        )
+        == 0
+    )
     record = json.loads((run / fast("eval_knn_pruned_mlp.json")).read_text())
-    assert record["mlp_weights"] == "2:4-pruned (tile_greedy)" and not (run / fast("eval_knn.json")).exists()
+    assert (
+        record["mlp_weights"] == "2:4-pruned (tile_greedy)"
+        and not (run / fast("eval_knn.json")).exists()
+    )
     first = next(r.getMessage() for r in caplog.records if r.name == "evaluation.evaluate")
     assert first.startswith(f"evaluating checkpoint {run / 'teacher_backbone.pth'} of run {run}")
-    assert "MLP weights 2:4-pruned (tile_greedy) (prune_mlp=true: the run's last step was dense)" in first
+    assert (
+        "MLP weights 2:4-pruned (tile_greedy) (prune_mlp=true: the run's last step was dense)"
+        in first
+    )

@@ -1,6 +1,7 @@
-"""eval_linear.py as a writer of the run directory: it holds the run's lock while it writes there (a trainer still
-running, or a second evaluation, is refused before anything is read or written); `output=` / `index=` that cannot be
-written as files are refused before the probe runs; a split with one class is a clear error, not 100%."""
+"""eval_linear.py as a writer of the run directory: it holds the run's lock while it writes there (a
+trainer still running, or a second evaluation, is refused before anything is read or written);
+`output=` / `index=` that cannot be written as files are refused before the probe runs; a split with
+one class is a clear error, not 100%."""
 
 import json
 import subprocess
@@ -8,8 +9,7 @@ import sys
 
 import pytest
 import torch
-
-from eval_test_helpers import FAST_EVAL, fast, REPO, make_image_tree, make_run_dir
+from eval_test_helpers import FAST_EVAL, REPO, fast, make_image_tree, make_run_dir
 from run_lock_holder import hold_lock
 
 sys.path.insert(0, str(REPO))
@@ -34,8 +34,8 @@ def test_an_evaluation_of_a_run_in_use_is_refused_and_writes_nothing(tmp_path, c
 
 
 def test_two_evaluations_never_write_one_run_at_once(tmp_path):
-    """The second evaluation, started while the first holds the run, exits 1 naming the directory; the first
-    finishes and its record is whole."""
+    """The second evaluation, started while the first holds the run, exits 1 naming the directory;
+    the first finishes and its record is whole."""
     run = make_run_dir(tmp_path / "runs" / "tiny")
     command = [sys.executable, str(REPO / "eval_linear.py"), "--run", str(run), *FAST_EVAL]
     holder = hold_lock(run)  # stands in for the first evaluation, for a deterministic overlap
@@ -52,14 +52,25 @@ def test_two_evaluations_never_write_one_run_at_once(tmp_path):
 
 
 def test_an_evaluation_writing_elsewhere_needs_no_lock(tmp_path):
-    """output= outside the run and no feature cache: nothing is written in the run directory, so a read-only look
-    at a run in use is allowed."""
+    """output= outside the run and no feature cache: nothing is written in the run directory, so a
+    read-only look at a run in use is allowed."""
     run = make_run_dir(tmp_path / "runs" / "tiny")
     holder = hold_lock(run)
     try:
         out = tmp_path / "mine.json"
-        assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"output={out}", "features.cache=false",
-                                 "index=none"]) == 0
+        assert (
+            eval_linear.main(
+                [
+                    "--run",
+                    str(run),
+                    *FAST_EVAL,
+                    f"output={out}",
+                    "features.cache=false",
+                    "index=none",
+                ]
+            )
+            == 0
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -69,8 +80,9 @@ def test_an_evaluation_writing_elsewhere_needs_no_lock(tmp_path):
 
 @pytest.mark.parametrize("target", ["directory", "fifo", "parent_is_file"])
 @pytest.mark.parametrize("key", ["output", "index"])
-def test_output_and_index_that_cannot_be_files_are_refused_before_the_probe(tmp_path, caplog, monkeypatch, key,
-                                                                            target):
+def test_output_and_index_that_cannot_be_files_are_refused_before_the_probe(
+    tmp_path, caplog, monkeypatch, key, target
+):
     import evaluation.evaluate as evaluate
 
     run = make_run_dir(tmp_path / "runs" / "tiny")
@@ -121,9 +133,12 @@ def test_two_classes_is_enough(tmp_path):
     assert record["n_classes"] == 2 and 0.0 <= record["top1"] <= 100.0
 
 
-def test_a_feature_cache_folder_planted_as_a_link_is_refused_and_nothing_written_outside(tmp_path, caplog):
-    """`eval/` is where the feature cache goes: a link there would put it outside the run. Refused before any
-    feature is computed; without the cache the same evaluation writes nothing there and runs."""
+def test_a_feature_cache_folder_planted_as_a_link_is_refused_and_nothing_written_outside(
+    tmp_path, caplog
+):
+    """`eval/` is where the feature cache goes: a link there would put it outside the run. Refused
+    before any feature is computed; without the cache the same evaluation writes nothing there and
+    runs."""
     run = make_run_dir(tmp_path / "runs" / "tiny")
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -137,8 +152,9 @@ def test_a_feature_cache_folder_planted_as_a_link_is_refused_and_nothing_written
 
 @pytest.mark.parametrize("damage", ["digest_removed", "byte_flipped"])
 def test_a_teacher_export_whose_digest_is_lost_or_wrong_is_refused(tmp_path, caplog, damage):
-    """The run's exports carry a SHA-256 digest file (this version writes one for each): without it, or with a
-    byte of the export changed, the evaluation refuses in one line instead of probing another teacher."""
+    """The run's exports carry a SHA-256 digest file (this version writes one for each): without it,
+    or with a byte of the export changed, the evaluation refuses in one line instead of probing
+    another teacher."""
     from rundir.digests import digest_path
     from rundir.torch_files import load_verified, save_verified
 
@@ -153,22 +169,26 @@ def test_a_teacher_export_whose_digest_is_lost_or_wrong_is_refused(tmp_path, cap
         data = bytearray(export.read_bytes())
         data[len(data) // 2] ^= 0x01
         export.write_bytes(bytes(data))
-    assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"checkpoint={export}", "mode=knn"]) == 1
+    assert (
+        eval_linear.main(["--run", str(run), *FAST_EVAL, f"checkpoint={export}", "mode=knn"]) == 1
+    )
     assert f"cannot read {export}" in caplog.text
     assert ("digest file" in caplog.text) == (damage == "digest_removed")
     assert not (run / fast("eval_knn.json")).exists() and not list(run.glob("eval_*.json"))
 
 
 def test_a_damaged_digest_is_refused_even_where_cached_features_would_stand_in(tmp_path, caplog):
-    """The features of a probe are cached under the weights' own SHA-256, so a second probe never loads the teacher
-    (where its digest file is checked); a damaged digest file must still refuse it, in one line, as a loader
-    would, and write nothing."""
+    """The features of a probe are cached under the weights' own SHA-256, so a second probe never
+    loads the teacher (where its digest file is checked); a damaged digest file must still refuse
+    it, in one line, as a loader would, and write nothing."""
     from rundir.digests import digest_path
     from rundir.torch_files import save_verified
 
     run = make_run_dir(tmp_path / "runs" / "tiny")
     teacher = run / "teacher_backbone.pth"
-    save_verified(torch.load(teacher, weights_only=True), teacher)  # as train.py writes it, with its digest
+    save_verified(
+        torch.load(teacher, weights_only=True), teacher
+    )  # as train.py writes it, with its digest
     assert eval_linear.main(["--run", str(run), *FAST_EVAL, "mode=knn", "index=none"]) == 0
     assert list((run / "eval").glob("features_*.pt"))  # the cache a second probe would use
     (run / fast("eval_knn.json")).unlink()

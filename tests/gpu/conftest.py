@@ -1,9 +1,10 @@
 """GPU tests: a watchdog per test.
 
-Two of three H100 runs of `pytest -m gpu` (results/bench/NOTES.md, runs 6-7) stalled inside a cuSPARSELt call with
-fp16 operands, in different tests, without pytest-timeout's thread dump: the stalled call held the GIL. faulthandler's
-watchdog is a C thread that needs no GIL, so a stalled test prints every thread's Python stack and ends the process
-instead of hanging the run until an outer time limit kills it without a trace.
+Two of three H100 runs of `pytest -m gpu` (results/bench/NOTES.md, runs 6-7) stalled inside a
+cuSPARSELt call with fp16 operands, in different tests, without pytest-timeout's thread dump: the
+stalled call held the GIL. faulthandler's watchdog is a C thread that needs no GIL, so a stalled
+test prints every thread's Python stack and ends the process instead of hanging the run until an
+outer time limit kills it without a trace.
 """
 
 import faulthandler

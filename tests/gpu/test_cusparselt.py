@@ -1,7 +1,8 @@
 """GPU tests of the cuSPARSELt backend, the fused prune+pack kernel and the auto backend.
 
-Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu`. Every check draws fresh random inputs; sparse results
-are compared with the dense masked product (fp32 reference) by relative Frobenius error.
+Run on a GPU machine: `python3 -m pytest -m gpu tests/gpu`. Every check draws fresh random inputs;
+sparse results are compared with the dense masked product (fp32 reference) by relative Frobenius
+error.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparsity.backends.cuda import rel_err as _rel  # relative Frobenius error against an fp32 reference
+from sparsity.backends.cuda import (
+    rel_err as _rel,
+)  # relative Frobenius error against an fp32 reference
 
 pytestmark = pytest.mark.gpu
 
@@ -24,12 +27,17 @@ DTYPES = [torch.bfloat16, torch.float16]
 def cs():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from sparsity.backends import BackendSettings, BackendUnavailable, configure_backends, get_backend
-
     import os
 
-    # the algorithm sweep (~50 plans per new shape) would dominate the run time of these many-shape tests; it has
-    # its own test below. SPARSITY_TEST_SWEEP=1 keeps it on everywhere.
+    from sparsity.backends import (
+        BackendSettings,
+        BackendUnavailable,
+        configure_backends,
+        get_backend,
+    )
+
+    # the algorithm sweep (~50 plans per new shape) would dominate the run time of these many-shape
+    # tests; it has its own test below. SPARSITY_TEST_SWEEP=1 keeps it on everywhere.
     if os.environ.get("SPARSITY_TEST_SWEEP") != "1":
         configure_backends(BackendSettings(cslt_search="none"))
     b = get_backend("cusparselt")
@@ -47,7 +55,7 @@ def _masked(w, pruning="tile_greedy"):
     return values, mask
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # fused pack == library compressor
 
 
@@ -103,7 +111,7 @@ def test_layout_probe_and_status(cs):
     assert st["pack"] == "triton", st
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # GEMMs
 
 
@@ -134,7 +142,9 @@ def test_matmul_non_contiguous_inputs(cs, dtype):
     big = torch.randn(2048, 1024, device="cuda", dtype=dtype)
     cases = {
         "column slice": big[:, 100:612],  # row stride 1024, misaligned start
-        "transposed": torch.randn(512, 2048, device="cuda", dtype=dtype).t(),  # column-major: op(B)=N path
+        "transposed": torch.randn(
+            512, 2048, device="cuda", dtype=dtype
+        ).t(),  # column-major: op(B)=N path
         "row step": big[::2, :512],
         "expanded": torch.randn(1, 512, device="cuda", dtype=dtype).expand(64, 512),
     }
@@ -160,7 +170,9 @@ def test_other_prunings(cs, pruning):
 def test_padded_rows_and_bad_shapes(cs):
     from sparsity.backends import BackendUnavailable
 
-    w = torch.randn(100, 64, device="cuda", dtype=torch.bfloat16)  # out not a multiple of 16: zero-padded rows
+    w = torch.randn(
+        100, 64, device="cuda", dtype=torch.bfloat16
+    )  # out not a multiple of 16: zero-padded rows
     sw = cs.sparsify(w, "tile_greedy")
     values, _ = _masked(w)
     x = torch.randn(50, 64, device="cuda", dtype=torch.bfloat16)
@@ -178,8 +190,11 @@ def test_library_compressor_fallback(cs, monkeypatch):
     import sparsity.backends.cusparselt.packing as C
 
     dev_index = torch.cuda.current_device()
-    monkeypatch.setitem(C._layout_status, (dev_index, torch.float16, cs.settings.cslt_pack),
-                        {"pack": "library", "reason": "test"})
+    monkeypatch.setitem(
+        C._layout_status,
+        (dev_index, torch.float16, cs.settings.cslt_pack),
+        {"pack": "library", "reason": "test"},
+    )
     w = torch.randn(512, 256, device="cuda", dtype=torch.float16)
     sw = cs.sparsify(w, "tile_greedy")
     values, _ = _masked(w)
@@ -209,10 +224,11 @@ def test_other_thread(cs):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_plans_record_verified_algorithms(cs, dtype):
     from sparsity.backends import BackendSettings
-    from sparsity.backends.cusparselt import CuSparseLtBackend
-    from sparsity.backends.cusparselt import search as P
+    from sparsity.backends.cusparselt import CuSparseLtBackend, search as P
 
-    sweeping = CuSparseLtBackend(BackendSettings(cslt_search="sweep"))  # the setting reaches it by its constructor
+    sweeping = CuSparseLtBackend(
+        BackendSettings(cslt_search="sweep")
+    )  # the setting reaches it by its constructor
     w = torch.randn(2048, 1024, device="cuda", dtype=dtype)
     sw = sweeping.sparsify(w, "tile_greedy")
     x = torch.randn(2048, 1024, device="cuda", dtype=dtype)
@@ -221,14 +237,16 @@ def test_plans_record_verified_algorithms(cs, dtype):
     recs = [v for k, v in P.plan_records().items() if "2048, 1024, 2048" in k and str(dtype) in k]
     assert recs and all("alg_id" in r for r in recs)
     # each record names its GEMM, so that a benchmark can say which algorithm each of its rows ran
-    assert {(r["out_features"], r["in_features"], r["tokens"], r["dtype"]) for r in recs} == \
-        {(2048, 1024, 2048, str(dtype).replace("torch.", ""))}
+    assert {(r["out_features"], r["in_features"], r["tokens"], r["dtype"]) for r in recs} == {
+        (2048, 1024, 2048, str(dtype).replace("torch.", ""))
+    }
     if dtype == torch.float16:  # the blocklisted (crashing) algorithms were never run
         assert all(r["alg_id"] < 34 for r in recs)
 
 
 def test_the_mapped_library_is_found(cs):
-    """What a benchmark records as the library it ran (a process started with LD_PRELOAD runs another copy)."""
+    """What a benchmark records as the library it ran (a process started with LD_PRELOAD runs
+    another copy)."""
     from sparsity.backends.cusparselt.library import loaded_library_path, version
 
     path = loaded_library_path()
@@ -236,7 +254,7 @@ def test_the_mapped_library_is_found(cs):
     assert version() >= 800
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # through the modules: eager, autocast, CUDA graph, torch.compile
 
 
@@ -306,7 +324,11 @@ def test_masked_grad_and_activation_sparse(cs):
     dy = torch.randn_like(ya)
     ya.backward(dy)
     yb.backward(dy)
-    assert _rel(ya, yb) < 1e-2 and _rel(xa.grad, xb.grad) < 1e-2 and _rel(lin2.weight.grad, lin3.weight.grad) < 1e-2
+    assert (
+        _rel(ya, yb) < 1e-2
+        and _rel(xa.grad, xb.grad) < 1e-2
+        and _rel(lin2.weight.grad, lin3.weight.grad) < 1e-2
+    )
 
 
 def test_cuda_graph_capture(cs):
@@ -329,7 +351,9 @@ def test_cuda_graph_capture(cs):
         y.backward(dy)
     with torch.no_grad():
         x.copy_(torch.randn_like(x))
-        a.weight.add_(0.01 * torch.randn_like(a.weight))  # the graph re-prunes and re-packs the new weight
+        a.weight.add_(
+            0.01 * torch.randn_like(a.weight)
+        )  # the graph re-prunes and re-packs the new weight
         b.weight.copy_(a.weight)
     g.replay()
     torch.cuda.synchronize()
@@ -351,10 +375,14 @@ def test_torch_compile(cs):
     xb = x.detach().clone().requires_grad_()
     yb = F.gelu(b(xb))
     yb.float().pow(2).mean().backward()
-    assert _rel(y, yb) < 1e-2 and _rel(x.grad, xb.grad) < 1e-2 and _rel(a.weight.grad, b.weight.grad) < 1e-2
+    assert (
+        _rel(y, yb) < 1e-2
+        and _rel(x.grad, xb.grad) < 1e-2
+        and _rel(a.weight.grad, b.weight.grad) < 1e-2
+    )
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # auto
 
 
@@ -404,7 +432,7 @@ def test_auto_on_cpu_is_dense():
     assert isinstance(sw, DenseSparseWeight)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the other helper's Triton pruning kernels on the GPU
 
 
@@ -433,8 +461,9 @@ def test_mvue_kernel_equals_reference_on_gpu():
 
 
 def test_mvue_pack_t_equals_the_references_on_gpu():
-    """The weight gradient's compressed operand, bit for bit: values as `reference.mvue24(dy^T)`, all defined bytes
-    as `layout.pack_reference` (the layout checked against cuSPARSELt's own compressor in test_pack_layout)."""
+    """The weight gradient's compressed operand, bit for bit: values as `reference.mvue24(dy^T)`,
+    all defined bytes as `layout.pack_reference` (the layout checked against cuSPARSELt's own
+    compressor in test_pack_layout)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from sparsity.kernels.mvue import mvue_pack_t
@@ -452,7 +481,9 @@ def test_mvue_pack_t_equals_the_references_on_gpu():
         assert ((approx.view(torch.int16).int() - ref.view(torch.int16).int()).abs() <= 1).all()
 
 
-@pytest.mark.parametrize("tokens", [1024, 1000])  # 1000: 960 pruned, the last 40 exact through a dense GEMM
+@pytest.mark.parametrize(
+    "tokens", [1024, 1000]
+)  # 1000: 960 pruned, the last 40 exact through a dense GEMM
 def test_mvue_weight_grad_on_cusparselt_equals_the_dense_product_of_the_reference(cs, tokens):
     from sparsity.backends import get_backend
     from sparsity.pruning import mvue
@@ -467,20 +498,30 @@ def test_mvue_weight_grad_on_cusparselt_equals_the_dense_product_of_the_referenc
         expected = pruned @ x[:n].float() + dy[n:].t().float() @ x[n:].float()
         assert _rel(got, expected) < 1e-2
         assert _rel(got, dy.t().float() @ x.float()) > 0.1  # an estimate, not the dense gradient
-        assert torch.equal(get_backend("auto").mvue_weight_grad(dy, x, 7), got)  # auto runs it on cuSPARSELt too
-        seed = torch.tensor([7], device="cuda")  # the compiled backward's op, its seed on the GPU: the same GEMM
-        assert torch.equal(torch.ops.sparsity.cslt_mvue_wgrad(dy, x, seed, cs.settings.cslt_search), got)
-    assert cs.mvue_weight_grad(dy[:32], x[:32], 7) is None  # under 64 tokens: the caller's dense GEMM
+        assert torch.equal(
+            get_backend("auto").mvue_weight_grad(dy, x, 7), got
+        )  # auto runs it on cuSPARSELt too
+        seed = torch.tensor(
+            [7], device="cuda"
+        )  # the compiled backward's op, its seed on the GPU: the same GEMM
+        assert torch.equal(
+            torch.ops.sparsity.cslt_mvue_wgrad(dy, x, seed, cs.settings.cslt_search), got
+        )
+    assert (
+        cs.mvue_weight_grad(dy[:32], x[:32], 7) is None
+    )  # under 64 tokens: the caller's dense GEMM
 
 
 def test_mvue24_layer_trains_its_weight_gradient_on_cusparselt(cs):
-    """The eager layer under bf16 autocast with fp32 master weights: its weight gradient is the 2:4 GEMM's estimate
-    (the seed drawn from torch's CPU generator), dx and db exact."""
+    """The eager layer under bf16 autocast with fp32 master weights: its weight gradient is the 2:4
+    GEMM's estimate (the seed drawn from torch's CPU generator), dx and db exact."""
     from sparsity.modules import SemiSparseLinear
     from sparsity.pruning import mvue
 
     torch.manual_seed(0)
-    layer = SemiSparseLinear.from_dense(nn.Linear(256, 512).cuda(), backend="cusparselt", weight_grad="mvue24")
+    layer = SemiSparseLinear.from_dense(
+        nn.Linear(256, 512).cuda(), backend="cusparselt", weight_grad="mvue24"
+    )
     x = torch.randn(4, 200, 256, device="cuda", requires_grad=True)  # 800 tokens: 768 pruned
     dy = torch.randn(4, 200, 512, device="cuda")
     torch.manual_seed(3)
@@ -490,8 +531,10 @@ def test_mvue24_layer_trains_its_weight_gradient_on_cusparselt(cs):
     torch.manual_seed(3)
     seed = int(torch.randint(0, 2**62, ()))
     dy2, x2 = dy.reshape(800, 512).bfloat16(), x.detach().reshape(800, 256).bfloat16()
-    expected = mvue(dy2[:768].t(), seed, impl="reference").float() @ x2[:768].float() \
+    expected = (
+        mvue(dy2[:768].t(), seed, impl="reference").float() @ x2[:768].float()
         + dy2[768:].t().float() @ x2[768:].float()
+    )
     assert layer.weight.grad.dtype == torch.float32
     assert _rel(layer.weight.grad, expected) < 1e-2
     torch.testing.assert_close(layer.bias.grad, dy.reshape(800, 512).sum(0), rtol=1e-2, atol=0.5)

@@ -1,5 +1,6 @@
-"""GPU tests of the CUTLASS backend (torch core's sm8x 2:4 kernels). The GEMM tests need an sm8x GPU (A100) and skip
-elsewhere with the reason; the tie-breaking check of torch's tile pruner runs on any CUDA GPU."""
+"""GPU tests of the CUTLASS backend (torch core's sm8x 2:4 kernels). The GEMM tests need an sm8x GPU
+(A100) and skip elsewhere with the reason; the tie-breaking check of torch's tile pruner runs on any
+CUDA GPU."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def _is_sm8x():
 
 
 needs_sm8x = pytest.mark.skipif(
-    not _is_sm8x(), reason="torch's CUTLASS 2:4 GEMM supports only compute capability 8.x (run on an A100)"
+    not _is_sm8x(),
+    reason="torch's CUTLASS 2:4 GEMM supports only compute capability 8.x (run on an A100)",
 )
 
 
@@ -34,16 +36,20 @@ def test_check_reason_off_sm8x():
 
 
 def test_torch_tile_mask_vs_reference_ties():
-    """torch's fused tile pruner (runs on sm90 too) against our tile_greedy: same on tie-free inputs; differences
-    confined to tiles with exactly equal |w| otherwise."""
+    """torch's fused tile pruner (runs on sm90 too) against our tile_greedy: same on tie-free
+    inputs; differences confined to tiles with exactly equal |w| otherwise."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from sparsity.pruning.reference import tile_greedy_mask
 
     for dtype in (torch.bfloat16, torch.float16):
         w = torch.randn(1024, 1024, device="cuda", dtype=torch.float32)
-        w = (w + torch.arange(w.numel(), device="cuda").reshape(w.shape) * 1e-7).to(dtype)  # few ties
-        *_, bitmask = torch._sparse_semi_structured_tile(w, "largest_abs_values_greedy", use_cutlass=True)
+        w = (w + torch.arange(w.numel(), device="cuda").reshape(w.shape) * 1e-7).to(
+            dtype
+        )  # few ties
+        *_, bitmask = torch._sparse_semi_structured_tile(
+            w, "largest_abs_values_greedy", use_cutlass=True
+        )
         theirs = torch._sparse_semi_structured_apply_dense(w, bitmask) != 0
         ours = tile_greedy_mask(w) & (w != 0)
         tiles_t = theirs.reshape(256, 4, 256, 4).permute(0, 2, 1, 3).reshape(-1, 16)
@@ -52,8 +58,13 @@ def test_torch_tile_mask_vs_reference_ties():
         mags = w.abs().float().reshape(256, 4, 256, 4).permute(0, 2, 1, 3).reshape(-1, 16)
         s = mags.sort(1).values
         has_tie = (s[:, 1:] == s[:, :-1]).any(1)
-        assert not bool((diff & ~has_tie).any()), "torch's tile pruner differs on a tile without ties"
-        print(f"{dtype}: tiles differing {int(diff.sum())} / {diff.numel()} (tiles with ties {int(has_tie.sum())})")
+        assert not bool((diff & ~has_tie).any()), (
+            "torch's tile pruner differs on a tile without ties"
+        )
+        print(
+            f"{dtype}: tiles differing {int(diff.sum())} / {diff.numel()} (tiles with ties "
+            f"{int(has_tie.sum())})"
+        )
 
 
 @needs_sm8x

@@ -1,5 +1,6 @@
-"""The record behind a table's speed columns (reporting/speed_columns.py): the memory in use on the run's GPU outside
-its own allocator. The run's own tensors must not count, another process's must."""
+"""The record behind a table's speed columns (reporting/speed_columns.py): the memory in use on the
+run's GPU outside its own allocator. The run's own tensors must not count, another process's
+must."""
 
 import subprocess
 import sys
@@ -22,7 +23,9 @@ sys.stdin.readline()
 
 
 def _outside_mb() -> float:
-    line = metrics_line(10, "sparse", 1.0, corrupt_skipped=0, images_per_s=1.0, device=torch.device("cuda"))
+    line = metrics_line(
+        10, "sparse", 1.0, corrupt_skipped=0, images_per_s=1.0, device=torch.device("cuda")
+    )
     return line["gpu_mem_outside_mb"]
 
 
@@ -32,8 +35,9 @@ def test_own_tensors_do_not_count_and_another_process_does():
     assert 0.0 <= alone < SHARED_GPU_MB  # the context and libraries of this process alone
     own = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")  # 2 GB of our own
     assert abs(_outside_mb() - alone) < 256.0
-    other = subprocess.Popen([sys.executable, "-c", HOLD_6_GB], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+    other = subprocess.Popen(
+        [sys.executable, "-c", HOLD_6_GB], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert other.stdout.readline().strip() == "holding"
         assert _outside_mb() > SHARED_GPU_MB  # 6 GB of another process (and its context)

@@ -1,5 +1,5 @@
-"""Shared by the meta-architecture tests (CPU and GPU): a tiny config, a hand-made batch, an independent write-out
-of the reference's loss formulas."""
+"""Shared by the meta-architecture tests (CPU and GPU): a tiny config, a hand-made batch, an
+independent write-out of the reference's loss formulas."""
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,11 @@ def tiny_cfg(**over) -> Config:
     cfg.student.arch = "vit_tiny"
     cfg.student.patch_size = P
     cfg.student.drop_path_rate = over.pop("drop_path_rate", 0.0)
-    cfg.crops.global_crops_size, cfg.crops.local_crops_size, cfg.crops.local_crops_number = G, L, N_LOCAL
+    cfg.crops.global_crops_size, cfg.crops.local_crops_size, cfg.crops.local_crops_number = (
+        G,
+        L,
+        N_LOCAL,
+    )
     for section in (cfg.dino, cfg.ibot):
         section.head_n_prototypes, section.head_hidden_dim, section.head_bottleneck_dim = 32, 24, 8
     for key, value in over.items():
@@ -49,7 +53,8 @@ def make_batch(n_local=N_LOCAL, extra_upperbound=4, seed=0):
 
 
 def build(cfg, seed=0, perturb=True):
-    """A model whose outputs differ clearly between images (at init every CLS token is nearly the same)."""
+    """A model whose outputs differ clearly between images (at init every CLS token is nearly the
+    same)."""
     torch.manual_seed(seed)
     model = SSLMetaArch(cfg)
     if perturb:
@@ -62,15 +67,22 @@ def build(cfg, seed=0, perturb=True):
 
 
 def expected_terms(model, batch, teacher_temp):
-    """The reference's forward_backward written out term by term, from the modules (center = 0, no drop-path)."""
+    """The reference's forward_backward written out term by term, from the modules (center = 0, no
+    drop-path)."""
     cfg = model.cfg
     g, loc, masks = batch.global_crops, batch.local_crops, batch.masks
     n_local = loc.shape[0] // B
-    ibot_head = model.student["ibot_head"] if "ibot_head" in model.student else model.student["dino_head"]
-    t_ibot_head = model.teacher["ibot_head"] if "ibot_head" in model.teacher else model.teacher["dino_head"]
+    ibot_head = (
+        model.student["ibot_head"] if "ibot_head" in model.student else model.student["dino_head"]
+    )
+    t_ibot_head = (
+        model.teacher["ibot_head"] if "ibot_head" in model.teacher else model.teacher["dino_head"]
+    )
     with torch.no_grad():
         t_out = model.teacher["backbone"].forward_features(g)
-        t_probs = F.softmax(model.teacher["dino_head"](t_out["x_norm_clstoken"]) / teacher_temp, dim=-1)
+        t_probs = F.softmax(
+            model.teacher["dino_head"](t_out["x_norm_clstoken"]) / teacher_temp, dim=-1
+        )
         tA, tB = t_probs[:B], t_probs[B:]
         t_patch = F.softmax(t_ibot_head(t_out["x_norm_patchtokens"][masks]) / teacher_temp, dim=-1)
     s_g = model.student["backbone"].forward_features(g, masks)

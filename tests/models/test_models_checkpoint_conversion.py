@@ -1,4 +1,5 @@
-"""State-dict conversion: identical outputs against timm's VisionTransformer both ways; dinov2-format checkpoints."""
+"""State-dict conversion: identical outputs against timm's VisionTransformer both ways;
+dinov2-format checkpoints."""
 
 import pytest
 import torch
@@ -16,8 +17,16 @@ from models.vision_transformer import DinoVisionTransformer
 
 def ours(patch, regs, **kw):
     torch.manual_seed(1)
-    m = DinoVisionTransformer(img_size=2 * patch, patch_size=patch, embed_dim=32, depth=2, num_heads=2,
-                              init_values=1e-5, num_register_tokens=regs, **kw).eval()
+    m = DinoVisionTransformer(
+        img_size=2 * patch,
+        patch_size=patch,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        init_values=1e-5,
+        num_register_tokens=regs,
+        **kw,
+    ).eval()
     with torch.no_grad():  # make every tensor matter (tokens, LayerScale, norms, biases)
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.2)
@@ -39,7 +48,9 @@ def test_ours_to_timm_identical_outputs(patch, regs, no_embed_class):
     m = ours(patch, regs)
     kwargs = timm_model_kwargs(m, no_embed_class=no_embed_class)
     timm_model = VisionTransformer(**kwargs).eval()
-    timm_model.load_state_dict(to_timm_state_dict(m.state_dict(), no_embed_class=kwargs["no_embed_class"]))
+    timm_model.load_state_dict(
+        to_timm_state_dict(m.state_dict(), no_embed_class=kwargs["no_embed_class"])
+    )
     x = torch.randn(3, 3, 2 * patch, 2 * patch)
     torch.testing.assert_close(timm_model(x), m(x), atol=1e-5, rtol=1e-5)
 
@@ -49,11 +60,28 @@ def test_ours_to_timm_identical_outputs(patch, regs, no_embed_class):
 @pytest.mark.parametrize("no_embed_class", [False, True])
 def test_timm_to_ours_identical_outputs_and_round_trip(patch, regs, no_embed_class):
     torch.manual_seed(3)
-    timm_model = randomise(VisionTransformer(img_size=2 * patch, patch_size=patch, embed_dim=32, depth=2, num_heads=2,
-                                             init_values=1e-5, num_classes=0, reg_tokens=regs,
-                                             no_embed_class=no_embed_class))
-    m = DinoVisionTransformer(img_size=2 * patch, patch_size=patch, embed_dim=32, depth=2, num_heads=2,
-                              init_values=1e-5, num_register_tokens=regs).eval()
+    timm_model = randomise(
+        VisionTransformer(
+            img_size=2 * patch,
+            patch_size=patch,
+            embed_dim=32,
+            depth=2,
+            num_heads=2,
+            init_values=1e-5,
+            num_classes=0,
+            reg_tokens=regs,
+            no_embed_class=no_embed_class,
+        )
+    )
+    m = DinoVisionTransformer(
+        img_size=2 * patch,
+        patch_size=patch,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        init_values=1e-5,
+        num_register_tokens=regs,
+    ).eval()
     report = load_backbone_weights(m, timm_model.state_dict())
     assert report["mask_token_kept"] and report["pos_embed_resampled_from"] is None
     x = torch.randn(3, 3, 2 * patch, 2 * patch)
@@ -65,10 +93,19 @@ def test_timm_to_ours_identical_outputs_and_round_trip(patch, regs, no_embed_cla
 
 
 def test_timm_classifier_head_is_dropped_and_names_coincide():
-    timm_model = VisionTransformer(img_size=28, patch_size=14, embed_dim=32, depth=2, num_heads=2, init_values=1e-5,
-                                   num_classes=10)
+    timm_model = VisionTransformer(
+        img_size=28,
+        patch_size=14,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        init_values=1e-5,
+        num_classes=10,
+    )
     sd = from_timm_state_dict(timm_model.state_dict())
-    m = DinoVisionTransformer(img_size=28, patch_size=14, embed_dim=32, depth=2, num_heads=2, init_values=1e-5)
+    m = DinoVisionTransformer(
+        img_size=28, patch_size=14, embed_dim=32, depth=2, num_heads=2, init_values=1e-5
+    )
     assert set(sd) | {"mask_token"} == set(m.state_dict())
 
 
@@ -89,7 +126,10 @@ def test_dinov2_formats_convert_to_identical_model(tmp_path):
     sd = src.state_dict()
     x = torch.randn(2, 3, 28, 28)
     expected = src(x)
-    head = {"dino_head.mlp.0.weight": torch.randn(4, 32), "dino_head.last_layer.weight_g": torch.ones(8, 1)}
+    head = {
+        "dino_head.mlp.0.weight": torch.randn(4, 32),
+        "dino_head.last_layer.weight_g": torch.ones(8, 1),
+    }
     variants = {
         "hub (plain names)": dict(sd),
         "eval export {'teacher': backbone.+heads}": {
@@ -97,17 +137,30 @@ def test_dinov2_formats_convert_to_identical_model(tmp_path):
         },
         "module. prefix": {f"module.backbone.{k}": v for k, v in sd.items()},
         "full training checkpoint": {
-            "model": {**{f"student.backbone.{k}": v * 0 for k, v in sd.items()},
-                      **{f"teacher.backbone.{k}": v for k, v in sd.items()},
-                      "dino_loss.center": torch.zeros(1, 8)},
+            "model": {
+                **{f"student.backbone.{k}": v * 0 for k, v in sd.items()},
+                **{f"teacher.backbone.{k}": v for k, v in sd.items()},
+                "dino_loss.center": torch.zeros(1, 8),
+            },
             "iteration": 10,
         },
         "compiled": {f"_orig_mod.{k}": v for k, v in sd.items()},
-        "our trainer's teacher export": {"backbone": dict(sd), "step": 3, "student_config": "student: {}"},
+        "our trainer's teacher export": {
+            "backbone": dict(sd),
+            "step": 3,
+            "student_config": "student: {}",
+        },
     }
     for what, obj in variants.items():
-        m = DinoVisionTransformer(img_size=28, patch_size=14, embed_dim=32, depth=2, num_heads=2, init_values=1e-5,
-                                  num_register_tokens=4).eval()
+        m = DinoVisionTransformer(
+            img_size=28,
+            patch_size=14,
+            embed_dim=32,
+            depth=2,
+            num_heads=2,
+            init_values=1e-5,
+            num_register_tokens=4,
+        ).eval()
         load_backbone_weights(m, obj)
         torch.testing.assert_close(m(x), expected, atol=1e-6, rtol=1e-6, msg=what)
     # from a file
@@ -121,7 +174,9 @@ def test_dinov2_formats_convert_to_identical_model(tmp_path):
 
 def test_pos_embed_resampled_for_another_grid():
     src = ours(14, 0)  # 2x2 grid
-    m = DinoVisionTransformer(img_size=56, patch_size=14, embed_dim=32, depth=2, num_heads=2, init_values=1e-5)
+    m = DinoVisionTransformer(
+        img_size=56, patch_size=14, embed_dim=32, depth=2, num_heads=2, init_values=1e-5
+    )
     report = load_backbone_weights(m, src.state_dict())
     assert report["pos_embed_resampled_from"] == 2 and m.pos_embed.shape == (1, 17, 32)
     torch.testing.assert_close(m.pos_embed[:, 0], src.pos_embed[:, 0])

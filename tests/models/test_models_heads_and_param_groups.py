@@ -18,8 +18,13 @@ def test_dino_head_structure_and_forward():
     assert kinds == [nn.Linear, nn.GELU, nn.Linear, nn.GELU, nn.Linear]
     assert [m.out_features for m in head.mlp if isinstance(m, nn.Linear)] == [24, 24, 8]
     names = dict(head.named_parameters())
-    assert set(n for n in names if "last_layer" in n) == {"last_layer.weight_g", "last_layer.weight_v"}
-    assert names["last_layer.weight_g"].requires_grad and torch.all(names["last_layer.weight_g"] == 1)
+    assert set(n for n in names if "last_layer" in n) == {
+        "last_layer.weight_g",
+        "last_layer.weight_v",
+    }
+    assert names["last_layer.weight_g"].requires_grad and torch.all(
+        names["last_layer.weight_g"] == 1
+    )
     assert "last_layer.bias" not in names
     assert torch.all(head.mlp[0].bias == 0) and 0.01 < head.mlp[0].weight.std() < 0.03
     x = torch.randn(5, 16)
@@ -45,14 +50,26 @@ def test_weight_norm_linear_matches_torch_weight_norm():
 
 
 def tiny_student():
-    backbone = DinoVisionTransformer(img_size=8, patch_size=4, embed_dim=8, depth=2, num_heads=2, init_values=1e-5,
-                                     num_register_tokens=1)
-    return nn.ModuleDict({"backbone": backbone, "dino_head": DINOHead(8, 6, hidden_dim=8, bottleneck_dim=4)})
+    backbone = DinoVisionTransformer(
+        img_size=8,
+        patch_size=4,
+        embed_dim=8,
+        depth=2,
+        num_heads=2,
+        init_values=1e-5,
+        num_register_tokens=1,
+    )
+    return nn.ModuleDict(
+        {"backbone": backbone, "dino_head": DINOHead(8, 6, hidden_dim=8, bottleneck_dim=4)}
+    )
 
 
 def test_param_groups_hand_computed_multipliers():
-    # L = 2 blocks, decay 0.5: layer 0 -> 0.5**3, blocks.0 -> 0.5**2, blocks.1 -> 0.5, final norm / heads -> 1.
-    groups = get_params_groups_with_decay(tiny_student()["backbone"], lr_decay_rate=0.5, patch_embed_lr_mult=0.2)
+    # L = 2 blocks, decay 0.5: layer 0 -> 0.5**3, blocks.0 -> 0.5**2, blocks.1 -> 0.5, final norm /
+    # heads -> 1.
+    groups = get_params_groups_with_decay(
+        tiny_student()["backbone"], lr_decay_rate=0.5, patch_embed_lr_mult=0.2
+    )
     by_name = {g["name"]: g for g in groups}
     expected = {
         "patch_embed.proj.weight": (0.125 * 0.2, 1.0),
@@ -75,11 +92,22 @@ def test_param_groups_hand_computed_multipliers():
         assert by_name[name]["lr_multiplier"] == pytest.approx(lr_mult), name
         assert by_name[name]["wd_multiplier"] == wd_mult, name
         assert by_name[name]["is_last_layer"] is False
-    head = {g["name"]: g for g in get_params_groups_with_decay(tiny_student()["dino_head"], 0.5, 0.2)}
-    assert head["mlp.0.weight"]["lr_multiplier"] == 1.0 and head["mlp.0.weight"]["wd_multiplier"] == 1.0
+    head = {
+        g["name"]: g for g in get_params_groups_with_decay(tiny_student()["dino_head"], 0.5, 0.2)
+    }
+    assert (
+        head["mlp.0.weight"]["lr_multiplier"] == 1.0
+        and head["mlp.0.weight"]["wd_multiplier"] == 1.0
+    )
     assert head["mlp.0.bias"]["wd_multiplier"] == 0.0
-    assert head["last_layer.weight_g"]["is_last_layer"] and head["last_layer.weight_v"]["is_last_layer"]
-    assert head["last_layer.weight_g"]["wd_multiplier"] == 1.0 and not head["mlp.4.weight"]["is_last_layer"]
+    assert (
+        head["last_layer.weight_g"]["is_last_layer"]
+        and head["last_layer.weight_v"]["is_last_layer"]
+    )
+    assert (
+        head["last_layer.weight_g"]["wd_multiplier"] == 1.0
+        and not head["mlp.4.weight"]["is_last_layer"]
+    )
 
 
 def test_fused_groups_for_adamw():
@@ -88,11 +116,14 @@ def test_fused_groups_for_adamw():
     groups = build_param_groups(student, layerwise_decay=0.5, patch_embed_lr_mult=0.2)
     keys = [(g["lr_multiplier"], g["wd_multiplier"], g["is_last_layer"]) for g in groups]
     n_backbone = sum(1 for n, p in student["backbone"].named_parameters() if p.requires_grad)
-    assert sum(len(g["params"]) for g in groups) == n_backbone + len(list(student["dino_head"].parameters()))
+    assert sum(len(g["params"]) for g in groups) == n_backbone + len(
+        list(student["dino_head"].parameters())
+    )
     assert all(len(g["params"]) == len(g["names"]) for g in groups)
     assert not any("backbone.mask_token" in g["names"] for g in groups)
-    # backbone: (0.025, 1) (0.025, 0) (0.125, 1) (0.25, 1) (0.25, 0) (0.5, 1) (0.5, 0) (1, 0); head: (1, 1) (1, 0)
-    # (1, 1, last) -> fused per module as the reference, so (1, 0) appears for the backbone and the head
+    # backbone: (0.025, 1) (0.025, 0) (0.125, 1) (0.25, 1) (0.25, 0) (0.5, 1) (0.5, 0) (1, 0); head:
+    # (1, 1) (1, 0) (1, 1, last) -> fused per module as the reference, so (1, 0) appears for the
+    # backbone and the head
     assert len(groups) == 11 and len(set(keys)) == 10
     g = next(g for g in groups if g["is_last_layer"])
     assert set(g["names"]) == {"dino_head.last_layer.weight_v", "dino_head.last_layer.weight_g"}
@@ -107,10 +138,30 @@ def test_fused_groups_for_adamw():
 
 def test_fuse_params_groups_merges_equal_keys():
     a, b, c = (nn.Parameter(torch.zeros(1)) for _ in range(3))
-    groups = fuse_params_groups([
-        {"params": a, "name": "a", "lr_multiplier": 0.5, "wd_multiplier": 1.0, "is_last_layer": False},
-        {"params": b, "name": "b", "lr_multiplier": 0.5, "wd_multiplier": 0.0, "is_last_layer": False},
-        {"params": c, "name": "c", "lr_multiplier": 0.5, "wd_multiplier": 1.0, "is_last_layer": False},
-    ])
+    groups = fuse_params_groups(
+        [
+            {
+                "params": a,
+                "name": "a",
+                "lr_multiplier": 0.5,
+                "wd_multiplier": 1.0,
+                "is_last_layer": False,
+            },
+            {
+                "params": b,
+                "name": "b",
+                "lr_multiplier": 0.5,
+                "wd_multiplier": 0.0,
+                "is_last_layer": False,
+            },
+            {
+                "params": c,
+                "name": "c",
+                "lr_multiplier": 0.5,
+                "wd_multiplier": 1.0,
+                "is_last_layer": False,
+            },
+        ]
+    )
     assert [g["names"] for g in groups] == [["a", "c"], ["b"]]
     assert groups[0]["params"][0] is a and groups[0]["params"][1] is c

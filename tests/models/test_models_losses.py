@@ -1,4 +1,5 @@
-"""Hand-computed cases for the DINO / iBOT / KoLeo losses and the teacher targets (centering, Sinkhorn-Knopp)."""
+"""Hand-computed cases for the DINO / iBOT / KoLeo losses and the teacher targets (centering,
+Sinkhorn-Knopp)."""
 
 import math
 
@@ -8,7 +9,8 @@ import torch
 from models.losses import DINOLoss, KoLeoLoss, iBOTPatchLoss, sinkhorn_knopp
 
 
-# Sinkhorn-Knopp ------------------------------------------------------------------------------------------------------
+# Sinkhorn-Knopp
+# --------------------------------------------------------------------------------------------------
 def test_sinkhorn_one_iteration_by_hand():
     # exp(t / 1) = [[1, 2], [3, 4]] (rows = samples). Q = K-by-B = [[1, 3], [2, 4]] / 10.
     # rows (prototypes) -> 1/K: [[1/8, 3/8], [1/6, 1/3]]; columns -> 1/B then * B:
@@ -20,7 +22,8 @@ def test_sinkhorn_one_iteration_by_hand():
 
 
 def test_sinkhorn_three_iterations_marginals():
-    # 3 samples x 3 prototypes: samples sum to 1 exactly; prototypes approach B/K = 1 (equipartition).
+    # 3 samples x 3 prototypes: samples sum to 1 exactly; prototypes approach B/K = 1
+    # (equipartition).
     t = torch.tensor([[2.0, 0.0, 0.0], [1.5, 0.2, 0.0], [1.0, 0.0, 0.5]])
     q = DINOLoss(3).sinkhorn_knopp_teacher(t, teacher_temp=1.0, n_iterations=3)
     torch.testing.assert_close(q.sum(dim=1), torch.ones(3), rtol=0, atol=1e-6)
@@ -34,8 +37,12 @@ def test_sinkhorn_three_iterations_marginals():
 
 def test_ibot_sinkhorn_uses_n_masked_patches():
     t = torch.log(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
-    q = iBOTPatchLoss(2).sinkhorn_knopp_teacher(t, 1.0, n_masked_patches_tensor=torch.tensor(2), n_iterations=1)
-    torch.testing.assert_close(q, torch.tensor([[3 / 7, 4 / 7], [9 / 17, 8 / 17]]), rtol=0, atol=1e-6)
+    q = iBOTPatchLoss(2).sinkhorn_knopp_teacher(
+        t, 1.0, n_masked_patches_tensor=torch.tensor(2), n_iterations=1
+    )
+    torch.testing.assert_close(
+        q, torch.tensor([[3 / 7, 4 / 7], [9 / 17, 8 / 17]]), rtol=0, atol=1e-6
+    )
 
 
 # softmax centering + center EMA
@@ -93,7 +100,9 @@ def test_ibot_forward_masked_weights_each_image_by_its_masked_count():
     s = 0.1 * torch.stack([torch.log(p0), torch.log(1 - p0)], dim=1)  # s / 0.1 = log-probs
     t = torch.tensor([[1.0, 0.0]] * 4)
     loss = iBOTPatchLoss(2)
-    got = loss.forward_masked(s, t, student_masks_flat=masks, n_masked_patches=4, masks_weight=masks_weight)
+    got = loss.forward_masked(
+        s, t, student_masks_flat=masks, n_masked_patches=4, masks_weight=masks_weight
+    )
     expected = (-math.log(0.75) * 1 + (-math.log(0.5) - math.log(0.5) - math.log(0.25)) / 3) / 3
     torch.testing.assert_close(got, torch.tensor(expected))
     # masks_weight=None derives the same weights from the masks
@@ -117,14 +126,20 @@ def test_ibot_dense_forward_matches_masked_forward():
 
 # KoLeo
 def test_koleo_known_nearest_neighbour_distances():
-    # unit vectors at angles 0, 60, 180 degrees (scaled: KoLeo normalises first).
-    # chord = 2 sin(d/2): NN distances are 1 (0<->60), 1 (60<->0), 2 sin(60 deg) = sqrt(3) (180 -> 60).
+    # unit vectors at angles 0, 60, 180 degrees (scaled: KoLeo normalises first). chord = 2
+    # sin(d/2): NN distances are 1 (0<->60), 1 (60<->0), 2 sin(60 deg) = sqrt(3) (180 -> 60).
     angles = torch.tensor([0.0, math.pi / 3, math.pi])
-    x = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1) * torch.tensor([[2.0], [0.5], [7.0]])
+    x = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1) * torch.tensor(
+        [[2.0], [0.5], [7.0]]
+    )
     got = KoLeoLoss()(x)
     expected = -(math.log(1.0) + math.log(1.0) + math.log(math.sqrt(3))) / 3
     torch.testing.assert_close(got, torch.tensor(expected), atol=1e-5, rtol=0)
-    assert KoLeoLoss.pairwise_NNs_inner(torch.nn.functional.normalize(x, dim=-1)).tolist() == [1, 0, 1]
+    assert KoLeoLoss.pairwise_NNs_inner(torch.nn.functional.normalize(x, dim=-1)).tolist() == [
+        1,
+        0,
+        1,
+    ]
 
 
 def test_koleo_batch_of_one_is_a_clear_error():
@@ -134,5 +149,7 @@ def test_koleo_batch_of_one_is_a_clear_error():
 
 def test_koleo_fp32_under_low_precision_input():
     x = torch.randn(6, 16)
-    torch.testing.assert_close(KoLeoLoss()(x.to(torch.bfloat16)), KoLeoLoss()(x.to(torch.bfloat16).float()))
+    torch.testing.assert_close(
+        KoLeoLoss()(x.to(torch.bfloat16)), KoLeoLoss()(x.to(torch.bfloat16).float())
+    )
     assert KoLeoLoss()(x.to(torch.bfloat16)).dtype == torch.float32

@@ -1,28 +1,37 @@
-"""SSLMetaArch on tiny configs: losses against an independent write-out of the reference's formulas, teacher/EMA."""
+"""SSLMetaArch on tiny configs: losses against an independent write-out of the reference's formulas,
+teacher/EMA."""
 
 import copy
 import math
 
 import pytest
 import torch
+from models_test_helpers import N_LOCAL, B, G, L, P, build, expected_terms, make_batch, tiny_cfg
 from torch import nn
-
-from models_test_helpers import B, G, L, N_LOCAL, P, build, expected_terms, make_batch, tiny_cfg
 
 
 @pytest.mark.parametrize("n_local", [N_LOCAL, 0])
 def test_losses_match_reference_formulas(n_local):
-    model = build(tiny_cfg(dino__loss_weight=1.5, ibot__loss_weight=0.7, dino__koleo_loss_weight=0.2))
+    model = build(
+        tiny_cfg(dino__loss_weight=1.5, ibot__loss_weight=0.7, dino__koleo_loss_weight=0.2)
+    )
     batch = make_batch(n_local=n_local)
     exp = expected_terms(model, batch, teacher_temp=0.05)
     total, terms = model(batch, teacher_temp=0.05)
-    assert set(terms) == {"dino_local_crops_loss", "dino_global_crops_loss", "koleo_loss", "ibot_loss"}
+    assert set(terms) == {
+        "dino_local_crops_loss",
+        "dino_global_crops_loss",
+        "koleo_loss",
+        "ibot_loss",
+    }
     for k, v in terms.items():
         torch.testing.assert_close(v, exp[k].detach(), atol=2e-5, rtol=2e-5, msg=k)
         assert not v.requires_grad
     torch.testing.assert_close(total.detach(), sum(terms.values()))
     # the teacher chunks really are swapped (the unswapped pairing gives another value)
-    assert not torch.allclose(terms["dino_global_crops_loss"], exp["_unswapped_global"].detach(), atol=1e-4)
+    assert not torch.allclose(
+        terms["dino_global_crops_loss"], exp["_unswapped_global"].detach(), atol=1e-4
+    )
     if n_local == 0:
         assert terms["dino_local_crops_loss"] == 0
 
@@ -51,13 +60,19 @@ def test_centers_update_after_use_and_are_saved():
         patch_head = model.teacher["dino_head"](t_out["x_norm_patchtokens"][batch.masks])
     model(batch, teacher_temp=0.04)
     torch.testing.assert_close(model.dino_loss.center, 0.1 * cls_head.mean(0, keepdim=True))
-    torch.testing.assert_close(model.ibot_patch_loss.center, 0.1 * patch_head.mean(0).view(1, 1, -1))
+    torch.testing.assert_close(
+        model.ibot_patch_loss.center, 0.1 * patch_head.mean(0).view(1, 1, -1)
+    )
     sd = model.state_dict()
     assert "dino_loss.center" in sd and "ibot_patch_loss.center" in sd
 
 
 def test_sinkhorn_and_separate_ibot_head():
-    model = build(tiny_cfg(train__centering="sinkhorn_knopp", ibot__separate_head=True, ibot__head_n_prototypes=20))
+    model = build(
+        tiny_cfg(
+            train__centering="sinkhorn_knopp", ibot__separate_head=True, ibot__head_n_prototypes=20
+        )
+    )
     assert set(model.student) == {"backbone", "dino_head", "ibot_head"} == set(model.teacher)
     assert model.student["ibot_head"].last_layer.out_features == 20
     batch = make_batch()
@@ -77,24 +92,39 @@ def test_upperbound_padding_does_not_change_losses():
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("centering,separate", [("centering", False), ("sinkhorn_knopp", False),
-                                                ("sinkhorn_knopp", True), ("centering", True)])
+@pytest.mark.parametrize(
+    "centering,separate",
+    [
+        ("centering", False),
+        ("sinkhorn_knopp", False),
+        ("sinkhorn_knopp", True),
+        ("centering", True),
+    ],
+)
 def test_masked_patches_padded_to_the_bound_give_the_same_step(centering, separate):
-    """The fixed-shape batch a CUDA graph replays (mask_indices / masks_weight padded to upperbound with index 0 and
-    weight 0): same losses, gradients and loss centers as the unpadded batch, and a 0-d tensor teacher temperature
-    gives what the float gives. Checked against the reference formulas' write-out too (expected_terms)."""
-    cfg = tiny_cfg(train__centering=centering, ibot__separate_head=separate, dino__koleo_loss_weight=0.1)
+    """The fixed-shape batch a CUDA graph replays (mask_indices / masks_weight padded to upperbound
+    with index 0 and weight 0): same losses, gradients and loss centers as the unpadded batch, and a
+    0-d tensor teacher temperature gives what the float gives. Checked against the reference
+    formulas' write-out too (expected_terms)."""
+    cfg = tiny_cfg(
+        train__centering=centering, ibot__separate_head=separate, dino__koleo_loss_weight=0.1
+    )
     results = []
     for padded, temp in ((False, 0.05), (True, torch.tensor(0.05))):
         model = build(cfg)
         batch = make_batch(extra_upperbound=6)
         if padded:
             batch = batch.padded_to_bound()
-            assert batch.mask_indices.shape[0] == batch.upperbound and batch.masks_weight[-6:].eq(0).all()
+            assert (
+                batch.mask_indices.shape[0] == batch.upperbound
+                and batch.masks_weight[-6:].eq(0).all()
+            )
         total, terms = model(batch, teacher_temp=temp)
         total.backward()
         grads = {n: p.grad.clone() for n, p in model.student.named_parameters()}
-        results.append((terms, grads, model.dino_loss.center.clone(), model.ibot_patch_loss.center.clone()))
+        results.append(
+            (terms, grads, model.dino_loss.center.clone(), model.ibot_patch_loss.center.clone())
+        )
     (t0, g0, dc0, ic0), (t1, g1, dc1, ic1) = results
     if centering == "centering" and not separate:
         exp = expected_terms(build(cfg), make_batch(extra_upperbound=6), teacher_temp=0.05)
@@ -143,10 +173,13 @@ def test_ema_matches_by_name_after_student_mlp_swap():
     with torch.no_grad():
         new.weight.copy_(mlp.fc1.weight * 2)
         new.bias.copy_(mlp.fc1.bias)
-    mlp.fc1 = new  # appended at the end of named_parameters? no: same position; the EMA matches by name anyway
+    # appended at the end of named_parameters? no: same position; the EMA matches by name anyway
+    mlp.fc1 = new
     old = model.teacher["backbone"].blocks[0].mlp.fc1.weight.clone()
     model.update_teacher(0.5)
-    torch.testing.assert_close(model.teacher["backbone"].blocks[0].mlp.fc1.weight, 0.5 * old + 0.5 * new.weight)
+    torch.testing.assert_close(
+        model.teacher["backbone"].blocks[0].mlp.fc1.weight, 0.5 * old + 0.5 * new.weight
+    )
     assert type(model.teacher["backbone"].blocks[0].mlp.fc1) is nn.Linear  # the teacher stays dense
     mlp.fc1.extra = nn.Parameter(torch.zeros(1))
     with pytest.raises(RuntimeError, match="do not match by name"):
@@ -166,7 +199,9 @@ def test_teacher_export_and_param_groups():
 def test_loss_weights_scale_terms():
     batch = make_batch()
     a = build(tiny_cfg())(copy.deepcopy(batch), 0.04)[1]
-    b = build(tiny_cfg(dino__loss_weight=2.0, ibot__loss_weight=3.0, dino__koleo_loss_weight=0.0))(batch, 0.04)[1]
+    b = build(tiny_cfg(dino__loss_weight=2.0, ibot__loss_weight=3.0, dino__koleo_loss_weight=0.0))(
+        batch, 0.04
+    )[1]
     torch.testing.assert_close(b["dino_local_crops_loss"], 2 * a["dino_local_crops_loss"])
     torch.testing.assert_close(b["dino_global_crops_loss"], 2 * a["dino_global_crops_loss"])
     torch.testing.assert_close(b["ibot_loss"], 3 * a["ibot_loss"])
@@ -176,7 +211,10 @@ def test_loss_weights_scale_terms():
 def test_pretrained_weights_load_into_student_and_teacher(tmp_path):
     src = build(tiny_cfg(), seed=5)
     path = tmp_path / "teacher_checkpoint.pth"
-    torch.save({"teacher": {f"backbone.{k}": v for k, v in src.teacher_backbone_state_dict().items()}}, path)
+    torch.save(
+        {"teacher": {f"backbone.{k}": v for k, v in src.teacher_backbone_state_dict().items()}},
+        path,
+    )
     model = build(tiny_cfg(student__pretrained_weights=str(path)), seed=6, perturb=False)
     for k, v in src.teacher_backbone_state_dict().items():
         assert torch.equal(model.student["backbone"].state_dict()[k], v), k
@@ -184,17 +222,28 @@ def test_pretrained_weights_load_into_student_and_teacher(tmp_path):
 
 
 def test_batch_from_the_data_collate():
-    """Contract with `data.collate`: its SSLBatch goes straight into forward, and the losses match the formulas."""
+    """Contract with `data.collate`: its SSLBatch goes straight into forward, and the losses match
+    the formulas."""
     from data.collate import SSLCollate, SSLSample
 
     cfg = tiny_cfg(drop_path_rate=0.0)
-    collate = SSLCollate(patches_per_side=G // P, local_crops_size=L, mask_ratio_min_max=cfg.ibot.mask_ratio_min_max,
-                         mask_sample_probability=cfg.ibot.mask_sample_probability, seed=0, rank=0)
+    collate = SSLCollate(
+        patches_per_side=G // P,
+        local_crops_size=L,
+        mask_ratio_min_max=cfg.ibot.mask_ratio_min_max,
+        mask_sample_probability=cfg.ibot.mask_sample_probability,
+        seed=0,
+        rank=0,
+    )
     gen = torch.Generator().manual_seed(1)
     samples = [
-        SSLSample(global_crops=[torch.randn(3, G, G, generator=gen) for _ in range(2)],
-                  local_crops=[torch.randn(3, L, L, generator=gen) for _ in range(N_LOCAL)],
-                  label=i, position=i, corrupt_skipped=0)
+        SSLSample(
+            global_crops=[torch.randn(3, G, G, generator=gen) for _ in range(2)],
+            local_crops=[torch.randn(3, L, L, generator=gen) for _ in range(N_LOCAL)],
+            label=i,
+            position=i,
+            corrupt_skipped=0,
+        )
         for i in range(B)
     ]
     batch = collate(samples)
@@ -218,14 +267,24 @@ def test_compiled_student_backbone_keeps_names_for_ema_and_groups():
 
 
 def test_batch_is_typed_and_moved_once_by_its_owner():
-    """forward reads an `SSLBatch` already on the model's device (the loader's one copy); it never copies it, and
-    refuses a batch elsewhere or an untyped dict instead of copying it a second time."""
+    """forward reads an `SSLBatch` already on the model's device (the loader's one copy); it never
+    copies it, and refuses a batch elsewhere or an untyped dict instead of copying it a second
+    time."""
     model = build(tiny_cfg())
     batch = make_batch()
     moved = batch.to("meta")
-    on_device = ("global_crops", "local_crops", "masks", "mask_indices", "masks_weight", "n_masked_patches")
+    on_device = (
+        "global_crops",
+        "local_crops",
+        "masks",
+        "mask_indices",
+        "masks_weight",
+        "n_masked_patches",
+    )
     assert all(getattr(moved, k).device.type == "meta" for k in on_device)
-    assert moved.labels is batch.labels and moved.corrupt_skipped is batch.corrupt_skipped  # host bookkeeping
+    assert (
+        moved.labels is batch.labels and moved.corrupt_skipped is batch.corrupt_skipped
+    )  # host bookkeeping
     assert batch.to("cpu").global_crops is batch.global_crops  # already there: no copy
     with pytest.raises(ValueError, match=r"batch.to\(device\)"):
         model(moved, teacher_temp=0.04)

@@ -1,4 +1,5 @@
-"""DINOv2 ViT: names, list forward, stochastic depth by batch subset, pos-embed interpolation, registers, masks."""
+"""DINOv2 ViT: names, list forward, stochastic depth by batch subset, pos-embed interpolation,
+registers, masks."""
 
 import math
 
@@ -26,9 +27,20 @@ def test_module_names_and_plain_linear_mlp():
     m = tiny(num_register_tokens=2)
     names = set(dict(m.named_parameters()))
     for n in [
-        "cls_token", "pos_embed", "register_tokens", "mask_token", "patch_embed.proj.weight", "norm.weight",
-        "blocks.1.norm1.weight", "blocks.1.attn.qkv.weight", "blocks.1.attn.proj.bias", "blocks.1.ls1.gamma",
-        "blocks.1.norm2.bias", "blocks.1.mlp.fc1.weight", "blocks.1.mlp.fc2.bias", "blocks.1.ls2.gamma",
+        "cls_token",
+        "pos_embed",
+        "register_tokens",
+        "mask_token",
+        "patch_embed.proj.weight",
+        "norm.weight",
+        "blocks.1.norm1.weight",
+        "blocks.1.attn.qkv.weight",
+        "blocks.1.attn.proj.bias",
+        "blocks.1.ls1.gamma",
+        "blocks.1.norm2.bias",
+        "blocks.1.mlp.fc1.weight",
+        "blocks.1.mlp.fc2.bias",
+        "blocks.1.ls2.gamma",
     ]:
         assert n in names, n
     assert type(m.blocks[0].mlp.fc1) is nn.Linear and type(m.blocks[0].mlp.fc2) is nn.Linear
@@ -38,16 +50,30 @@ def test_module_names_and_plain_linear_mlp():
     assert not any("gamma" in n for n, _ in no_ls.named_parameters())
     no_bias = tiny(qkv_bias=False, proj_bias=False, ffn_bias=False)
     b = no_bias.blocks[0]
-    assert b.attn.qkv.bias is None and b.attn.proj.bias is None and b.mlp.fc1.bias is None and b.mlp.fc2.bias is None
+    assert (
+        b.attn.qkv.bias is None
+        and b.attn.proj.bias is None
+        and b.mlp.fc1.bias is None
+        and b.mlp.fc2.bias is None
+    )
 
 
 def test_init_like_reference():
     torch.manual_seed(0)
-    m = DinoVisionTransformer(img_size=16, patch_size=4, embed_dim=64, depth=2, num_heads=2, init_values=1e-5,
-                              num_register_tokens=1)
+    m = DinoVisionTransformer(
+        img_size=16,
+        patch_size=4,
+        embed_dim=64,
+        depth=2,
+        num_heads=2,
+        init_values=1e-5,
+        num_register_tokens=1,
+    )
     assert torch.all(m.mask_token == 0)
     assert m.cls_token.abs().max() < 1e-4 and m.register_tokens.abs().max() < 1e-4
-    assert 0.015 < m.pos_embed.std() < 0.025  # trunc_normal_(std=0.02) (bounds +-2 absolute, as the reference)
+    assert (
+        0.015 < m.pos_embed.std() < 0.025
+    )  # trunc_normal_(std=0.02) (bounds +-2 absolute, as the reference)
     fc1 = m.blocks[0].mlp.fc1
     assert 0.015 < fc1.weight.std() < 0.025 and torch.all(fc1.bias == 0)
     assert torch.all(m.blocks[0].ls1.gamma == 1e-5)
@@ -79,14 +105,22 @@ def test_list_forward_equals_per_crop_forward_without_drop_path():
         for k in ("x_norm_clstoken", "x_norm_regtokens", "x_norm_patchtokens", "x_prenorm"):
             torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-5)
     assert out_g["masks"] is masks and out_l["masks"] is None
-    assert out_g["x_norm_patchtokens"].shape == (4, 16, 32) and out_l["x_norm_patchtokens"].shape == (6, 4, 32)
-    assert out_g["x_norm_clstoken"].shape == (4, 32) and out_g["x_norm_regtokens"].shape == (4, 1, 32)
+    assert out_g["x_norm_patchtokens"].shape == (4, 16, 32) and out_l[
+        "x_norm_patchtokens"
+    ].shape == (6, 4, 32)
+    assert out_g["x_norm_clstoken"].shape == (4, 32) and out_g["x_norm_regtokens"].shape == (
+        4,
+        1,
+        32,
+    )
 
 
 def test_mlp_sees_one_2d_matrix_of_all_crops():
     m = tiny().train()
     shapes = []
-    m.blocks[0].mlp.fc1.register_forward_hook(lambda mod, inp, out: shapes.append(tuple(inp[0].shape)))
+    m.blocks[0].mlp.fc1.register_forward_hook(
+        lambda mod, inp, out: shapes.append(tuple(inp[0].shape))
+    )
     m.forward_features([torch.randn(4, 3, 16, 16), torch.randn(6, 3, 8, 8)], [None, None])
     assert shapes == [(4 * 17 + 6 * 5, 32)]
     shapes.clear()
@@ -127,7 +161,8 @@ def test_subset_drop_path_list_matches_reference_formula():
     torch.manual_seed(7)
     got = blk.forward_list(xs)
     torch.manual_seed(7)
-    # reference draw order: attention subsets of every crop batch, then the MLP subsets of every crop batch
+    # reference draw order: attention subsets of every crop batch, then the MLP subsets of every
+    # crop batch
     ba = [torch.randperm(4)[: int(4 * 0.7)], torch.randperm(6)[: int(6 * 0.7)]]
     bf = [torch.randperm(4)[: int(4 * 0.7)], torch.randperm(6)[: int(6 * 0.7)]]
     for x, g, a, f in zip(xs, got, ba, bf):
@@ -175,10 +210,13 @@ def test_masks_replace_patch_tokens_by_mask_token():
     plain = m.prepare_tokens_with_masks(x)
     torch.testing.assert_close(tokens[1], plain[1])
     torch.testing.assert_close(tokens[0, 2], plain[0, 2])
-    # the masked content does not leak: changing the masked pixels leaves the masked forward unchanged
+    # the masked content does not leak: changing the masked pixels leaves the masked forward
+    # unchanged
     x2 = x.clone()
     x2[0, :, :4, :4] = 100.0  # patch 0
-    torch.testing.assert_close(m.forward_features(x2, masks)["x_prenorm"], m.forward_features(x, masks)["x_prenorm"])
+    torch.testing.assert_close(
+        m.forward_features(x2, masks)["x_prenorm"], m.forward_features(x, masks)["x_prenorm"]
+    )
 
 
 def test_pos_embed_interpolation_like_reference():
@@ -207,7 +245,11 @@ def test_registers_sit_between_cls_and_patches_without_pos_embed():
     assert t.shape == (2, 1 + 3 + 16, 32)
     torch.testing.assert_close(t[0, 1:4], m.register_tokens[0])
     out = m.forward_features(x)
-    assert out["x_norm_regtokens"].shape == (2, 3, 32) and out["x_norm_patchtokens"].shape == (2, 16, 32)
+    assert out["x_norm_regtokens"].shape == (2, 3, 32) and out["x_norm_patchtokens"].shape == (
+        2,
+        16,
+        32,
+    )
 
 
 def test_eval_forward_and_intermediate_layers():
@@ -228,29 +270,38 @@ def test_eval_forward_and_intermediate_layers():
 
 def test_backward_through_list_forward_with_drop_path():
     m = tiny(drop_path_rate=0.3).train()
-    out = m.forward_features([torch.randn(4, 3, 16, 16), torch.randn(4, 3, 8, 8)], [torch.rand(4, 16) < 0.5, None])
+    out = m.forward_features(
+        [torch.randn(4, 3, 16, 16), torch.randn(4, 3, 8, 8)], [torch.rand(4, 16) < 0.5, None]
+    )
     loss = sum(o["x_norm_clstoken"].square().sum() + o["x_norm_patchtokens"].mean() for o in out)
     loss.backward()
     assert m.mask_token.grad is not None and m.blocks[1].mlp.fc1.weight.grad.abs().sum() > 0
-    assert all(math.isfinite(p.grad.abs().sum().item()) for p in m.parameters() if p.grad is not None)
+    assert all(
+        math.isfinite(p.grad.abs().sum().item()) for p in m.parameters() if p.grad is not None
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def testadd_to_subset_is_index_add_with_its_gradients(dtype):
-    """The gather-add-scatter that replaces index_add (no atomics under torch.compile): its values are the exact sums
-    rounded once to the stream's dtype (torch.index_add may round twice in bf16), its gradients torch.index_add's;
-    the first and last rows are in the subset, the others untouched."""
+    """The gather-add-scatter that replaces index_add (no atomics under torch.compile): its values
+    are the exact sums rounded once to the stream's dtype (torch.index_add may round twice in bf16),
+    its gradients torch.index_add's; the first and last rows are in the subset, the others
+    untouched."""
     from models.stochastic_depth import add_to_subset
 
     torch.manual_seed(3)
     brange = torch.tensor([6, 0, 3])  # unique, unordered, as randperm gives
     scale = 7 / 3
     x = torch.randn(7, 5, 4, dtype=dtype)
-    r = torch.randn(3, 5, 4, dtype=dtype)  # the branch output, in the stream's dtype as under autocast
+    r = torch.randn(
+        3, 5, 4, dtype=dtype
+    )  # the branch output, in the stream's dtype as under autocast
     grad = torch.randn(7, 5, 4, dtype=dtype)
     outs = []
-    for fn in (lambda a, b: add_to_subset(a, brange, b, scale),
-               lambda a, b: torch.index_add(a, 0, brange, b, alpha=scale)):
+    for fn in (
+        lambda a, b: add_to_subset(a, brange, b, scale),
+        lambda a, b: torch.index_add(a, 0, brange, b, alpha=scale),
+    ):
         a, b = x.clone().requires_grad_(), r.clone().requires_grad_()
         out = fn(a, b)
         out.backward(grad)
@@ -259,17 +310,22 @@ def testadd_to_subset_is_index_add_with_its_gradients(dtype):
     exact = x[brange].double() + r.double() * scale
     if dtype == torch.bfloat16:  # computed in fp32, rounded once: the exact sum's bf16 rounding
         assert torch.equal(got[brange], exact.to(dtype))
-    torch.testing.assert_close(got[brange].double(), exact, rtol=0, atol=2 * torch.finfo(dtype).eps * exact.abs().max())
-    torch.testing.assert_close(got, ref, rtol=0, atol=2 * torch.finfo(dtype).eps * x.abs().max().item() * scale)
+    torch.testing.assert_close(
+        got[brange].double(), exact, rtol=0, atol=2 * torch.finfo(dtype).eps * exact.abs().max()
+    )
+    torch.testing.assert_close(
+        got, ref, rtol=0, atol=2 * torch.finfo(dtype).eps * x.abs().max().item() * scale
+    )
     assert torch.equal(got[[1, 2, 4, 5]], x[[1, 2, 4, 5]])
     torch.testing.assert_close(got_gx, ref_gx, rtol=0, atol=0)
     torch.testing.assert_close(got_gr, ref_gr)
 
 
 def test_add_to_rows_compiles_whole_with_index_adds_gradients():
-    """The bf16/fp16 stream's add: under torch.compile(fullgraph=True) (a graph break here would split every block)
-    the add and its hand-written backward give torch.index_add's values and gradients, also for a residual in another
-    dtype than the stream (its gradient comes back in the residual's dtype)."""
+    """The bf16/fp16 stream's add: under torch.compile(fullgraph=True) (a graph break here would
+    split every block) the add and its hand-written backward give torch.index_add's values and
+    gradients, also for a residual in another dtype than the stream (its gradient comes back in the
+    residual's dtype)."""
     from models.stochastic_depth import AddToRows
 
     torch.manual_seed(4)
@@ -278,8 +334,10 @@ def test_add_to_rows_compiles_whole_with_index_adds_gradients():
     r = torch.randn(3, 3, 8, dtype=torch.float32)
     grad = torch.randn(6, 3, 8, dtype=torch.float64)
     results = []
-    for fn in (torch.compile(lambda a, b: AddToRows.apply(a, brange, b, 2.0), fullgraph=True),
-               lambda a, b: torch.index_add(a, 0, brange, b.double(), alpha=2.0)):
+    for fn in (
+        torch.compile(lambda a, b: AddToRows.apply(a, brange, b, 2.0), fullgraph=True),
+        lambda a, b: torch.index_add(a, 0, brange, b.double(), alpha=2.0),
+    ):
         a, b = x.clone().requires_grad_(), r.clone().requires_grad_()
         out = fn(a, b)
         out.backward(grad)

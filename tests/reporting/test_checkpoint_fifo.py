@@ -1,6 +1,6 @@
-"""A FIFO named like a checkpoint is no checkpoint: the readers that list checkpoints (the tables, the launcher's
-status, the trainer's resume) never open it, so nothing blocks. Run in a thread with a deadline: a regression fails
-instead of hanging the suite."""
+"""A FIFO named like a checkpoint is no checkpoint: the readers that list checkpoints (the tables,
+the launcher's status, the trainer's resume) never open it, so nothing blocks. Run in a thread with
+a deadline: a regression fails instead of hanging the suite."""
 
 import os
 import threading
@@ -17,7 +17,9 @@ def test_a_fifo_named_like_a_checkpoint_is_skipped_without_blocking(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     for name in ("config.yaml", "metrics.jsonl", "eval_linear.json", "status.json"):
-        (run / name).write_bytes(compressed.read_bytes(RUN / name))  # committed runs keep their logs as .xz
+        (run / name).write_bytes(
+            compressed.read_bytes(RUN / name)
+        )  # committed runs keep their logs as .xz
     (run / "checkpoints").mkdir()
     os.mkfifo(run / "checkpoints" / "step_00007760.pt")
     assert list_checkpoints(run / "checkpoints") == [] and newest_checkpoint(run) is None

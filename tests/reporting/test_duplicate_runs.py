@@ -1,24 +1,28 @@
-"""A copy of a run directory (the same run id in status.json) is one run, not a second seed: the table averages
-the real seeds only and names the copy a duplicate of its original."""
+"""A copy of a run directory (the same run id in status.json) is one run, not a second seed: the
+table averages the real seeds only and names the copy a duplicate of its original."""
 
 import json
 import shutil
 
 import pytest
+from reporting_runs import make_run
 
 from reporting.table import make_table
-from reporting_runs import make_run
 
 
 def _status(run, run_id):
-    (run / "status.json").write_text(json.dumps({"state": "finished", "step": 300, "run_id": run_id}))
+    (run / "status.json").write_text(
+        json.dumps({"state": "finished", "step": 300, "run_id": run_id})
+    )
 
 
 def test_a_copied_run_is_named_a_duplicate_and_averaged_once(tmp_path):
     runs = tmp_path / "runs"
     _status(make_run(runs, "dense_s0", 0.0, seed=0, top1=80.0), "a" * 16)
     _status(make_run(runs, "dense_s1", 0.0, seed=1, top1=84.0), "b" * 16)
-    shutil.copytree(runs / "dense_s1", runs / "dense_s1_copy")  # same seed, same run id, same numbers
+    shutil.copytree(
+        runs / "dense_s1", runs / "dense_s1_copy"
+    )  # same seed, same run id, same numbers
     make_table([runs], tmp_path / "table", plots=False)
     summary = json.loads((tmp_path / "table" / "summary.json").read_text())
     (mean,) = summary["schedule_means"]

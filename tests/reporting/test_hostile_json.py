@@ -1,6 +1,7 @@
-"""A run's JSON files, however damaged or hostile (a 5,001-digit number, a 401-digit step, 100k nested brackets),
-are read by one parser (`rundir.json_files.parse_json`): every reader turns them into "unreadable" and goes on, and a
-table still tabulates the good runs beside the bad one. In-process, no training."""
+"""A run's JSON files, however damaged or hostile (a 5,001-digit number, a 401-digit step, 100k
+nested brackets), are read by one parser (`rundir.json_files.parse_json`): every reader turns them
+into "unreadable" and goes on, and a table still tabulates the good runs beside the bad one.
+In-process, no training."""
 
 import json
 from pathlib import Path
@@ -16,7 +17,9 @@ from rundir.metrics import read_metrics
 from rundir.status import read_status
 from slurm.sweep import read_jobs
 
-GOOD = Path(__file__).resolve().parents[2] / "results" / "cifar10" / "recipe" / "screen" / "dense_s2"
+GOOD = (
+    Path(__file__).resolve().parents[2] / "results" / "cifar10" / "recipe" / "screen" / "dense_s2"
+)
 HOSTILE = {
     "long number": '{"step": 20, "loss": ' + "9" * 5001 + "}",
     "long step": '{"step": ' + "9" * 401 + ', "loss": 1.0}',
@@ -34,7 +37,9 @@ def test_the_parser_says_why_in_one_line(text):
 def _copy_good(path: Path) -> Path:
     path.mkdir(parents=True)
     for name in ("config.yaml", "metrics.jsonl", "eval_linear.json", "status.json", "log.txt"):
-        (path / name).write_bytes(compressed.read_bytes(GOOD / name))  # committed runs keep their logs as .xz
+        (path / name).write_bytes(
+            compressed.read_bytes(GOOD / name)
+        )  # committed runs keep their logs as .xz
     return path
 
 
@@ -49,7 +54,9 @@ def test_every_reader_skips_or_names_the_damage_and_the_table_keeps_the_good_run
     (bad / "jobs.json").write_text(text)
 
     lines = read_metrics(bad / "metrics.jsonl")
-    assert len(lines) == len(read_metrics(good / "metrics.jsonl"))  # the hostile line alone is skipped
+    assert len(lines) == len(
+        read_metrics(good / "metrics.jsonl")
+    )  # the hostile line alone is skipped
     assert read_status(bad).state != "finished" or read_status(bad).recorded is False
     record = read_eval_record(bad / "eval_linear.json")
     assert record.status == "unreadable" and record.reason.startswith("eval_linear.json: ")
@@ -73,17 +80,21 @@ WRONG_TYPES = {
 
 
 @pytest.mark.parametrize("file, damage", WRONG_TYPES.values(), ids=WRONG_TYPES.keys())
-def test_json_that_parses_with_fields_of_the_wrong_type_costs_only_its_own_record(tmp_path, file, damage):
-    """Each run file is read through its typed fields (rundir/typed_records.py): a field of the wrong type makes
-    that record unreadable (status unknown, naming the field; a metrics line skipped), and the table, the launcher's
-    status and a resume go on."""
+def test_json_that_parses_with_fields_of_the_wrong_type_costs_only_its_own_record(
+    tmp_path, file, damage
+):
+    """Each run file is read through its typed fields (rundir/typed_records.py): a field of the
+    wrong type makes that record unreadable (status unknown, naming the field; a metrics line
+    skipped), and the table, the launcher's status and a resume go on."""
     from slurm.status import run_row
 
     bad = _copy_good(tmp_path / "runs" / "bad")
     _copy_good(tmp_path / "runs" / "good")
     if file == "status.json":
         status = json.loads((bad / "status.json").read_text())
-        (bad / "status.json").write_text(json.dumps(damage if isinstance(damage, list) else {**status, **damage}))
+        (bad / "status.json").write_text(
+            json.dumps(damage if isinstance(damage, list) else {**status, **damage})
+        )
         read = read_status(bad)
         assert read.state == ""  # unknown: neither finished nor running
         if isinstance(damage, dict):  # (not an object at all: read as no status.json, from the log)
@@ -92,7 +103,9 @@ def test_json_that_parses_with_fields_of_the_wrong_type_costs_only_its_own_recor
         lines = (bad / "metrics.jsonl").read_text().splitlines()
         last = {**json.loads(lines[-1]), **damage}
         (bad / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
-        expected = len(lines) - (0 if damage == {"format": None} else 1)  # null is absent: the line stays
+        expected = len(lines) - (
+            0 if damage == {"format": None} else 1
+        )  # null is absent: the line stays
         assert len(read_metrics(bad / "metrics.jsonl")) == expected
     read_run(bad)
     run_row(bad, {})
@@ -101,20 +114,30 @@ def test_json_that_parses_with_fields_of_the_wrong_type_costs_only_its_own_recor
     assert {r["run"] for r in summary["rows"]} == {"bad", "good"}
 
 
-GOOD_INFO = {"device": "cuda", "device_name": "NVIDIA H200", "data_fingerprint": "3f2a", "world_size": 2,
-             "batch_size_per_gpu": 256}
+GOOD_INFO = {
+    "device": "cuda",
+    "device_name": "NVIDIA H200",
+    "data_fingerprint": "3f2a",
+    "world_size": 2,
+    "batch_size_per_gpu": 256,
+}
 
 
-@pytest.mark.parametrize("damage", [{"world_size": "2"}, {"device_name": 5}, {"batch_size_per_gpu": True}, ["x"]],
-                         ids=["world_size a text", "device_name a number", "batch a boolean", "a list"])
+@pytest.mark.parametrize(
+    "damage",
+    [{"world_size": "2"}, {"device_name": 5}, {"batch_size_per_gpu": True}, ["x"]],
+    ids=["world_size a text", "device_name a number", "batch a boolean", "a list"],
+)
 def test_run_info_with_a_field_of_the_wrong_type_reads_as_absent(tmp_path, damage):
-    """run_info.json through its typed fields: a wrong type is not coerced (a text "2" once became 2 processes), the
-    run is read as one that recorded nothing, by its config alone."""
+    """run_info.json through its typed fields: a wrong type is not coerced (a text "2" once became 2
+    processes), the run is read as one that recorded nothing, by its config alone."""
     run = _copy_good(tmp_path / "run")
     (run / "run_info.json").write_text(json.dumps(GOOD_INFO))
     read = read_run(run)
     assert (read.device_name, read.data_fingerprint, read.processes) == ("NVIDIA H200", "3f2a", 2)
-    (run / "run_info.json").write_text(json.dumps(damage if isinstance(damage, list) else {**GOOD_INFO, **damage}))
+    (run / "run_info.json").write_text(
+        json.dumps(damage if isinstance(damage, list) else {**GOOD_INFO, **damage})
+    )
     read = read_run(run)
     assert (read.device_name, read.data_fingerprint, read.processes) == ("", "", 1)
 
@@ -124,10 +147,17 @@ def test_a_job_record_with_a_field_of_the_wrong_type_is_named_and_costs_only_its
     from slurm.sweep import read_jobs
 
     run = _copy_good(tmp_path / "run")
-    record = {"kind": "train", "job_id": "12", "cluster": "slurm", "submitted": "2026-11-29T10:00:00"}
+    record = {
+        "kind": "train",
+        "job_id": "12",
+        "cluster": "slurm",
+        "submitted": "2026-11-29T10:00:00",
+    }
     (run / "jobs.json").write_text(json.dumps([record]))
     assert read_jobs(run)[0].job_id == "12"
     (run / "jobs.json").write_text(json.dumps([{**record, "job_id": 12}]))
-    with pytest.raises(RunDirProblem, match="unreadable jobs.json: job_id: int 12 where str belongs"):
+    with pytest.raises(
+        RunDirProblem, match="unreadable jobs.json: job_id: int 12 where str belongs"
+    ):
         read_jobs(run)
     assert run_row(run, {})["train job"] == "unreadable jobs.json"

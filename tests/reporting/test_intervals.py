@@ -1,5 +1,5 @@
-"""The 95% intervals of the tables: a mean over seeds, a paired Δ, a Welch Δ, checked by hand and against scipy's own
-t tests (a separate implementation), with the cases that have no interval."""
+"""The 95% intervals of the tables: a mean over seeds, a paired Δ, a Welch Δ, checked by hand and
+against scipy's own t tests (a separate implementation), with the cases that have no interval."""
 
 import pytest
 from scipy import stats
@@ -24,20 +24,30 @@ def test_the_mean_agrees_with_scipy_and_needs_two_values():
 
 
 def test_the_same_seeds_pair_seed_by_seed():
-    sparse, dense = {0: 70.59, 1: 70.21}, {1: 70.50, 0: 71.55}  # the order of the seeds does not matter
+    sparse, dense = (
+        {0: 70.59, 1: 70.21},
+        {1: 70.50, 0: 71.55},
+    )  # the order of the seeds does not matter
     expected = stats.ttest_rel([70.59, 70.21], [71.55, 70.50]).confidence_interval()
     interval = difference_interval(sparse, dense)
     assert interval.method == "paired t"
     assert (interval.low, interval.high) == pytest.approx((expected.low, expected.high), abs=1e-9)
-    # by hand: differences -0.96 and -0.29, mean -0.625, sd 0.473762, t(0.975, 1 df) 12.7062 / sqrt 2: +- 4.2567
-    assert (interval.low, interval.high) == pytest.approx((-0.625 - 4.2567, -0.625 + 4.2567), abs=1e-3)
+    # by hand: differences -0.96 and -0.29, mean -0.625, sd 0.473762, t(0.975, 1 df) 12.7062 / sqrt
+    # 2: +- 4.2567
+    assert (interval.low, interval.high) == pytest.approx(
+        (-0.625 - 4.2567, -0.625 + 4.2567), abs=1e-3
+    )
 
 
 def test_other_seeds_take_welchs_interval():
     sparse, dense = {0: 10.0, 1: 12.0}, {2: 8.0, 3: 9.0, 4: 10.0}
-    expected = stats.ttest_ind([10.0, 12.0], [8.0, 9.0, 10.0], equal_var=False).confidence_interval()
+    expected = stats.ttest_ind(
+        [10.0, 12.0], [8.0, 9.0, 10.0], equal_var=False
+    ).confidence_interval()
     interval = difference_interval(sparse, dense)
-    assert interval.method == "Welch t" and interval.holds_zero() == (expected.low <= 0 <= expected.high)
+    assert interval.method == "Welch t" and interval.holds_zero() == (
+        expected.low <= 0 <= expected.high
+    )
     assert (interval.low, interval.high) == pytest.approx((expected.low, expected.high), abs=1e-9)
     # a shared seed is not enough to pair: the seed sets must be equal
     assert difference_interval({0: 10.0, 1: 12.0}, {0: 9.0, 1: 9.5, 2: 10.0}).method == "Welch t"
@@ -45,8 +55,12 @@ def test_other_seeds_take_welchs_interval():
 
 def test_no_interval_without_two_seeds_a_side():
     assert difference_interval({0: 70.0}, {0: 71.0}) is None  # one pair
-    assert difference_interval({0: 70.0, 1: 71.0}, {2: 71.0}) is None  # one reference seed, other seeds
-    assert difference_interval({0: 70.0, 1: None}, {0: 71.0, 1: 72.0}) is None  # a seed without its value
+    assert (
+        difference_interval({0: 70.0, 1: 71.0}, {2: 71.0}) is None
+    )  # one reference seed, other seeds
+    assert (
+        difference_interval({0: 70.0, 1: None}, {0: 71.0, 1: 72.0}) is None
+    )  # a seed without its value
     # seeds that agree exactly: a zero-width interval, which leaves out 0 where the means differ
     assert difference_interval({0: 1.0, 1: 1.0}, {2: 0.0, 3: 0.0}) == Interval(1.0, 1.0, "Welch t")
     assert not Interval(1.0, 1.0, "Welch t").holds_zero() and Interval(-0.1, 0.0, "t").holds_zero()

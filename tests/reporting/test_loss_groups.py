@@ -1,27 +1,39 @@
-"""The loss differences of a study with several dense references: one row per dense run, each sparse run's curve is
-its loss minus its own dense run's (same configuration, same seed) at the steps both logged; a study with one dense
-reference gets no such figure (its loss-curve figure has the difference panels)."""
+"""The loss differences of a study with several dense references: one row per dense run, each sparse
+run's curve is its loss minus its own dense run's (same configuration, same seed) at the steps both
+logged; a study with one dense reference gets no such figure (its loss-curve figure has the
+difference panels)."""
 
 import math
 
 import numpy as np
 import pytest
+from reporting_runs import make_run
 
 from reporting.loss_groups import differences_figure, groups_of, plot_loss_differences
 from reporting.run_logs import COMPLETE, RunSummary
 from reporting.table import make_table
 from reporting.table_files import DIFFERENCES_PNG
-from reporting_runs import make_run
 
 STEPS = list(range(5, 301, 5))
 
 
 def run(name, fraction, level, slope=0.0, seed=0, skip=()):
     """Loss terms `level + slope * step` (plus a small wave, equal in every run)."""
-    terms = {t: [(s, level + slope * s + 0.01 * math.sin(s / 9)) for s in STEPS if s not in skip]
-             for t in ("loss", "ibot_loss")}
-    return RunSummary(name=name, path=name, train_status=COMPLETE, eval_status=COMPLETE, sparse_fraction=fraction,
-                      total_steps=300, sparse_steps=round(300 * fraction), seed=seed, loss_terms=terms)
+    terms = {
+        t: [(s, level + slope * s + 0.01 * math.sin(s / 9)) for s in STEPS if s not in skip]
+        for t in ("loss", "ibot_loss")
+    }
+    return RunSummary(
+        name=name,
+        path=name,
+        train_status=COMPLETE,
+        eval_status=COMPLETE,
+        sparse_fraction=fraction,
+        total_steps=300,
+        sparse_steps=round(300 * fraction),
+        seed=seed,
+        loss_terms=terms,
+    )
 
 
 @pytest.fixture
@@ -37,33 +49,52 @@ def two_models():
 
 
 def _curves(ax):
-    return [(np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)) for line in ax.get_lines()
-            if len(line.get_xdata()) > 2]
+    return [
+        (np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float))
+        for line in ax.get_lines()
+        if len(line.get_xdata()) > 2
+    ]
 
 
 def test_each_row_holds_its_runs_minus_their_own_dense_run(two_models):
     runs, references, names = two_models
     groups = groups_of(runs, references, names)
-    assert {k: [r.name for r, _ in v] for k, v in groups.items()} == {"dense": ["ti_70"],
-                                                                      "dense · arch=vit_small": ["s_70"]}
+    assert {k: [r.name for r, _ in v] for k, v in groups.items()} == {
+        "dense": ["ti_70"],
+        "dense · arch=vit_small": ["s_70"],
+    }
     fig, axes, notes = differences_figure(groups, {id(r): r.name for r in runs})
     assert axes.shape == (2, 2)  # two dense references x the two logged terms
     for row, slope, skipped in ((0, 0.001, {150}), (1, -0.001, set())):
         for ax in axes[row]:
-            (xs, ys), = _curves(ax)  # one sparse run per row; the dense run is the line at 0
+            ((xs, ys),) = _curves(ax)  # one sparse run per row; the dense run is the line at 0
             assert list(xs) == [s for s in STEPS if s not in skipped]  # only steps both runs logged
             assert ys == pytest.approx([slope * s for s in xs], abs=1e-12)
     assert "one row per dense run" in notes[0]
-    assert [ax.get_ylabel().split("\n", 1)[1] for ax in axes[:, 0]] == ["dense", "dense · arch=vit_small"]
+    assert [ax.get_ylabel().split("\n", 1)[1] for ax in axes[:, 0]] == [
+        "dense",
+        "dense · arch=vit_small",
+    ]
 
 
 def test_one_dense_reference_gets_no_figure(two_models, tmp_path):
     runs, references, names = two_models
     path = tmp_path / "d.png"
-    assert plot_loss_differences(runs[:1] + runs[2:4], references[:1] + references[2:4], ["a"] * 3,
-                                 names[:1] + names[2:4], path) is None
+    assert (
+        plot_loss_differences(
+            runs[:1] + runs[2:4],
+            references[:1] + references[2:4],
+            ["a"] * 3,
+            names[:1] + names[2:4],
+            path,
+        )
+        is None
+    )
     assert not path.exists()
-    assert plot_loss_differences(runs, references, [r.name for r in runs], names, path) == path and path.exists()
+    assert (
+        plot_loss_differences(runs, references, [r.name for r in runs], names, path) == path
+        and path.exists()
+    )
 
 
 def test_make_table_draws_the_differences_per_dense_run_only_for_several(tmp_path):

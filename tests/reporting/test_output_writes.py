@@ -1,6 +1,6 @@
-"""Every file the reports write is written as training writes its files: into a temporary file renamed into place,
-so a link planted at an output's name is replaced (its target untouched) and a kill mid-write leaves the old file,
-never a truncated one."""
+"""Every file the reports write is written as training writes its files: into a temporary file
+renamed into place, so a link planted at an output's name is replaced (its target untouched) and a
+kill mid-write leaves the old file, never a truncated one."""
 
 import json
 from pathlib import Path
@@ -11,7 +11,14 @@ from reporting.table import make_table
 from rundir import atomic as atomic_io
 
 RUNS = Path(__file__).resolve().parents[2] / "results" / "cifar10" / "recipe" / "screen"
-OUTPUTS = ("table.md", "table.csv", "summary.json", "top1_vs_sparsity.png", "loss_curves.png", "masks.png")
+OUTPUTS = (
+    "table.md",
+    "table.csv",
+    "summary.json",
+    "top1_vs_sparsity.png",
+    "loss_curves.png",
+    "masks.png",
+)
 
 
 def test_outputs_replace_planted_links_instead_of_writing_through_them(tmp_path):

@@ -1,17 +1,17 @@
-"""How the table reads the recipe study's keys. A run whose teacher momentum restarts at its switch gets a second Δ:
-against the dense run whose momentum restarts at the same fraction of the steps (teacher.momentum_restart_fraction),
-whose teacher follows the same schedule step for step. A dense warm-up (sparsity.dense_warmup_fraction) is dense time
-and is named in the steps column. Expected numbers are worked out in the comments."""
+"""How the table reads the recipe study's keys. A run whose teacher momentum restarts at its switch
+gets a second Δ: against the dense run whose momentum restarts at the same fraction of the steps
+(teacher.momentum_restart_fraction), whose teacher follows the same schedule step for step. A dense
+warm-up (sparsity.dense_warmup_fraction) is dense time and is named in the steps column. Expected
+numbers are worked out in the comments."""
 
 import csv
 
 import pytest
+from reporting_runs import make_run
 
 from reporting.plots import accuracy_figure
 from reporting.run_logs import read_run
 from reporting.table import build_rows, make_table, schedule_means
-
-from reporting_runs import make_run
 
 AT_SWITCH = ["teacher.momentum_restart_at_switch=true"]
 
@@ -23,13 +23,20 @@ def _csv(out):
 
 @pytest.fixture
 def study(tmp_path):
-    """Dense seeds 0, 1 (dinov2's schedule); the dense control restarted at 0.4, seed 0 only; 40% restarted at its
-    switch, seeds 0 and 1; 70% restarted at its switch (no control at 0.7); 40% without a restart."""
+    """Dense seeds 0, 1 (dinov2's schedule); the dense control restarted at 0.4, seed 0 only; 40%
+    restarted at its switch, seeds 0 and 1; 70% restarted at its switch (no control at 0.7); 40%
+    without a restart."""
     runs = tmp_path / "runs"
     make_run(runs, "dense_s0", 0.0, top1=80.0, knn20=70.0)
     make_run(runs, "dense_s1", 0.0, seed=1, top1=81.0, knn20=71.0)
-    make_run(runs, "dense_restart40_s0", 0.0, top1=82.0, knn20=72.5,
-             overrides=["teacher.momentum_restart_fraction=0.4"])
+    make_run(
+        runs,
+        "dense_restart40_s0",
+        0.0,
+        top1=82.0,
+        knn20=72.5,
+        overrides=["teacher.momentum_restart_fraction=0.4"],
+    )
     make_run(runs, "s40_restart_s0", 0.4, top1=81.0, knn20=71.0, overrides=AT_SWITCH)
     make_run(runs, "s40_restart_s1", 0.4, seed=1, top1=80.0, knn20=70.5, overrides=AT_SWITCH)
     make_run(runs, "s70_restart_s0", 0.7, top1=79.0, knn20=69.0, overrides=AT_SWITCH)
@@ -46,7 +53,8 @@ def test_each_run_is_compared_with_the_dense_run_of_its_teacher_schedule(study):
     s0, s1 = rows["s40_restart_s0"], rows["s40_restart_s1"]
     # the usual Δ stays against dinov2's schedule of the same seed: 81 - 80, 80 - 81
     assert s0.delta_top1 == pytest.approx(1.0) and s1.delta_top1 == pytest.approx(-1.0)
-    # against the control: seed 0's own (81 - 82, 71 - 72.5); seed 1 has none, so the lowest seed's (80 - 82)
+    # against the control: seed 0's own (81 - 82, 71 - 72.5); seed 1 has none, so the lowest seed's
+    # (80 - 82)
     assert s0.delta_top1_same_teacher == pytest.approx(-1.0)
     assert s0.delta_knn_top1_same_teacher == pytest.approx(-1.5)
     assert s1.delta_top1_same_teacher == pytest.approx(-2.0)
@@ -61,7 +69,9 @@ def test_each_run_is_compared_with_the_dense_run_of_its_teacher_schedule(study):
 def test_the_schedule_means_take_the_controls_mean(study):
     rows = build_rows([read_run(p) for p in sorted(study.iterdir())])
     means = {(m.sparse_fraction, m.schedule): m for m in schedule_means(rows)}
-    restart40 = next(m for (f, label), m in means.items() if f == 0.4 and "restart_at_switch=true" in label)
+    restart40 = next(
+        m for (f, label), m in means.items() if f == 0.4 and "restart_at_switch=true" in label
+    )
     # mean(81, 80) - 82 and mean(71, 70.5) - 72.5
     assert restart40.delta_top1_same_teacher == pytest.approx(-1.5)
     assert restart40.delta_knn_top1_same_teacher == pytest.approx(-1.75)
@@ -100,9 +110,10 @@ def test_table_and_figure_show_it_only_where_a_control_is_there(study, tmp_path)
 
 
 def test_a_dense_warm_up_is_dense_time_and_named_in_the_steps_column(tmp_path):
-    """300 steps, switch at 150, warm-up 0.1 = 30 dense steps first; sparse windows at 64 images/s, dense at 32, batch
-    32, a metrics line every 30 steps. Windows of steps 0-29 dense: 30 s; 30-149 sparse: 4 x 15 s = 60 s; 150-299
-    dense: 5 x 30 s = 150 s. Counting the warm-up as sparse (its steps come before the switch) would give 90 s."""
+    """300 steps, switch at 150, warm-up 0.1 = 30 dense steps first; sparse windows at 64 images/s,
+    dense at 32, batch 32, a metrics line every 30 steps. Windows of steps 0-29 dense: 30 s; 30-149
+    sparse: 4 x 15 s = 60 s; 150-299 dense: 5 x 30 s = 150 s. Counting the warm-up as sparse (its
+    steps come before the switch) would give 90 s."""
     runs = tmp_path / "runs"
     make_run(runs, "warm", 0.5, log_period=30, overrides=["sparsity.dense_warmup_fraction=0.1"])
     run = read_run(runs / "warm")

@@ -1,5 +1,6 @@
-"""Screening runs (those that chose the settings under test) are named by the table's maker, shown and marked, and
-kept out of every mean, interval and verdict: a confirmatory mean is taken over fresh seeds alone."""
+"""Screening runs (those that chose the settings under test) are named by the table's maker, shown
+and marked, and kept out of every mean, interval and verdict: a confirmatory mean is taken over
+fresh seeds alone."""
 
 import csv
 import json
@@ -7,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from reporting_runs import REPO, make_run
 
 from reporting.table import make_table
-from reporting_runs import REPO, make_run
 
 
 @pytest.fixture
@@ -29,13 +30,20 @@ def test_screening_runs_are_shown_and_kept_out_of_the_means(study, tmp_path):
     with open(out / "table.csv") as f:
         lines = list(csv.DictReader(f))
     runs = {r["run"]: r for r in lines if r["kind"] == "run"}
-    assert runs["sparse70_s0"]["screening"] == "True" and runs["sparse70_s1"]["screening"] == "False"
-    assert float(runs["sparse70_s0"]["delta_top1"]) == pytest.approx(0.9)  # its own Δ against its seed's dense run
+    assert (
+        runs["sparse70_s0"]["screening"] == "True" and runs["sparse70_s1"]["screening"] == "False"
+    )
+    assert float(runs["sparse70_s0"]["delta_top1"]) == pytest.approx(
+        0.9
+    )  # its own Δ against its seed's dense run
     means = {r["sparse_fraction"]: r for r in lines if r["kind"] == "schedule mean"}
-    # 70%: seeds 1 and 2 only, (79.0 + 79.5) / 2 = 79.25 (with seed 0: 79.8); dense 80.5 over seeds 0-2: Δ -1.25
+    # 70%: seeds 1 and 2 only, (79.0 + 79.5) / 2 = 79.25 (with seed 0: 79.8); dense 80.5 over seeds
+    # 0-2: Δ -1.25
     assert means["0.7"]["seed"] == "1 2" and float(means["0.7"]["top1"]) == pytest.approx(79.25)
     assert float(means["0.7"]["delta_top1"]) == pytest.approx(-1.25)
-    assert means["0.7"]["delta_top1_interval"] == "Welch t"  # seeds 1, 2 against 0, 1, 2: not paired
+    assert (
+        means["0.7"]["delta_top1_interval"] == "Welch t"
+    )  # seeds 1, 2 against 0, 1, 2: not paired
     table = (out / "table.md").read_text()
     assert "| complete, screening |" in table
     assert "kept out of every mean, interval and verdict above: sparse70_s0." in table
@@ -46,8 +54,26 @@ def test_screening_runs_are_shown_and_kept_out_of_the_means(study, tmp_path):
 def test_a_screening_run_outside_the_table_is_refused_before_anything_is_written(study, tmp_path):
     out = tmp_path / "out"
     elsewhere = make_run(tmp_path / "other", "sparse70_s9", 0.7, seed=9)
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "make_table.py"), str(study), "--out", str(out),
-                             "--no-plots", "--screening", str(elsewhere)],
-                            capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
-    assert result.returncode == 2 and "--screening" in result.stderr and "not among the table's runs" in result.stderr
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "make_table.py"),
+            str(study),
+            "--out",
+            str(out),
+            "--no-plots",
+            "--screening",
+            str(elsewhere),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+    assert (
+        result.returncode == 2
+        and "--screening" in result.stderr
+        and "not among the table's runs" in result.stderr
+    )
     assert not out.exists()

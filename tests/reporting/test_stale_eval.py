@@ -1,5 +1,6 @@
-"""A table never shows an evaluation of another teacher as the run's: eval_linear.json's `checkpoint_sha256` is
-compared with the digest recorded beside the run's teacher (kept in published results, which have no weights)."""
+"""A table never shows an evaluation of another teacher as the run's: eval_linear.json's
+`checkpoint_sha256` is compared with the digest recorded beside the run's teacher (kept in published
+results, which have no weights)."""
 
 import json
 
@@ -35,8 +36,9 @@ def test_an_eval_of_another_teacher_is_stale_and_not_tabulated(tmp_path):
 
 
 def test_nothing_to_compare_is_not_stale(tmp_path):
-    """No digest beside the teacher (an older version's run), no checkpoint_sha256 in the record, an unreadable or
-    empty digest file: the evaluation is shown as before (nothing says it is stale)."""
+    """No digest beside the teacher (an older version's run), no checkpoint_sha256 in the record, an
+    unreadable or empty digest file: the evaluation is shown as before (nothing says it is
+    stale)."""
     cases = {"no_digest": (None, A), "no_record_digest": (A, None), "empty_digest": ("", A)}
     for name, (teacher, evaluated) in cases.items():
         run = with_digests(make_run(tmp_path, name, 0.0, top1=80.0), teacher, evaluated)
@@ -44,15 +46,18 @@ def test_nothing_to_compare_is_not_stale(tmp_path):
             (run / "teacher_backbone.pth.sha256").write_bytes(b"")
         summary = read_run(run)
         assert summary.eval_status == COMPLETE and summary.top1 == 80.0, name
-    garbage = make_run(tmp_path, "garbage", 0.0, top1=70.0, result=eval_result(70.0) | {"checkpoint_sha256": A})
+    garbage = make_run(
+        tmp_path, "garbage", 0.0, top1=70.0, result=eval_result(70.0) | {"checkpoint_sha256": A}
+    )
     (garbage / "teacher_backbone.pth.sha256").write_bytes(b"\xff\xfe\x00 not text")
     summary = read_run(garbage)
     assert summary.eval_status == COMPLETE and summary.top1 == 70.0
 
 
 def test_a_table_asked_for_a_probe_shows_an_earlier_teachers_record_of_it_as_stale(tmp_path):
-    """`make_table.py --eval-arg` reads the record of the probe asked by its settings (`find_probe`): where the only
-    one is of an earlier teacher, the run is "eval stale", as without --eval-arg, not "no eval"."""
+    """`make_table.py --eval-arg` reads the record of the probe asked by its settings
+    (`find_probe`): where the only one is of an earlier teacher, the run is "eval stale", as without
+    --eval-arg, not "no eval"."""
     from configs.eval_schema import EvalConfig
 
     run = with_digests(make_run(tmp_path, "dense", 0.0, top1=90.0), B, A)

@@ -1,5 +1,5 @@
-"""The processes of a local job, read from /proc: a stop ends the ones its killed controller left behind, and never
-a process that merely reuses a pid."""
+"""The processes of a local job, read from /proc: a stop ends the ones its killed controller left
+behind, and never a process that merely reuses a pid."""
 
 import subprocess
 import sys
@@ -10,10 +10,15 @@ import pytest
 
 from slurm import processes
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads live processes from /proc")
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(), reason="reads live processes from /proc"
+)
 
-TREE = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); " \
-       "time.sleep(120)"  # a controller with one task, which outlives it if the controller is killed
+TREE = (
+    "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
+    "time.sleep(120)']); "
+    "time.sleep(120)"
+)  # a controller with one task, which outlives it if the controller is killed
 
 
 def _alive(pid: int) -> bool:
@@ -32,7 +37,9 @@ def test_the_orphans_of_a_killed_controller_are_found_and_killed_but_not_a_reuse
     assert _alive(task)  # re-parented, still running: what a stop used to leave behind
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        assert processes.kill_left({bystander.pid: "0"}) == []  # its start time is not "0": another process
+        assert (
+            processes.kill_left({bystander.pid: "0"}) == []
+        )  # its start time is not "0": another process
         assert processes.kill_left(members) == [task]
         deadline = time.monotonic() + 10
         while _alive(task) and time.monotonic() < deadline:

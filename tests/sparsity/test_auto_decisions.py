@@ -5,8 +5,8 @@ import torch
 
 
 def test_auto_keeps_one_choice_per_mode(monkeypatch):
-    """auto decides once per shape and mode: eager timings (host included) pick `choice`, device-only timings pick
-    `choice_graph`, used while a CUDA graph is being captured."""
+    """auto decides once per shape and mode: eager timings (host included) pick `choice`,
+    device-only timings pick `choice_graph`, used while a CUDA graph is being captured."""
     from sparsity.backends.auto import MARGIN, AutoBackend
 
     auto = AutoBackend()
@@ -30,7 +30,8 @@ def test_auto_keeps_one_choice_per_mode(monkeypatch):
     assert rec["choice"] == "dense" and rec["choice_graph"] == "cusparselt"
     assert rec["speedup"] == pytest.approx(0.8) and rec["speedup_graph"] == pytest.approx(1.2)
     assert rec["speedup_graph"] > MARGIN > rec["speedup"]
-    # a new shape first met during capture: dense, not remembered (no timing is possible inside a capture)
+    # a new shape first met during capture: dense, not remembered (no timing is possible inside a
+    # capture)
     assert auto.decide(w, "tile_greedy", 256, True) == "dense"
     assert len(auto.describe()["decisions"]) == 1
 

@@ -32,16 +32,22 @@ def test_block_kind_converts_to_block_sparse_layers_and_back():
     x = torch.randn(5, 64)
     y = model.fc2(model.fc1(x))
     dense_mask = model.fc1.block_mask.repeat_interleave(32, 0).repeat_interleave(32, 1)
-    torch.testing.assert_close(model.fc1(x), F.linear(x, model.fc1.weight * dense_mask, model.fc1.bias))
+    torch.testing.assert_close(
+        model.fc1(x), F.linear(x, model.fc1.weight * dense_mask, model.fc1.bias)
+    )
     y.sum().backward()
-    assert torch.equal(model.fc1.weight.grad[~dense_mask], torch.zeros(int((~dense_mask).sum())))  # frozen blocks
+    assert torch.equal(
+        model.fc1.weight.grad[~dense_mask], torch.zeros(int((~dense_mask).sum()))
+    )  # frozen blocks
     assert conv.revert(model) == ["fc1", "fc2"]
     assert type(model.fc1) is nn.Linear and "block_mask" not in model.fc1.state_dict()
 
 
 def test_block_sparse_layer_compiles_to_the_same_math():
     model = mlp()
-    SparseThenDense(1, modules=r"fc[12]", kind="block", block_density=0.5, block_size=32).convert(model)
+    SparseThenDense(1, modules=r"fc[12]", kind="block", block_density=0.5, block_size=32).convert(
+        model
+    )
     seq = nn.Sequential(model.fc1, nn.GELU(), model.fc2)
     x = torch.randn(6, 64)
     ref = seq(x)
@@ -55,15 +61,21 @@ def test_block_sparse_layer_compiles_to_the_same_math():
         torch.testing.assert_close(p.grad, g)
 
 
-@pytest.mark.parametrize("values, key", [
-    (dict(kind="block", block_size=40), "sparsity.block_size=40"),  # 40 does not divide 64
-    (dict(kind="block", block_density=0.0), "sparsity.block_density=0.0"),
-    (dict(kind="block", block_density=1.5), "sparsity.block_density=1.5"),
-    (dict(kind="block", block_size=0), "sparsity.block_size=0"),
-    (dict(weight_grad="mvue"), "sparsity.weight_grad='mvue'"),
-    (dict(kind="activation", weight_grad="mvue24", pruning="rowwise"), "sparsity.weight_grad=mvue24"),
-    (dict(kind="block", weight_grad="mvue24"), "sparsity.weight_grad=mvue24"),
-])
+@pytest.mark.parametrize(
+    "values, key",
+    [
+        (dict(kind="block", block_size=40), "sparsity.block_size=40"),  # 40 does not divide 64
+        (dict(kind="block", block_density=0.0), "sparsity.block_density=0.0"),
+        (dict(kind="block", block_density=1.5), "sparsity.block_density=1.5"),
+        (dict(kind="block", block_size=0), "sparsity.block_size=0"),
+        (dict(weight_grad="mvue"), "sparsity.weight_grad='mvue'"),
+        (
+            dict(kind="activation", weight_grad="mvue24", pruning="rowwise"),
+            "sparsity.weight_grad=mvue24",
+        ),
+        (dict(kind="block", weight_grad="mvue24"), "sparsity.weight_grad=mvue24"),
+    ],
+)
 def test_bad_values_name_the_config_key(values, key):
     with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(".", r"\.")):
         SparseThenDense(1, modules=r"fc[12]", backend="dense", **values).convert(mlp())
@@ -71,7 +83,9 @@ def test_bad_values_name_the_config_key(values, key):
 
 def test_mvue_weight_grad_is_the_mvue_of_dy_times_x_and_leaves_dx_db_exact():
     torch.manual_seed(1)
-    x = torch.randn(2, 70, 16, requires_grad=True)  # 140 tokens: the first 128 pruned, the last 12 exact
+    x = torch.randn(
+        2, 70, 16, requires_grad=True
+    )  # 140 tokens: the first 128 pruned, the last 12 exact
     dense = nn.Linear(16, 8)
     mv = SemiSparseLinear.from_dense(nn.Linear(16, 8), backend="dense", weight_grad="mvue24")
     with torch.no_grad():
@@ -106,7 +120,9 @@ def test_mvue_weight_grad_is_unbiased_and_exact_on_the_last_tokens():
     torch.testing.assert_close(draws.mean(0), dy2.t() @ x2, atol=0.5, rtol=0.05)
     assert draws.std(0).min() > 0.1  # the first 64 tokens are drawn
     short = torch.stack([mvue_weight_grad(dy2[:63], x2[:63]) for _ in range(3)])
-    assert torch.equal(short[0], short[1]) and torch.equal(short[0], short[2])  # under 64 tokens: exact
+    assert torch.equal(short[0], short[1]) and torch.equal(
+        short[0], short[2]
+    )  # under 64 tokens: exact
     torch.testing.assert_close(short[0], dy2[:63].t() @ x2[:63])
 
 
@@ -125,7 +141,9 @@ def test_mvue_converter_and_compile():
 
 def test_mvue_on_the_linears_weight_grad_modules_picks_and_the_dense_weight_gradient_elsewhere():
     model = mlp(width=16, hidden=32)
-    conv = SparseThenDense(1, modules=r"fc[12]", backend="dense", weight_grad="mvue24", weight_grad_modules="fc2")
+    conv = SparseThenDense(
+        1, modules=r"fc[12]", backend="dense", weight_grad="mvue24", weight_grad_modules="fc2"
+    )
     conv.convert(model)
     assert (model.fc1.weight_grad, model.fc2.weight_grad) == ("dense", "mvue24")
     assert "weight gradient mvue24 on fc2" in conv.describe()
@@ -142,16 +160,30 @@ def test_mvue_on_the_linears_weight_grad_modules_picks_and_the_dense_weight_grad
     assert (model.fc1.weight_grad, model.fc2.weight_grad) == ("dense", "mvue24")
 
 
-@pytest.mark.parametrize("values, message", [
-    (dict(weight_grad_modules="fc2"), "sparsity.weight_grad_modules='fc2' picks the linears of sparsity.weight_grad"),
-    (dict(weight_grad="mvue24", weight_grad_modules="fc["), "sparsity.weight_grad_modules='fc[' is not a valid"),
-    (dict(weight_grad="mvue24", weight_grad_modules="fc3"), "sparsity.weight_grad_modules='fc3' matches none of "
-                                                            "the linears sparsity.modules selects (fc1, fc2)"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            dict(weight_grad_modules="fc2"),
+            "sparsity.weight_grad_modules='fc2' picks the linears of sparsity.weight_grad",
+        ),
+        (
+            dict(weight_grad="mvue24", weight_grad_modules="fc["),
+            "sparsity.weight_grad_modules='fc[' is not a valid",
+        ),
+        (
+            dict(weight_grad="mvue24", weight_grad_modules="fc3"),
+            "sparsity.weight_grad_modules='fc3' matches none of "
+            "the linears sparsity.modules selects (fc1, fc2)",
+        ),
+    ],
+)
 def test_weight_grad_modules_that_mean_nothing_are_refused_naming_the_key(values, message):
     from sparsity.converter import ConversionError
 
     model = mlp()
     with pytest.raises(ConversionError, match=re.escape(message)):
         SparseThenDense(1, modules=r"fc[12]", backend="dense", **values).convert(model)
-    assert isinstance(model.fc1, nn.Linear) and not isinstance(model.fc1, SemiSparseLinear)  # nothing converted
+    assert isinstance(model.fc1, nn.Linear) and not isinstance(
+        model.fc1, SemiSparseLinear
+    )  # nothing converted

@@ -1,5 +1,5 @@
-"""BlockSparseLinear: block selection, the torch path against dense masked math, the Triton block-sparse GEMMs
-(interpreted on CPU) against the torch path, state dict and re-selection."""
+"""BlockSparseLinear: block selection, the torch path against dense masked math, the Triton
+block-sparse GEMMs (interpreted on CPU) against the torch path, state dict and re-selection."""
 
 import pytest
 import torch
@@ -63,10 +63,16 @@ def _run(impl, x, w, b, layout, dy):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("block_size,density,bias", [(16, 0.5, True), (32, 0.25, False), (16, 0.1, True)])
+@pytest.mark.parametrize(
+    "block_size,density,bias", [(16, 0.5, True), (32, 0.25, False), (16, 0.1, True)]
+)
 def test_triton_kernels_equal_torch_path(dtype, block_size, density, bias):
     g = torch.Generator().manual_seed(block_size)
-    n, k, m = 64, 96, 37  # m not a multiple of the row tile; at density 0.1 some block rows/cols are empty
+    n, k, m = (
+        64,
+        96,
+        37,
+    )  # m not a multiple of the row tile; at density 0.1 some block rows/cols are empty
     w = torch.randn(n, k, generator=g).to(dtype).to(DEVICE)
     b = torch.randn(n, generator=g).to(dtype).to(DEVICE) if bias else None
     x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
@@ -91,7 +97,9 @@ def test_triton_kernels_non_contiguous_and_leading_dims():
     layout = BlockLayout.from_mask(select_blocks(w, 0.5, 16), 16)
     x = torch.randn(64, 2, 9, generator=g).to(DEVICE).permute(1, 2, 0)  # (2, 9, 64), non-contiguous
     dy = torch.randn(2, 9, 32, generator=g).to(DEVICE)
-    for a, r in zip(_run("triton", x, w, None, layout, dy)[:3], _run("torch", x, w, None, layout, dy)[:3]):
+    for a, r in zip(
+        _run("triton", x, w, None, layout, dy)[:3], _run("torch", x, w, None, layout, dy)[:3]
+    ):
         torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5)
 
 
@@ -108,7 +116,9 @@ def test_state_dict_reselect_and_layout_cache():
     assert m.layout() is not lay and torch.equal(m.layout().mask, m.block_mask)
     other = BlockSparseLinear(32, 16, density=0.5, block_size=8)
     other.load_state_dict(m.state_dict())
-    assert torch.equal(other.block_mask, m.block_mask) and torch.equal(other.layout().mask, m.block_mask)
+    assert torch.equal(other.block_mask, m.block_mask) and torch.equal(
+        other.layout().mask, m.block_mask
+    )
     # an nn.Linear state dict: blocks re-selected from the loaded weight
     other.load_state_dict({"weight": m.weight.detach() * 2, "bias": m.bias.detach()})
     assert torch.equal(other.block_mask, select_blocks(m.weight * 2, 0.5, 8))

@@ -1,11 +1,12 @@
-"""Correctness of the sparse layer against an independent reference.
-`independent_reference.py` (pure torch; nothing imported from this repository) is torchao's `SemiSparseLinear`
-written from its published semantics. This file checks the repository's masks and layer against it: the 4x4 tile
-masks on hand-computed tiles (ties, an all-equal tile, a tile where the greedy walk keeps 7), the shapes both refuse,
-and the repository's `SemiSparseLinear` (backend="dense", pruning="tile_greedy") against the reference layer: the
-same mask, forward, dx, dW and db (fp32, and bf16 autocast), leading batch dims included; and (gpu) the reference's
-masks against torch's own kernel (`torch._sparse_semi_structured_tile`). The same comparison over whole training
-runs is `test_independent_reference_training.py`.
+"""Correctness of the sparse layer against an independent reference. `independent_reference.py`
+(pure torch; nothing imported from this repository) is torchao's `SemiSparseLinear` written from its
+published semantics. This file checks the repository's masks and layer against it: the 4x4 tile
+masks on hand-computed tiles (ties, an all-equal tile, a tile where the greedy walk keeps 7), the
+shapes both refuse, and the repository's `SemiSparseLinear` (backend="dense", pruning="tile_greedy")
+against the reference layer: the same mask, forward, dx, dW and db (fp32, and bf16 autocast),
+leading batch dims included; and (gpu) the reference's masks against torch's own kernel
+(`torch._sparse_semi_structured_tile`). The same comparison over whole training runs is
+`test_independent_reference_training.py`.
 """
 
 from __future__ import annotations
@@ -15,12 +16,9 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from sparsity import SemiSparseLinear
-from sparsity.pruning import prune
-
-from independent_reference import (  # tests/sparsity/independent_reference.py: pure torch, none of the above
+# tests/sparsity/independent_reference.py: pure torch, none of the above
+from independent_reference import (
     KERNEL_NETWORK,
     MLP_PATTERN,
     ReferenceSemiSparseLinear,
@@ -28,8 +26,12 @@ from independent_reference import (  # tests/sparsity/independent_reference.py: 
     swap_to_reference,
     tile_mask,
 )
+from torch import nn
 
-# ================================================================================================================
+from sparsity import SemiSparseLinear
+from sparsity.pruning import prune
+
+# ==================================================================================================
 # masks and the layer
 
 
@@ -38,23 +40,27 @@ def _mask(rows) -> torch.Tensor:
 
 
 # PyTorch's own expected mask for largest_abs_values_greedy (test/test_sparse_semi_structured.py,
-# test_pruning_algo_largest_abs_values_greedy: run on the real kernel); it has ties (4 = 4, 3 = |-3|, 2 = 2 = 2, ...)
+# test_pruning_algo_largest_abs_values_greedy: run on the real kernel); it has ties (4 = 4, 3 =
+# |-3|, 2 = 2 = 2, ...)
 TORCH_TEST_TILE = [[4, 3, 2, 1], [-1, -3, 0.6, 0.5], [1, 2, 3, 4], [10, 2, -1, 5]]
 TORCH_TEST_MASK = [[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1], [1, 0, 0, 1]]
-# The greedy walk keeps 7: 16 at (3,3), then the six off-diagonal entries of the top-left 3x3 fill rows 0-2 and
-# columns 0-2; row 3 and column 3 each still have a free slot, but the only cell they share, (3,3), is taken.
+# The greedy walk keeps 7: 16 at (3,3), then the six off-diagonal entries of the top-left 3x3 fill
+# rows 0-2 and columns 0-2; row 3 and column 3 each still have a free slot, but the only cell they
+# share, (3,3), is taken.
 TILE_WITH_7_KEPT = [[1, 15, 14, 2], [13, 3, 12, 4], [11, 10, 5, 6], [7, 8, 9, 16]]
 MASK_7_KEPT = [[0, 1, 1, 0], [1, 0, 1, 0], [1, 1, 0, 0], [0, 0, 0, 1]]
-# torch's default algorithm (""; = largest_values_greedy) ranks signed values: on -TILE_WITH_7_KEPT it walks from -1
-# (0,0), -2 (0,3), -3 (1,1), -4 (1,3), -5 (2,2), [-6 (2,3): column 3 full], -7 (3,0), -8 (3,1), then nothing fits
+# torch's default algorithm (""; = largest_values_greedy) ranks signed values: on -TILE_WITH_7_KEPT
+# it walks from -1 (0,0), -2 (0,3), -3 (1,1), -4 (1,3), -5 (2,2), [-6 (2,3): column 3 full], -7
+# (3,0), -8 (3,1), then nothing fits
 SIGNED_MASK_OF_NEGATED_7 = [[1, 0, 0, 1], [0, 1, 0, 1], [0, 0, 1, 0], [1, 1, 0, 0]]
-# All 16 equal, row-major ties: (0,0) (0,1) | (1,0) (1,1) | (2,0), (2,1): columns full, (2,2) (2,3) | (3,2) (3,3)
+# All 16 equal, row-major ties: (0,0) (0,1) | (1,0) (1,1) | (2,0), (2,1): columns full, (2,2) (2,3)
+# | (3,2) (3,3)
 BLOCK_DIAGONAL = [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1], [0, 0, 1, 1]]
 # The 3 = 3 tie of row 0 goes to the lower column; the zeros then fill as in the all-equal tile
 TIE_IN_ROW_0 = [[5, 3, 3, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
-# All 16 equal under the kernel's order: StaticSort exchanges equal elements, which permutes the visit order (the
-# network is simulated here: this mask is what the simulation gives, checked against the real kernel by
-# test_reference_masks_equal_torch_kernel on a GPU); the walk keeps 7
+# All 16 equal under the kernel's order: StaticSort exchanges equal elements, which permutes the
+# visit order (the network is simulated here: this mask is what the simulation gives, checked
+# against the real kernel by test_reference_masks_equal_torch_kernel on a GPU); the walk keeps 7
 KERNEL_ALL_EQUAL = [[1, 0, 1, 0], [0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 1]]
 
 ABS = "largest_abs_values_greedy"
@@ -63,10 +69,20 @@ TILE_CASES = [  # id, tile, algorithm, tie_order, expected mask
     ("torch-test-tile-kernel-order", TORCH_TEST_TILE, ABS, "kernel", TORCH_TEST_MASK),
     ("7-kept", TILE_WITH_7_KEPT, ABS, "row_major", MASK_7_KEPT),
     ("7-kept-negated", [[-v for v in r] for r in TILE_WITH_7_KEPT], ABS, "row_major", MASK_7_KEPT),
-    ("7-kept-negated-signed", [[-v for v in r] for r in TILE_WITH_7_KEPT], "largest_values_greedy", "row_major",
-     SIGNED_MASK_OF_NEGATED_7),
-    ("7-kept-negated-torch-default", [[-v for v in r] for r in TILE_WITH_7_KEPT], "", "kernel",
-     SIGNED_MASK_OF_NEGATED_7),
+    (
+        "7-kept-negated-signed",
+        [[-v for v in r] for r in TILE_WITH_7_KEPT],
+        "largest_values_greedy",
+        "row_major",
+        SIGNED_MASK_OF_NEGATED_7,
+    ),
+    (
+        "7-kept-negated-torch-default",
+        [[-v for v in r] for r in TILE_WITH_7_KEPT],
+        "",
+        "kernel",
+        SIGNED_MASK_OF_NEGATED_7,
+    ),
     ("all-equal", [[0.5] * 4] * 4, ABS, "row_major", BLOCK_DIAGONAL),
     ("all-equal-signs", [[0.5, -0.5, 0.5, -0.5]] * 4, ABS, "row_major", BLOCK_DIAGONAL),
     ("all-zero", [[0.0] * 4] * 4, ABS, "row_major", BLOCK_DIAGONAL),
@@ -75,34 +91,45 @@ TILE_CASES = [  # id, tile, algorithm, tie_order, expected mask
 ]
 
 
-@pytest.mark.parametrize("tile,algorithm,tie_order,expected", [c[1:] for c in TILE_CASES],
-                         ids=[c[0] for c in TILE_CASES])
+@pytest.mark.parametrize(
+    "tile,algorithm,tie_order,expected", [c[1:] for c in TILE_CASES], ids=[c[0] for c in TILE_CASES]
+)
 def test_tile_masks_on_hand_computed_tiles(tile, algorithm, tie_order, expected):
     w = torch.tensor(tile, dtype=torch.float32)
     assert torch.equal(tile_mask(w, algorithm, tie_order), _mask(expected))
-    if algorithm == ABS and tie_order == "row_major":  # the repository's tile_greedy: the same hand-computed mask
+    if (
+        algorithm == ABS and tie_order == "row_major"
+    ):  # the repository's tile_greedy: the same hand-computed mask
         assert torch.equal(prune(w, "tile_greedy")[1], _mask(expected))
 
 
 def test_tiles_are_placed_where_they_are_in_the_weight():
-    """Six different hand-computed tiles laid out as an 8 x 12 weight: each tile's mask lands at its place (catches
-    a transposed or mis-strided tiling, which single-tile tests cannot)."""
-    tiles = [(TORCH_TEST_TILE, TORCH_TEST_MASK), (TILE_WITH_7_KEPT, MASK_7_KEPT), (TIE_IN_ROW_0, BLOCK_DIAGONAL),
-             ([[-v for v in r] for r in TILE_WITH_7_KEPT], MASK_7_KEPT),
-             ([list(r) for r in zip(*TILE_WITH_7_KEPT)], [list(r) for r in zip(*MASK_7_KEPT)]),  # transposed
-             ([[0.25] * 4] * 4, BLOCK_DIAGONAL)]
+    """Six different hand-computed tiles laid out as an 8 x 12 weight: each tile's mask lands at its
+    place (catches a transposed or mis-strided tiling, which single-tile tests cannot)."""
+    tiles = [
+        (TORCH_TEST_TILE, TORCH_TEST_MASK),
+        (TILE_WITH_7_KEPT, MASK_7_KEPT),
+        (TIE_IN_ROW_0, BLOCK_DIAGONAL),
+        ([[-v for v in r] for r in TILE_WITH_7_KEPT], MASK_7_KEPT),
+        (
+            [list(r) for r in zip(*TILE_WITH_7_KEPT)],
+            [list(r) for r in zip(*MASK_7_KEPT)],
+        ),  # transposed
+        ([[0.25] * 4] * 4, BLOCK_DIAGONAL),
+    ]
     w = torch.zeros(8, 12)
     expected = torch.zeros(8, 12, dtype=torch.bool)
     for k, (tile, mask) in enumerate(tiles):
         r, c = 4 * (k // 3), 4 * (k % 3)
-        w[r:r + 4, c:c + 4] = torch.tensor(tile)
-        expected[r:r + 4, c:c + 4] = _mask(mask)
+        w[r : r + 4, c : c + 4] = torch.tensor(tile)
+        expected[r : r + 4, c : c + 4] = _mask(mask)
     assert torch.equal(tile_mask(w), expected)
     assert torch.equal(prune(w, "tile_greedy")[1], expected)
 
 
 def _greedy_python(w: torch.Tensor) -> torch.Tensor:
-    """A third implementation, plain Python per tile: sort (-|v|, position), walk, keep if row and column < 2."""
+    """A third implementation, plain Python per tile: sort (-|v|, position), walk, keep if row and
+    column < 2."""
     rows, cols = w.shape
     out = torch.zeros(rows, cols, dtype=torch.bool)
     for tr in range(0, rows, 4):
@@ -130,16 +157,19 @@ def test_random_weights_three_implementations_agree(kind):
     assert torch.equal(m, _greedy_python(w))
     assert torch.equal(m, prune(w, "tile_greedy")[1])
     per_tile = m.reshape(4, 4, 6, 4).transpose(1, 2)  # (tile row, tile col, 4, 4)
-    assert per_tile.sum(-1).max() <= 2 and per_tile.sum(-2).max() <= 2  # <= 2 per row and per column of a tile
+    assert (
+        per_tile.sum(-1).max() <= 2 and per_tile.sum(-2).max() <= 2
+    )  # <= 2 per row and per column of a tile
     if kind == "fp32":  # distinct values: the tie rule cannot matter
         assert torch.equal(m, tile_mask(w, tie_order="kernel"))
 
 
 def test_kernel_network_is_a_sorting_network():
-    """The transcribed StaticSort<16> (65 compare-exchanges) sorts every 0/1 input, hence every input (0-1
-    principle): a transcription error in the network would show here before it shows in a mask."""
+    """The transcribed StaticSort<16> (65 compare-exchanges) sorts every 0/1 input, hence every
+    input (0-1 principle): a transcription error in the network would show here before it shows in a
+    mask."""
     assert len(KERNEL_NETWORK) == 65
-    v = ((torch.arange(2 ** 16)[:, None] >> torch.arange(16)) & 1).float()
+    v = ((torch.arange(2**16)[:, None] >> torch.arange(16)) & 1).float()
     for i, j in KERNEL_NETWORK:
         lo, hi = torch.minimum(v[:, i], v[:, j]), torch.maximum(v[:, i], v[:, j])
         v[:, i], v[:, j] = lo, hi
@@ -147,23 +177,28 @@ def test_kernel_network_is_a_sorting_network():
 
 
 def test_bf16_ties_the_repository_matches_row_major_ties_not_always_the_kernel_order():
-    """MLP-shaped weights rounded to bf16 (what the mask sees under bf16 autocast): the repository's tile_greedy is
-    the reference with row-major ties bit for bit; torch's kernel breaks ties in its sorting network's order, which
-    keeps other entries in a small fraction of tiles (printed; fp32 weights have no ties, and no difference)."""
+    """MLP-shaped weights rounded to bf16 (what the mask sees under bf16 autocast): the repository's
+    tile_greedy is the reference with row-major ties bit for bit; torch's kernel breaks ties in its
+    sorting network's order, which keeps other entries in a small fraction of tiles (printed; fp32
+    weights have no ties, and no difference)."""
     g = torch.Generator().manual_seed(2)
     w = (torch.randn(768, 192, generator=g) * 0.02).to(torch.bfloat16)
     repo = prune(w, "tile_greedy")[1]
     assert torch.equal(tile_mask(w), repo)
     differing = (tile_mask(w, tie_order="kernel") != repo).reshape(192, 4, 48, 4).any(3).any(1)
     frac = differing.float().mean().item()
-    print(f"\nbf16 N(0, 0.02) weight 768x192: {frac:.4%} of 4x4 tiles keep other entries under the kernel's tie order")
+    print(
+        f"\nbf16 N(0, 0.02) weight 768x192: {frac:.4%} of 4x4 tiles keep other entries under the "
+        f"kernel's tie order"
+    )
     assert 0 < frac < 0.05
 
 
 def test_torch_default_algorithm_ranks_signed_values_unlike_tile_greedy():
-    """torchao's SemiSparseLinear calls `_sparse_semi_structured_tile` with algorithm "" = largest_values_greedy
-    (signed values, ComputeSparseTile.h's named_algorithms); the repository's tile_greedy (and the reference's
-    default) is largest_abs_values_greedy. On random weights the two keep different entries in most tiles."""
+    """torchao's SemiSparseLinear calls `_sparse_semi_structured_tile` with algorithm "" =
+    largest_values_greedy (signed values, ComputeSparseTile.h's named_algorithms); the repository's
+    tile_greedy (and the reference's default) is largest_abs_values_greedy. On random weights the
+    two keep different entries in most tiles."""
     g = torch.Generator().manual_seed(3)
     w = torch.randn(64, 64, generator=g)
     assert torch.equal(tile_mask(w, ""), tile_mask(w, "largest_values_greedy"))
@@ -174,8 +209,9 @@ def test_torch_default_algorithm_ranks_signed_values_unlike_tile_greedy():
 
 @pytest.mark.parametrize("kind", ["fp32", "bf16", "integers"])
 def test_repository_tile_greedy_signed_is_the_torch_default_algorithm(kind):
-    """The repository's `tile_greedy_signed` is torchao's ranking: the reference's "" algorithm (signed values,
-    row-major ties), masks equal bit for bit, and so is the layer's forward and backward built on it."""
+    """The repository's `tile_greedy_signed` is torchao's ranking: the reference's "" algorithm
+    (signed values, row-major ties), masks equal bit for bit, and so is the layer's forward and
+    backward built on it."""
     g = torch.Generator().manual_seed(4)
     w = torch.randn(32, 48, generator=g)
     if kind == "bf16":  # many exact ties
@@ -185,7 +221,12 @@ def test_repository_tile_greedy_signed_is_the_torch_default_algorithm(kind):
     assert torch.equal(prune(w, "tile_greedy_signed")[1], tile_mask(w, ""))
     lin = nn.Linear(48, 32)
     x, dy = torch.randn(3, 5, 48, generator=g), torch.randn(3, 5, 32, generator=g)
-    repo = _grads(SemiSparseLinear.from_dense(lin, backend="dense", pruning="tile_greedy_signed"), x, dy, False)
+    repo = _grads(
+        SemiSparseLinear.from_dense(lin, backend="dense", pruning="tile_greedy_signed"),
+        x,
+        dy,
+        False,
+    )
     ref = _grads(ReferenceSemiSparseLinear.from_dense(lin, algorithm=""), x, dy, False)
     for a, b in zip(repo, ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -209,26 +250,41 @@ def _grads(module, x, dy, autocast: bool):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         y = module(x)
     y.backward(dy.to(y.dtype))
-    return (y.detach(), x.grad, module.weight.grad.clone(),
-            None if module.bias is None else module.bias.grad.clone())
+    return (
+        y.detach(),
+        x.grad,
+        module.weight.grad.clone(),
+        None if module.bias is None else module.bias.grad.clone(),
+    )
 
 
-LAYER_SHAPES = [((4, 4), (3,)), ((20, 12), (5,)), ((8, 36), (2, 3)), ((768, 192), (2, 3, 7)), ((192, 768), (50,))]
+LAYER_SHAPES = [
+    ((4, 4), (3,)),
+    ((20, 12), (5,)),
+    ((8, 36), (2, 3)),
+    ((768, 192), (2, 3, 7)),
+    ((192, 768), (50,)),
+]
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-@pytest.mark.parametrize("shape,lead", LAYER_SHAPES, ids=[f"{s[0]}x{s[1]}-lead{len(d)}" for s, d in LAYER_SHAPES])
+@pytest.mark.parametrize(
+    "shape,lead", LAYER_SHAPES, ids=[f"{s[0]}x{s[1]}-lead{len(d)}" for s, d in LAYER_SHAPES]
+)
 def test_repository_layer_equals_reference(shape, lead, bias, autocast):
-    """Same forward, dx, dW, db as the reference on random inputs; and both equal a third path, plain autograd
-    through F.linear with the pruned weight as a leaf (straight-through by construction: its gradient IS dW).
-    Tolerances: fp32 1e-5 (a different but valid GEMM summation order would differ by a few ulp of the O(1)-O(10)
-    values); bf16 1e-2, 2.5 bf16 ulp. Measured: identical bits in both dtypes."""
+    """Same forward, dx, dW, db as the reference on random inputs; and both equal a third path,
+    plain autograd through F.linear with the pruned weight as a leaf (straight-through by
+    construction: its gradient IS dW). Tolerances: fp32 1e-5 (a different but valid GEMM summation
+    order would differ by a few ulp of the O(1)-O(10) values); bf16 1e-2, 2.5 bf16 ulp. Measured:
+    identical bits in both dtypes."""
     out_f, in_f = shape
     torch.manual_seed(LAYER_SHAPES.index((shape, lead)) + 10 * bias)
     lin = nn.Linear(in_f, out_f, bias=bias)
     x, dy = torch.randn(*lead, in_f), torch.randn(*lead, out_f)
-    repo = _grads(SemiSparseLinear.from_dense(lin, backend="dense", pruning="tile_greedy"), x, dy, autocast)
+    repo = _grads(
+        SemiSparseLinear.from_dense(lin, backend="dense", pruning="tile_greedy"), x, dy, autocast
+    )
     ref = _grads(ReferenceSemiSparseLinear.from_dense(lin), x, dy, autocast)
     dtype = torch.bfloat16 if autocast else torch.float32
     mask = tile_mask(lin.weight.detach().to(dtype))
@@ -247,11 +303,19 @@ def test_repository_layer_equals_reference(shape, lead, bias, autocast):
             assert t is None and th is None
             continue
         assert r.dtype == t.dtype and r.shape == t.shape, name
-        torch.testing.assert_close(r, t, **tol, msg=lambda m: f"{name}: repository vs reference: {m}")
-        torch.testing.assert_close(t.float(), th.float(), **tol, msg=lambda m: f"{name}: reference vs autograd: {m}")
-    assert repo[0].dtype == dtype and repo[1].dtype == torch.float32 and repo[2].dtype == torch.float32
+        torch.testing.assert_close(
+            r, t, **tol, msg=lambda m: f"{name}: repository vs reference: {m}"
+        )
+        torch.testing.assert_close(
+            t.float(), th.float(), **tol, msg=lambda m: f"{name}: reference vs autograd: {m}"
+        )
+    assert (
+        repo[0].dtype == dtype and repo[1].dtype == torch.float32 and repo[2].dtype == torch.float32
+    )
     dw = ref[2]
-    assert (dw[~mask] != 0).float().mean() > 0.95  # the weight gradient is not masked (straight-through)
+    assert (
+        dw[~mask] != 0
+    ).float().mean() > 0.95  # the weight gradient is not masked (straight-through)
 
 
 def _toy_model() -> nn.Module:
@@ -288,15 +352,15 @@ def test_swap_by_regex_keeps_parameters_draws_no_random_numbers_and_goes_back():
         swap_to_reference(model, pattern=r"blocks\.\d+\.mlp\.fc3")
 
 
-# ================================================================================================================
+# ==================================================================================================
 # (gpu) the reference's masks against torch's own kernel
 
 
 def kernel_mask(w: torch.Tensor, algorithm: str) -> tuple:
-    """torch's own `_sparse_semi_structured_tile` mask of w (CUDA, 16-bit, cols % 32 == 0): the kept entries of
-    `_sparse_semi_structured_apply_dense(ones, bitmask)`; and the same read from the bitmask's layout directly
-    (per thread an 8x8 area: four uint16 4x4 masks a b / c d, bit col + 4 * row; SparseSemiStructuredPack.h), or
-    None where that layout is not as read here."""
+    """torch's own `_sparse_semi_structured_tile` mask of w (CUDA, 16-bit, cols % 32 == 0): the kept
+    entries of `_sparse_semi_structured_apply_dense(ones, bitmask)`; and the same read from the
+    bitmask's layout directly (per thread an 8x8 area: four uint16 4x4 masks a b / c d, bit col + 4
+    * row; SparseSemiStructuredPack.h), or None where that layout is not as read here."""
     out = torch._sparse_semi_structured_tile(w, algorithm=algorithm, use_cutlass=True)
     bitmask = out[-1]
     applied = torch._sparse_semi_structured_apply_dense(torch.ones_like(w), bitmask) != 0
@@ -320,10 +384,11 @@ def _tiled(tile, rows=64, cols=64) -> torch.Tensor:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_reference_masks_equal_torch_kernel(dtype):
-    """The reference's tile mask with the kernel's tie order equals torch's `_sparse_semi_structured_tile` for its
-    three algorithms, on random MLP-shaped weights (ties from the 16-bit rounding), integer weights (ties
-    everywhere) and the hand-computed tiles above; the repository's tile_greedy (Triton on the GPU) equals the
-    reference with row-major ties. Prints how often the repository's masks differ from torch's."""
+    """The reference's tile mask with the kernel's tie order equals torch's
+    `_sparse_semi_structured_tile` for its three algorithms, on random MLP-shaped weights (ties from
+    the 16-bit rounding), integer weights (ties everywhere) and the hand-computed tiles above; the
+    repository's tile_greedy (Triton on the GPU) equals the reference with row-major ties. Prints
+    how often the repository's masks differ from torch's."""
     if not hasattr(torch, "_sparse_semi_structured_tile"):
         pytest.skip("this torch has no torch._sparse_semi_structured_tile")
     g = torch.Generator().manual_seed(4)
@@ -331,8 +396,10 @@ def test_reference_masks_equal_torch_kernel(dtype):
         "N(0, 0.02) 768x192": torch.randn(768, 192, generator=g) * 0.02,
         "N(0, 0.02) 192x768": torch.randn(192, 768, generator=g) * 0.02,
         "integers in [-2, 2] 128x128": torch.randint(-2, 3, (128, 128), generator=g).float(),
-        "TORCH_TEST_TILE": _tiled(TORCH_TEST_TILE), "TILE_WITH_7_KEPT": _tiled(TILE_WITH_7_KEPT),
-        "all equal": torch.full((64, 64), 0.5), "TIE_IN_ROW_0": _tiled(TIE_IN_ROW_0),
+        "TORCH_TEST_TILE": _tiled(TORCH_TEST_TILE),
+        "TILE_WITH_7_KEPT": _tiled(TILE_WITH_7_KEPT),
+        "all equal": torch.full((64, 64), 0.5),
+        "TIE_IN_ROW_0": _tiled(TIE_IN_ROW_0),
     }
     try:
         kernel_mask(weights["all equal"].to("cuda", dtype), "")
@@ -349,11 +416,15 @@ def test_reference_masks_equal_torch_kernel(dtype):
             r, c = w.shape
             tiles = lambda m: m.reshape(r // 4, 4, c // 4, 4).any(3).any(1)  # noqa: E731
             vs_repo = tiles(applied != repo).float().mean().item()
-            print(f"{dtype} {name:28s} algorithm {algorithm or '(default)':26s}: reference (kernel ties) "
-                  f"{'equals' if torch.equal(ours, applied) else 'DIFFERS FROM'} torch's kernel "
-                  f"({tiles(ours != applied).float().mean().item():.3%} of tiles); bitmask read directly "
-                  f"{'agrees' if decoded is not None and torch.equal(decoded, applied) else 'does not agree'}; "
-                  f"torch's kernel vs the repository's tile_greedy: {vs_repo:.3%} of tiles differ")
+            print(
+                f"{dtype} {name:28s} algorithm {algorithm or '(default)':26s}: reference (kernel "
+                f"ties) "
+                f"{'equals' if torch.equal(ours, applied) else 'DIFFERS FROM'} torch's kernel "
+                f"({tiles(ours != applied).float().mean().item():.3%} of tiles); bitmask read "
+                f"directly "
+                f"{'agrees' if decoded is not None and torch.equal(decoded, applied) else 'does not agree'}; "
+                f"torch's kernel vs the repository's tile_greedy: {vs_repo:.3%} of tiles differ"
+            )
             if not torch.equal(ours, applied):
                 failures.append((name, algorithm))
     assert not failures, failures

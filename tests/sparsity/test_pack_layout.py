@@ -1,6 +1,6 @@
-"""cuSPARSELt's compressed 2:4 layout: the pure-torch reference packer against bytes dumped from the library
-(sm90, cuSPARSELt 0.8.0, tests/fixtures/cusparselt_layout_sm90_v800.pt), and the fused Triton prune+pack kernel
-(interpreter on CPU) against the reference packer."""
+"""cuSPARSELt's compressed 2:4 layout: the pure-torch reference packer against bytes dumped from the
+library (sm90, cuSPARSELt 0.8.0, tests/fixtures/cusparselt_layout_sm90_v800.pt), and the fused
+Triton prune+pack kernel (interpreter on CPU) against the reference packer."""
 
 from __future__ import annotations
 
@@ -16,9 +16,21 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "cusparselt_layout_
 
 # compressed sizes the library reported (cusparseLtSpMMACompressedSize2, both orientations alike)
 LIBRARY_SIZES = {
-    (16, 16): 512, (16, 32): 768, (32, 16): 768, (32, 32): 1280, (48, 48): 2816, (64, 64): 4608, (80, 96): 9216,
-    (128, 128): 18432, (144, 160): 26880, (256, 256): 73728, (32, 64): 2560, (64, 32): 2560, (192, 320): 69120,
-    (4096, 1024): 4718592, (1024, 4096): 4718592,
+    (16, 16): 512,
+    (16, 32): 768,
+    (32, 16): 768,
+    (32, 32): 1280,
+    (48, 48): 2816,
+    (64, 64): 4608,
+    (80, 96): 9216,
+    (128, 128): 18432,
+    (144, 160): 26880,
+    (256, 256): 73728,
+    (32, 64): 2560,
+    (64, 32): 2560,
+    (192, 320): 69120,
+    (4096, 1024): 4718592,
+    (1024, 4096): 4718592,
 }
 
 
@@ -75,7 +87,7 @@ def test_pair_rule():
     assert i0.tolist() == [[0, 1, 2, 2, 1]] and i1.tolist() == [[3, 3, 3, 3, 3]]
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Triton kernel (interpreter on CPU, real GPU otherwise)
 
 
@@ -110,14 +122,17 @@ def test_kernel_equals_reference_tile_greedy(dtype, shape):
 
 @pytest.mark.parametrize("shape", [(64, 64), (48, 80)])
 def test_dense_output_mode_equals_reference_tile_greedy(shape):
-    """prune_dense (auto's dense path): the same kernel writing the pruned W itself instead of the packed bytes."""
+    """prune_dense (auto's dense path): the same kernel writing the pruned W itself instead of the
+    packed bytes."""
     from sparsity.kernels.pack_cusparselt import prune_dense, tile_bits_to_mask
 
     w = _weights(shape, torch.bfloat16, seed=7 + sum(shape))
     wp, bits = prune_dense(w)
     mask = tile_greedy_mask(w.cpu())
-    assert torch.equal(wp.cpu().view(torch.int16), torch.where(mask, w.cpu(), torch.zeros((), dtype=w.dtype))
-                       .view(torch.int16))
+    assert torch.equal(
+        wp.cpu().view(torch.int16),
+        torch.where(mask, w.cpu(), torch.zeros((), dtype=w.dtype)).view(torch.int16),
+    )
     assert torch.equal(tile_bits_to_mask(bits).cpu(), mask)
 
 
@@ -141,18 +156,26 @@ def test_kernel_given_mask(method):
 
 
 def test_kernel_reproduces_library_bytes():
-    """Kernel in given-mask mode on the library's own inputs (row items: A = W; col items: A = W^T)."""
+    """Kernel in given-mask mode on the library's own inputs (row items: A = W; col items: A =
+    W^T)."""
     from sparsity.kernels.pack_cusparselt import prune_pack
 
     for item in _fixture_items():
         a = _logical(item)
-        w = a if item["orient"] == "row" else a.t()  # the (out, in) weight whose memory the library read
+        w = (
+            a if item["orient"] == "row" else a.t()
+        )  # the (out, in) weight whose memory the library read
         w = w.contiguous().to(_device())
-        # the mask that produced the dense input: every entry whose bits are not +0.0 (kept -0.0 included)
+        # the mask that produced the dense input: every entry whose bits are not +0.0 (kept -0.0
+        # included)
         pk = prune_pack(w, w.view(torch.int16) != 0, write_t=True)
         got = pk.fwd if item["orient"] == "row" else pk.dgrad
         valid = L.valid_byte_mask(item["m"], item["k"])
-        assert torch.equal(got.cpu()[valid], item["bytes"][valid]), (item["dtype"], item["orient"], item["what"])
+        assert torch.equal(got.cpu()[valid], item["bytes"][valid]), (
+            item["dtype"],
+            item["orient"],
+            item["what"],
+        )
 
 
 def test_kernel_rejects_bad_shapes():

@@ -1,6 +1,7 @@
-"""Exporting the 2:4 network: `pruned_state_dict` bakes each SemiSparseLinear's pruning into a plain weight, so the
-same architecture with nn.Linear layers loads it and computes the sparse forward's function (a state_dict saved in
-the sparse phase holds the dense weights: loaded into a plain model it is another network)."""
+"""Exporting the 2:4 network: `pruned_state_dict` bakes each SemiSparseLinear's pruning into a plain
+weight, so the same architecture with nn.Linear layers loads it and computes the sparse forward's
+function (a state_dict saved in the sparse phase holds the dense weights: loaded into a plain model
+it is another network)."""
 
 import pytest
 import torch
@@ -31,7 +32,10 @@ def test_a_plain_model_loading_it_computes_the_sparse_forward(pruning):
         naive = _mlp()
         naive.load_state_dict(swap_to_dense(sparse) and sparse.state_dict())
         assert not torch.allclose(naive(x), expected, atol=1e-3)
-    for layer in (plain[0], plain[2]):  # 2:4 along rows: at most 2 nonzeros in every 4 consecutive weights
+    for layer in (
+        plain[0],
+        plain[2],
+    ):  # 2:4 along rows: at most 2 nonzeros in every 4 consecutive weights
         assert int((layer.weight.reshape(-1, 4) != 0).sum(1).max()) <= 2
     assert torch.equal(sparse[0].weight, dense_before)  # the model's own weights are untouched
 
@@ -39,5 +43,7 @@ def test_a_plain_model_loading_it_computes_the_sparse_forward(pruning):
 def test_a_module_not_sparse_in_its_weight_is_named():
     model = _mlp()
     swap_linear_modules(model, pattern="0", module_cls=SemiSparseActivationLinear, backend="dense")
-    with pytest.raises(ValueError, match="^0: SemiSparseActivationLinear is not sparse in its weight"):
+    with pytest.raises(
+        ValueError, match="^0: SemiSparseActivationLinear is not sparse in its weight"
+    ):
         pruned_state_dict(model)

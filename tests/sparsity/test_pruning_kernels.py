@@ -1,12 +1,12 @@
-"""Every Triton pruning kernel equals its torch reference (masks exact; values exact, except bf16 values computed in
-fp32 under the CPU interpreter, whose fp32 -> bf16 cast truncates: there 1 ulp). Runs the compiled kernels on CUDA."""
+"""Every Triton pruning kernel equals its torch reference (masks exact; values exact, except bf16
+values computed in fp32 under the CPU interpreter, whose fp32 -> bf16 cast truncates: there 1 ulp).
+Runs the compiled kernels on CUDA."""
 
 import os
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 pytest.importorskip("triton")
 
@@ -18,7 +18,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 def assert_values_equal(got: torch.Tensor, ref: torch.Tensor, computed: bool):
-    """Bit equality; for bf16 values computed in fp32 under the interpreter, at most 1 ulp towards zero."""
+    """Bit equality; for bf16 values computed in fp32 under the interpreter, at most 1 ulp towards
+    zero."""
     assert got.dtype == ref.dtype and got.shape == ref.shape
     if computed and got.dtype == torch.bfloat16 and INTERPRETED:
         gi, ri = got.view(torch.int16).int(), ref.view(torch.int16).int()
@@ -30,7 +31,9 @@ def assert_values_equal(got: torch.Tensor, ref: torch.Tensor, computed: bool):
 
 def _with_ties(w: torch.Tensor) -> torch.Tensor:
     w = w.clone()
-    w.view(-1)[: w.numel() // 3] = w.view(-1)[: w.numel() // 3].sign() * 0.5  # many equal magnitudes
+    w.view(-1)[: w.numel() // 3] = (
+        w.view(-1)[: w.numel() // 3].sign() * 0.5
+    )  # many equal magnitudes
     w.view(-1)[-8:] = 0.0
     return w
 
@@ -58,7 +61,11 @@ def test_prune_kernel_equals_reference(method, dtype):
 def test_prune_kernel_non_contiguous_inputs(method):
     g = torch.Generator().manual_seed(1)
     base = torch.randn(48, 40, generator=g).to(DEVICE)
-    views = [base.t(), base[:, 8:32], base[::2, ::2][:, :16]]  # transposed, sliced columns, strided both ways
+    views = [
+        base.t(),
+        base[:, 8:32],
+        base[::2, ::2][:, :16],
+    ]  # transposed, sliced columns, strided both ways
     for w in views:
         assert not w.is_contiguous()
         v_ref, m_ref = prune(w.contiguous(), method, impl="reference")
@@ -76,7 +83,11 @@ def test_prune_kernel_non_contiguous_inputs(method):
 )
 def test_prune_kernels_property(rows, cols, seed, ints, dtype):
     g = torch.Generator().manual_seed(seed)
-    w = torch.randint(-3, 4, (rows, cols), generator=g).float() if ints else torch.randn(rows, cols, generator=g)
+    w = (
+        torch.randint(-3, 4, (rows, cols), generator=g).float()
+        if ints
+        else torch.randn(rows, cols, generator=g)
+    )
     w = w.to(dtype).to(DEVICE)
     for method in METHODS:
         v_ref, m_ref = prune(w, method, impl="reference")
@@ -105,16 +116,20 @@ def test_mvue_kernel_equals_reference(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_mvue_pack_t_decodes_to_the_reference(dtype):
-    """The weight gradient's operand, MVUE(dy^T) written straight in cuSPARSELt's "col" layout, against the torch
-    references of MVUE and of the layout: decoded values equal `reference.mvue24(dy^T)`, metadata bytes equal
-    `layout.pack_reference`'s (dy without zeros, so every kept entry is nonzero and both name the same pair)."""
+    """The weight gradient's operand, MVUE(dy^T) written straight in cuSPARSELt's "col" layout,
+    against the torch references of MVUE and of the layout: decoded values equal
+    `reference.mvue24(dy^T)`, metadata bytes equal `layout.pack_reference`'s (dy without zeros, so
+    every kept entry is nonzero and both name the same pair)."""
     from sparsity.kernels.mvue import mvue_pack_t
     from sparsity.packing import layout as L
 
     g = torch.Generator().manual_seed(5)
     for tokens, out in ((64, 16), (128, 48), (192, 64)):  # 48: a partial band of 64 metadata rows
         dy = torch.randn(tokens, out, generator=g)
-        dy[::7] *= 1e-3  # groups with one large entry and tiny ones, where the draw probabilities are uneven
+        dy[::7] *= (
+            # groups with one large entry and tiny ones, where the draw probabilities are uneven
+            1e-3
+        )
         dy = dy.to(dtype).to(DEVICE)
         for seed in (0, 2**40 + 7):
             ref = mvue(dy.t(), seed, impl="reference")  # (out, tokens), 2:4 along tokens
@@ -128,8 +143,11 @@ def test_mvue_pack_t_decodes_to_the_reference(dtype):
             assert torch.equal(buf[meta][valid], L.pack_reference(ref, "col")[meta][valid])
             # the seed read from a device tensor (a compiled backward's draw) gives the same bytes
             assert torch.equal(mvue_pack_t(dy, torch.tensor([seed], device=DEVICE)), buf)
-            # approximate division: the same kept entries (the draws divide nothing), values within an ulp
-            approx = L.unpack_reference(mvue_pack_t(dy, seed, exact=False), out, tokens, "col", dtype)
+            # approximate division: the same kept entries (the draws divide nothing), values within
+            # an ulp
+            approx = L.unpack_reference(
+                mvue_pack_t(dy, seed, exact=False), out, tokens, "col", dtype
+            )
             assert torch.equal(approx != 0, ref != 0)
             assert ((approx.view(torch.int16).int() - ref.view(torch.int16).int()).abs() <= 1).all()
 
@@ -144,7 +162,10 @@ def test_mvue_pack_t_refuses_shapes_the_layout_cannot_hold():
     with pytest.raises(TypeError, match="fp16/bf16"):
         mvue_pack_t(torch.zeros(64, 16, device=DEVICE), 0)
     with pytest.raises(ValueError, match="one int64"):
-        mvue_pack_t(torch.zeros(64, 16, dtype=torch.bfloat16, device=DEVICE), torch.tensor([1.0], device=DEVICE))
+        mvue_pack_t(
+            torch.zeros(64, 16, dtype=torch.bfloat16, device=DEVICE),
+            torch.tensor([1.0], device=DEVICE),
+        )
 
 
 def test_philox_reference_equals_tl_rand4x():

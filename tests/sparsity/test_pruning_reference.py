@@ -1,17 +1,18 @@
-"""The pure-PyTorch pruning oracles against hand-computed cases, literal re-implementations and their invariants."""
+"""The pure-PyTorch pruning oracles against hand-computed cases, literal re-implementations and
+their invariants."""
 
 import itertools
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from sparsity.pruning import (
     METHODS,
     TILE_PATTERN_BITS,
     TILE_PATTERNS,
     check_shape,
+    greedy_table,
     is_transposable,
     mvue24,
     philox_uniform4,
@@ -23,14 +24,13 @@ from sparsity.pruning import (
     tile_greedy_signed_mask,
     tile_optimal_mask,
 )
-from sparsity.pruning import greedy_table
 
-# ------------------------------------------------------------------------------------------------ literal oracles
+# ---------------------------------------------------------------------------------- literal oracles
 
 
 def greedy_tile_literal(tile, signed=False):
-    """Plain-Python greedy walk on one 4x4 list-of-lists (the documented semantics, written as a loop); signed: ordered
-    by the value itself (tile_greedy_signed) instead of its magnitude."""
+    """Plain-Python greedy walk on one 4x4 list-of-lists (the documented semantics, written as a
+    loop); signed: ordered by the value itself (tile_greedy_signed) instead of its magnitude."""
     flat = [(float if signed else abs)(float(tile[p // 4][p % 4])) for p in range(16)]
     order = sorted(range(16), key=lambda p: (-flat[p], p))
     rows, cols, kept = [0] * 4, [0] * 4, [[False] * 4 for _ in range(4)]
@@ -44,8 +44,9 @@ def greedy_tile_literal(tile, signed=False):
 
 
 def optimal_tile_literal(tile):
-    """Best of all 4x4 0/1 patterns with exactly two per row and column (brute force over 2^16), first on ties
-    in the documented order; scores summed in the documented order (pair sums, then rows left to right)."""
+    """Best of all 4x4 0/1 patterns with exactly two per row and column (brute force over 2^16),
+    first on ties in the documented order; scores summed in the documented order (pair sums, then
+    rows left to right)."""
     a = torch.tensor(tile, dtype=torch.float32).abs()
     best, best_score = None, None
     for pat in TILE_PATTERNS:  # order under test; membership checked below
@@ -64,10 +65,14 @@ def test_tile_patterns_are_all_two_regular_patterns():
     brute = set()
     for bits in range(1 << 16):
         m = [[(bits >> (4 * r + c)) & 1 for c in range(4)] for r in range(4)]
-        if all(sum(row) == 2 for row in m) and all(sum(m[r][c] for r in range(4)) == 2 for c in range(4)):
+        if all(sum(row) == 2 for row in m) and all(
+            sum(m[r][c] for r in range(4)) == 2 for c in range(4)
+        ):
             brute.add(bits)
     assert len(TILE_PATTERN_BITS) == 90 and set(TILE_PATTERN_BITS) == brute
-    assert list(TILE_PATTERNS) == sorted(TILE_PATTERNS)  # documented order: lexicographic in row-pair indices
+    assert list(TILE_PATTERNS) == sorted(
+        TILE_PATTERNS
+    )  # documented order: lexicographic in row-pair indices
 
 
 def test_tile_greedy_hand_computed_with_ties():
@@ -80,38 +85,59 @@ def test_tile_greedy_hand_computed_with_ties():
     assert tile_greedy_mask(torch.ones(4, 4)).int().tolist() == expected
     # ties decided by index: |-3| == |3| at positions 0 and 1, and 2 and 3, of row 0
     tile = [[-3, 3, 3, -3], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
-    assert tile_greedy_mask(torch.tensor(tile, dtype=torch.float32))[0].int().tolist() == [1, 1, 0, 0]
+    assert tile_greedy_mask(torch.tensor(tile, dtype=torch.float32))[0].int().tolist() == [
+        1,
+        1,
+        0,
+        0,
+    ]
 
 
 def test_tile_greedy_signed_hand_computed():
-    # torch core's own test tile for largest_values_greedy (the signed order), worked by hand: 10 (r3c0), 5 (r3c3),
-    # 4 (r0c0), 4 (r2c3), 3 (r0c1), 3 (r2c2) fill rows 0, 2, 3; 0.6 (r1c2) is kept, 0.5 (r1c3: column 3 full) and
-    # -1 (r1c0: column 0 full) are not, -3 (r1c1) is: row 1 keeps the two smallest values of the tile but one
+    # torch core's own test tile for largest_values_greedy (the signed order), worked by hand: 10
+    # (r3c0), 5 (r3c3), 4 (r0c0), 4 (r2c3), 3 (r0c1), 3 (r2c2) fill rows 0, 2, 3; 0.6 (r1c2) is
+    # kept, 0.5 (r1c3: column 3 full) and -1 (r1c0: column 0 full) are not, -3 (r1c1) is: row 1
+    # keeps the two smallest values of the tile but one
     tile = [[4, 3, 2, 1], [-1, -3, 0.6, 0.5], [1, 2, 3, 4], [10, 2, -1, 5]]
     expected = [[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1], [1, 0, 0, 1]]
-    assert tile_greedy_signed_mask(torch.tensor(tile, dtype=torch.float32)).int().tolist() == expected
-    # where the two orders differ: large negative weights go last in the signed walk, first by magnitude
+    assert (
+        tile_greedy_signed_mask(torch.tensor(tile, dtype=torch.float32)).int().tolist() == expected
+    )
+    # where the two orders differ: large negative weights go last in the signed walk, first by
+    # magnitude
     tile = [[-9, 1, 2, 0], [1, -8, 0, 3], [0, 0, 0, 0], [0, 0, 0, 0]]
     signed = tile_greedy_signed_mask(torch.tensor(tile, dtype=torch.float32)).int().tolist()
     by_magnitude = tile_greedy_mask(torch.tensor(tile, dtype=torch.float32)).int().tolist()
-    assert signed[:2] == [[0, 1, 1, 0], [1, 0, 0, 1]]  # 3 (r1c3), 2 (r0c2), 1 (r0c1), 1 (r1c0); -9 and -8 pruned
+    assert signed[:2] == [
+        [0, 1, 1, 0],
+        [1, 0, 0, 1],
+    ]  # 3 (r1c3), 2 (r0c2), 1 (r0c1), 1 (r1c0); -9 and -8 pruned
     assert by_magnitude[:2] == [[1, 0, 1, 0], [0, 1, 0, 1]]  # 9, 8, 3, 2 by |w|
     # ties: equal values to the lower row-major index, -0.0 equal to 0.0
-    assert tile_greedy_signed_mask(torch.ones(4, 4)).int().tolist() == tile_greedy_mask(torch.ones(4, 4)).int().tolist()
+    assert (
+        tile_greedy_signed_mask(torch.ones(4, 4)).int().tolist()
+        == tile_greedy_mask(torch.ones(4, 4)).int().tolist()
+    )
     zeros = torch.tensor([[-0.0, 0.0, -0.0, 0.0]] * 4)
-    assert tile_greedy_signed_mask(zeros).int().tolist() == tile_greedy_mask(torch.ones(4, 4)).int().tolist()
+    assert (
+        tile_greedy_signed_mask(zeros).int().tolist()
+        == tile_greedy_mask(torch.ones(4, 4)).int().tolist()
+    )
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.integers(-3, 3), min_size=16, max_size=16))
 def test_tile_greedy_signed_equals_literal_on_tied_tiles(vals):
     tile = [vals[4 * r : 4 * r + 4] for r in range(4)]
-    assert tile_greedy_signed_mask(torch.tensor(tile, dtype=torch.float32)).tolist() == greedy_tile_literal(tile, True)
+    assert tile_greedy_signed_mask(
+        torch.tensor(tile, dtype=torch.float32)
+    ).tolist() == greedy_tile_literal(tile, True)
 
 
 def test_tile_greedy_can_keep_fewer_than_eight():
     tile = [[9, 9, 0, 0], [9, 0, 1, 0], [0, 9, 0, 1], [0, 0, 0, 0]]
-    # 0,1,4,9 fill rows 0 and cols 0,1; then 6, 11 (1s); row 3 can only use cols 2,3 -> 14, 15 (zeros, index order)
+    # 0,1,4,9 fill rows 0 and cols 0,1; then 6, 11 (1s); row 3 can only use cols 2,3 -> 14, 15
+    # (zeros, index order)
     m = tile_greedy_mask(torch.tensor(tile, dtype=torch.float32))
     assert m.int().tolist() == greedy_tile_literal(tile) and m.sum() <= 8
 
@@ -133,7 +159,8 @@ def test_rowwise_ties_lower_index():
 def test_soft_threshold_values():
     w = torch.tensor([[3.0, -5.0, 1.0, -2.0, 0.0, 0.0, 0.0, 1.0]])
     s, m = soft_threshold(w)
-    # t = 2nd smallest |a| = 2 -> kept 3, -5 shrink to 1, -3; second group t = 0 -> kept 1 (index 7) and 0 (index 4)
+    # t = 2nd smallest |a| = 2 -> kept 3, -5 shrink to 1, -3; second group t = 0 -> kept 1 (index 7)
+    # and 0 (index 4)
     assert s.tolist() == [[1.0, -3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]
     assert m.int().tolist() == [[1, 1, 0, 0, 1, 0, 0, 1]]
 
@@ -176,7 +203,11 @@ shapes = st.tuples(st.integers(1, 4).map(lambda k: 4 * k), st.integers(1, 5).map
 @given(shapes, st.integers(0, 2**31 - 1), st.sampled_from(["randn", "ints"]))
 def test_mask_invariants(shape, seed, kind):
     g = torch.Generator().manual_seed(seed)
-    w = torch.randn(shape, generator=g) if kind == "randn" else torch.randint(-2, 3, shape, generator=g).float()
+    w = (
+        torch.randn(shape, generator=g)
+        if kind == "randn"
+        else torch.randint(-2, 3, shape, generator=g).float()
+    )
     for method in METHODS:
         v, m = prune(w, method, impl="reference")
         assert m.dtype == torch.bool and m.shape == w.shape and v.dtype == w.dtype
@@ -187,9 +218,13 @@ def test_mask_invariants(shape, seed, kind):
             assert _groups_max_nonzero(m.t()) <= 2  # and along columns: W^T is 2:4 too
         else:
             assert int(m.reshape(shape[0], -1, 4).sum(-1).min()) == 2  # exactly 2 per group
-    # tile_optimal keeps >= the mass of every 2-per-row-and-column pattern, hence >= greedy whenever greedy keeps 8
+    # tile_optimal keeps >= the mass of every 2-per-row-and-column pattern, hence >= greedy whenever
+    # greedy keeps 8
     a = w.abs().reshape(shape[0] // 4, 4, shape[1] // 4, 4).permute(0, 2, 1, 3).reshape(-1, 16)
-    tiles = lambda m: m.reshape(shape[0] // 4, 4, shape[1] // 4, 4).permute(0, 2, 1, 3).reshape(-1, 16)  # noqa: E731
+
+    def tiles(m):
+        return m.reshape(shape[0] // 4, 4, shape[1] // 4, 4).permute(0, 2, 1, 3).reshape(-1, 16)
+
     mo, mg = tiles(tile_optimal_mask(w)), tiles(tile_greedy_mask(w))
     full = mg.sum(1) == 8
     assert ((a * mo).sum(1)[full] >= (a * mg).sum(1)[full] - 1e-5).all()
@@ -197,8 +232,9 @@ def test_mask_invariants(shape, seed, kind):
 
 
 def test_tile_optimal_vs_greedy_mass_on_gaussian():
-    """tile_optimal is the best *full* pattern; greedy sometimes keeps more mass with a 7-entry set that no full
-    pattern contains (found on ~4% of Gaussian tiles). Pin both facts so a change of semantics is noticed."""
+    """tile_optimal is the best *full* pattern; greedy sometimes keeps more mass with a 7-entry set
+    that no full pattern contains (found on ~4% of Gaussian tiles). Pin both facts so a change of
+    semantics is noticed."""
     torch.manual_seed(0)
     w = torch.randn(64, 128)
     a = w.abs()
@@ -237,7 +273,16 @@ def test_mvue_keeps_two_and_is_deterministic():
     assert torch.equal(torch.sign(y[y != 0]), torch.sign(x[y != 0]))
     z = torch.zeros(4, 8)
     z[0, 0] = 1.0
-    assert mvue24(z, 3).reshape(-1, 4).ne(0).sum(-1).tolist() == [1, 0, 0, 0, 0, 0, 0, 0]  # zeros stay zero
+    assert mvue24(z, 3).reshape(-1, 4).ne(0).sum(-1).tolist() == [
+        1,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]  # zeros stay zero
 
 
 def test_mvue_uniforms_give_two_groups_one_philox_draw():
@@ -245,13 +290,19 @@ def test_mvue_uniforms_give_two_groups_one_philox_draw():
 
     u1, u2 = mvue_uniforms(11, 7)
     r0, r1, r2, r3 = philox_uniform4(11, torch.arange(4))
-    assert torch.equal(u1, torch.stack([r0, r2]).t().reshape(-1)[:7])  # groups 0, 1 from draw 0, groups 2, 3 ...
+    assert torch.equal(
+        u1, torch.stack([r0, r2]).t().reshape(-1)[:7]
+    )  # groups 0, 1 from draw 0, groups 2, 3 ...
     assert torch.equal(u2, torch.stack([r1, r3]).t().reshape(-1)[:7])
 
 
 def _mvue_bias_z(estimate_fn, n_rep=20000):
-    x = torch.tensor([[3.0, -1.0, 0.25, 0.5], [0.1, 0.2, -2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [-4, 0.01, 0.5, 2]])
-    big = x.repeat(n_rep, 1)  # every copy of a group gets its own random stream (group index offsets)
+    x = torch.tensor(
+        [[3.0, -1.0, 0.25, 0.5], [0.1, 0.2, -2.0, 0.0], [1.0, 1.0, 1.0, 1.0], [-4, 0.01, 0.5, 2]]
+    )
+    big = x.repeat(
+        n_rep, 1
+    )  # every copy of a group gets its own random stream (group index offsets)
     out = estimate_fn(big, 12345).reshape(n_rep, 4, 4)
     mean, se = out.mean(0), out.std(0) / n_rep**0.5
     return ((mean - x).abs() / (se + 1e-6)).max().item()
@@ -285,14 +336,20 @@ def test_enumeration_helpers_are_consistent():
     for pat, bits in zip(TILE_PATTERNS, TILE_PATTERN_BITS):
         m = [[(bits >> (4 * r + c)) & 1 for c in range(4)] for r in range(4)]
         for r, k in enumerate(pat):
-            assert tuple(c for c in range(4) if m[r][c]) == list(itertools.combinations(range(4), 2))[k]
+            assert (
+                tuple(c for c in range(4) if m[r][c])
+                == list(itertools.combinations(range(4), 2))[k]
+            )
 
 
-# ------------------------------------------------------------------------ the table walk (prune's CPU path)
+# ---------------------------------------------------------------- the table walk (prune's CPU path)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(-3, 3), min_size=16, max_size=16), st.sampled_from(["tile_greedy", "tile_greedy_signed"]))
+@given(
+    st.lists(st.integers(-3, 3), min_size=16, max_size=16),
+    st.sampled_from(["tile_greedy", "tile_greedy_signed"]),
+)
 def test_the_table_walk_equals_the_literal_walk_on_tied_tiles(vals, method):
     tile = [vals[4 * r : 4 * r + 4] for r in range(4)]
     got = greedy_table.greedy_mask(torch.tensor(tile, dtype=torch.float32), method)
@@ -307,7 +364,9 @@ def test_prune_on_the_cpu_takes_the_table_walk_and_equals_the_reference(method, 
     w[::3, 5] = w[::3, 6]  # ties inside tiles
     w[8:12] = 0.0  # whole tiles of zeros
     w[16:20, :8] = -0.0
-    w[24:28, :8] = torch.tensor([-2.0, 2.0]).repeat(4, 4).to(dtype)  # equal magnitudes, opposite signs
+    w[24:28, :8] = (
+        torch.tensor([-2.0, 2.0]).repeat(4, 4).to(dtype)
+    )  # equal magnitudes, opposite signs
     values, mask = prune(w, method)
     ref_values, ref_mask = prune(w, method, impl="reference")
     assert torch.equal(mask, ref_mask) and torch.equal(values, ref_values) and values.dtype == dtype

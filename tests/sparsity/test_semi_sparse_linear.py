@@ -1,6 +1,6 @@
-"""SemiSparseLinear / SemiSparseActivationLinear on the dense backend: forward = F.linear on the pruned weight (or
-input), straight-through gradients, the masked_grad option, autocast over fp32 master weights, the soft_threshold
-scale buffer, and the backend registry."""
+"""SemiSparseLinear / SemiSparseActivationLinear on the dense backend: forward = F.linear on the
+pruned weight (or input), straight-through gradients, the masked_grad option, autocast over fp32
+master weights, the soft_threshold scale buffer, and the backend registry."""
 
 import pytest
 import torch
@@ -28,13 +28,16 @@ def _linear(in_f=32, out_f=16, bias=True, seed=0):
 
 
 def _reference_weight_path(lin, x, method, dy):
-    """Autograd through F.linear(x, W_s [* beta], b) with W_s a leaf: W_s.grad is the straight-through (unmasked)
-    gradient (S-STE: the weight used is beta * S(W), and the gradient reaching S(W) passes to W unchanged)."""
+    """Autograd through F.linear(x, W_s [* beta], b) with W_s a leaf: W_s.grad is the
+    straight-through (unmasked) gradient (S-STE: the weight used is beta * S(W), and the gradient
+    reaching S(W) passes to W unchanged)."""
     values, mask = prune(lin.weight.detach(), method, impl="reference")
     ws = values.clone().requires_grad_()
     xr = x.detach().clone().requires_grad_()
     br = None if lin.bias is None else lin.bias.detach().clone().requires_grad_()
-    y = F.linear(xr, ws * soft_threshold_scale(lin.weight) if method == "soft_threshold" else ws, br)
+    y = F.linear(
+        xr, ws * soft_threshold_scale(lin.weight) if method == "soft_threshold" else ws, br
+    )
     y.backward(dy)
     return y, xr.grad, ws.grad, None if br is None else br.grad, mask
 
@@ -51,7 +54,9 @@ def test_forward_and_ste_gradients_equal_masked_linear(method, bias):
     y_ref, dx_ref, dw_ref, db_ref, _ = _reference_weight_path(lin, x, method, dy)
     torch.testing.assert_close(y, y_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(x.grad, dx_ref, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(lin.weight.grad, dw_ref, rtol=1e-6, atol=1e-6)  # STE: dense, unmasked
+    torch.testing.assert_close(
+        lin.weight.grad, dw_ref, rtol=1e-6, atol=1e-6
+    )  # STE: dense, unmasked
     assert (lin.weight.grad != 0).float().mean() > 0.9
     if bias:
         torch.testing.assert_close(lin.bias.grad, db_ref)
@@ -75,7 +80,9 @@ def test_activation_variant_forward_and_ste():
     lin = _linear()
     m = SemiSparseActivationLinear.from_dense(lin)
     assert m.pruning == "rowwise"
-    x = torch.randn(2, 7, 32, requires_grad=True)  # 14 tokens: any number of tokens works for rowwise
+    x = torch.randn(
+        2, 7, 32, requires_grad=True
+    )  # 14 tokens: any number of tokens works for rowwise
     dy = torch.randn(2, 7, 16)
     y = m(x)
     y.backward(dy)
@@ -177,7 +184,8 @@ def test_soft_threshold_scale_buffer_state_dict_and_resume():
     other = SemiSparseLinear.from_dense(_linear(seed=5), pruning="soft_threshold")
     other.load_state_dict(sd)
     assert torch.equal(other.soft_threshold_scale, beta0)
-    # an nn.Linear state dict (no key): beta recomputed from the loaded weight, strict loading still passes
+    # an nn.Linear state dict (no key): beta recomputed from the loaded weight, strict loading still
+    # passes
     other.load_state_dict({"weight": sd["weight"], "bias": sd["bias"]})
     assert torch.equal(other.soft_threshold_scale, soft_threshold_scale(sd["weight"]))
     # switching methods adds / removes the buffer
@@ -190,7 +198,9 @@ def test_shape_errors_name_the_shape():
         SemiSparseLinear.from_dense(nn.Linear(30, 16))
     with pytest.raises(ValueError, match=r"\(6, 32\)"):
         SemiSparseLinear.from_dense(nn.Linear(32, 6), pruning="tile_optimal")
-    SemiSparseLinear.from_dense(nn.Linear(32, 6), pruning="rowwise")  # rows are free for row-wise methods
+    SemiSparseLinear.from_dense(
+        nn.Linear(32, 6), pruning="rowwise"
+    )  # rows are free for row-wise methods
     with pytest.raises(TypeError):
         SemiSparseLinear.from_dense(nn.Conv1d(4, 4, 1))
 
@@ -198,7 +208,8 @@ def test_shape_errors_name_the_shape():
 def test_constructor_and_repr():
     m = SemiSparseLinear(32, 16, backend="dense", pruning="tile_optimal")
     assert repr(m) == (
-        "SemiSparseLinear(in_features=32, out_features=16, bias=True, backend=dense, pruning=tile_optimal)"
+        "SemiSparseLinear(in_features=32, out_features=16, bias=True, backend=dense, "
+        "pruning=tile_optimal)"
     )
     assert m(torch.randn(2, 32)).shape == (2, 16)
     assert SemiSparseActivationLinear(32, 16, bias=False).pruning == "rowwise"
@@ -215,7 +226,9 @@ def test_backend_registry():
 
 
 def test_missing_backend_module_is_unavailable(monkeypatch):
-    monkeypatch.setitem(backends._IMPLEMENTATIONS, "ghost", ("sparsity.backends.no_such_module", "Ghost"))
+    monkeypatch.setitem(
+        backends._IMPLEMENTATIONS, "ghost", ("sparsity.backends.no_such_module", "Ghost")
+    )
     with pytest.raises(BackendUnavailable, match="not available in this build"):
         get_backend("ghost")
 
@@ -225,12 +238,16 @@ def test_dense_backend_contract(method):
     w = torch.randn(16, 32)
     sw = get_backend("dense").sparsify(w, method)
     values, mask = prune(w, method)
-    assert torch.equal(sw.to_dense(), values) and torch.equal(sw.mask(), mask) and sw.shape == w.shape
+    assert (
+        torch.equal(sw.to_dense(), values) and torch.equal(sw.mask(), mask) and sw.shape == w.shape
+    )
     x, dy = torch.randn(5, 32), torch.randn(5, 16)
     b = torch.randn(16)
     torch.testing.assert_close(sw.matmul(x, b), x @ values.t() + b)
     torch.testing.assert_close(sw.matmul_t(dy), dy @ values)
-    assert is_transposable(method) == (method in ("tile_greedy", "tile_greedy_signed", "tile_optimal"))
+    assert is_transposable(method) == (
+        method in ("tile_greedy", "tile_greedy_signed", "tile_optimal")
+    )
 
 
 def test_autocast_off_restores_the_callers_state_even_on_error():
@@ -239,7 +256,9 @@ def test_autocast_off_restores_the_callers_state_even_on_error():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with AutocastOff("cpu"):
             assert not torch.is_autocast_enabled("cpu")
-        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert (
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        )
         with pytest.raises(ZeroDivisionError):
             with AutocastOff("cpu"):
                 1 / 0

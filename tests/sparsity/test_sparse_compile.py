@@ -1,12 +1,18 @@
-"""torch.compile (aot_eager, fullgraph) of a model with sparse linears gives the eager outputs and gradients, and a
-swap back to dense after compiling is picked up (recompilation), not silently ignored."""
+"""torch.compile (aot_eager, fullgraph) of a model with sparse linears gives the eager outputs and
+gradients, and a swap back to dense after compiling is picked up (recompilation), not silently
+ignored."""
 
 import pytest
 import torch
 import torch._dynamo
 from torch import nn
 
-from sparsity import SemiSparseActivationLinear, SemiSparseLinear, swap_linear_modules, swap_to_dense
+from sparsity import (
+    SemiSparseActivationLinear,
+    SemiSparseLinear,
+    swap_linear_modules,
+    swap_to_dense,
+)
 
 
 class Mlp(nn.Module):
@@ -47,10 +53,14 @@ def _fresh_dynamo():
 
 def test_compiled_equals_eager():
     model = _model()
-    assert isinstance(model.fc1, SemiSparseLinear) and isinstance(model.fc3, SemiSparseActivationLinear)
+    assert isinstance(model.fc1, SemiSparseLinear) and isinstance(
+        model.fc3, SemiSparseActivationLinear
+    )
     x = torch.randn(2, 6, 16)
     y_e, dx_e, g_e = _fwd_bwd(model, x)
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # fullgraph: no graph breaks allowed
+    compiled = torch.compile(
+        model, backend="aot_eager", fullgraph=True
+    )  # fullgraph: no graph breaks allowed
     y_c, dx_c, g_c = _fwd_bwd(model, x, run=compiled)
     torch.testing.assert_close(y_c, y_e, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(dx_c, dx_e, rtol=1e-6, atol=1e-6)

@@ -1,6 +1,6 @@
-"""Data parallel training with swapped 2:4 layers on 2 CPU processes (gloo): DDP (and FSDP2's fully_shard) gradients
-equal a single-process run on the concatenated batch, before and after the sparse -> dense switch (made on the
-wrapped model, without re-wrapping)."""
+"""Data parallel training with swapped 2:4 layers on 2 CPU processes (gloo): DDP (and FSDP2's
+fully_shard) gradients equal a single-process run on the concatenated batch, before and after the
+sparse -> dense switch (made on the wrapped model, without re-wrapping)."""
 
 import os
 import tempfile
@@ -39,8 +39,9 @@ def _batch():
 
 
 def _full(grad):
-    """The whole gradient: FSDP2 holds dim-0 shards (DTensor). Gathered with all_gather_object rather than
-    DTensor.full_tensor(), whose functional collective segfaults on CPU/gloo in torch 2.11."""
+    """The whole gradient: FSDP2 holds dim-0 shards (DTensor). Gathered with all_gather_object
+    rather than DTensor.full_tensor(), whose functional collective segfaults on CPU/gloo in torch
+    2.11."""
     if not hasattr(grad, "to_local"):
         return grad.clone()
     shards = [None] * dist.get_world_size()
@@ -75,7 +76,9 @@ def _worker(rank, init_file, out_dir):
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            mesh = init_device_mesh("cpu", (WORLD,))  # else fully_shard moves the model to a GPU if there is one
+            mesh = init_device_mesh(
+                "cpu", (WORLD,)
+            )  # else fully_shard moves the model to a GPU if there is one
             model = _model()
             for block in model[:2]:
                 fully_shard(block, mesh=mesh)
@@ -94,7 +97,10 @@ def _worker(rank, init_file, out_dir):
 def distributed_results():
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_worker, args=(os.path.join(d, "init"), d), nprocs=WORLD, join=True)
-        yield torch.load(os.path.join(d, "ddp.pt")), torch.load(os.path.join(d, "fsdp.pt"), weights_only=False)
+        yield (
+            torch.load(os.path.join(d, "ddp.pt")),
+            torch.load(os.path.join(d, "fsdp.pt"), weights_only=False),
+        )
 
 
 def _single_process():
@@ -106,7 +112,9 @@ def _assert_grads_equal(got, ref):
     for step in range(2):
         assert got[step].keys() == ref[step].keys()
         for n in ref[step]:
-            torch.testing.assert_close(got[step][n], ref[step][n], rtol=1e-5, atol=1e-6, msg=f"step {step} {n}")
+            torch.testing.assert_close(
+                got[step][n], ref[step][n], rtol=1e-5, atol=1e-6, msg=f"step {step} {n}"
+            )
 
 
 def test_ddp_gradients_equal_single_process(distributed_results):

@@ -1,5 +1,6 @@
-"""swap_linear_modules / swap_to_dense: selection (regex, glob, FQN dict, callables), shared Parameters, round trips,
-optimizer state, state_dict keys, error cases, and a bit-exact resume across the sparse -> dense switch."""
+"""swap_linear_modules / swap_to_dense: selection (regex, glob, FQN dict, callables), shared
+Parameters, round trips, optimizer state, state_dict keys, error cases, and a bit-exact resume
+across the sparse -> dense switch."""
 
 import copy
 
@@ -74,7 +75,9 @@ def test_regex_swap_shares_parameters_and_round_trips():
     modules = {n: model.get_submodule(n) for n in MLP_NAMES}
     names = swap_linear_modules(model, pattern=MLP_PATTERN, pruning="tile_greedy")
     assert names == MLP_NAMES
-    assert all(model.get_submodule(n) is modules[n] for n in names)  # converted in place: same module objects
+    assert all(
+        model.get_submodule(n) is modules[n] for n in names
+    )  # converted in place: same module objects
     for name in names:
         m = model.get_submodule(name)
         assert type(m) is SemiSparseLinear and m.backend == "dense" and m.pruning == "tile_greedy"
@@ -84,7 +87,10 @@ def test_regex_swap_shares_parameters_and_round_trips():
     assert sorted(sparse_modules(model)) == MLP_NAMES
     back = swap_to_dense(model)
     assert back == MLP_NAMES
-    assert all(type(model.get_submodule(n)) is nn.Linear and model.get_submodule(n) is modules[n] for n in MLP_NAMES)
+    assert all(
+        type(model.get_submodule(n)) is nn.Linear and model.get_submodule(n) is modules[n]
+        for n in MLP_NAMES
+    )
     assert all(p is params[n] for n, p in model.named_parameters())
     assert list(model.state_dict()) == keys
     assert torch.equal(model(x), y_dense)
@@ -92,7 +98,10 @@ def test_regex_swap_shares_parameters_and_round_trips():
 
 def test_glob_dict_and_callable_selection():
     model = tiny()
-    assert swap_linear_modules(model, pattern="glob:blocks.*.mlp.fc1") == ["blocks.0.mlp.fc1", "blocks.1.mlp.fc1"]
+    assert swap_linear_modules(model, pattern="glob:blocks.*.mlp.fc1") == [
+        "blocks.0.mlp.fc1",
+        "blocks.1.mlp.fc1",
+    ]
     swap_to_dense(model)
     names = swap_linear_modules(
         model,
@@ -107,7 +116,9 @@ def test_glob_dict_and_callable_selection():
     # regex is a full match: "fc" alone matches nothing, "head" matches exactly one
     with pytest.raises(ValueError, match="matches no nn.Linear"):
         swap_linear_modules(model, pattern="fc")
-    assert swap_linear_modules(model, pattern="head", module_cls=SemiSparseActivationLinear) == ["head"]
+    assert swap_linear_modules(model, pattern="head", module_cls=SemiSparseActivationLinear) == [
+        "head"
+    ]
 
 
 def test_options_reach_modules_and_already_sparse_are_skipped():
@@ -122,10 +133,16 @@ def test_options_reach_modules_and_already_sparse_are_skipped():
 
 def test_block_sparse_module_cls():
     model = tiny()
-    names = swap_linear_modules(model, pattern=MLP_PATTERN, module_cls=BlockSparseLinear, density=0.5, block_size=8)
+    names = swap_linear_modules(
+        model, pattern=MLP_PATTERN, module_cls=BlockSparseLinear, density=0.5, block_size=8
+    )
     assert names == MLP_NAMES
     m = model.blocks[0].mlp.fc1
-    assert isinstance(m, BlockSparseLinear) and m.block_mask.shape == (4, 2) and m.block_mask.sum() == 4
+    assert (
+        isinstance(m, BlockSparseLinear)
+        and m.block_mask.shape == (4, 2)
+        and m.block_mask.sum() == 4
+    )
     model(torch.randn(2, 3, 16)).sum().backward()
     assert swap_to_dense(model) == MLP_NAMES
 
@@ -140,14 +157,16 @@ def test_errors():
         swap_linear_modules(model)
     with pytest.raises(ValueError, match="exactly one"):
         swap_linear_modules(model, {"head": SemiSparseLinear}, pattern="head")
-    # shape error names the module and the shape, and nothing is swapped (head is (4, 16): fine; add a bad one)
+    # shape error names the module and the shape, and nothing is swapped (head is (4, 16): fine; add
+    # a bad one)
     model.blocks[1].mlp.fc2 = nn.Linear(32, 18)
     with pytest.raises(ValueError, match=r"blocks\.1\.mlp\.fc2.*\(18, 32\)"):
         swap_linear_modules(model, pattern=MLP_PATTERN)
     assert not sparse_modules(model)
     with pytest.raises(ValueError, match="unknown pruning method"):
         swap_linear_modules(model, pattern="head", pruning="magnitude")
-    # a root nn.Linear converts in place; a callable factory would need a parent to hold the new module
+    # a root nn.Linear converts in place; a callable factory would need a parent to hold the new
+    # module
     root = nn.Linear(8, 8)
     assert swap_linear_modules(root, pattern="") == [""] and type(root) is SemiSparseLinear
     with pytest.raises(ValueError, match="root module"):
@@ -156,7 +175,9 @@ def test_errors():
 
 def test_failed_swap_rolls_back_earlier_modules():
     model = tiny()
-    model.blocks[1].mlp.fc2 = nn.Linear(30, 16)  # the last one matched fails (in_features not divisible by 4)
+    model.blocks[1].mlp.fc2 = nn.Linear(
+        30, 16
+    )  # the last one matched fails (in_features not divisible by 4)
     originals = {n: model.get_submodule(n) for n in MLP_NAMES}
     with pytest.raises(ValueError, match=r"\(16, 30\)"):
         swap_linear_modules(model, pattern=MLP_PATTERN, pruning="soft_threshold")
@@ -170,7 +191,9 @@ def test_torchao_aliases():
     swap_linear_with_semi_sparse_linear(model, {"blocks.0.mlp.fc1": SemiSparseLinear})
     assert type(model.blocks[0].mlp.fc1) is SemiSparseLinear
     # `current` = FQN of the sub-model inside a larger one; keys are full names
-    swap_linear_with_semi_sparse_linear(model.blocks[1], {"blocks.1.mlp.fc2": SemiSparseLinear}, current="blocks.1")
+    swap_linear_with_semi_sparse_linear(
+        model.blocks[1], {"blocks.1.mlp.fc2": SemiSparseLinear}, current="blocks.1"
+    )
     assert type(model.blocks[1].mlp.fc2) is SemiSparseLinear
     assert swap_semi_sparse_linear_with_linear(model) == ["blocks.0.mlp.fc1", "blocks.1.mlp.fc2"]
 
@@ -199,8 +222,8 @@ def test_optimizer_state_untouched_by_swaps():
 
 @pytest.mark.parametrize("pruning", ["tile_greedy", "soft_threshold"])
 def test_resume_is_bit_exact_across_sparse_to_dense_switch(pruning):
-    """Train 6 steps (sparse for the first 3) in one go, or 4 steps + checkpoint + restore into a fresh model and
-    2 more: the final parameters must be identical bit for bit."""
+    """Train 6 steps (sparse for the first 3) in one go, or 4 steps + checkpoint + restore into a
+    fresh model and 2 more: the final parameters must be identical bit for bit."""
     data = [torch.randn(4, 5, 16, generator=torch.Generator().manual_seed(i)) for i in range(6)]
     switch = 3
 
@@ -229,7 +252,9 @@ def test_resume_is_bit_exact_across_sparse_to_dense_switch(pruning):
         assert "blocks.0.mlp.fc1.soft_threshold_scale" in ckpt["model"]
 
     model_c, opt_c = new_run(1)  # different init: everything must come from the checkpoint
-    swap_linear_modules(model_c, pattern=MLP_PATTERN, pruning=pruning)  # step 2 < switch: sparse, then load
+    swap_linear_modules(
+        model_c, pattern=MLP_PATTERN, pruning=pruning
+    )  # step 2 < switch: sparse, then load
     model_c.load_state_dict(ckpt["model"])
     opt_c.load_state_dict(ckpt["opt"])
     train(model_c, opt_c, range(2, 6))

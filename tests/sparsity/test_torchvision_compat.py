@@ -1,6 +1,7 @@
-"""`import sparsity` lets PyPI's CUDA torchvision import beside a CPU-only torch, and stays out of the way of a
-torchvision whose compiled ops load (declaring their schemas first would make torchvision's own registration abort
-the process). Each case runs `import sparsity` in a fresh interpreter against a stand-in torchvision package."""
+"""`import sparsity` lets PyPI's CUDA torchvision import beside a CPU-only torch, and stays out of
+the way of a torchvision whose compiled ops load (declaring their schemas first would make
+torchvision's own registration abort the process). Each case runs `import sparsity` in a fresh
+interpreter against a stand-in torchvision package."""
 
 import importlib.machinery
 import importlib.util
@@ -13,8 +14,12 @@ import textwrap
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or torch.version.cuda is not None
-                                or torch.version.hip is not None, reason="the shim acts only on Linux, CPU-only torch")
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux")
+    or torch.version.cuda is not None
+    or torch.version.hip is not None,
+    reason="the shim acts only on Linux, CPU-only torch",
+)
 
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
@@ -44,14 +49,27 @@ def loadable_shared_library() -> str:
 def probe(tmp_path, compiled_ops: str) -> str:
     package = tmp_path / "torchvision"
     package.mkdir()
-    (package / "__init__.py").write_text("raise AssertionError('the stand-in torchvision must not be imported')\n")
+    (package / "__init__.py").write_text(
+        "raise AssertionError('the stand-in torchvision must not be imported')\n"
+    )
     if compiled_ops == "loads":
         shutil.copy(loadable_shared_library(), package / f"_C{SUFFIX}")
     elif compiled_ops == "fails":
-        (package / f"_C{SUFFIX}").write_bytes(b"not an ELF file, as a CUDA _C beside CPU torch fails to load")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
+        (package / f"_C{SUFFIX}").write_bytes(
+            b"not an ELF file, as a CUDA _C beside CPU torch fails to load"
+        )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip()
 

@@ -1,7 +1,7 @@
-"""The traced (torch.compile) form of the 2:4 layers on a CPU: equal to the eager autograd functions for every
-pruning method, fullgraph (no graph break), under static and symbolic shapes; the cuSPARSELt custom ops' fake
-implementations and autograd formula trace with symbolic sizes (their kernels need a GPU:
-tests/gpu/test_compile_gpu.py).
+"""The traced (torch.compile) form of the 2:4 layers on a CPU: equal to the eager autograd functions
+for every pruning method, fullgraph (no graph break), under static and symbolic shapes; the
+cuSPARSELt custom ops' fake implementations and autograd formula trace with symbolic sizes (their
+kernels need a GPU: tests/gpu/test_compile_gpu.py).
 """
 
 import pytest
@@ -39,7 +39,10 @@ CASES = [
     (SemiSparseLinear, dict(pruning="tile_optimal", masked_grad=True)),
     (SemiSparseLinear, dict(pruning="rowwise")),
     (SemiSparseLinear, dict(pruning="soft_threshold")),
-    (SemiSparseLinear, dict(pruning="tile_greedy", backend="auto")),  # auto is the dense math on a CPU
+    (
+        SemiSparseLinear,
+        dict(pruning="tile_greedy", backend="auto"),
+    ),  # auto is the dense math on a CPU
     (SemiSparseActivationLinear, dict(pruning="rowwise")),
 ]
 
@@ -56,10 +59,12 @@ def test_compiled_equals_eager_fp32(cls, opts, dynamic):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("cls,opts", CASES[:2] + CASES[-1:], ids=["tile_greedy", "tile_optimal-masked", "activation"])
+@pytest.mark.parametrize(
+    "cls,opts", CASES[:2] + CASES[-1:], ids=["tile_greedy", "tile_optimal-masked", "activation"]
+)
 def test_compiled_equals_eager_under_bf16_autocast_inductor(cls, opts):
-    """fp32 master weights under bf16 autocast, as in training; inductor fuses the casts and the straight-through
-    sum, so the results agree to bf16 rounding."""
+    """fp32 master weights under bf16 autocast, as in training; inductor fuses the casts and the
+    straight-through sum, so the results agree to bf16 rounding."""
     layer = _layer(cls, **opts)
     x = torch.randn(40, 32)
     want = _fwd_bwd(layer, layer, x, autocast=True)
@@ -76,8 +81,9 @@ def test_compressed_size_matches_the_layout_for_ints():
 
 
 def test_custom_op_fakes_and_autograd_trace_with_symbolic_shapes():
-    """make_fx in symbolic mode runs only the fake implementations (and the registered backward), as torch.compile
-    does with dynamic shapes: no TypeError on SymInts, and output sizes as the real ops'."""
+    """make_fx in symbolic mode runs only the fake implementations (and the registered backward), as
+    torch.compile does with dynamic shapes: no TypeError on SymInts, and output sizes as the real
+    ops'."""
 
     def step(w, x):
         fwd, dgrad, bits = torch.ops.sparsity.cslt_prune_pack(w.detach(), None, True)
@@ -89,7 +95,11 @@ def test_custom_op_fakes_and_autograd_trace_with_symbolic_shapes():
     x = torch.randn(24, 32, dtype=torch.bfloat16, requires_grad=True)
     gm = make_fx(step, tracing_mode="symbolic")(w, x)
     targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
-    assert {"sparsity.cslt_prune_pack.default", "sparsity.cslt_linear.default", "sparsity.cslt_mm.default"} <= targets
+    assert {
+        "sparsity.cslt_prune_pack.default",
+        "sparsity.cslt_linear.default",
+        "sparsity.cslt_mm.default",
+    } <= targets
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     assert any(isinstance(d, torch.SymInt) for n in placeholders for d in n.meta["val"].shape)
     by_name = {str(n.target): n.meta["val"] for n in gm.graph.nodes if n.op == "call_function"}
@@ -108,5 +118,7 @@ def test_prune_op_equals_the_reference_and_traces():
         assert torch.equal(values, ref_values) and torch.equal(mask, ref_mask), method
         values, empty = torch.ops.sparsity.prune(w, method, False)
         assert torch.equal(values, ref_values) and empty.numel() == 0, method
-    gm = make_fx(lambda t: torch.ops.sparsity.prune(t, "tile_greedy", True), tracing_mode="symbolic")(w)
+    gm = make_fx(
+        lambda t: torch.ops.sparsity.prune(t, "tile_greedy", True), tracing_mode="symbolic"
+    )(w)
     assert "sparsity.prune.default" in {str(n.target) for n in gm.graph.nodes}

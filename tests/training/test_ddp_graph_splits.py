@@ -1,6 +1,7 @@
-"""`train.ddp_split_compiled_graphs` on 2 gloo processes: under DDP, dynamo cuts a compiled block whose gradients
-span more than one gradient bucket into several graphs, and with the key off it compiles one graph per block; either
-way DDP's gradients are those of one process's eager backward over both ranks' batches together."""
+"""`train.ddp_split_compiled_graphs` on 2 gloo processes: under DDP, dynamo cuts a compiled block
+whose gradients span more than one gradient bucket into several graphs, and with the key off it
+compiles one graph per block; either way DDP's gradients are those of one process's eager backward
+over both ranks' batches together."""
 
 import os
 import tempfile
@@ -16,7 +17,11 @@ from models.vit_block import Block
 from sparsity import swap_linear_modules
 from training.compile import ddp_graph_splits
 
-DIM, HEADS, TOKENS = 256, 4, 5  # a block's fp32 gradients: 3.2 MB, more than DDP's 1 MB first bucket
+DIM, HEADS, TOKENS = (
+    256,
+    4,
+    5,
+)  # a block's fp32 gradients: 3.2 MB, more than DDP's 1 MB first bucket
 BUCKET_MB = 1  # and more than each later bucket: the block spans several
 
 
@@ -39,7 +44,9 @@ def _steps(split: bool, sparse: bool, rank: int) -> dict:
     torch._dynamo.reset()
     graphs = []
 
-    def counting_backend(gm, example_inputs):  # one call per graph dynamo hands on; runs it as traced
+    def counting_backend(
+        gm, example_inputs
+    ):  # one call per graph dynamo hands on; runs it as traced
         graphs.append(len(gm.graph.nodes))
         return gm.forward
 
@@ -53,7 +60,10 @@ def _steps(split: bool, sparse: bool, rank: int) -> dict:
         with ddp_graph_splits(split):
             loss = ddp(_batch(rank)).square().mean()
         loss.backward()
-    return {"graphs": len(graphs), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    return {
+        "graphs": len(graphs),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+    }
 
 
 def _worker(rank, init_file, sparse, results):
@@ -86,7 +96,9 @@ def test_one_graph_per_block_without_splits_and_the_gradients_either_way(sparse)
         for rank in (0, 1):
             got = results[rank][split]
             if graphs is None:
-                assert got["graphs"] > 2, f"dynamo did not cut the blocks at the buckets: {got['graphs']} graphs"
+                assert got["graphs"] > 2, (
+                    f"dynamo did not cut the blocks at the buckets: {got['graphs']} graphs"
+                )
             else:
                 assert got["graphs"] == graphs, got["graphs"]
             assert got["grads"].keys() == want.keys()
@@ -97,16 +109,24 @@ def test_one_graph_per_block_without_splits_and_the_gradients_either_way(sparse)
 def test_the_key_is_a_boolean_and_resumable():
     from configs.load import RESUMABLE_CHANGES
 
-    assert load_config(None, []).train.ddp_split_compiled_graphs is False  # whole graphs: faster on two H200s
-    assert load_config(None, ["train.ddp_split_compiled_graphs=true"]).train.ddp_split_compiled_graphs is True
+    assert (
+        load_config(None, []).train.ddp_split_compiled_graphs is False
+    )  # whole graphs: faster on two H200s
+    assert (
+        load_config(None, ["train.ddp_split_compiled_graphs=true"]).train.ddp_split_compiled_graphs
+        is True
+    )
     with pytest.raises(ValueError, match="train.ddp_split_compiled_graphs"):
         load_config(None, ["train.ddp_split_compiled_graphs=sometimes"])
-    assert "train.ddp_split_compiled_graphs" in RESUMABLE_CHANGES  # how the step runs, not what it computes
+    assert (
+        "train.ddp_split_compiled_graphs" in RESUMABLE_CHANGES
+    )  # how the step runs, not what it computes
 
 
 @pytest.mark.parametrize("split", [True, False])
 def test_the_trainer_runs_its_forward_under_the_key(tmp_path, split):
-    """The key reaches the trainer's forward, where graphs are compiled (the backward's with them)."""
+    """The key reaches the trainer's forward, where graphs are compiled (the backward's with
+    them)."""
     import torch._dynamo
     from train_runs import TINY
 
@@ -124,4 +144,6 @@ def test_the_trainer_runs_its_forward_under_the_key(tmp_path, split):
 
     trainer.forward_model = spy
     trainer.train_step(synthetic_batch(cfg, torch.device("cpu")), trainer.schedules.at(0))
-    assert seen == [split] and torch._dynamo.config.optimize_ddp is True  # restored after the forward
+    assert (
+        seen == [split] and torch._dynamo.config.optimize_ddp is True
+    )  # restored after the forward

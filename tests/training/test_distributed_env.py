@@ -1,43 +1,89 @@
-"""Launch detection as a pure function of the environment: torchrun, `srun torchrun`, plain `srun`, sbatch script."""
+"""Launch detection as a pure function of the environment: torchrun, `srun torchrun`, plain `srun`,
+sbatch script."""
 
 import pytest
 
 from training.distributed import LaunchError, detect_launch, first_host, slurm_port
 
-TORCHRUN = {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu017", "MASTER_PORT": "29500",
-            "LOCAL_WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "42"}
+TORCHRUN = {
+    "RANK": "5",
+    "WORLD_SIZE": "16",
+    "LOCAL_RANK": "1",
+    "MASTER_ADDR": "gpu017",
+    "MASTER_PORT": "29500",
+    "LOCAL_WORLD_SIZE": "8",
+    "TORCHELASTIC_RUN_ID": "42",
+}
 # what an `srun` task of a 2-node x 4-task step sees (task 6 = node 1, local task 2)
-SRUN_TASK = {"SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0", "SLURM_PROCID": "6", "SLURM_LOCALID": "2",
-             "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_NODEID": "1",
-             "SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_STEP_NODELIST": "gpu[017-018]"}
+SRUN_TASK = {
+    "SLURM_JOB_ID": "123456",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "6",
+    "SLURM_LOCALID": "2",
+    "SLURM_NTASKS": "8",
+    "SLURM_STEP_NUM_TASKS": "8",
+    "SLURM_NODEID": "1",
+    "SLURM_JOB_NODELIST": "gpu[017-018]",
+    "SLURM_STEP_NODELIST": "gpu[017-018]",
+}
 
 
 def test_torchrun():
     launch = detect_launch(TORCHRUN)
-    assert (launch.launcher, launch.rank, launch.world_size, launch.local_rank) == ("torchrun", 5, 16, 1)
+    assert (launch.launcher, launch.rank, launch.world_size, launch.local_rank) == (
+        "torchrun",
+        5,
+        16,
+        1,
+    )
     assert (launch.master_addr, launch.master_port) == ("gpu017", 29500)
 
 
 def test_srun_torchrun_uses_the_torchrun_ranks_not_the_slurm_task():
-    # srun starts one torchrun agent per node (SLURM_PROCID = node index, SLURM_NTASKS = nodes); its workers see
-    # both sets of variables and must take torchrun's
-    env = {**SRUN_TASK, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
-           **TORCHRUN}
+    # srun starts one torchrun agent per node (SLURM_PROCID = node index, SLURM_NTASKS = nodes); its
+    # workers see both sets of variables and must take torchrun's
+    env = {
+        **SRUN_TASK,
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        **TORCHRUN,
+    }
     launch = detect_launch(env)
-    assert (launch.launcher, launch.rank, launch.world_size, launch.local_rank) == ("torchrun", 5, 16, 1)
+    assert (launch.launcher, launch.rank, launch.world_size, launch.local_rank) == (
+        "torchrun",
+        5,
+        16,
+        1,
+    )
     assert (launch.master_addr, launch.master_port) == ("gpu017", 29500)
 
 
 def test_plain_srun_task_launch():
     launch = detect_launch(SRUN_TASK)
-    assert (launch.launcher, launch.rank, launch.world_size, launch.local_rank) == ("slurm", 6, 8, 2)
+    assert (launch.launcher, launch.rank, launch.world_size, launch.local_rank) == (
+        "slurm",
+        6,
+        8,
+        2,
+    )
     assert launch.master_addr == "gpu017" and launch.master_port == slurm_port("123456")
-    assert launch.as_env() == {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2", "MASTER_ADDR": "gpu017",
-                               "MASTER_PORT": str(slurm_port("123456"))}
+    assert launch.as_env() == {
+        "RANK": "6",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "2",
+        "MASTER_ADDR": "gpu017",
+        "MASTER_PORT": str(slurm_port("123456")),
+    }
 
 
 def test_plain_srun_prefers_the_step_over_the_job_and_explicit_master():
-    env = {**SRUN_TASK, "SLURM_NTASKS": "16", "SLURM_JOB_NODELIST": "gpu[001-004]"}  # a step on part of the job
+    env = {
+        **SRUN_TASK,
+        "SLURM_NTASKS": "16",
+        "SLURM_JOB_NODELIST": "gpu[001-004]",
+    }  # a step on part of the job
     launch = detect_launch(env)
     assert (launch.world_size, launch.master_addr) == (8, "gpu017")
     launch = detect_launch({**SRUN_TASK, "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "31000"})
@@ -45,7 +91,13 @@ def test_plain_srun_prefers_the_step_over_the_job_and_explicit_master():
 
 
 def test_single_task_srun_is_one_process():
-    env = {**SRUN_TASK, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_NUM_TASKS": "1"}
+    env = {
+        **SRUN_TASK,
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_STEP_NUM_TASKS": "1",
+    }
     assert detect_launch(env).launcher == "single"
 
 
@@ -80,14 +132,17 @@ def test_bad_values_are_named():
         detect_launch({k: v for k, v in SRUN_TASK.items() if "NODELIST" not in k})
 
 
-@pytest.mark.parametrize("nodelist, host", [
-    ("gpu017", "gpu017"),
-    ("gpu[017-018]", "gpu017"),
-    ("gpu[007,009-012],cpu1", "gpu007"),
-    ("node-a,node-b", "node-a"),
-    ("rack[1-2]-n[03-04]", "rack1-n03"),
-    (" dgx[0001-0004] ", "dgx0001"),
-])
+@pytest.mark.parametrize(
+    "nodelist, host",
+    [
+        ("gpu017", "gpu017"),
+        ("gpu[017-018]", "gpu017"),
+        ("gpu[007,009-012],cpu1", "gpu007"),
+        ("node-a,node-b", "node-a"),
+        ("rack[1-2]-n[03-04]", "rack1-n03"),
+        (" dgx[0001-0004] ", "dgx0001"),
+    ],
+)
 def test_first_host_of_slurm_node_lists(nodelist, host):
     assert first_host(nodelist) == host
 

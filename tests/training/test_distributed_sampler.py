@@ -8,7 +8,8 @@ from data.samplers import InfiniteShardedSampler, local_start
 
 
 def _global_stream(world: int, per_rank: int, start: int = 0, size: int = 7) -> list:
-    """What `world` ranks consume in lockstep from local position `start`, as (global position, index), sorted."""
+    """What `world` ranks consume in lockstep from local position `start`, as (global position,
+    index), sorted."""
     items = []
     for rank in range(world):
         sampler = InfiniteShardedSampler(size, rank, world, seed=3, start=start)

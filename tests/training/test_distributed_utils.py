@@ -1,5 +1,5 @@
-"""Collective helpers of the trainer on 2 gloo processes: gathering per-rank objects, catching replicas that
-drifted apart."""
+"""Collective helpers of the trainer on 2 gloo processes: gathering per-rank objects, catching
+replicas that drifted apart."""
 
 import os
 import tempfile

@@ -1,19 +1,19 @@
-"""train.gc_period (training/gc_control.py): Python's automatic garbage collection off in the training loop, the
-young generations collected every N steps, the collector's state restored afterwards; and the property that makes
-this safe, that a training step leaves no tensors in reference cycles."""
+"""train.gc_period (training/gc_control.py): Python's automatic garbage collection off in the
+training loop, the young generations collected every N steps, the collector's state restored
+afterwards; and the property that makes this safe, that a training step leaves no tensors in
+reference cycles."""
 
 import gc
 
 import pytest
 import torch
+from train_runs import TINY
 
 from configs import ConfigError, load_config
 from configs.load import RESUMABLE_CHANGES
 from training.distributed import DistContext
 from training.gc_control import StepGc
 from training.trainer import Trainer
-
-from train_runs import TINY
 
 CPU = DistContext(0, 1, 0, torch.device("cpu"))
 
@@ -83,7 +83,9 @@ def test_the_config_key_is_checked_and_may_change_on_resume():
 
 def test_the_training_loop_runs_with_the_collector_off_and_collects_on_schedule(tmp_path, collects):
     gc.enable()
-    trainer = Trainer(load_config(None, TINY + ["train.max_steps=7", "train.gc_period=3"]), tmp_path, CPU)
+    trainer = Trainer(
+        load_config(None, TINY + ["train.max_steps=7", "train.gc_period=3"]), tmp_path, CPU
+    )
     enabled_during_steps = []
     step = trainer.train_step
 
@@ -99,8 +101,9 @@ def test_the_training_loop_runs_with_the_collector_off_and_collects_on_schedule(
 
 
 def test_training_steps_leave_no_tensor_in_a_reference_cycle(tmp_path):
-    """With automatic collection off, whatever a step left in a cycle would stay until the next periodic collection;
-    a tensor there would hold memory (on a GPU, activations) for up to gc_period steps."""
+    """With automatic collection off, whatever a step left in a cycle would stay until the next
+    periodic collection; a tensor there would hold memory (on a GPU, activations) for up to
+    gc_period steps."""
     trainer = Trainer(load_config(None, TINY + ["sparsity.sparse_fraction=0.5"]), tmp_path, CPU)
     from scripts.benchmarks.batch import synthetic_batch
 
@@ -108,10 +111,14 @@ def test_training_steps_leave_no_tensor_in_a_reference_cycle(tmp_path):
     for phase in ("sparse", "dense"):
         trainer.enter_phase(phase)
         values = trainer.schedules.at(3)
-        trainer.train_step(batch, values)  # first step of the phase: one-time setup is not what is measured
+        trainer.train_step(
+            batch, values
+        )  # first step of the phase: one-time setup is not what is measured
         gc.collect()
         gc.disable()
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what the next collection finds unreachable is kept in gc.garbage
+        gc.set_debug(
+            gc.DEBUG_SAVEALL
+        )  # what the next collection finds unreachable is kept in gc.garbage
         try:
             for _ in range(3):
                 trainer.train_step(batch, values)
@@ -121,4 +128,6 @@ def test_training_steps_leave_no_tensor_in_a_reference_cycle(tmp_path):
         finally:
             gc.set_debug(0)
             gc.garbage.clear()
-        assert cycles == [], f"{phase} phase: {len(cycles)} tensors in reference cycles, e.g. {cycles[0].shape}"
+        assert cycles == [], (
+            f"{phase} phase: {len(cycles)} tensors in reference cycles, e.g. {cycles[0].shape}"
+        )

@@ -1,7 +1,8 @@
-"""Hostile run-directory entries, tried on the writers and readers directly (train.py end to end: test_hostile_runs):
-symlinks planted where temporary files, the destination, the lock or an appended file go; stray temporary files of
-dead and live writers; `checkpoints` entries that are not a usable directory; checkpoints whose digest file is
-missing. Every case checks that the file outside the run is unchanged and that the refusal names the path."""
+"""Hostile run-directory entries, tried on the writers and readers directly (train.py end to end:
+test_hostile_runs): symlinks planted where temporary files, the destination, the lock or an appended
+file go; stray temporary files of dead and live writers; `checkpoints` entries that are not a usable
+directory; checkpoints whose digest file is missing. Every case checks that the file outside the run
+is unchanged and that the refusal names the path."""
 
 import logging
 import os
@@ -13,12 +14,22 @@ import torch
 import rundir.guard as run_guard
 import rundir.lock as run_lock
 from rundir import atomic as atomic_io
-from rundir.atomic import atomic_write_text, create_exclusively, temporary_base, tmp_path as temp_name
+from rundir.atomic import (
+    atomic_write_text,
+    create_exclusively,
+    temporary_base,
+    tmp_path as temp_name,
+)
 from rundir.checkpoints import CheckpointManager
 from rundir.digests import MissingDigest, digest_path
 from rundir.errors import RunDirProblem
-from rundir.guard import (eval_dir_problem, lost_checkpoints_problem, remove_stray_temporaries, resolve_run_dir,
-                          usable_checkpoint_dir)
+from rundir.guard import (
+    eval_dir_problem,
+    lost_checkpoints_problem,
+    remove_stray_temporaries,
+    resolve_run_dir,
+    usable_checkpoint_dir,
+)
 from rundir.metrics import MetricsLog, open_append
 from rundir.status import RUNNING, read_status, write_status
 from rundir.torch_files import DIGEST_MARKER, load_verified, save_verified
@@ -52,7 +63,9 @@ def test_a_symlink_planted_at_the_old_temporary_name_is_never_written_through(ru
         atomic_write_text(run / name, "new\n")
         assert (run / name).read_text() == "new\n"
     assert outside.read_text() == PRECIOUS
-    assert not (run / name).is_symlink() and (run / f"{name}.tmp").is_symlink()  # the plant left for the cleaner
+    assert (
+        not (run / name).is_symlink() and (run / f"{name}.tmp").is_symlink()
+    )  # the plant left for the cleaner
 
 
 def test_a_destination_that_is_a_symlink_is_replaced_not_written_through(run, outside):
@@ -64,8 +77,15 @@ def test_a_destination_that_is_a_symlink_is_replaced_not_written_through(run, ou
 
 def test_temporary_files_are_created_exclusively_with_unique_names(run, outside):
     first, second = temp_name(run / "status.json"), temp_name(run / "status.json")
-    assert first != second and first.name.startswith(f"status.json.{os.getpid()}.") and first.suffix == ".tmp"
-    assert temporary_base(first.name) == "status.json" and temporary_base("status.json.tmp") == "status.json"
+    assert (
+        first != second
+        and first.name.startswith(f"status.json.{os.getpid()}.")
+        and first.suffix == ".tmp"
+    )
+    assert (
+        temporary_base(first.name) == "status.json"
+        and temporary_base("status.json.tmp") == "status.json"
+    )
     assert temporary_base("status.json") is None
     link = run / "planted.tmp"
     link.symlink_to(outside)
@@ -91,7 +111,8 @@ def test_a_failed_write_removes_only_its_own_temporary_file(run, monkeypatch):
 
 
 def test_concurrent_writers_of_one_file_never_share_a_temporary_file(run):
-    """Two threads rewriting status.json 200 times each: every read sees one writer's whole file, none is left."""
+    """Two threads rewriting status.json 200 times each: every read sees one writer's whole file,
+    none is left."""
     texts = [("a" * 5000) + "\n", ("b" * 3000) + "\n"]
     errors = []
 
@@ -114,21 +135,29 @@ def test_concurrent_writers_of_one_file_never_share_a_temporary_file(run):
     assert [p.name for p in run.iterdir()] == ["status.json"]
 
 
-# ----------------------------------------------------------------- stray temporary files: the lock holder's only
+# ---------------------------------------------------- stray temporary files: the lock holder's only
 def test_only_the_trainers_own_strays_are_removed_and_links_only_as_links(run, outside):
     (run / "checkpoints").mkdir()
     export = run / "eval" / "step_00000008"
     export.mkdir(parents=True)
-    trainer_strays = [run / "status.json.tmp", run / "metrics.jsonl.77.0123456789ab.tmp",
-                      run / "checkpoints" / "step_00000008.pt.tmp",
-                      run / "checkpoints" / "step_00000008.pt.sha256.5.abcdef012345.tmp",
-                      export / "teacher_backbone.pth.12.00112233aabb.tmp"]
+    trainer_strays = [
+        run / "status.json.tmp",
+        run / "metrics.jsonl.77.0123456789ab.tmp",
+        run / "checkpoints" / "step_00000008.pt.tmp",
+        run / "checkpoints" / "step_00000008.pt.sha256.5.abcdef012345.tmp",
+        export / "teacher_backbone.pth.12.00112233aabb.tmp",
+    ]
     for p in trainer_strays:
         p.write_text("half")
     (run / "teacher_backbone.pth.tmp").symlink_to(outside)  # a planted link: removed as a link
     trainer_strays.append(run / "teacher_backbone.pth.tmp")
-    foreign = [run / "eval_linear.json.4242.0123456789ab.tmp",  # eval_linear.py writing now: not the trainer's
-               run / "notes.tmp", run / "checkpoints" / "mine.tmp", export / "features.pt.tmp"]
+    foreign = [
+        run
+        / "eval_linear.json.4242.0123456789ab.tmp",  # eval_linear.py writing now: not the trainer's
+        run / "notes.tmp",
+        run / "checkpoints" / "mine.tmp",
+        export / "features.pt.tmp",
+    ]
     for p in foreign:
         p.write_text("someone else's")
     (run / "checkpoints" / "step_00000009.pt.tmp").mkdir()  # a directory is never removed
@@ -136,7 +165,9 @@ def test_only_the_trainers_own_strays_are_removed_and_links_only_as_links(run, o
     assert sorted(removed) == sorted(trainer_strays)
     assert not any(os.path.lexists(p) for p in trainer_strays)
     assert all(p.read_text() == "someone else's" for p in foreign)
-    assert (run / "checkpoints" / "step_00000009.pt.tmp").is_dir() and outside.read_text() == PRECIOUS
+    assert (
+        run / "checkpoints" / "step_00000009.pt.tmp"
+    ).is_dir() and outside.read_text() == PRECIOUS
 
 
 def test_stray_removal_does_not_follow_a_symlinked_eval_folder(run, tmp_path):
@@ -148,8 +179,12 @@ def test_stray_removal_does_not_follow_a_symlinked_eval_folder(run, tmp_path):
     assert (elsewhere / "teacher_backbone.pth.tmp").read_text() == "not in this run"
 
 
-@pytest.mark.parametrize("kind", ["link_to_dir", "dangling", "file", "step_link", "step_link_dangling"])
-def test_an_eval_folder_or_export_folder_that_is_not_the_runs_own_directory_is_refused(run, outside, kind):
+@pytest.mark.parametrize(
+    "kind", ["link_to_dir", "dangling", "file", "step_link", "step_link_dangling"]
+)
+def test_an_eval_folder_or_export_folder_that_is_not_the_runs_own_directory_is_refused(
+    run, outside, kind
+):
     evals = run / "eval"
     if kind == "link_to_dir":
         evals.symlink_to(outside.parent)
@@ -159,22 +194,28 @@ def test_an_eval_folder_or_export_folder_that_is_not_the_runs_own_directory_is_r
         evals.write_text("x")
     else:
         evals.mkdir()
-        (evals / "step_00000002").symlink_to(outside.parent if kind == "step_link" else outside.parent / "nowhere")
+        (evals / "step_00000002").symlink_to(
+            outside.parent if kind == "step_link" else outside.parent / "nowhere"
+        )
     problem = eval_dir_problem(run)
     where = evals / "step_00000002" if kind.startswith("step_link") else evals
     assert str(where) in problem and "remove it" in problem
     assert ("symlink" in problem) == (kind != "file")
-    assert outside.read_text() == PRECIOUS and sorted(p.name for p in outside.parent.iterdir()) == ["precious.txt"]
+    assert outside.read_text() == PRECIOUS and sorted(p.name for p in outside.parent.iterdir()) == [
+        "precious.txt"
+    ]
 
 
 def test_an_eval_folder_that_is_absent_or_a_real_directory_is_fine(run):
     assert eval_dir_problem(run) == ""
     (run / "eval" / "step_00000002").mkdir(parents=True)
-    (run / "eval" / "features_train.pt").symlink_to(run / "elsewhere.pt")  # replaced by a rename, never written through
+    (run / "eval" / "features_train.pt").symlink_to(
+        run / "elsewhere.pt"
+    )  # replaced by a rename, never written through
     assert eval_dir_problem(run) == ""
 
 
-# ----------------------------------------------------------------- the lock file and the appended files
+# ------------------------------------------------------------- the lock file and the appended files
 @pytest.mark.parametrize("kind", ["symlink", "dangling", "directory", "fifo"])
 def test_a_lock_file_that_is_not_a_regular_file_is_refused(run, outside, kind):
     lock = run / ".lock"
@@ -206,7 +247,7 @@ def test_appended_files_refuse_a_symlink(run, outside, name):
     assert outside.read_text() == PRECIOUS and (run / name).is_symlink()
 
 
-# ----------------------------------------------------------------- "no checkpoints" only when there are none
+# -------------------------------------------------------- "no checkpoints" only when there are none
 def test_the_checkpoints_entry_is_absent_a_directory_or_a_link_to_one(run, tmp_path):
     entry = run / "checkpoints"
     assert usable_checkpoint_dir(entry) is False
@@ -219,10 +260,19 @@ def test_the_checkpoints_entry_is_absent_a_directory_or_a_link_to_one(run, tmp_p
     assert usable_checkpoint_dir(entry) is True
 
 
-@pytest.mark.parametrize("kind,why", [("dangling", "leads nowhere"), ("loop", "leads nowhere"),
-                                      ("file", "is not a directory"), ("link_to_file", "which is not a directory"),
-                                      ("unreadable", "cannot be read")])
-def test_a_checkpoints_entry_that_is_not_a_usable_directory_is_refused(run, tmp_path, monkeypatch, kind, why):
+@pytest.mark.parametrize(
+    "kind,why",
+    [
+        ("dangling", "leads nowhere"),
+        ("loop", "leads nowhere"),
+        ("file", "is not a directory"),
+        ("link_to_file", "which is not a directory"),
+        ("unreadable", "cannot be read"),
+    ],
+)
+def test_a_checkpoints_entry_that_is_not_a_usable_directory_is_refused(
+    run, tmp_path, monkeypatch, kind, why
+):
     entry = run / "checkpoints"
     if kind == "dangling":
         entry.symlink_to(tmp_path / "unmounted" / "ckpts")
@@ -247,20 +297,34 @@ def test_a_checkpoints_entry_that_is_not_a_usable_directory_is_refused(run, tmp_
     with pytest.raises(RunDirProblem, match=why) as refused:
         usable_checkpoint_dir(entry)
     assert str(entry) in str(refused.value) and "refusing to start over" in str(refused.value)
-    with pytest.raises(RunDirProblem):  # the trainer's reader refuses too, rather than returning "none"
+    with pytest.raises(
+        RunDirProblem
+    ):  # the trainer's reader refuses too, rather than returning "none"
         CheckpointManager(entry, max_to_keep=3).load_latest()
 
 
-@pytest.mark.parametrize("state,step,refused", [("running", 6, True), ("preempted", 4, True), ("finished", 16, True),
-                                                ("running", 0, False), ("failed", 2, False)])
-def test_status_recording_a_checkpointed_step_with_no_checkpoint_refuses_a_fresh_start(run, state, step, refused):
+@pytest.mark.parametrize(
+    "state,step,refused",
+    [
+        ("running", 6, True),
+        ("preempted", 4, True),
+        ("finished", 16, True),
+        ("running", 0, False),
+        ("failed", 2, False),
+    ],
+)
+def test_status_recording_a_checkpointed_step_with_no_checkpoint_refuses_a_fresh_start(
+    run, state, step, refused
+):
     (run / "checkpoints").mkdir()  # empty: e.g. a mount point with nothing mounted
     write_status(run, state, step)
     problem = lost_checkpoints_problem(run)
     assert bool(problem) == refused
     if refused:
         assert f"records step {step}" in problem and str(run / "checkpoints") in problem
-    (run / "checkpoints" / "step_00000003.pt.corrupt").write_bytes(b"x")  # set aside: the manager's refusal says it
+    (run / "checkpoints" / "step_00000003.pt.corrupt").write_bytes(
+        b"x"
+    )  # set aside: the manager's refusal says it
     assert lost_checkpoints_problem(run) == ""
 
 
@@ -282,10 +346,12 @@ def test_a_run_directory_given_through_a_symlink_is_resolved_once(tmp_path):
 def test_a_file_written_with_a_digest_is_refused_without_it_even_with_a_flipped_byte(tmp_path):
     path = tmp_path / "step_00000003.pt"
     save_verified({"w": torch.zeros(4096)}, path)
-    assert DIGEST_MARKER not in load_verified(path) and DIGEST_MARKER in torch.load(path, weights_only=True)
+    assert DIGEST_MARKER not in load_verified(path) and DIGEST_MARKER in torch.load(
+        path, weights_only=True
+    )
     data = bytearray(path.read_bytes())
     at = data.rfind(bytes(4 * 64))  # inside the tensor's zeros
-    data[at:at + 4] = b"\x00\x00\x80\x3f"  # one value becomes 1.0
+    data[at : at + 4] = b"\x00\x00\x80\x3f"  # one value becomes 1.0
     path.write_bytes(bytes(data))
     with pytest.raises(Exception, match="does not match"):
         load_verified(path)
@@ -301,16 +367,21 @@ def test_a_checkpoint_without_a_digest_stops_the_resume_and_nothing_is_set_aside
     manager.save({"step": 6, "w": torch.ones(2)}, 6)
     digest_path(manager.path_for(6)).unlink()
     with pytest.raises(MissingDigest, match="step_00000006.pt.sha256"):
-        manager.load_latest()  # not silently step 3 either: the newest is unverifiable, the user decides
+        # not silently step 3 either: the newest is unverifiable, the user decides
+        manager.load_latest()
     assert manager.path_for(6).exists() and not list(tmp_path.glob("*.corrupt"))
 
 
 def test_a_checkpoint_of_an_older_version_needs_the_explicit_opt_in(tmp_path, caplog):
     older = tmp_path / "step_00000005.pt"
-    torch.save({"step": 5, "w": torch.ones(2)}, older)  # no marker, no digest: as versions before digests wrote
+    torch.save(
+        {"step": 5, "w": torch.ones(2)}, older
+    )  # no marker, no digest: as versions before digests wrote
     with pytest.raises(MissingDigest, match="has no digest file"):
         CheckpointManager(tmp_path, max_to_keep=3).load_latest()
     with caplog.at_level(logging.WARNING):
         state = CheckpointManager(tmp_path, max_to_keep=3, allow_missing_digest=True).load_latest()
     assert state["step"] == 5 and "without a digest (allowed explicitly)" in caplog.text
-    assert load_verified(older)["step"] == 5  # a foreign file (pretrained weights) is not a run's: loads as before
+    assert (
+        load_verified(older)["step"] == 5
+    )  # a foreign file (pretrained weights) is not a run's: loads as before

@@ -1,6 +1,7 @@
-"""Names too long for the file system are refused before any work, checked with the name that will really be
-written (a temporary name beside the file, longer by `TMP_NAME_EXTRA`): a 4,286-character --output-dir was a
-traceback, a 255-character output= failed only after the probe (its result lost)."""
+"""Names too long for the file system are refused before any work, checked with the name that will
+really be written (a temporary name beside the file, longer by `TMP_NAME_EXTRA`): a 4,286-character
+--output-dir was a traceback, a 255-character output= failed only after the probe (its result
+lost)."""
 
 import subprocess
 import sys
@@ -30,8 +31,14 @@ def test_a_run_directory_too_long_for_its_files_is_one_line(tmp_path):
         raise AssertionError("not refused")
     except RunDirProblem as e:
         assert "too long for the files a run writes inside it" in str(e) and len(str(e)) < 400
-    result = subprocess.run([sys.executable, "train.py", "--output-dir", str(deep), "train.max_steps=1"], cwd=REPO,
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, "train.py", "--output-dir", str(deep), "train.max_steps=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "too long for the files a run writes inside it" in result.stderr
     assert not tmp_path.joinpath("d" * 200).exists()
@@ -45,6 +52,10 @@ def test_an_output_name_too_long_is_refused_before_the_probe(tmp_path):
     import eval_linear
 
     run = make_run_dir(tmp_path / "runs" / "tiny")
-    out = tmp_path / ("r" * 250 + ".json")  # 255 bytes: a legal name, whose temporary sibling is not
-    assert eval_linear.main(["--run", str(run), *FAST_EVAL, f"output={out}"]) == 1  # as any bad output=
+    out = tmp_path / (
+        "r" * 250 + ".json"
+    )  # 255 bytes: a legal name, whose temporary sibling is not
+    assert (
+        eval_linear.main(["--run", str(run), *FAST_EVAL, f"output={out}"]) == 1
+    )  # as any bad output=
     assert not list(run.glob("eval_linear*.json")) and not (run / "eval").exists()

@@ -1,6 +1,7 @@
-"""After a resume, the first metrics line's mask flip rate equals the uninterrupted run's: the line logged at the
-checkpoint compared masks that are those of the weights restored, so the resumed monitor takes them again instead of
-reporting no flip rate (null where the uninterrupted run had a value)."""
+"""After a resume, the first metrics line's mask flip rate equals the uninterrupted run's: the line
+logged at the checkpoint compared masks that are those of the weights restored, so the resumed
+monitor takes them again instead of reporting no flip rate (null where the uninterrupted run had a
+value)."""
 
 import copy
 
@@ -12,7 +13,9 @@ from training.sparsity_monitor import SparsityMonitor
 
 
 def _monitor(student, run_dir, converter):
-    return SparsityMonitor(converter, student, run_dir, total_steps=40, log_period=10, mask_dtype=None, enabled=True)
+    return SparsityMonitor(
+        converter, student, run_dir, total_steps=40, log_period=10, mask_dtype=None, enabled=True
+    )
 
 
 def _step(student, seed):

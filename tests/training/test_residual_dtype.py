@@ -1,7 +1,7 @@
-"""train.residual_dtype (training/numerics.py): `amp` computes the backbone's residual stream, LayerNorm and
-LayerScale in the autocast dtype, as the reference's FSDP MixedPrecision(param_dtype=bf16) does. Checked against an
-independent emulation of param_dtype (a bf16 copy of the model run without autocast), and shown to change nothing
-where autocast is off."""
+"""train.residual_dtype (training/numerics.py): `amp` computes the backbone's residual stream,
+LayerNorm and LayerScale in the autocast dtype, as the reference's FSDP
+MixedPrecision(param_dtype=bf16) does. Checked against an independent emulation of param_dtype (a
+bf16 copy of the model run without autocast), and shown to change nothing where autocast is off."""
 
 import copy
 
@@ -19,9 +19,12 @@ BF16 = torch.bfloat16
 
 def backbone(seed=0, **kw) -> DinoVisionTransformer:
     torch.manual_seed(seed)
-    model = DinoVisionTransformer(img_size=16, patch_size=4, embed_dim=48, depth=3, num_heads=3, init_values=0.5,
-                                  **kw)
-    for p in model.parameters():  # LayerScale, norms and tokens away from their init, so casts matter
+    model = DinoVisionTransformer(
+        img_size=16, patch_size=4, embed_dim=48, depth=3, num_heads=3, init_values=0.5, **kw
+    )
+    for (
+        p
+    ) in model.parameters():  # LayerScale, norms and tokens away from their init, so casts matter
         p.data.add_(0.05 * torch.randn_like(p))
     return model
 
@@ -38,8 +41,11 @@ def features(model, x, masks=None):
 def test_fp32_changes_nothing_and_a_wrong_value_is_refused():
     model = backbone()
     assert apply_residual_dtype(model, "fp32") == []
-    assert all(type(m) in (nn.LayerNorm, LayerScale) for m in model.modules() if isinstance(m, (nn.LayerNorm,
-                                                                                                 LayerScale)))
+    assert all(
+        type(m) in (nn.LayerNorm, LayerScale)
+        for m in model.modules()
+        if isinstance(m, (nn.LayerNorm, LayerScale))
+    )
     with pytest.raises(ValueError, match="fp32, amp"):
         apply_residual_dtype(model, "bf16")
     with pytest.raises(ConfigError, match="train.residual_dtype"):
@@ -67,7 +73,9 @@ def test_without_autocast_amp_computes_exactly_what_fp32_computes(crop_list):
     masks[1, [2, 5]] = True
     if crop_list:  # the training path: a list of crop batches, through Block.forward_list
         xs, ms = [images(1), images(2, size=8)], [masks, None]
-        outs = [[o["x_norm_clstoken"] for o in m.forward_features(xs, ms)] for m in (plain, converted)]
+        outs = [
+            [o["x_norm_clstoken"] for o in m.forward_features(xs, ms)] for m in (plain, converted)
+        ]
         assert all(torch.equal(a, b) for a, b in zip(*outs))
         losses = [sum(o.square().sum() for o in out) for out in outs]
     else:
@@ -86,6 +94,7 @@ def test_under_autocast_the_residual_stream_stays_in_bf16_and_gradients_in_fp32(
     def record(name):
         def hook(module, args, out):
             seen[name] = out.dtype  # (a hook returning a value would replace the output)
+
         return hook
 
     for setting, expected in (("fp32", torch.float32), ("amp", BF16)):
@@ -106,7 +115,8 @@ def test_under_autocast_the_residual_stream_stays_in_bf16_and_gradients_in_fp32(
 
 
 def bf16_valued(model):
-    """The model with every parameter rounded to a bf16 value (still fp32 tensors), so that casting it is exact."""
+    """The model with every parameter rounded to a bf16 value (still fp32 tensors), so that casting
+    it is exact."""
     for p in model.parameters():
         p.data = p.data.to(BF16).float()
     return model
@@ -114,11 +124,12 @@ def bf16_valued(model):
 
 @pytest.mark.parametrize("bf16_params", [True, False])
 def test_amp_is_the_reference_param_dtype_forward(bf16_params):
-    """The independent reference: FSDP MixedPrecision(param_dtype=bf16) runs the forward with every parameter cast
-    to bf16, which a bf16 copy of the model run without autocast reproduces. With parameters that are bf16 values
-    (casting them exact) `amp` under autocast computes that forward bit for bit: the one sum it does in fp32 (cls
-    token and position embedding onto the tokens, then cast) rounds as a bf16 sum does. `fp32` keeps 16 more mantissa
-    bits in the residual stream and differs. With arbitrary fp32 parameters both are within a few bf16 ulps."""
+    """The independent reference: FSDP MixedPrecision(param_dtype=bf16) runs the forward with every
+    parameter cast to bf16, which a bf16 copy of the model run without autocast reproduces. With
+    parameters that are bf16 values (casting them exact) `amp` under autocast computes that forward
+    bit for bit: the one sum it does in fp32 (cls token and position embedding onto the tokens, then
+    cast) rounds as a bf16 sum does. `fp32` keeps 16 more mantissa bits in the residual stream and
+    differs. With arbitrary fp32 parameters both are within a few bf16 ulps."""
     make = (lambda: bf16_valued(backbone())) if bf16_params else backbone
     x = images(3, n=8).to(BF16).float()  # images that are bf16 values too
     want = features(copy.deepcopy(make()).to(BF16), x.to(BF16)).float()
@@ -132,20 +143,26 @@ def test_amp_is_the_reference_param_dtype_forward(bf16_params):
     if bf16_params:
         assert errors["amp"] == 0.0 and errors["fp32"] > 1e-3, errors
     else:
-        assert errors["amp"] < 0.02 and errors["fp32"] < 0.02, errors  # 2^-8 = 0.4% per bf16 rounding
+        assert errors["amp"] < 0.02 and errors["fp32"] < 0.02, (
+            errors
+        )  # 2^-8 = 0.4% per bf16 rounding
 
 
 def test_a_teacher_and_student_are_both_converted_and_an_eval_forward_is_unchanged():
     class Pair(nn.Module):
         def __init__(self):
             super().__init__()
-            self.student, self.teacher = nn.ModuleDict({"backbone": backbone()}), nn.ModuleDict({"backbone":
-                                                                                                     backbone()})
+            self.student, self.teacher = (
+                nn.ModuleDict({"backbone": backbone()}),
+                nn.ModuleDict({"backbone": backbone()}),
+            )
 
     pair = Pair()
     assert apply_residual_dtype(pair, "amp") == ["student.backbone", "teacher.backbone"]
     plain = backbone()
-    with torch.no_grad():  # an evaluation in fp32 (features extracted without autocast) sees no difference
+    with (
+        torch.no_grad()
+    ):  # an evaluation in fp32 (features extracted without autocast) sees no difference
         assert torch.equal(plain(images()), pair.teacher["backbone"](images()))
 
 
@@ -170,8 +187,8 @@ def test_cuda_autocast_with_compiled_blocks_keeps_the_residual_stream_in_the_aut
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [BF16, torch.float16, torch.float32])
 def test_compiled_stochastic_depth_add_is_index_add(dtype):
-    """The stochastic-depth add as torch.compile lowers it (a gather-add-scatter, no atomics) against eager
-    torch.index_add on the GPU, at a ViT-L-like row size, in every stream dtype."""
+    """The stochastic-depth add as torch.compile lowers it (a gather-add-scatter, no atomics)
+    against eager torch.index_add on the GPU, at a ViT-L-like row size, in every stream dtype."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from models.stochastic_depth import add_to_subset
@@ -186,20 +203,31 @@ def test_compiled_stochastic_depth_add_is_index_add(dtype):
 
 
 def test_a_cpu_run_with_amp_records_the_setting_and_trains_as_fp32(tmp_path):
-    """On a CPU autocast is off, so `amp` computes what `fp32` computes (the losses equal step for step); config.yaml
-    keeps the setting and run_info.json / the start-up summary say which dtype the residual stream used."""
+    """On a CPU autocast is off, so `amp` computes what `fp32` computes (the losses equal step for
+    step); config.yaml keeps the setting and run_info.json / the start-up summary say which dtype
+    the residual stream used."""
     import json
-
-    from rundir.metrics import read_metrics
 
     from train_runs import run_train
 
+    from rundir.metrics import read_metrics
+
     runs = {setting: tmp_path / setting for setting in ("fp32", "amp")}
     for setting, run in runs.items():
-        run_train(run, "train.max_steps=2", f"train.residual_dtype={setting}", "sparsity.sparse_fraction=0.0")
+        run_train(
+            run,
+            "train.max_steps=2",
+            f"train.residual_dtype={setting}",
+            "sparsity.sparse_fraction=0.0",
+        )
     info = json.loads((runs["amp"] / "run_info.json").read_text())
     assert (info["residual_dtype"], info["residual_dtype_configured"]) == ("float32", "amp")
     assert load_config(runs["amp"] / "config.yaml").train.residual_dtype == "amp"
-    assert "residual stream float32 (train.residual_dtype=amp)" in (runs["amp"] / "log.txt").read_text()
-    losses = {s: [r["loss"] for r in read_metrics(run / "metrics.jsonl")] for s, run in runs.items()}
+    assert (
+        "residual stream float32 (train.residual_dtype=amp)"
+        in (runs["amp"] / "log.txt").read_text()
+    )
+    losses = {
+        s: [r["loss"] for r in read_metrics(run / "metrics.jsonl")] for s, run in runs.items()
+    }
     assert len(losses["amp"]) == 2 and losses["amp"] == losses["fp32"]

@@ -1,12 +1,15 @@
-"""One trainer per run directory: a second train.py on a directory in use exits 1 saying so and writes nothing
-there (two trainers would remove each other's checkpoint temporaries and interleave metrics), the first finishes as
-if alone; a killed holder leaves no stale lock; a file system without flock gives a warning, not a failure."""
+"""One trainer per run directory: a second train.py on a directory in use exits 1 saying so and
+writes nothing there (two trainers would remove each other's checkpoint temporaries and interleave
+metrics), the first finishes as if alone; a killed holder leaves no stale lock; a file system
+without flock gives a warning, not a failure."""
 
 import errno
 import json
 import signal
 
 import pytest
+from run_lock_holder import hold_lock
+from train_runs import run_train, start_train, wait_for_step
 
 import rundir.lock as run_lock
 from rundir.errors import RunDirInUse
@@ -14,16 +17,16 @@ from rundir.lock import lock
 from rundir.metrics import read_metrics
 from rundir.status import RUNNING, write_status
 
-from run_lock_holder import hold_lock
-from train_runs import run_train, start_train, wait_for_step
-
 
 def test_a_second_lock_is_refused_until_the_first_is_released(tmp_path):
     first = lock(tmp_path)
     assert first.held and (tmp_path / ".lock").exists()
     write_status(tmp_path, RUNNING, 12)
-    with pytest.raises(RunDirInUse, match=r"in use by another process \(a trainer or an evaluation\) "
-                                          r"\(its status.json: running at step 12"):
+    with pytest.raises(
+        RunDirInUse,
+        match=r"in use by another process \(a trainer or an evaluation\) "
+        r"\(its status.json: running at step 12",
+    ):
         lock(tmp_path)
     first.release()
     again = lock(tmp_path)
@@ -37,7 +40,9 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
         with pytest.raises(RunDirInUse, match="choose another --output-dir"):
             lock(tmp_path)
     finally:
-        holder.send_signal(signal.SIGKILL)  # nothing runs at exit: only the kernel can drop the lock
+        holder.send_signal(
+            signal.SIGKILL
+        )  # nothing runs at exit: only the kernel can drop the lock
         holder.wait()
     after = lock(tmp_path)
     assert after.held
@@ -58,7 +63,9 @@ def test_a_second_trainer_on_a_run_in_progress_exits_1_and_the_first_finishes(tm
     first = start_train(run)
     try:
         wait_for_step(run / "metrics.jsonl", 4, first)
-        first.send_signal(signal.SIGSTOP)  # held mid-run (the lock with it) while the second one tries
+        first.send_signal(
+            signal.SIGSTOP
+        )  # held mid-run (the lock with it) while the second one tries
         before = {p: p.stat().st_mtime_ns for p in (run / "checkpoints").iterdir()}
         try:
             second = run_train(run, check=False)
@@ -67,7 +74,8 @@ def test_a_second_trainer_on_a_run_in_progress_exits_1_and_the_first_finishes(tm
         assert second.returncode == 1, second.stderr[-3000:]
         assert "is in use by another process" in second.stderr
         assert "Traceback" not in second.stderr
-        # nothing written by the second: the first's checkpoint untouched, one start in the log (below)
+        # nothing written by the second: the first's checkpoint untouched, one start in the log
+        # (below)
         assert before and {p: p.stat().st_mtime_ns for p in before} == before
         assert first.wait(timeout=600) == 0, first.stderr.read()[-3000:]
     finally:

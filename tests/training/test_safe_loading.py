@@ -1,16 +1,15 @@
-"""A crafted pickle (its __reduce__ runs code) handed over as pretrained weights, as the checkpoint to evaluate and as a
-training checkpoint: refused with a clear message, and the code never runs."""
+"""A crafted pickle (its __reduce__ runs code) handed over as pretrained weights, as the checkpoint
+to evaluate and as a training checkpoint: refused with a clear message, and the code never runs."""
 
 import sys
 
 import pytest
 import torch
 from PIL import Image
+from train_runs import REPO, run_train
 
 from rundir.digests import UnsafeFile
 from rundir.torch_files import load_verified
-
-from train_runs import REPO, run_train
 
 
 class Payload:
@@ -50,7 +49,9 @@ def test_as_the_checkpoint_to_evaluate(tmp_path, reference_run):
 
     marker = tmp_path / "ran"
     evil = crafted(tmp_path / "evil.pth", marker)
-    code = eval_linear.main(["--run", str(reference_run), f"checkpoint={evil}", f"output={tmp_path / 'out.json'}"])
+    code = eval_linear.main(
+        ["--run", str(reference_run), f"checkpoint={evil}", f"output={tmp_path / 'out.json'}"]
+    )
     assert code != 0 and not marker.exists() and not (tmp_path / "out.json").exists()
 
 
@@ -67,20 +68,31 @@ def test_as_a_training_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_environment_values_given_as_interpolations_stay_out_of_every_file(tmp_path, monkeypatch):
     secret = "s3cr3t-token-8d1f"
-    images = tmp_path / secret  # a path that is itself the secret: the data is read, the path never written
+    images = (
+        tmp_path / secret
+    )  # a path that is itself the secret: the data is read, the path never written
     images.mkdir()
     for i in range(8):
         Image.new("RGB", (24, 24), (30 * i, 0, 255 - 30 * i)).save(images / f"{i}.png")
     monkeypatch.setenv("RUN_SECRET", str(images))
     run = tmp_path / "run"
-    result = run_train(run, "data.dataset=image_folder", "data.root=${oc.env:RUN_SECRET}", "train.max_steps=3")
+    result = run_train(
+        run, "data.dataset=image_folder", "data.root=${oc.env:RUN_SECRET}", "train.max_steps=3"
+    )
     assert "data: image_folder at ${oc.env:RUN_SECRET}: 8 images" in (run / "log.txt").read_text()
     assert secret not in result.stdout + result.stderr
     for path in [p for p in run.rglob("*") if p.is_file()]:
         assert secret.encode() not in path.read_bytes(), path
     assert "${oc.env:RUN_SECRET}" in (run / "config.yaml").read_text()
-    assert "${oc.env:RUN_SECRET}" in load_verified(run / "checkpoints" / "step_00000003.pt")["config"]
+    assert (
+        "${oc.env:RUN_SECRET}" in load_verified(run / "checkpoints" / "step_00000003.pt")["config"]
+    )
     monkeypatch.delenv("RUN_SECRET")
-    result = run_train(run, "data.dataset=image_folder", "data.root=${oc.env:RUN_SECRET}",
-                       check=False)  # unset: a config error, not a traceback
-    assert result.returncode == 2 and "RUN_SECRET" in result.stderr and "Traceback" not in result.stderr
+    result = run_train(
+        run, "data.dataset=image_folder", "data.root=${oc.env:RUN_SECRET}", check=False
+    )  # unset: a config error, not a traceback
+    assert (
+        result.returncode == 2
+        and "RUN_SECRET" in result.stderr
+        and "Traceback" not in result.stderr
+    )

@@ -10,8 +10,11 @@ from training.schedules import build_schedules, cosine_schedule, linear_then_con
 
 
 def test_cosine_schedule_by_hand():
-    s = cosine_schedule(1.0, 0.0, total_iters=6, warmup_iters=2, start_warmup_value=0.5, freeze_iters=1)
-    # freeze: 0 | warm-up linspace(0.5, 1, 2) = 0.5, 1 | cosine over 3 iters: 0.5 * (1 + cos(pi * i / 3))
+    s = cosine_schedule(
+        1.0, 0.0, total_iters=6, warmup_iters=2, start_warmup_value=0.5, freeze_iters=1
+    )
+    # freeze: 0 | warm-up linspace(0.5, 1, 2) = 0.5, 1 | cosine over 3 iters: 0.5 * (1 + cos(pi * i
+    # / 3))
     expected = [0.0, 0.5, 1.0, 1.0, 0.75, 0.25]
     np.testing.assert_allclose(s, expected, atol=1e-12)
 
@@ -22,7 +25,9 @@ def test_cosine_schedule_rejects_too_long_warmup():
 
 
 def test_linear_then_constant_by_hand():
-    np.testing.assert_allclose(linear_then_constant(0.04, 0.07, 4, 6), [0.04, 0.05, 0.06, 0.07, 0.07, 0.07])
+    np.testing.assert_allclose(
+        linear_then_constant(0.04, 0.07, 4, 6), [0.04, 0.05, 0.06, 0.07, 0.07, 0.07]
+    )
 
 
 def test_vitl_schedules_follow_the_reference():
@@ -36,26 +41,41 @@ def test_vitl_schedules_follow_the_reference():
     assert math.isclose(s.at(124_999)["lr"], 1e-6, rel_tol=1e-3)
     assert all(s.at(i)["last_layer_lr"] == 0.0 for i in (0, 600, 1249))  # frozen for 1 epoch
     assert s.at(1250)["last_layer_lr"] == s.at(1250)["lr"] > 0
-    np.testing.assert_allclose([s.at(0)[k] for k in ("wd", "momentum", "teacher_temp")], [0.04, 0.992, 0.04])
+    np.testing.assert_allclose(
+        [s.at(0)[k] for k in ("wd", "momentum", "teacher_temp")], [0.04, 0.992, 0.04]
+    )
     assert math.isclose(s.at(124_999)["wd"], 0.4, rel_tol=1e-6)
     assert math.isclose(s.at(124_999)["momentum"], 1.0, rel_tol=1e-6)
-    assert math.isclose(s.at(30 * 1250 - 1)["teacher_temp"], 0.07)  # linear over 30 epochs, then constant
+    assert math.isclose(
+        s.at(30 * 1250 - 1)["teacher_temp"], 0.07
+    )  # linear over 30 epochs, then constant
     assert s.at(100_000)["teacher_temp"] == 0.07
     assert s.at(10**9) == s.at(124_999)  # past the end: final values
 
 
 def _sixteen_steps(*extra: str):
     """16 steps (4 epochs of 4 iterations), the momentum from 0.992 to 1."""
-    return load_config(None, ["data.dataset=digits", "optim.epochs=4", "train.epoch_length=4",
-                              "optim.warmup_epochs=1", "teacher.warmup_teacher_temp_epochs=1", *extra])
+    return load_config(
+        None,
+        [
+            "data.dataset=digits",
+            "optim.epochs=4",
+            "train.epoch_length=4",
+            "optim.warmup_epochs=1",
+            "teacher.warmup_teacher_temp_epochs=1",
+            *extra,
+        ],
+    )
 
 
 def test_momentum_restart_at_the_switch_by_hand():
-    """Half the steps sparse: steps 0-7 keep dinov2's cosine over 16 steps, steps 8-15 a cosine over 8 steps from
-    0.992 again, so the switch-time teacher's share of the final one, prod(m[8:]), falls."""
+    """Half the steps sparse: steps 0-7 keep dinov2's cosine over 16 steps, steps 8-15 a cosine over
+    8 steps from 0.992 again, so the switch-time teacher's share of the final one, prod(m[8:]),
+    falls."""
     whole = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.5"), 1).momentum
-    restarted = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.5",
-                                               "teacher.momentum_restart_at_switch=true"), 1).momentum
+    restarted = build_schedules(
+        _sixteen_steps("sparsity.sparse_fraction=0.5", "teacher.momentum_restart_at_switch=true"), 1
+    ).momentum
     by_hand_whole = [1 - 0.004 * (1 + math.cos(math.pi * i / 16)) for i in range(16)]
     by_hand_dense = [1 - 0.004 * (1 + math.cos(math.pi * i / 8)) for i in range(8)]
     np.testing.assert_allclose(whole, by_hand_whole, atol=1e-12)
@@ -65,83 +85,143 @@ def test_momentum_restart_at_the_switch_by_hand():
 
 
 def test_momentum_restart_follows_the_switch_step():
-    """The restart sits at round(sparse_fraction x steps): 0.25 of 16 -> step 4 is the dense phase's first."""
-    m = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.25",
-                                       "teacher.momentum_restart_at_switch=true"), 1).momentum
+    """The restart sits at round(sparse_fraction x steps): 0.25 of 16 -> step 4 is the dense phase's
+    first."""
+    m = build_schedules(
+        _sixteen_steps("sparsity.sparse_fraction=0.25", "teacher.momentum_restart_at_switch=true"),
+        1,
+    ).momentum
     assert m[3] > 0.992 and m[4] == pytest.approx(0.992) and m[-1] > m[4]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["sparsity.sparse_fraction=0"], r"needs a switch, 0 < sparsity.sparse_fraction < 1 \(got 0: 0 of 16"),
-    (["sparsity.sparse_fraction=1"], r"needs a switch, .*got 1: 16 of 16 steps sparse"),
-    (["sparsity.sparse_fraction=0.02"], r"got 0.02: 0 of 16 steps sparse"),  # rounds to no sparse step
-    (["sparsity.sparse_fraction=0.5", "teacher.momentum_reference_steps=100"],
-     "teacher.momentum_reference_steps=100 both reshape the momentum schedule"),
-    (["teacher.momentum_restart_at_switch=maybe"], "teacher.momentum_restart_at_switch"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["sparsity.sparse_fraction=0"],
+            r"needs a switch, 0 < sparsity.sparse_fraction < 1 \(got 0: 0 of 16",
+        ),
+        (["sparsity.sparse_fraction=1"], r"needs a switch, .*got 1: 16 of 16 steps sparse"),
+        (
+            ["sparsity.sparse_fraction=0.02"],
+            r"got 0.02: 0 of 16 steps sparse",
+        ),  # rounds to no sparse step
+        (
+            ["sparsity.sparse_fraction=0.5", "teacher.momentum_reference_steps=100"],
+            "teacher.momentum_reference_steps=100 both reshape the momentum schedule",
+        ),
+        (["teacher.momentum_restart_at_switch=maybe"], "teacher.momentum_restart_at_switch"),
+    ],
+)
 def test_momentum_restart_refusals_name_the_key(overrides, message):
     from configs.load import ConfigError
+
     with pytest.raises(ConfigError, match=message):
         _sixteen_steps("teacher.momentum_restart_at_switch=true", *overrides)
 
 
 def test_momentum_restart_at_a_fraction_by_hand():
-    """The dense control: a run without a switch restarts the cosine at round(0.4 x 16) = step 6 (6.4 rounds down),
-    and equals a 40% sparse run's restart at its switch step for step."""
+    """The dense control: a run without a switch restarts the cosine at round(0.4 x 16) = step 6
+    (6.4 rounds down), and equals a 40% sparse run's restart at its switch step for step."""
     control = build_schedules(_sixteen_steps("teacher.momentum_restart_fraction=0.4"), 1).momentum
-    by_hand = ([1 - 0.004 * (1 + math.cos(math.pi * i / 16)) for i in range(6)]
-               + [1 - 0.004 * (1 + math.cos(math.pi * i / 10)) for i in range(10)])
+    by_hand = [1 - 0.004 * (1 + math.cos(math.pi * i / 16)) for i in range(6)] + [
+        1 - 0.004 * (1 + math.cos(math.pi * i / 10)) for i in range(10)
+    ]
     np.testing.assert_allclose(control, by_hand, atol=1e-12)
-    at_switch = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.4",
-                                               "teacher.momentum_restart_at_switch=true"), 1).momentum
+    at_switch = build_schedules(
+        _sixteen_steps("sparsity.sparse_fraction=0.4", "teacher.momentum_restart_at_switch=true"), 1
+    ).momentum
     np.testing.assert_array_equal(control, at_switch)
     for fraction in ("0.0", "0"):  # 0: dinov2's schedule untouched
-        plain = build_schedules(_sixteen_steps(f"teacher.momentum_restart_fraction={fraction}"), 1).momentum
-        np.testing.assert_allclose(plain, [1 - 0.004 * (1 + math.cos(math.pi * i / 16)) for i in range(16)])
+        plain = build_schedules(
+            _sixteen_steps(f"teacher.momentum_restart_fraction={fraction}"), 1
+        ).momentum
+        np.testing.assert_allclose(
+            plain, [1 - 0.004 * (1 + math.cos(math.pi * i / 16)) for i in range(16)]
+        )
 
 
 def test_momentum_restart_fraction_in_a_sparse_run():
-    """Independent of the switch: a 70% sparse run restarted at 25% of its steps restarts at step 4, not 11."""
-    m = build_schedules(_sixteen_steps("sparsity.sparse_fraction=0.7", "teacher.momentum_restart_fraction=0.25"),
-                        1).momentum
+    """Independent of the switch: a 70% sparse run restarted at 25% of its steps restarts at step 4,
+    not 11."""
+    m = build_schedules(
+        _sixteen_steps("sparsity.sparse_fraction=0.7", "teacher.momentum_restart_fraction=0.25"), 1
+    ).momentum
     assert m[4] == pytest.approx(0.992) and m[11] > 0.992 and m[3] > 0.992
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["teacher.momentum_restart_fraction=1"], r"teacher.momentum_restart_fraction"),  # range: [0, 1)
-    (["teacher.momentum_restart_fraction=-0.1"], r"teacher.momentum_restart_fraction"),
-    (["teacher.momentum_restart_fraction=soon"], r"teacher.momentum_restart_fraction"),
-    (["teacher.momentum_restart_fraction=0.02"], r"restarts the teacher momentum at step 0 of 16: it must fall "
-                                                 r"strictly inside the run"),
-    (["teacher.momentum_restart_fraction=0.99"], r"at step 16 of 16"),  # rounds to the end: no restart left
-    (["teacher.momentum_restart_fraction=0.5", "sparsity.sparse_fraction=0.5",
-      "teacher.momentum_restart_at_switch=true"], "both place the teacher momentum's restart: set one of them"),
-    (["teacher.momentum_restart_fraction=0.5", "teacher.momentum_reference_steps=100"],
-     "teacher.momentum_reference_steps=100 both reshape the momentum schedule"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["teacher.momentum_restart_fraction=1"],
+            r"teacher.momentum_restart_fraction",
+        ),  # range: [0, 1)
+        (["teacher.momentum_restart_fraction=-0.1"], r"teacher.momentum_restart_fraction"),
+        (["teacher.momentum_restart_fraction=soon"], r"teacher.momentum_restart_fraction"),
+        (
+            ["teacher.momentum_restart_fraction=0.02"],
+            r"restarts the teacher momentum at step 0 of 16: it must fall "
+            r"strictly inside the run",
+        ),
+        (
+            ["teacher.momentum_restart_fraction=0.99"],
+            r"at step 16 of 16",
+        ),  # rounds to the end: no restart left
+        (
+            [
+                "teacher.momentum_restart_fraction=0.5",
+                "sparsity.sparse_fraction=0.5",
+                "teacher.momentum_restart_at_switch=true",
+            ],
+            "both place the teacher momentum's restart: set one of them",
+        ),
+        (
+            ["teacher.momentum_restart_fraction=0.5", "teacher.momentum_reference_steps=100"],
+            "teacher.momentum_reference_steps=100 both reshape the momentum schedule",
+        ),
+    ],
+)
 def test_momentum_restart_fraction_refusals_name_the_key(overrides, message):
     from configs.load import ConfigError
+
     with pytest.raises(ConfigError, match=message):
         _sixteen_steps(*overrides)
 
 
 def test_dense_warm_up_steps_by_hand():
-    """round(0.1 x 16) = 2 (1.6 rounds up) dense steps before a 50% run's sparse phase; none in a dense run, where the
-    key does nothing (a sweep passes it to every run), and the switch stays at round(0.5 x 16) = 8."""
+    """round(0.1 x 16) = 2 (1.6 rounds up) dense steps before a 50% run's sparse phase; none in a
+    dense run, where the key does nothing (a sweep passes it to every run), and the switch stays at
+    round(0.5 x 16) = 8."""
     cfg = _sixteen_steps("sparsity.sparse_fraction=0.5", "sparsity.dense_warmup_fraction=0.1")
     assert (cfg.dense_warmup_steps, cfg.sparse_steps) == (2, 8)
-    assert _sixteen_steps("sparsity.sparse_fraction=0", "sparsity.dense_warmup_fraction=0.1").dense_warmup_steps == 0
+    assert (
+        _sixteen_steps(
+            "sparsity.sparse_fraction=0", "sparsity.dense_warmup_fraction=0.1"
+        ).dense_warmup_steps
+        == 0
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["sparsity.dense_warmup_fraction=1"], r"sparsity.dense_warmup_fraction"),  # range: [0, 1)
-    (["sparsity.dense_warmup_fraction=-0.1"], r"sparsity.dense_warmup_fraction"),
-    (["sparsity.dense_warmup_fraction=0.02"], r"makes the first 0 of 16 steps dense, but the sparse phase ends at "
-                                              r"step 8 \(sparsity.sparse_fraction=0.5\): it must leave at least one"),
-    (["sparsity.dense_warmup_fraction=0.5"], r"the first 8 of 16 steps dense, but the sparse phase ends at step 8"),
-    (["sparsity.dense_warmup_fraction=0.6"], r"makes the first 10 of 16 steps dense"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["sparsity.dense_warmup_fraction=1"], r"sparsity.dense_warmup_fraction"),  # range: [0, 1)
+        (["sparsity.dense_warmup_fraction=-0.1"], r"sparsity.dense_warmup_fraction"),
+        (
+            ["sparsity.dense_warmup_fraction=0.02"],
+            r"makes the first 0 of 16 steps dense, but the sparse phase ends at "
+            r"step 8 \(sparsity.sparse_fraction=0.5\): it must leave at least one",
+        ),
+        (
+            ["sparsity.dense_warmup_fraction=0.5"],
+            r"the first 8 of 16 steps dense, but the sparse phase ends at step 8",
+        ),
+        (["sparsity.dense_warmup_fraction=0.6"], r"makes the first 10 of 16 steps dense"),
+    ],
+)
 def test_dense_warm_up_refusals_name_the_key(overrides, message):
     from configs.load import ConfigError
+
     with pytest.raises(ConfigError, match=message):
         _sixteen_steps("sparsity.sparse_fraction=0.5", *overrides)

@@ -1,12 +1,14 @@
-"""train.cuda_graph (training/step_graph.py) on the CPU: the step it captures, run eagerly through the same device
-tensors (schedule values in a buffer, decoupled weight decay applied by hand, tensor EMA momentum and teacher
-temperature, masked patches padded to their bound), against the trainer's plain step from the same state; the config
-rules; the errors. The capture and replay themselves run in tests/gpu/test_step_graph_gpu.py (`pytest -m gpu`)."""
+"""train.cuda_graph (training/step_graph.py) on the CPU: the step it captures, run eagerly through
+the same device tensors (schedule values in a buffer, decoupled weight decay applied by hand, tensor
+EMA momentum and teacher temperature, masked patches padded to their bound), against the trainer's
+plain step from the same state; the config rules; the errors. The capture and replay themselves run
+in tests/gpu/test_step_graph_gpu.py (`pytest -m gpu`)."""
 
 import copy
 
 import pytest
 import torch
+from train_runs import TINY
 
 from configs import ConfigError, load_config
 from configs.load import RESUMABLE_CHANGES
@@ -16,24 +18,28 @@ from training.optim import set_hyperparameters
 from training.step_graph import ScheduleTensors, StepGraph
 from training.trainer import Trainer
 
-from train_runs import TINY
-
 CPU = DistContext(0, 1, 0, torch.device("cpu"))
 
 
 def graph_on_cpu(trainer: Trainer) -> StepGraph:
-    """What Trainer builds for train.cuda_graph=true, with capture off: every step eager through the graph's inputs."""
-    return StepGraph(trainer.graphed_compute, ScheduleTensors(trainer.optimizer, CPU.device), CPU.device,
-                     capture=False)
+    """What Trainer builds for train.cuda_graph=true, with capture off: every step eager through the
+    graph's inputs."""
+    return StepGraph(
+        trainer.graphed_compute,
+        ScheduleTensors(trainer.optimizer, CPU.device),
+        CPU.device,
+        capture=False,
+    )
 
 
 @pytest.mark.parametrize("centering", ["centering", "sinkhorn_knopp"])
 def test_the_graphed_step_computes_what_the_plain_step_does(tmp_path, centering):
-    """Steps at changing schedule values (lr, weight decay, teacher temperature, momentum all move) and batches
-    with different numbers of masked patches, through both phases, each from the plain trainer's state (loaded into
-    the graphed one: a resume, which the schedule buffer must survive): losses, student, teacher, AdamW state and
-    loss centers agree to float32 rounding. (Free-running, the two drift apart within a few steps like any two
-    float orders: Adam turns the rounding of near-zero gradients into full-size steps of tiny biases.)"""
+    """Steps at changing schedule values (lr, weight decay, teacher temperature, momentum all move)
+    and batches with different numbers of masked patches, through both phases, each from the plain
+    trainer's state (loaded into the graphed one: a resume, which the schedule buffer must survive):
+    losses, student, teacher, AdamW state and loss centers agree to float32 rounding. (Free-running,
+    the two drift apart within a few steps like any two float orders: Adam turns the rounding of
+    near-zero gradients into full-size steps of tiny biases.)"""
     cfg = load_config(None, TINY + [f"train.centering={centering}"])
     plain, graphed = Trainer(cfg, tmp_path / "a", CPU), Trainer(cfg, tmp_path / "b", CPU)
     graphed.step_graph = graph_on_cpu(graphed)
@@ -45,10 +51,17 @@ def test_the_graphed_step_computes_what_the_plain_step_does(tmp_path, centering)
             trainer.enter_phase(phase)
         for i in range(3):
             graphed.model.load_state_dict(plain.model.state_dict())
-            # a copy: load_state_dict keeps the given tensors, which the plain step then updates in place
+            # a copy: load_state_dict keeps the given tensors, which the plain step then updates in
+            # place
             graphed.optimizer.load_state_dict(copy.deepcopy(plain.optimizer.state_dict()))
-            values = {**plain.schedules.at(step + 5), "lr": 1e-3 * (1 + step), "last_layer_lr": 5e-4 * step,
-                      "wd": 0.1 + 0.05 * step, "teacher_temp": 0.04 + 0.005 * step, "momentum": 0.9 + 0.01 * step}
+            values = {
+                **plain.schedules.at(step + 5),
+                "lr": 1e-3 * (1 + step),
+                "last_layer_lr": 5e-4 * step,
+                "wd": 0.1 + 0.05 * step,
+                "teacher_temp": 0.04 + 0.005 * step,
+                "momentum": 0.9 + 0.01 * step,
+            }
             torch.manual_seed(step)
             a = plain.train_step(batches[i], values)
             torch.manual_seed(step)
@@ -62,7 +75,9 @@ def test_the_graphed_step_computes_what_the_plain_step_does(tmp_path, centering)
                 torch.testing.assert_close(dict(graphed.model.named_buffers())[name], buf, msg=name)
             sa, sb = plain.optimizer.state_dict()["state"], graphed.optimizer.state_dict()["state"]
             for k in sa:
-                torch.testing.assert_close(sb[k]["exp_avg_sq"], sa[k]["exp_avg_sq"], rtol=1e-5, atol=1e-12)
+                torch.testing.assert_close(
+                    sb[k]["exp_avg_sq"], sa[k]["exp_avg_sq"], rtol=1e-5, atol=1e-12
+                )
 
 
 def test_schedule_buffer_holds_each_groups_values_and_the_groups_read_it(tmp_path):
@@ -76,7 +91,9 @@ def test_schedule_buffer_holds_each_groups_values_and_the_groups_read_it(tmp_pat
         assert g["lr"].data_ptr() == hyper.buffer[2 * i].data_ptr() and g["weight_decay"] == 0.0
         assert hyper.lr[i].item() == pytest.approx(lr)
         assert hyper.wd[i].item() == pytest.approx(0.04 * g["wd_multiplier"])
-    assert hyper.teacher_temp.item() == pytest.approx(0.07) and hyper.momentum.item() == pytest.approx(0.994)
+    assert hyper.teacher_temp.item() == pytest.approx(
+        0.07
+    ) and hyper.momentum.item() == pytest.approx(0.994)
     assert any(g["is_last_layer"] for g in groups) and len({g["lr_multiplier"] for g in groups}) > 1
     # the same numbers as the plain path's per-group floats
     plain = Trainer(load_config(None, TINY), tmp_path / "p", CPU)
@@ -92,7 +109,9 @@ def test_a_resumed_optimizer_is_pointed_at_the_buffer_again(tmp_path):
     for g in state["param_groups"]:
         g["lr"], g["weight_decay"] = 0.123, 0.5  # what a checkpoint of a plain run holds
     trainer.optimizer.load_state_dict(state)
-    hyper.write({"lr": 1.0, "last_layer_lr": 1.0, "wd": 0.1, "teacher_temp": 0.04, "momentum": 0.99})
+    hyper.write(
+        {"lr": 1.0, "last_layer_lr": 1.0, "wd": 0.1, "teacher_temp": 0.04, "momentum": 0.99}
+    )
     for i, g in enumerate(trainer.optimizer.param_groups):
         assert g["lr"].data_ptr() == hyper.buffer[2 * i].data_ptr() and g["weight_decay"] == 0.0
 

@@ -1,5 +1,6 @@
-"""Progress of long work: tqdm only on a terminal; elsewhere plain lines at each tenth (or the chosen share), one
-line for a jump over several shares, a closing line when the last one was not told, nothing when disabled."""
+"""Progress of long work: tqdm only on a terminal; elsewhere plain lines at each tenth (or the
+chosen share), one line for a jump over several shares, a closing line when the last one was not
+told, nothing when disabled."""
 
 import pytest
 
@@ -42,7 +43,11 @@ def test_odd_totals_and_a_share_per_item():
     lines.clear()
     for _ in track(range(3), "three", say=lines.append):  # fewer items than tenths: a line per item
         pass
-    assert [line.split(" (")[0] for line in lines] == ["three: 1/3 it", "three: 2/3 it", "three: 3/3 it"]
+    assert [line.split(" (")[0] for line in lines] == [
+        "three: 1/3 it",
+        "three: 2/3 it",
+        "three: 3/3 it",
+    ]
 
 
 def test_unknown_total_says_the_count_at_the_end():

@@ -1,5 +1,6 @@
-"""The zygote that most train.py tests start their runs from (`train_zygote.py`) against fresh interpreters: the same
-losses step for step, the same exit codes and messages, its own process group on request, -N for a signal."""
+"""The zygote that most train.py tests start their runs from (`train_zygote.py`) against fresh
+interpreters: the same losses step for step, the same exit codes and messages, its own process group
+on request, -N for a signal."""
 
 import json
 import os
@@ -9,17 +10,25 @@ from train_runs import run_train, start_train, wait_for_step
 
 
 def losses(run):
-    return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-            if "loss" in r]
+    return [
+        (r["step"], r["loss"])
+        for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        if "loss" in r
+    ]
 
 
 def test_a_forked_run_trains_as_a_fresh_interpreter_does(tmp_path):
     forked = run_train(tmp_path / "forked", "train.max_steps=3")
     fresh = run_train(tmp_path / "fresh", "train.max_steps=3", fresh=True)
     assert forked.returncode == fresh.returncode == 0
-    assert losses(tmp_path / "forked") == losses(tmp_path / "fresh") and len(losses(tmp_path / "fresh")) == 3
-    closing = [r.stderr.strip().splitlines()[-1].split(" INFO ", 1)[1].replace(f"/{name}", "/RUN")
-               for r, name in ((forked, "forked"), (fresh, "fresh"))]
+    assert (
+        losses(tmp_path / "forked") == losses(tmp_path / "fresh")
+        and len(losses(tmp_path / "fresh")) == 3
+    )
+    closing = [
+        r.stderr.strip().splitlines()[-1].split(" INFO ", 1)[1].replace(f"/{name}", "/RUN")
+        for r, name in ((forked, "forked"), (fresh, "fresh"))
+    ]
     assert closing[0] == closing[1] and "next: rerun the same command" in closing[1]
 
 

@@ -1,12 +1,14 @@
-"""train.py runs forked from a process that has imported it once (a zygote, `zygote_server.py`), for the tests that
-start train.py dozens of times: each start skips the ~5 s of imports (torch, timm, the repository) that a fresh
-interpreter pays on two CPU cores, and otherwise runs as `python train.py ...` does, in a process of its own: its
-pid, folder, environment, argv, stdout and stderr, exit code (-N when killed by signal N), a session of its own on
-request, non-daemon threads and atexit handlers at exit.
+"""train.py runs forked from a process that has imported it once (a zygote, `zygote_server.py`), for
+the tests that start train.py dozens of times: each start skips the ~5 s of imports (torch, timm,
+the repository) that a fresh interpreter pays on two CPU cores, and otherwise runs as `python
+train.py ...` does, in a process of its own: its pid, folder, environment, argv, stdout and stderr,
+exit code (-N when killed by signal N), a session of its own on request, non-daemon threads and
+atexit handlers at exit.
 
-What a fork cannot give: settings read when an interpreter starts (PYTHON* variables, -X options) and modules
-imported before the run's environment is set; a test of those starts train.py in a fresh interpreter
-(`train_runs.run_train(..., fresh=True)`). One zygote per test process, started at its first use.
+What a fork cannot give: settings read when an interpreter starts (PYTHON* variables, -X options)
+and modules imported before the run's environment is set; a test of those starts train.py in a fresh
+interpreter (`train_runs.run_train(..., fresh=True)`). One zygote per test process, started at its
+first use.
 """
 
 import atexit
@@ -30,8 +32,13 @@ class Zygote:
         self.outputs = Path(tempfile.mkdtemp(prefix="train-zygote-"))
         self.lock = threading.Lock()
         self.count = 0
-        self.server = subprocess.Popen([sys.executable, str(SERVER), str(repo)], cwd=repo, stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, text=True)
+        self.server = subprocess.Popen(
+            [sys.executable, str(SERVER), str(repo)],
+            cwd=repo,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def request(self, **request) -> dict:
         with self.lock:
@@ -41,14 +48,25 @@ class Zygote:
             self.server.stdin.flush()
             return json.loads(self.server.stdout.readline())
 
-    def start(self, argv: list, cwd: Path, env: dict, new_session: bool, capture_stdout: bool) -> "ForkedRun":
+    def start(
+        self, argv: list, cwd: Path, env: dict, new_session: bool, capture_stdout: bool
+    ) -> "ForkedRun":
         with self.lock:
             self.count += 1
             stem = self.outputs / f"run{self.count}"
         stdout = f"{stem}.out" if capture_stdout else os.devnull
-        reply = self.request(op="start", argv=[str(a) for a in argv], cwd=str(cwd), env=dict(env),
-                             stdout=stdout, stderr=f"{stem}.err", new_session=new_session)
-        return ForkedRun(self, reply["pid"], argv, Path(stdout) if capture_stdout else None, Path(f"{stem}.err"))
+        reply = self.request(
+            op="start",
+            argv=[str(a) for a in argv],
+            cwd=str(cwd),
+            env=dict(env),
+            stdout=stdout,
+            stderr=f"{stem}.err",
+            new_session=new_session,
+        )
+        return ForkedRun(
+            self, reply["pid"], argv, Path(stdout) if capture_stdout else None, Path(f"{stem}.err")
+        )
 
     def close(self) -> None:
         if self.server.poll() is None:
@@ -61,7 +79,8 @@ class Zygote:
 
 
 class _DeferredText:
-    """`Popen.stderr` as the tests read it: `read()` waits for the run to end, then gives all it wrote."""
+    """`Popen.stderr` as the tests read it: `read()` waits for the run to end, then gives all it
+    wrote."""
 
     def __init__(self, run: "ForkedRun", path: Path):
         self.run, self.path = run, path

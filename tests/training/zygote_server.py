@@ -1,5 +1,6 @@
-"""The server side of `train_zygote.py`: imports train.py's modules once, then forks one child per request that runs
-train.py as `python train.py ARGS` would. Protocol: one JSON object per line on stdin, one reply per line on stdout.
+"""The server side of `train_zygote.py`: imports train.py's modules once, then forks one child per
+request that runs train.py as `python train.py ARGS` would. Protocol: one JSON object per line on
+stdin, one reply per line on stdout.
 
     {"op": "start", "argv": [...], "cwd": ..., "env": {...}, "stdout": path, "stderr": path, "new_session": bool}
         -> {"pid": pid}
@@ -18,15 +19,16 @@ REPO = sys.argv[1]
 sys.argv = [os.path.join(REPO, "train.py")]
 sys.path.insert(0, REPO)  # `python train.py` puts the script's folder first on sys.path
 
-# train first: it sets its environment defaults before torch loads, as a fresh start does; then the rest of what
-# train.main imports (torch, timm, the repository)
+# train first: it sets its environment defaults before torch loads, as a fresh start does; then the
+# rest of what train.main imports (torch, timm, the repository)
 import train  # noqa: E402,F401,I001
 import data  # noqa: E402,F401
 from training import preflight, trainer  # noqa: E402,F401
 
 
 def _exit_code(exit_request: SystemExit) -> int:
-    """What the interpreter makes of an uncaught SystemExit: None 0, an int itself, anything else printed and 1."""
+    """What the interpreter makes of an uncaught SystemExit: None 0, an int itself, anything else
+    printed and 1."""
     code = exit_request.code
     if code is None or isinstance(code, int):
         return code or 0
@@ -35,14 +37,18 @@ def _exit_code(exit_request: SystemExit) -> int:
 
 
 def _run_child(request: dict) -> None:
-    """In the forked child: train.py with the request's session, streams, folder, environment and arguments; then what
-    the interpreter does at exit (non-daemon threads joined, atexit handlers, streams flushed). Never returns."""
+    """In the forked child: train.py with the request's session, streams, folder, environment and
+    arguments; then what the interpreter does at exit (non-daemon threads joined, atexit handlers,
+    streams flushed). Never returns."""
     code = 1
     try:
         if request["new_session"]:
             os.setsid()
-        for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
-                                (2, request["stderr"], os.O_WRONLY | os.O_CREAT)):
+        for fd, path, flags in (
+            (0, os.devnull, os.O_RDONLY),
+            (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
+            (2, request["stderr"], os.O_WRONLY | os.O_CREAT),
+        ):
             opened = os.open(path, flags, 0o644)
             os.dup2(opened, fd)
             os.close(opened)
@@ -57,7 +63,9 @@ def _run_child(request: dict) -> None:
             code = 0
         except SystemExit as e:
             code = _exit_code(e)
-        except BaseException:  # an uncaught exception: traceback and exit 1, as the interpreter does
+        except (
+            BaseException
+        ):  # an uncaught exception: traceback and exit 1, as the interpreter does
             traceback.print_exc()
             code = 1
         threading._shutdown()  # the interpreter joins non-daemon threads before atexit

@@ -1,16 +1,17 @@
-"""Try every cuSPARSELt algorithm id (CONFIG_ID) of one GEMM, one at a time, surviving crashes (GPU).
+"""Try every cuSPARSELt algorithm id (CONFIG_ID) of one GEMM, one at a time, surviving crashes
+(GPU).
 
-Some algorithms of cuSPARSELt 0.8.0 on sm90 crash the CUDA context for fp16 (illegal instruction), which no
-in-process check can recover from. This script writes a line before and after each attempt; a driver loop restarts
-it after the last attempted id when it dies:
+Some algorithms of cuSPARSELt 0.8.0 on sm90 crash the CUDA context for fp16 (illegal instruction),
+which no in-process check can recover from. This script writes a line before and after each attempt;
+a driver loop restarts it after the last attempted id when it dies:
 
     p=scripts.experiments.probes.probe_algs
     s=0; while :; do python3 -m $p --dtype fp16 --kind fwd --out f.jsonl --start $s && break;
          s=$(( $(python3 -m $p --last f.jsonl) + 1 )); done
 
-(from the repository root). `scripts/benchmarks/bad_algs.py` reads the file back (which ids crashed, which gave wrong
-results); `scripts/experiments/cslt_versions.py` runs this loop for every GEMM of the ViT-L MLPs and each library
-version.
+(from the repository root). `scripts/benchmarks/bad_algs.py` reads the file back (which ids crashed,
+which gave wrong results); `scripts/experiments/cslt_versions.py` runs this loop for every GEMM of
+the ViT-L MLPs and each library version.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--last", default=None, help="print the last attempted alg id of this file and exit")
+    ap.add_argument(
+        "--last", default=None, help="print the last attempted alg id of this file and exit"
+    )
     args = ap.parse_args()
     if args.last:
         print(last_alg(args.last))
@@ -47,9 +50,15 @@ def main():
     import torch  # imported after the --last shortcut, which the driver loop calls once per restart
     import torch.nn.functional as F
 
-    from sparsity.backends.cusparselt.compressor import OperandLayout
     from scripts.benchmarks.bad_algs import short_library_path
-    from sparsity.backends.cusparselt.library import ORDER_COL, arch_of, handle, loaded_library_path, version
+    from sparsity.backends.cusparselt.compressor import OperandLayout
+    from sparsity.backends.cusparselt.library import (
+        ORDER_COL,
+        arch_of,
+        handle,
+        loaded_library_path,
+        version,
+    )
     from sparsity.backends.cusparselt.plans import GemmPlan, empty_d
     from sparsity.backends.timing import median_cuda_ms
     from sparsity.kernels.pack_cusparselt import prune_pack
@@ -80,9 +89,15 @@ def main():
     base = GemmPlan(("probe",), 0, h, lay, n, dtype, True, ORDER_COL, False, None)
     base.build()
     max_alg = base.max_alg()
-    emit(event="max_alg", max_alg=max_alg, default_alg=base.current_alg(), alg=args.start - 1,
-         arch=arch_of(0), cusparselt=version(),
-         library=short_library_path(loaded_library_path()))
+    emit(
+        event="max_alg",
+        max_alg=max_alg,
+        default_alg=base.current_alg(),
+        alg=args.start - 1,
+        arch=arch_of(0),
+        cusparselt=version(),
+        library=short_library_path(loaded_library_path()),
+    )
     d = empty_d(base, b.device)
     for alg in range(args.start, max_alg + 1):
         emit(alg=alg, event="try")

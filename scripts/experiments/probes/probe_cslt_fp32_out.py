@@ -1,19 +1,20 @@
-"""Probe (GPU): does cuSPARSELt accept bf16 A/B with an fp32 C/D, i.e. could the input-gradient GEMM write dx in
-fp32 and save the cast of fc1's dx (0.067 ms at 32k tokens, results/bench/NOTES.md,
+"""Probe (GPU): does cuSPARSELt accept bf16 A/B with an fp32 C/D, i.e. could the input-gradient GEMM
+write dx in fp32 and save the cast of fc1's dx (0.067 ms at 32k tokens, results/bench/NOTES.md,
 "Fused weight gradient, host path, complete re-run (runs 10-14, 2026-11-23)")?
 
     python -m scripts.experiments.probes.probe_cslt_fp32_out     # from the repository root
 
-H100, cuSPARSELt 0.8.0 (run 12): "D=fp32: refused: cuSPARSELtError (10)" (NOT_SUPPORTED), bf16 D fine.
+H100, cuSPARSELt 0.8.0 (run 12): "D=fp32: refused: cuSPARSELtError (10)" (NOT_SUPPORTED), bf16 D
+fine.
 """
+
 import numpy as np
 import torch
 
+from scripts.benchmarks.timing import wall_ms
 from sparsity.backends import get_backend
 from sparsity.backends.cusparselt.compressor import OperandLayout, structured_descriptor
 from sparsity.backends.cusparselt.library import OP_N, OP_T, ORDER_COL, ORDER_ROW, handle, lib
-
-from scripts.benchmarks.timing import wall_ms
 
 
 def main():
@@ -35,14 +36,27 @@ def main():
             md = c.matmul_descriptor_init(h, OP_N, OP_T, a, b, d, d, c.ComputeType.COMPUTE_32F)
             sel = c.matmul_alg_selection_init(h, md, c.MatmulAlg.DEFAULT)
             plan = c.matmul_plan_init(h, md, sel)
-            ws = torch.empty(max(int(c.matmul_get_workspace(h, plan)), 16), dtype=torch.uint8, device="cuda")
+            ws = torch.empty(
+                max(int(c.matmul_get_workspace(h, plan)), 16), dtype=torch.uint8, device="cuda"
+            )
             out = torch.empty(n, m, device="cuda", dtype=torch.float32 if d_type == 0 else dt)
             al, be = np.ones(1, np.float32), np.zeros(1, np.float32)
             st = np.array([torch.cuda.current_stream().cuda_stream], np.uint64)
 
             def run():
-                c.matmul(h, plan, al.ctypes.data, sw.packed_t.data_ptr(), dy.data_ptr(), be.ctypes.data,
-                         out.data_ptr(), out.data_ptr(), ws.data_ptr(), st.ctypes.data, 1)
+                c.matmul(
+                    h,
+                    plan,
+                    al.ctypes.data,
+                    sw.packed_t.data_ptr(),
+                    dy.data_ptr(),
+                    be.ctypes.data,
+                    out.data_ptr(),
+                    out.data_ptr(),
+                    ws.data_ptr(),
+                    st.ctypes.data,
+                    1,
+                )
 
             run()
             torch.cuda.synchronize()

@@ -1,25 +1,40 @@
-"""Probe (GPU): which activation epilogues does this cuSPARSELt accept on a 2:4 GEMM of the ViT-L MLP's fc1 shape?
-A GELU epilogue would let the EMA teacher's 2:4 fc1 write GELU(x W^T + b) directly and drop its separate GELU pass
-(3.6 ms of a ViT-L step on one H200, results/bench/NOTES.md, "The step's ledger on one H200").
+"""Probe (GPU): which activation epilogues does this cuSPARSELt accept on a 2:4 GEMM of the ViT-L
+MLP's fc1 shape? A GELU epilogue would let the EMA teacher's 2:4 fc1 write GELU(x W^T + b) directly
+and drop its separate GELU pass (3.6 ms of a ViT-L step on one H200, results/bench/NOTES.md, "The
+step's ledger on one H200").
 
     python -m scripts.experiments.probes.probe_epilogue     # from the repository root
 
-Per dtype (bf16, fp16) and compute type, each `cusparseLtMatmulDescAttribute_t` activation is set on a fresh
-matmul descriptor (GELU and ReLU on, GELU's scaling 1.0) and reported as accepted or refused with the library's
-status. One H200, cuSPARSELt 0.8.0 (these calls, run inline on 2026-11-30; results/bench/ledger_h200/
-gelu_epilogue_h200.log): ReLU accepted (32F); GELU refused with status 3 (INVALID_VALUE) for both dtypes under every
-compute type the descriptor takes (32F; 16F for fp16) and both output orders, GELU scaling too (32F).
+Per dtype (bf16, fp16) and compute type, each `cusparseLtMatmulDescAttribute_t` activation is set on
+a fresh matmul descriptor (GELU and ReLU on, GELU's scaling 1.0) and reported as accepted or refused
+with the library's status. One H200, cuSPARSELt 0.8.0 (these calls, run inline on 2026-11-30;
+results/bench/ledger_h200/ gelu_epilogue_h200.log): ReLU accepted (32F); GELU refused with status 3
+(INVALID_VALUE) for both dtypes under every compute type the descriptor takes (32F; 16F for fp16)
+and both output orders, GELU scaling too (32F).
 """
 
 import numpy as np
 import torch
 
 from sparsity.backends.cusparselt.compressor import OperandLayout, structured_descriptor
-from sparsity.backends.cusparselt.library import ALIGN, CUDA_DTYPE, OP_N, OP_T, ORDER_COL, ORDER_ROW, handle, lib, ptr
+from sparsity.backends.cusparselt.library import (
+    ALIGN,
+    CUDA_DTYPE,
+    OP_N,
+    OP_T,
+    ORDER_COL,
+    ORDER_ROW,
+    handle,
+    lib,
+    ptr,
+)
 
 OUT, IN, TOKENS = 4096, 1024, 4096  # fc1 of ViT-L (tokens do not change what a descriptor accepts)
-ACTIVATIONS = (("ACTIVATION_RELU", np.ones(1, np.int32)), ("ACTIVATION_GELU", np.ones(1, np.int32)),
-               ("ACTIVATION_GELU_SCALING", np.ones(1, np.float32)))
+ACTIVATIONS = (
+    ("ACTIVATION_RELU", np.ones(1, np.int32)),
+    ("ACTIVATION_GELU", np.ones(1, np.int32)),
+    ("ACTIVATION_GELU_SCALING", np.ones(1, np.float32)),
+)
 
 
 def _descriptor(c, h, dtype, compute):
@@ -42,7 +57,9 @@ def main():
                 continue
             for attr, value in ACTIVATIONS:
                 try:
-                    c.matmul_desc_set_attribute(h, desc, getattr(c.MatmulDescAttribute, attr), ptr(value), 4)
+                    c.matmul_desc_set_attribute(
+                        h, desc, getattr(c.MatmulDescAttribute, attr), ptr(value), 4
+                    )
                     print(f"{dtype} {compute} {attr}: accepted")
                 except c.cuSPARSELtError as e:
                     print(f"{dtype} {compute} {attr}: refused ({e})")

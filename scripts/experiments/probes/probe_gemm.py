@@ -1,6 +1,8 @@
-"""First look at the cached-plan cuSPARSELt GEMMs on the GPU: correctness, layouts, padding rules, graph capture.
+"""First look at the cached-plan cuSPARSELt GEMMs on the GPU: correctness, layouts, padding rules,
+graph capture.
 
-    python -m scripts.experiments.probes.probe_gemm --out $OUT/gemm_probe.json     # from the repository root
+python -m scripts.experiments.probes.probe_gemm --out $OUT/gemm_probe.json     # from the repository
+root
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ def main():
     part = args.part
     try:
         if part == "basic":
-            res["compress_ms"] = {"fwd": median_cuda_ms(lambda: cf(Wm, cw), 10, 50),
-                                  "dgrad": median_cuda_ms(lambda: cd(Wm, cwt), 10, 50)}
+            res["compress_ms"] = {
+                "fwd": median_cuda_ms(lambda: cf(Wm, cw), 10, 50),
+                "dgrad": median_cuda_ms(lambda: cd(Wm, cwt), 10, 50),
+            }
             for tokens in (4096, 32768):
                 x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
                 dy = torch.randn(tokens, out_f, device=dev, dtype=dtype)
@@ -65,8 +69,12 @@ def main():
                 pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, search=False)
                 y = empty_d(pl, dev)
                 pl.run(cw, x, y)
-                r["fwd_col"] = {"err": rel(y, F.linear(x, Wm)), "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
-                                "alg": pl.current_alg(), "ws": pl.workspace.numel()}
+                r["fwd_col"] = {
+                    "err": rel(y, F.linear(x, Wm)),
+                    "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
+                    "alg": pl.current_alg(),
+                    "ws": pl.workspace.numel(),
+                }
                 torch.cuda.synchronize()
                 t = time.perf_counter()
                 for _ in range(200):
@@ -76,8 +84,11 @@ def main():
                 pl = get_plan(out_f, in_f, "dgrad", tokens, dtype, 0, search=False)
                 dx = empty_d(pl, dev)
                 pl.run(cwt, dy, dx)
-                r["dgrad_col"] = {"err": rel(dx, dy @ Wm), "ms": median_cuda_ms(lambda: pl.run(cwt, dy, dx), 10, 50),
-                                  "alg": pl.current_alg()}
+                r["dgrad_col"] = {
+                    "err": rel(dx, dy @ Wm),
+                    "ms": median_cuda_ms(lambda: pl.run(cwt, dy, dx), 10, 50),
+                    "alg": pl.current_alg(),
+                }
                 r["dense_fwd_ms"] = median_cuda_ms(lambda: F.linear(x, Wm), 10, 50)
                 r["dense_dgrad_ms"] = median_cuda_ms(lambda: dy @ Wm, 10, 50)
                 torch.cuda.synchronize()
@@ -94,9 +105,11 @@ def main():
             pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, d_order=ORDER_ROW, search=False)
             y = empty_d(pl, dev)
             pl.run(cw, x, y)
-            res["fwd_row"] = {"err": rel(y.t(), F.linear(x, Wm)),
-                              "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
-                              "alg": pl.current_alg()}
+            res["fwd_row"] = {
+                "err": rel(y.t(), F.linear(x, Wm)),
+                "ms": median_cuda_ms(lambda: pl.run(cw, x, y), 10, 50),
+                "alg": pl.current_alg(),
+            }
         elif part == "bN":
             tokens = 32768
             x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
@@ -104,7 +117,10 @@ def main():
             pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, b_transposed=False, search=False)
             y = empty_d(pl, dev)
             pl.run(cw, xt, y)
-            res["fwd_bN"] = {"err": rel(y, F.linear(x, Wm)), "ms": median_cuda_ms(lambda: pl.run(cw, xt, y), 10, 50)}
+            res["fwd_bN"] = {
+                "err": rel(y, F.linear(x, Wm)),
+                "ms": median_cuda_ms(lambda: pl.run(cw, xt, y), 10, 50),
+            }
         elif part == "bias":
             tokens = 32768
             x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
@@ -112,20 +128,38 @@ def main():
             pl = get_plan(out_f, in_f, "fwd", tokens, dtype, 0, has_bias=True, search=False)
             y = empty_d(pl, dev)
             pl.run(cw, x, y, bias)
-            res["fwd_bias"] = {"err": rel(y, F.linear(x, Wm) + bias),
-                               "ms": median_cuda_ms(lambda: pl.run(cw, x, y, bias), 10, 50)}
+            res["fwd_bias"] = {
+                "err": rel(y, F.linear(x, Wm) + bias),
+                "ms": median_cuda_ms(lambda: pl.run(cw, x, y, bias), 10, 50),
+            }
         elif part == "search":
             for tokens in (16384, 32768, 58496):
                 x = torch.randn(tokens, in_f, device=dev, dtype=dtype)
                 dy = torch.randn(tokens, out_f, device=dev, dtype=dtype)
-                for kind, a, b, ref in (("fwd", cw, x, lambda: F.linear(x, Wm)), ("dgrad", cwt, dy, lambda: dy @ Wm)):
-                    pl = get_plan(out_f, in_f, kind, tokens, dtype, 0, search=True, a_compressed=a, b=b,
-                                    reference=ref)
+                for kind, a, b, ref in (
+                    ("fwd", cw, x, lambda: F.linear(x, Wm)),
+                    ("dgrad", cwt, dy, lambda: dy @ Wm),
+                ):
+                    pl = get_plan(
+                        out_f,
+                        in_f,
+                        kind,
+                        tokens,
+                        dtype,
+                        0,
+                        search=True,
+                        a_compressed=a,
+                        b=b,
+                        reference=ref,
+                    )
                     d = empty_d(pl, dev)
                     pl.run(a, b, d)
-                    res[f"{kind}_{tokens}"] = {"err": rel(d, ref()),
-                                               "ms": median_cuda_ms(lambda: pl.run(a, b, d), 10, 50),
-                                               "record": choice_record(pl.key), "ws": pl.workspace.numel()}
+                    res[f"{kind}_{tokens}"] = {
+                        "err": rel(d, ref()),
+                        "ms": median_cuda_ms(lambda: pl.run(a, b, d), 10, 50),
+                        "record": choice_record(pl.key),
+                        "ws": pl.workspace.numel(),
+                    }
                     torch.cuda.synchronize()
                     flush()
         elif part == "odd":

@@ -1,8 +1,8 @@
-"""The structured operand of a cuSPARSELt GEMM: how a weight is described to the library, and the library's own
-compressor (`cusparseLtSpMMACompress2`), the oracle of the compressed layout.
+"""The structured operand of a cuSPARSELt GEMM: how a weight is described to the library, and the
+library's own compressor (`cusparseLtSpMMACompress2`), the oracle of the compressed layout.
 
-Orientation of the two GEMMs of a linear layer (W is the dense weight, out x in, row-major; cuSPARSELt computes
-D (m x n) = op(A) (m x k) . op(B) (k x n) with A the 2:4 structured operand):
+Orientation of the two GEMMs of a linear layer (W is the dense weight, out x in, row-major;
+cuSPARSELt computes D (m x n) = op(A) (m x k) . op(B) (k x n) with A the 2:4 structured operand):
 
   "fwd"    y^T  = W_s . x^T     A = W (out x in) ROW order, ld = in, 2:4 along in.
                                 B = x (tokens x in) ROW, op(B) = T.  D (out x tokens) COL order, ld = out,
@@ -44,12 +44,20 @@ class OperandLayout:
 def structured_descriptor(h: int, lay: OperandLayout, dtype: torch.dtype) -> int:
     c = lib()
     return c.structured_descriptor_init(
-        h, lay.rows, lay.cols, lay.ld, ALIGN, CUDA_DTYPE[dtype], lay.order, c.Sparsity.SPARSITY_50_PERCENT
+        h,
+        lay.rows,
+        lay.cols,
+        lay.ld,
+        ALIGN,
+        CUDA_DTYPE[dtype],
+        lay.order,
+        c.Sparsity.SPARSITY_50_PERCENT,
     )
 
 
 class Compressor:
-    """The library's own compressor (`cusparseLtSpMMACompress2`) for one operand layout: the layout oracle."""
+    """The library's own compressor (`cusparseLtSpMMACompress2`) for one operand layout: the layout
+    oracle."""
 
     def __init__(self, device_index: int, lay: OperandLayout, dtype: torch.dtype):
         c = lib()
@@ -61,13 +69,21 @@ class Compressor:
         self.buffer = persistent_empty((max(int(self.buffer_size), 16),), torch.uint8, device_index)
 
     def __call__(self, dense: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """dense: the pruned matrix in the memory the layout describes (W itself for both orientations)."""
+        """dense: the pruned matrix in the memory the layout describes (W itself for both
+        orientations)."""
         assert dense.is_contiguous() and dense.dtype == self.dtype
         if out is None:
             out = torch.empty(int(self.compressed_size), dtype=torch.uint8, device=dense.device)
         stream = torch.cuda.current_stream(dense.device).cuda_stream
         lib().sp_mma_compress2(
-            self.h, self.desc, 1, OP_N, dense.data_ptr(), out.data_ptr(), self.buffer.data_ptr(), stream
+            self.h,
+            self.desc,
+            1,
+            OP_N,
+            dense.data_ptr(),
+            out.data_ptr(),
+            self.buffer.data_ptr(),
+            stream,
         )
         return out
 
@@ -96,7 +112,8 @@ def compressor(device_index: int, lay: OperandLayout, dtype: torch.dtype) -> Com
 
 
 def compress_weight(w: torch.Tensor, kind: str) -> torch.Tensor:
-    """W (rows, cols), pruned, compressed by the library for the GEMM orientation `kind` ("fwd" or "dgrad")."""
+    """W (rows, cols), pruned, compressed by the library for the GEMM orientation `kind` ("fwd" or
+    "dgrad")."""
     rows, cols = w.shape
     dev = w.device.index if w.device.index is not None else torch.cuda.current_device()
     return compressor(dev, OperandLayout.for_weight(rows, cols, kind), w.dtype)(w)

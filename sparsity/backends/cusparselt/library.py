@@ -1,10 +1,12 @@
-"""cuSPARSELt loaded through NVIDIA's `nvmath-python` bindings, and one library handle per device and thread.
+"""cuSPARSELt loaded through NVIDIA's `nvmath-python` bindings, and one library handle per device
+and thread.
 
-The bottom layer of the cuSPARSELt backend (library -> compressor -> plans -> search -> ops -> backend): nothing
-here knows about weights or GEMM shapes. `lib()` returns the `nvmath.bindings.cusparseLt` module or raises
-`BackendUnavailable` saying why it cannot be used (no GPU, nvmath missing, the library fails to initialise);
-`handle(device_index)` is this thread's handle for a device (cuSPARSELt handles must not be shared across threads,
-pytorch/pytorch#113776; autograd may run backward on another thread).
+The bottom layer of the cuSPARSELt backend (library -> compressor -> plans -> search -> ops ->
+backend): nothing here knows about weights or GEMM shapes. `lib()` returns the
+`nvmath.bindings.cusparseLt` module or raises `BackendUnavailable` saying why it cannot be used (no
+GPU, nvmath missing, the library fails to initialise); `handle(device_index)` is this thread's
+handle for a device (cuSPARSELt handles must not be shared across threads, pytorch/pytorch#113776;
+autograd may run backward on another thread).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ ORDER_COL, ORDER_ROW = 1, 2
 OP_N, OP_T = 0, 1
 ALIGN = 16  # bytes; every pointer handed to cuSPARSELt must be 16-byte aligned
 
-# Dimension multiples cuSPARSELt 0.8 accepts for 16-bit types (found on the H100, see results/bench/NOTES.md): both
-# dims of the structured operand (8, 17, 20, 24, 40 refused; 16, 32, 48, 80, ... accepted) and the token dimension
-# of the dense operand (4097 and 4100 refused with NOT_SUPPORTED, 4104 accepted). The backend pads tokens.
+# Dimension multiples cuSPARSELt 0.8 accepts for 16-bit types (found on the H100, see
+# results/bench/NOTES.md): both dims of the structured operand (8, 17, 20, 24, 40 refused; 16, 32,
+# 48, 80, ... accepted) and the token dimension of the dense operand (4097 and 4100 refused with
+# NOT_SUPPORTED, 4104 accepted). The backend pads tokens.
 STRUCT_MULTIPLE = 16
 TOKEN_MULTIPLE = 8
 
@@ -44,7 +47,8 @@ def loaded_library_path(maps_text: str | None = None) -> str | None:
     """The file of the libcusparseLt mapped into this process (Linux: /proc/self/maps), or None.
 
     Which copy a process runs is what a benchmark of library versions must record: one started with
-    `LD_PRELOAD=<another libcusparseLt.so.0>` runs that copy for torch and nvmath alike, whatever torch's wheel ships.
+    `LD_PRELOAD=<another libcusparseLt.so.0>` runs that copy for torch and nvmath alike, whatever
+    torch's wheel ships.
     """
     if maps_text is None:
         try:
@@ -62,10 +66,11 @@ def loaded_library_path(maps_text: str | None = None) -> str | None:
 def _preload_libcusparselt() -> str | None:
     """Make sure libcusparseLt is loaded into the process so nvmath's loader finds it.
 
-    torch's CUDA wheel depends on nvidia-cusparselt; its library lives in site-packages/nvidia/cusparselt/lib (or
-    torch/lib). Loading it with RTLD_GLOBAL first lets nvmath (via cuda-pathfinder) pick up the already-loaded copy.
-    A copy already mapped (torch's own, or one preloaded in its place) is kept: loading torch's file as well would
-    put a second, different library beside it.
+    torch's CUDA wheel depends on nvidia-cusparselt; its library lives in
+    site-packages/nvidia/cusparselt/lib (or torch/lib). Loading it with RTLD_GLOBAL first lets
+    nvmath (via cuda-pathfinder) pick up the already-loaded copy. A copy already mapped (torch's
+    own, or one preloaded in its place) is kept: loading torch's file as well would put a second,
+    different library beside it.
     """
     already = loaded_library_path()
     if already is not None:
@@ -85,7 +90,8 @@ def _preload_libcusparselt() -> str | None:
 
 
 def lib():
-    """The `nvmath.bindings.cusparseLt` module, or raise BackendUnavailable saying why it cannot be used."""
+    """The `nvmath.bindings.cusparseLt` module, or raise BackendUnavailable saying why it cannot be
+    used."""
     global _cslt, _load_error
     if _cslt is not None:
         return _cslt
@@ -100,12 +106,14 @@ def lib():
         torch.cuda.init()
         _preload_libcusparselt()
         try:
-            # nvmath-python is an optional dependency (the `gpu` extra): imported here, on first use on a GPU,
-            # so that the package imports without it and the backend reports it missing as BackendUnavailable
+            # nvmath-python is an optional dependency (the `gpu` extra): imported here, on first use
+            # on a GPU, so that the package imports without it and the backend reports it missing as
+            # BackendUnavailable
             from nvmath.bindings import cusparseLt as cslt  # noqa: PLC0415
         except ImportError as e:  # pragma: no cover - depends on the environment
             _load_error = (
-                "nvmath-python is not importable (pip install nvmath-python; it binds the libcusparseLt that "
+                "nvmath-python is not importable (pip install nvmath-python; it binds the "
+                "libcusparseLt that "
                 f"torch's CUDA wheel ships): {e}"
             )
             raise BackendUnavailable(_load_error) from e
@@ -140,7 +148,8 @@ def handle(device_index: int) -> int:
 
 
 def arch_of(device) -> str:
-    """"sm90": the compute capability of a CUDA device (index or torch.device), as the per-GPU tables key it."""
+    """ "sm90": the compute capability of a CUDA device (index or torch.device), as the per-GPU
+    tables key it."""
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm{major}{minor}"
 
@@ -154,5 +163,6 @@ def version() -> int:
 
 
 def ptr(arr: np.ndarray) -> int:
-    """The address of a numpy array's data (what the bindings take for scalars and attribute values)."""
+    """The address of a numpy array's data (what the bindings take for scalars and attribute
+    values)."""
     return arr.ctypes.data

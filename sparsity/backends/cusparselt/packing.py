@@ -1,11 +1,13 @@
-"""How W is compressed for cuSPARSELt in this process: the fused Triton packer or the library's compressor.
+"""How W is compressed for cuSPARSELt in this process: the fused Triton packer or the library's
+compressor.
 
-cuSPARSELt's compressed layout is internal to the library. It was reverse-engineered (`sparsity.packing.layout`)
-and validated bit for bit on the (arch, version) pairs in `VALIDATED_LAYOUTS`; on any other pair the first call
-compresses one probe matrix both ways (our kernel vs `cusparseLtSpMMACompress2`) and, if the bytes differ, falls
-back to the library compressor (prune with the Triton kernel, then two library compress calls: slower, same
-results) with a warning. `pack` (`BackendSettings.cslt_pack`, valid values `CSLT_PACK_MODES`) "triton" or
-"library" forces either path; "auto" decides as above.
+cuSPARSELt's compressed layout is internal to the library. It was reverse-engineered
+(`sparsity.packing.layout`) and validated bit for bit on the (arch, version) pairs in
+`VALIDATED_LAYOUTS`; on any other pair the first call compresses one probe matrix both ways (our
+kernel vs `cusparseLtSpMMACompress2`) and, if the bytes differ, falls back to the library compressor
+(prune with the Triton kernel, then two library compress calls: slower, same results) with a
+warning. `pack` (`BackendSettings.cslt_pack`, valid values `CSLT_PACK_MODES`) "triton" or "library"
+forces either path; "auto" decides as above.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from .library import arch_of, version
 
 log = logging.getLogger(__name__)
 
-# (arch, cuSPARSELt version) pairs on which `sparsity.packing.layout` was checked byte for byte against the
-# library's compressor (tests/gpu/test_cusparselt.py::test_fused_pack_equals_library, results/bench/NOTES.md)
+# (arch, cuSPARSELt version) pairs on which `sparsity.packing.layout` was checked byte for byte
+# against the library's compressor (tests/gpu/test_cusparselt.py::test_fused_pack_equals_library,
+# results/bench/NOTES.md)
 VALIDATED_LAYOUTS = {("sm90", 800)}
 
 _layout_lock = threading.Lock()
@@ -36,7 +39,8 @@ def _device_index(device: torch.device) -> int:
 
 
 def probe_layout(device: torch.device, dtype: torch.dtype) -> bool:
-    """Compress one probe matrix with our kernel and with cuSPARSELt's compressor; True if the bytes agree."""
+    """Compress one probe matrix with our kernel and with cuSPARSELt's compressor; True if the bytes
+    agree."""
     # Triton (an optional dependency on CPU) is imported by the kernel modules, on first use
     from sparsity.kernels.pack_cusparselt import prune_pack, tile_bits_to_mask
 
@@ -58,8 +62,9 @@ def probe_layout(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def layout_status(device: torch.device, dtype: torch.dtype, pack: str = CSLT_PACK_MODES[0]) -> dict:
-    """How this process packs for (device, dtype) under the `pack` setting: {"pack": "triton" | "library",
-    "reason": ..., "arch": ..., "cusparselt": ...}; decided once per (device, dtype, setting)."""
+    """How this process packs for (device, dtype) under the `pack` setting: {"pack": "triton" |
+    "library", "reason": ..., "arch": ..., "cusparselt": ...}; decided once per (device, dtype,
+    setting)."""
     if pack not in CSLT_PACK_MODES:
         raise ValueError(f"cslt_pack={pack!r} is not one of {', '.join(CSLT_PACK_MODES)}")
     key = (_device_index(device), dtype, pack)
@@ -78,15 +83,31 @@ def layout_status(device: torch.device, dtype: torch.dtype, pack: str = CSLT_PAC
         elif (arch, ver) in VALIDATED_LAYOUTS:
             st = {"pack": "triton", "reason": f"layout validated for ({arch}, cuSPARSELt {ver})"}
         elif probe_layout(device, dtype):
-            st = {"pack": "triton", "reason": f"({arch}, cuSPARSELt {ver}) not in the validated table; start-up probe "
-                                              "matched the library's bytes"}
-            log.warning("cuSPARSELt layout for (%s, %d) not validated before; the start-up probe matched: using the "
-                        "fused Triton packer", arch, ver)
+            st = {
+                "pack": "triton",
+                "reason": f"({arch}, cuSPARSELt {ver}) not in the validated table; start-up probe "
+                "matched the library's bytes",
+            }
+            log.warning(
+                "cuSPARSELt layout for (%s, %d) not validated before; the start-up probe matched: "
+                "using the "
+                "fused Triton packer",
+                arch,
+                ver,
+            )
         else:
-            st = {"pack": "library", "reason": f"({arch}, cuSPARSELt {ver}): our packer's bytes differ from the "
-                                               "library's; using cusparseLtSpMMACompress2 (slower)"}
-            log.warning("cuSPARSELt compressed layout on (%s, cuSPARSELt %d) differs from the one this package "
-                        "knows: falling back to the library compressor (sp_mma_compress), which is slower", arch, ver)
+            st = {
+                "pack": "library",
+                "reason": f"({arch}, cuSPARSELt {ver}): our packer's bytes differ from the "
+                "library's; using cusparseLtSpMMACompress2 (slower)",
+            }
+            log.warning(
+                "cuSPARSELt compressed layout on (%s, cuSPARSELt %d) differs from the one this "
+                "package "
+                "knows: falling back to the library compressor (sp_mma_compress), which is slower",
+                arch,
+                ver,
+            )
         st.update(arch=arch, cusparselt=ver)
         _layout_status[key] = st
         return st

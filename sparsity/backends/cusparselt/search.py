@@ -1,8 +1,9 @@
-"""Which cuSPARSELt algorithm a GEMM shape runs: the search policy, and the per-thread plan cache it fills.
+"""Which cuSPARSELt algorithm a GEMM shape runs: the search policy, and the per-thread plan cache it
+fills.
 
-`get_plan(..., mode=...)` returns this thread's cached `GemmPlan` for a GEMM; the first time a shape is seen in the
-process its algorithm is chosen by `mode` (`BackendSettings.cslt_search`, whose tuple of valid values,
-`CSLT_SEARCH_MODES`, is also the config's):
+`get_plan(..., mode=...)` returns this thread's cached `GemmPlan` for a GEMM; the first time a shape
+is seen in the process its algorithm is chosen by `mode` (`BackendSettings.cslt_search`, whose tuple
+of valid values, `CSLT_SEARCH_MODES`, is also the config's):
 
   "sweep"         every CONFIG_ID 0..max is built, run once on the given operands and checked against
                   `reference()` (the dense masked product, laid out like D: (n x m) for COL); wrong or failing ones
@@ -15,9 +16,10 @@ process its algorithm is chosen by `mode` (`BackendSettings.cslt_search`, whose 
                   context broken, so it is not the default.)
   "none"          the library's default algorithm.
 
-Without operands, or inside CUDA-graph capture (timing would synchronise), the default algorithm is used and the
-choice is not remembered: build plans (first call per shape) outside graph capture. Choices are shared by all
-threads (the result does not depend on the thread); plans and handles are per thread.
+Without operands, or inside CUDA-graph capture (timing would synchronise), the default algorithm is
+used and the choice is not remembered: build plans (first call per shape) outside graph capture.
+Choices are shared by all threads (the result does not depend on the thread); plans and handles are
+per thread.
 """
 
 from __future__ import annotations
@@ -39,29 +41,37 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODE = CSLT_SEARCH_MODES[0]
 
-# Algorithm ids that must never be run: on cuSPARSELt 0.8.0 / sm90 some fp16 algorithms die with an illegal
-# instruction, which kills the CUDA context (found with scripts/experiments/probes/probe_algs.py;
-# results/bench/NOTES.md).
-# Keyed by (arch, cuSPARSELt version, dtype). The sweep runs only where an entry exists (bf16 and fp16 alike), or
-# with mode "sweep_unsafe"; elsewhere the default algorithm is used.
+# Algorithm ids that must never be run: on cuSPARSELt 0.8.0 / sm90 some fp16 algorithms die with an
+# illegal instruction, which kills the CUDA context (found with
+# scripts/experiments/probes/probe_algs.py; results/bench/NOTES.md). Keyed by (arch, cuSPARSELt
+# version, dtype). The sweep runs only where an entry exists (bf16 and fp16 alike), or with mode
+# "sweep_unsafe"; elsewhere the default algorithm is used.
 BAD_ALGS: dict = {
     ("sm90", 800, torch.bfloat16): frozenset(),
-    # fp16: ids >= 34 (dgrad) / >= 36 (fwd) died with "illegal instruction" at every shape probed, ids below ran
-    # correctly; all ids >= 34 are kept out (results/bench/NOTES.md, "fp16 algorithms")
+    # fp16: ids >= 34 (dgrad) / >= 36 (fwd) died with "illegal instruction" at every shape probed,
+    # ids below ran correctly; all ids >= 34 are kept out (results/bench/NOTES.md, "fp16
+    # algorithms")
     ("sm90", 800, torch.float16): frozenset(range(34, 1024)),
-    # 0.10.0 (pip nvidia-cusparselt-cu13), bf16: every id of the ViT-L MLP GEMMs probed, none crashed
+    # 0.10.0 (pip nvidia-cusparselt-cu13), bf16: every id of the ViT-L MLP GEMMs probed, none
+    # crashed
     ("sm90", 1000, torch.bfloat16): frozenset(),
 }
 
 
 def register_bad_algs(arch: str, cusparselt_version: int, dtype: torch.dtype, alg_ids) -> None:
-    """Declare the algorithm ids that crash the GPU on (arch, cuSPARSELt version, dtype), as found by running each id
-    in a process of its own (scripts/experiments/probes/probe_algs.py): "sweep" then runs there too, skipping them.
-    Adds to what is known; choices already made in this process stay."""
+    """Declare the algorithm ids that crash the GPU on (arch, cuSPARSELt version, dtype), as found
+    by running each id in a process of its own (scripts/experiments/probes/probe_algs.py): "sweep"
+    then runs there too, skipping them. Adds to what is known; choices already made in this process
+    stay."""
     if not (isinstance(arch, str) and arch.startswith("sm") and arch[2:].isdigit()):
-        raise ValueError(f"arch={arch!r}: expected 'sm' and the compute capability's digits, e.g. 'sm90'")
+        raise ValueError(
+            f"arch={arch!r}: expected 'sm' and the compute capability's digits, e.g. 'sm90'"
+        )
     if not isinstance(cusparselt_version, int) or cusparselt_version <= 0:
-        raise ValueError(f"cusparselt_version={cusparselt_version!r}: expected the library's int version, e.g. 800")
+        raise ValueError(
+            f"cusparselt_version={cusparselt_version!r}: expected the library's int version, e.g. "
+            f"800"
+        )
     if dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"dtype={dtype}: cuSPARSELt runs here in torch.float16 or torch.bfloat16")
     ids = frozenset(alg_ids)
@@ -106,11 +116,22 @@ def get_plan(
     b: torch.Tensor | None = None,
     reference=None,
 ) -> GemmPlan:
-    """The cached plan for this GEMM; built (and its algorithm chosen by `mode` and checked) on first use.
-    `search=False`: the default algorithm, not remembered (as without operands)."""
+    """The cached plan for this GEMM; built (and its algorithm chosen by `mode` and checked) on
+    first use. `search=False`: the default algorithm, not remembered (as without operands)."""
     if mode not in CSLT_SEARCH_MODES:
         raise ValueError(f"cslt_search={mode!r} is not one of {', '.join(CSLT_SEARCH_MODES)}")
-    key = (device_index, dtype, kind, out_features, in_features, n, b_transposed, d_order, has_bias, mode)
+    key = (
+        device_index,
+        dtype,
+        kind,
+        out_features,
+        in_features,
+        n,
+        b_transposed,
+        d_order,
+        has_bias,
+        mode,
+    )
     plan = _plans.by_key.get(key)
     if plan is not None:
         return plan
@@ -122,7 +143,9 @@ def get_plan(
         plan = _plans.by_key[key] = make_plan(*args, choice["alg_id"])
         return plan
     capturing = torch.cuda.is_current_stream_capturing()
-    can_search = search and mode != "none" and not capturing and None not in (a_compressed, b, reference)
+    can_search = (
+        search and mode != "none" and not capturing and None not in (a_compressed, b, reference)
+    )
     blocklist = sweep_blocklist(device_index, dtype, mode) if mode != "library" else frozenset()
     if blocklist is None:
         can_search = False
@@ -131,8 +154,15 @@ def get_plan(
         _plans.by_key[key] = plan
         return plan
     default_alg = plan.current_alg()
-    record = {"default_alg": default_alg, "mode": mode, "kind": kind, "out_features": out_features,
-              "in_features": in_features, "tokens": n, "dtype": str(dtype).replace("torch.", "")}
+    record = {
+        "default_alg": default_alg,
+        "mode": mode,
+        "kind": kind,
+        "out_features": out_features,
+        "in_features": in_features,
+        "tokens": n,
+        "dtype": str(dtype).replace("torch.", ""),
+    }
     d = empty_d(plan, b.device)
     bias0 = torch.zeros(lay.rows, dtype=dtype, device=b.device) if has_bias else None
     ref = reference()
@@ -159,15 +189,21 @@ def _library_search(plan, args, a_compressed, b, d, bias0, ref, record) -> GemmP
     err = rel_err(d_as_tokens_major(plan, d), ref)
     record.update(searched_alg=searched, search_rel_err=err)
     if not err < 1e-2:
-        log.warning("cuSPARSELt searched alg %d gives rel err %.3g for %s: using the default alg %d",
-                    searched, err, plan.key, default_alg)
+        log.warning(
+            "cuSPARSELt searched alg %d gives rel err %.3g for %s: using the default alg %d",
+            searched,
+            err,
+            plan.key,
+            default_alg,
+        )
         plan.destroy()
         plan = make_plan(*args, default_alg)
     return plan
 
 
 def _sweep(plan, args, blocklist, a_compressed, b, d, bias0, ref, record) -> GemmPlan:
-    """Every algorithm id not in `blocklist`, checked and timed: the fastest correct one (its plan)."""
+    """Every algorithm id not in `blocklist`, checked and timed: the fastest correct one (its
+    plan)."""
     c = lib()
     default_alg = record["default_alg"]
     max_alg = plan.max_alg()
@@ -202,7 +238,9 @@ def _sweep(plan, args, blocklist, a_compressed, b, d, bias0, ref, record) -> Gem
         if p is not None and p is not best_plan:
             p.destroy()
     if best_plan is None:
-        raise BackendUnavailable(f"no cuSPARSELt algorithm gave a correct result for {plan.key}: {rejected}")
+        raise BackendUnavailable(
+            f"no cuSPARSELt algorithm gave a correct result for {plan.key}: {rejected}"
+        )
     record.update(timings_ms=timings, rejected=rejected, best_ms=best_ms)
     if rejected:
         log.info("cuSPARSELt %s: algorithms rejected %s", plan.key, rejected)
@@ -214,13 +252,15 @@ class _Reject(Exception):
 
 
 def plan_records() -> dict:
-    """{str(key): record} of every algorithm chosen in this process (for the run log and the decisions file)."""
+    """{str(key): record} of every algorithm chosen in this process (for the run log and the
+    decisions file)."""
     with _alg_lock:
         return {str(k): dict(v) for k, v in _alg_choice.items()}
 
 
 def choice_record(key: tuple) -> dict | None:
-    """The record of the algorithm chosen for a plan key, or None (default algorithm, not searched)."""
+    """The record of the algorithm chosen for a plan key, or None (default algorithm, not
+    searched)."""
     with _alg_lock:
         rec = _alg_choice.get(key)
     return None if rec is None else dict(rec)
