@@ -175,9 +175,8 @@ def main(argv=None) -> int:
         if ctx.is_main:  # the final loss, this command's time and the next command to type
             for line in closing_lines(output_dir, cfg, time.monotonic() - started, EVAL_SCRIPT):
                 log.info("%s", line)
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C outside the loop, or a second one in it (the first stops at a checkpoint)
+    # Ctrl-C outside the loop, or a second one in it (the first stops at a checkpoint)
+    except KeyboardInterrupt:
         log.error(
             "interrupted (Ctrl-C): stopped at once, without a new checkpoint; rerun the same "
             "command to resume "

@@ -81,9 +81,8 @@ def _parse_dotlist(overrides: Sequence[str]) -> DictConfig:
     for item in overrides:  # one at a time, to name the one that does not parse (its value is YAML)
         try:
             item.encode("utf-8")
-        except (
-            UnicodeEncodeError
-        ):  # bytes the command line could not decode (a path in another encoding)
+        # bytes the command line could not decode (a path in another encoding)
+        except UnicodeEncodeError:
             key = item.split("=", 1)[0]
             raise ConfigError(
                 f"command line: the value of {key} holds bytes that are not UTF-8 text "
@@ -334,9 +333,8 @@ def _resolved_leaves(text: str, what: str, schema: type) -> dict:
 
 
 def _same(old, new) -> bool:
-    if isinstance(old, str) and not isinstance(
-        new, str
-    ):  # ${oc.env:...} of an older config resolves to a str
+    # ${oc.env:...} of an older config resolves to a str
+    if isinstance(old, str) and not isinstance(new, str):
         try:
             return yaml.safe_load(old) == new
         except yaml.YAMLError:

@@ -85,9 +85,8 @@ def to_rgb(image: Image.Image) -> Image.Image:
         a = np.asarray(image, dtype=np.float64)
         a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
         lo, hi = float(a.min()), float(a.max())
-        if (
-            image.mode == "I" and lo >= 0 and hi <= 65535
-        ):  # 16-bit data in a 32-bit mode (some PNG/TIFF readers)
+        # 16-bit data in a 32-bit mode (some PNG/TIFF readers)
+        if image.mode == "I" and lo >= 0 and hi <= 65535:
             scale = 255.0 / 65535.0 if hi > 255 else 1.0
             a = a * scale
         elif image.mode == "F" and lo >= 0 and hi <= 1:

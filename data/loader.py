@@ -163,9 +163,8 @@ class SSLLoader:
         raise in the middle of the join below."""
         iterator = getattr(self.dataloader, "_iterator", None)
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            if getattr(
-                iterator, "_worker_pids_set", False
-            ):  # stop watching the workers before they exit
+            # stop watching the workers before they exit
+            if getattr(iterator, "_worker_pids_set", False):
                 signal_handling._remove_worker_pids(id(iterator))
                 iterator._worker_pids_set = False
             iterator._shutdown_workers()
@@ -240,9 +239,8 @@ def build_ssl_loader(
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     dataset = build_training_dataset(cfg) if dataset is None else dataset
     notes = getattr(dataset, "notes", None)
-    if (
-        notes is not None
-    ):  # train.py builds the dataset before log.txt exists: its warnings go there now
+    # train.py builds the dataset before log.txt exists: its warnings go there now
+    if notes is not None:
         notes.log_again(logger)
     num_workers = cfg.train.num_workers if num_workers is None else num_workers
     batch_size = cfg.train.batch_size_per_gpu

@@ -63,9 +63,8 @@ class MaskingGenerator:
                 left = int(rng.integers(0, self.width - w, endpoint=True))
                 block = mask[top : top + h, left : left + w]
                 new = h * w - int(block.sum())
-                if (
-                    0 < new <= max_mask_patches
-                ):  # overlap allowed; only new patches count against the budget
+                # overlap allowed; only new patches count against the budget
+                if 0 < new <= max_mask_patches:
                     block[...] = True
                     delta += new
             if delta > 0:

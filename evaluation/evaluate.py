@@ -118,9 +118,8 @@ def check_target(path: Path, key: str) -> None:
         mode = None
     except OSError as e:
         raise EvalInputError(f"{key}={path}: {e.strerror or e}") from None
-    if mode is not None and stat.S_ISLNK(
-        mode
-    ):  # the result would replace the link, or write where it points
+    # the result would replace the link, or write where it points
+    if mode is not None and stat.S_ISLNK(mode):
         raise EvalInputError(f"{key}={path} is a symlink: name the file itself")
     if mode is not None and stat.S_ISDIR(mode):
         raise EvalInputError(
@@ -563,9 +562,8 @@ def default_output_name(
         return eval_result_name(knn_only, BASELINES[baseline] + suffix)
     if checkpoint is not None and checkpoint.resolve() != RunDir(run_dir).teacher.resolve():
         which = f"_step_{step:08d}" if step is not None else ""
-        if (
-            checkpoint.name != TEACHER or not which
-        ):  # not a teacher export (or no step to tell it by): its name too
+        # not a teacher export (or no step to tell it by): its name too
+        if checkpoint.name != TEACHER or not which:
             which = f"_{checkpoint.stem}{which}"
         return eval_result_name(knn_only, which + suffix)
     return eval_result_name(knn_only, suffix)

@@ -128,9 +128,8 @@ def resolve_data(run_cfg, eval_data):
     to the run's only for the run's own dataset; imagenet_folder without one, or a root given for
     digits, is an error (never a silent evaluation of some other dataset)."""
     dataset = eval_data.dataset or run_cfg.data.dataset
-    if (
-        dataset == "image_folder"
-    ):  # only a run's own data can be unlabelled: the eval schema does not offer it
+    # only a run's own data can be unlabelled: the eval schema does not offer it
+    if dataset == "image_folder":
         raise EvalInputError(
             "the run was trained on unlabelled images (data.dataset=image_folder), and a probe "
             "needs "

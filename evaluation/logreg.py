@@ -379,9 +379,8 @@ class SklearnLBFGS:
         scaled = torch.zeros(n_classes, X.shape[1], dtype=torch.float64)
         bias = torch.zeros(n_classes, dtype=torch.float64)
         coef, intercept = torch.from_numpy(clf.coef_), torch.from_numpy(clf.intercept_)
-        if (
-            len(present) == 2
-        ):  # sklearn's one logit for present[1] against present[0]: rows [0, coef]
+        # sklearn's one logit for present[1] against present[0]: rows [0, coef]
+        if len(present) == 2:
             coef = torch.cat([torch.zeros_like(coef), coef])
             intercept = torch.cat([torch.zeros_like(intercept), intercept])
         scaled[torch.from_numpy(present)], bias[torch.from_numpy(present)] = coef, intercept

@@ -92,9 +92,8 @@ def to_timm_state_dict(
     if no_embed_class:
         sd["cls_token"] = sd["cls_token"] + pos[:, :1]
         sd["pos_embed"] = pos[:, 1:].clone()
-    elif (
-        regs is not None
-    ):  # timm's pos covers [cls, registers, patches]; ours gives registers no pos entry
+    # timm's pos covers [cls, registers, patches]; ours gives registers no pos entry
+    elif regs is not None:
         sd["pos_embed"] = torch.cat(
             [pos[:, :1], pos.new_zeros(1, regs.shape[1], pos.shape[2]), pos[:, 1:]], dim=1
         )

@@ -158,9 +158,8 @@ class SSLMetaArch(nn.Module):
             self._ema_cache = (fingerprint, *self._ema_pairs())
         _, s_list, t_list = self._ema_cache
         s_list = [s if s.dtype == t.dtype else s.to(t.dtype) for s, t in zip(s_list, t_list)]
-        if isinstance(
-            momentum, Tensor
-        ):  # a 0-d device tensor (a CUDA graph's input): never read on the host
+        # a 0-d device tensor (a CUDA graph's input): never read on the host
+        if isinstance(momentum, Tensor):
             torch._foreach_lerp_(t_list, s_list, [1.0 - momentum] * len(t_list))
         else:
             torch._foreach_lerp_(t_list, s_list, 1.0 - momentum)
@@ -185,9 +184,8 @@ class SSLMetaArch(nn.Module):
             _ema_name(k): v.detach()
             for k, v in getattr(self, role)["backbone"].state_dict().items()
         }
-        if (
-            role == "student"
-        ):  # the teacher's keys only: a 2:4 module's own state (S-STE's scale) is not exported
+        # the teacher's keys only: a 2:4 module's own state (S-STE's scale) is not exported
+        if role == "student":
             teacher_keys = {_ema_name(k) for k in self.teacher["backbone"].state_dict()}
             state = {k: v for k, v in state.items() if k in teacher_keys}
         return state

@@ -133,9 +133,8 @@ def eval_record_of(result, path: Path, other_data: bool = False) -> EvalRecord:
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
         dataset = result.get("dataset")
-        if (
-            isinstance(dataset, dict) and dataset.get("own") is False and not other_data
-        ):  # through output=
+        # through output=
+        if isinstance(dataset, dict) and dataset.get("own") is False and not other_data:
             raise ValueError(
                 f"a probe of other data ({dataset.get('other_because', 'not the run data')}), not "
                 f"the "

@@ -60,9 +60,8 @@ def gaps(rows) -> list[Gap]:
     reference, then by schedule, in the rows' order otherwise."""
     by_config: dict[tuple, Gap] = {}
     for r in rows:
-        if (
-            not r.sparse_fraction or r.delta_top1 is None or r.status != COMPLETE
-        ):  # as the table's means
+        # as the table's means
+        if not r.sparse_fraction or r.delta_top1 is None or r.status != COMPLETE:
             continue
         key = (r.sparse_fraction, config_key(r.differing_config))
         gap = by_config.setdefault(key, Gap(r.sparse_fraction, dict(r.differing_config)))

@@ -253,9 +253,8 @@ def _read_metrics(run: RunSummary, run_dir: RunDir) -> None:
         rate = as_float(record.get("images_per_s"))
         steps = end - previous_end
         previous_end = end
-        if (
-            not rate or not math.isfinite(rate) or rate <= 0 or steps <= 0
-        ):  # "nan"/"inf" logged: no time
+        # "nan"/"inf" logged: no time
+        if not rate or not math.isfinite(rate) or rate <= 0 or steps <= 0:
             continue
         batch = (
             record.get("global_batch") or run.global_batch
@@ -340,9 +339,8 @@ def _other_protocols(run_dir: RunDir, data_suffix: str) -> str:
 
 
 def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=None) -> None:
-    if (
-        probe is not None
-    ):  # the record of the probe asked, found by its settings (as the launcher's done)
+    # the record of the probe asked, found by its settings (as the launcher's done)
+    if probe is not None:
         own = find_probe(run_dir.path, probe, stale_too=True) or EvalRecord(
             path=str(run_dir.eval_result()),
             status=MISSING,

@@ -760,9 +760,8 @@ def make_table(
     finally:
         names = TEXT_FILES + (FIGURE_FILES if plots else ())
         staged = {name for name in names if (staging / name).exists()}
-        if staged >= set(
-            TEXT_FILES
-        ):  # everything written: in place, and figures this table does not draw go
+        # everything written: in place, and figures this table does not draw go
+        if staged >= set(TEXT_FILES):
             for name in names:
                 if name in staged:
                     os.replace(staging / name, out / name)
@@ -811,9 +810,8 @@ def _write_table(
         "notes": notes,
         "speeds": {"gpu": speed.gpu, "left_out": speed.why_not},
     }
-    if any(
-        is_published_setting(run) for run in runs
-    ):  # the published numbers only beside runs of their setting
+    # the published numbers only beside runs of their setting
+    if any(is_published_setting(run) for run in runs):
         summary["published"] = {
             "source": published.SOURCE,
             "total_steps": published.TOTAL_STEPS,

@@ -71,9 +71,8 @@ class CheckpointManager:
     def load_latest(self) -> dict | None:
         """The newest readable checkpoint, or None when there is none at all (see the module
         docstring)."""
-        if not usable_checkpoint_dir(
-            self.directory
-        ):  # absent: none at all; not a usable directory: refused
+        # absent: none at all; not a usable directory: refused
+        if not usable_checkpoint_dir(self.directory):
             return None
         failures = []
         for path in reversed(self.checkpoints()):
@@ -96,9 +95,8 @@ class CheckpointManager:
             logger.info("resuming from %s", path)
             return state
         set_aside = [p.name for _, p in list_checkpoints(self.directory, suffix=CORRUPT_SUFFIX)]
-        if (
-            failures or set_aside
-        ):  # (set aside by an earlier attempt: still not a reason to start over)
+        # (set aside by an earlier attempt: still not a reason to start over)
+        if failures or set_aside:
             failures = failures or [
                 f"{name}: set aside earlier as unreadable" for name in set_aside
             ]

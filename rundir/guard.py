@@ -84,9 +84,8 @@ def resolve_run_dir(output_dir: Path) -> Path:
     did not look."""
     output_dir = Path(output_dir)
     too_long = name_problem(output_dir / RUN_FILE_ROOM)
-    if (
-        too_long
-    ):  # before anything looks at it: the file system refuses such a path with a traceback
+    # before anything looks at it: the file system refuses such a path with a traceback
+    if too_long:
         raise RunDirProblem(
             f"{str(output_dir)[:80]}...: too long for the files a run writes inside it ({too_long})"
         )
@@ -256,9 +255,8 @@ def remove_stray_temporaries(run_dir: Path, checkpoints: bool = True) -> list[Pa
     for kind, folder in folders:
         try:
             names = os.listdir(folder)
-        except (
-            OSError
-        ):  # absent (a fresh run); unusable ones are refused by `usable_checkpoint_dir`
+        # absent (a fresh run); unusable ones are refused by `usable_checkpoint_dir`
+        except OSError:
             continue
         for name in names:
             path = folder / name

@@ -46,9 +46,8 @@ def _parsed(line: str) -> dict | None:
     not one)."""
     try:
         record = checked(parse_json(line), METRICS_LINE_FIELDS, METRICS)
-    except (
-        ValueError
-    ):  # UnreadableRecord too: a line whose fields have the wrong types is as good as a torn one
+    # UnreadableRecord too: a line whose fields have the wrong types is as good as a torn one
+    except ValueError:
         return None
     return record if isinstance(record.get("step"), int) else None
 
@@ -106,9 +105,8 @@ class MetricsLog:
         done of the last line kept (None: none)."""
         if not self.enabled or not (self.path.exists() or self.path.is_symlink()):
             return None
-        if (
-            self.path.is_symlink()
-        ):  # never read or write another file through a link planted in the run
+        # never read or write another file through a link planted in the run
+        if self.path.is_symlink():
             raise RunDirProblem(
                 f"{self.path} is a symlink: a run's metrics are a file of its own; remove the link"
             )

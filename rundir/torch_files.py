@@ -71,9 +71,8 @@ def save_verified(obj: Any, path: Path | str) -> str:
         try:
             torch.save(obj, writer)
         except RuntimeError as e:
-            if (
-                writer.error is not None
-            ):  # the write's own error (ENOSPC, EIO, ...), not torch's wrapper of it
+            # the write's own error (ENOSPC, EIO, ...), not torch's wrapper of it
+            if writer.error is not None:
                 raise writer.error from e
             raise
 

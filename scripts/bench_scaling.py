@@ -210,9 +210,8 @@ def time_model(ctx, cfg, warmup: int, iters: int, workdir: Path, profile: int = 
     if ctx.is_distributed:
         dist.barrier()
     times = []
-    for _ in range(
-        iters
-    ):  # each step ends in a host sync (the trainer's flag all-reduce), so wall time is exact
+    # each step ends in a host sync (the trainer's flag all-reduce), so wall time is exact
+    for _ in range(iters):
         start = time.perf_counter()
         trainer.train_step(batch, values)
         _sync(ctx.device)

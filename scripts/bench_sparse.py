@@ -564,9 +564,8 @@ def main():
                     info.setdefault("kernel_breakdown", []).extend(
                         kernel_breakdown(dtype, tokens, in_f, out_f, x_real)
                     )
-                if (
-                    "kernels_auto" in args.ops and dtype == torch.bfloat16
-                ):  # where auto's eager steps lose time
+                # where auto's eager steps lose time
+                if "kernels_auto" in args.ops and dtype == torch.bfloat16:
                     info.setdefault("kernel_breakdown", []).extend(
                         kernel_breakdown(
                             dtype,

@@ -218,9 +218,8 @@ class _Ablation:
 
             m.update_teacher = two_pass
             self.undo.append(lambda: m.__dict__.pop("update_teacher"))
-        elif (
-            self.name == "host-syncs"
-        ):  # the earlier loop read the loss flag after forward and the norms after clip
+        # the earlier loop read the loss flag after forward and the norms after clip
+        elif self.name == "host-syncs":
             forward, clip = t.forward_model, t._clip_gradients
 
             def forward_then_read(*a, **k):
@@ -236,9 +235,8 @@ class _Ablation:
             t.forward_model, t._clip_gradients = forward_then_read, clip_then_read
             self.undo.append(lambda: setattr(t, "forward_model", forward))
             self.undo.append(lambda: t.__dict__.pop("_clip_gradients"))
-        elif (
-            self.name == "automatic-gc"
-        ):  # Python's own collection schedule instead of train.gc_period's
+        # Python's own collection schedule instead of train.gc_period's
+        elif self.name == "automatic-gc":
             was = gc.isenabled()
             gc.enable()
             self.undo.append(lambda: None if was else gc.disable())
@@ -430,9 +428,8 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None, extras=True)
         extras = extras and label is None
         if args.profile and extras:
             out["profile"] = profile_steps(trainer, batch, args.profile)
-        if (
-            args.ledger and extras and trainer.step_graph is None
-        ):  # a replayed graph's kernels name no host op
+        # a replayed graph's kernels name no host op
+        if args.ledger and extras and trainer.step_graph is None:
             out["ledger"] = profile_ledger(
                 trainer,
                 batch,
@@ -480,9 +477,8 @@ def main() -> None:
         batch = synthetic_batch(cfg, device)
         compiled[mode] = trainer.compiled
         rows_here = mode_rows(args.rows, mode)
-        if (
-            args.heat_s
-        ):  # each mode's rows start from the clock the GPU holds under this load, not a cold one
+        # each mode's rows start from the clock the GPU holds under this load, not a cold one
+        if args.heat_s:
             heated[mode] = compile_then_heat(trainer, batch, rows_here, args.warmup, args.heat_s)
         rounds: dict[
             str, list[dict]

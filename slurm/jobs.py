@@ -141,9 +141,8 @@ class ScriptJob(submitit.helpers.Checkpointable):
         try:
             while self._child.poll() is None:
                 time.sleep(0.5)
-        except (
-            KeyboardInterrupt
-        ):  # a local job stopped (its controller's SIGINT): the script stops too
+        # a local job stopped (its controller's SIGINT): the script stops too
+        except KeyboardInterrupt:
             if self._child.poll() is None:
                 self._child.send_signal(signal.SIGTERM)
             raise

@@ -178,9 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if (
-        args.timeout_min <= 10
-    ):  # submitit: min(0.8 T, T - 10 min) is then 0, so every USR2 reads as a time-out
+    # submitit: min(0.8 T, T - 10 min) is then 0, so every USR2 reads as a time-out
+    if args.timeout_min <= 10:
         print(
             f"warning: with --timeout-min {args.timeout_min} (<= 10) every preemption signal "
             f"counts against "
@@ -391,9 +390,8 @@ def launch(args: argparse.Namespace) -> int:
             print(f"note: {plan.run_dir}: {note}")
     try:
         rows = submitter.submit(plans)
-    except (
-        KeyboardInterrupt
-    ):  # --local: the job running here was stopped with it (SweepSubmitter._wait_local)
+    # --local: the job running here was stopped with it (SweepSubmitter._wait_local)
+    except KeyboardInterrupt:
         print(
             "stopped: the local job and its processes were stopped; each run keeps its last "
             "checkpoint, and "

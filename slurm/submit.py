@@ -253,9 +253,8 @@ class SweepSubmitter:
             row.train = "done"
             return None
         recorded = latest_job(plan.run_dir, "train")
-        if (
-            recorded is not None and recorded.job_id in active
-        ):  # still queued or running: do not submit twice
+        # still queued or running: do not submit twice
+        if recorded is not None and recorded.job_id in active:
             row.train = f"{recorded.job_id} ({active[recorded.job_id]})"
             return recorded.job_id
         name = self._names(plan)[0]

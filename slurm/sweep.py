@@ -174,9 +174,8 @@ def plan_sweep(
         run_dir = Path(runs_dir) / run_name(fraction)
         plan = RunPlan(fraction, run_dir, run.overrides, cfg, last_step(cfg), notes=run.notes)
         existing = RunDir(run_dir).config_file
-        if os.path.lexists(
-            existing
-        ):  # a run started there: its saved config must be readable and the same
+        # a run started there: its saved config must be readable and the same
+        if os.path.lexists(existing):
             try:
                 changed = config_difference(
                     read_config_text(existing), to_yaml(cfg), RESUMABLE_CHANGES

@@ -93,7 +93,6 @@ def __dir__():
     return sorted({*globals(), *_EXPORTS})
 
 
-if (
-    "torch" in sys.modules
-):  # torch is loaded already, so the shim costs nothing: a later `import timm` works
+# torch is loaded already, so the shim costs nothing: a later `import timm` works
+if "torch" in sys.modules:
     _let_torchvision_import()

@@ -224,9 +224,8 @@ def semi_sparse_linear(
     """
     check_method(pruning)
     check_weight_grad(weight_grad)
-    if (
-        torch.compiler.is_compiling()
-    ):  # the compiler's form: ops it can see and fuse (sparsity/traced.py)
+    # the compiler's form: ops it can see and fuse (sparsity/traced.py)
+    if torch.compiler.is_compiling():
         return traced.semi_sparse_linear(
             x, weight, bias, backend, pruning, masked_grad, scale, compute_dtype_for(x), weight_grad
         )

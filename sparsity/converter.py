@@ -199,9 +199,8 @@ class SparseThenDense:
                     module_cls=MODULE_CLASSES[self.kind],
                     **self._module_options(),
                 )
-        except (
-            BaseException
-        ):  # all or nothing: the models converted before the failing one are reverted
+        # all or nothing: the models converted before the failing one are reverted
+        except BaseException:
             self.revert(models)
             raise
         self.converted = converted

@@ -42,9 +42,8 @@ from sparsity.pruning import is_transposable, prune
 @torch.library.custom_op("sparsity::prune", mutates_args=())
 def prune_op(w: torch.Tensor, method: str, with_mask: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(pruned values in w.dtype, bool mask, or an empty bool tensor when `with_mask` is False)."""
-    if (
-        not with_mask and method == "tile_greedy"
-    ):  # the fused kernel's dense-output mode where it applies
+    # the fused kernel's dense-output mode where it applies
+    if not with_mask and method == "tile_greedy":
         return dense_sparsify(w, method).to_dense(), torch.empty(
             0, dtype=torch.bool, device=w.device
         )

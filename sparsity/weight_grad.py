@@ -322,9 +322,8 @@ def weight_bias_grad(
         if not rec["fused"]:
             return None
     plan = _tls.plans.get(key)
-    if (
-        plan is None
-    ):  # decided in another thread (autograd runs backward in its own): the same algorithm here
+    # decided in another thread (autograd runs backward in its own): the same algorithm here
+    if plan is None:
         cands = _candidates(*key, transposed=rec["transposed"])
         plan = _tls.plans[key] = cands[rec["index"]] if rec["index"] < len(cands) else cands[0]
     dw, db = plan(dy2, x2)  # dw already in w_dtype (the plan's output dtype); db may need a cast

@@ -280,9 +280,8 @@ def test_an_older_config_with_interpolations_is_resolved_against_this_environmen
 )
 def test_a_saved_config_that_cannot_be_read_is_a_config_error(saved):
     new = to_yaml(load_config(None, []))
-    if (
-        "${train.seed}" in saved
-    ):  # self-referencing: never equal to a number, named as written (the keys it lacks
+    # self-referencing: never equal to a number, named as written (the keys it lacks
+    if "${train.seed}" in saved:
         # count as their schema defaults, so the embedded default's own values are changes too)
         assert "train.seed: '${train.seed}' -> 0" in config_difference(saved, new)
         return

@@ -284,9 +284,8 @@ class Trainer:
     # ----------------------------------------------------------------- loop
     def _clip_gradients(self) -> dict:
         """Per student module, as the reference (not one global norm)."""
-        if (
-            self._student_params is None
-        ):  # the Parameter objects never change (2:4 swaps share them): list them once
+        # the Parameter objects never change (2:4 swaps share them): list them once
+        if self._student_params is None:
             self._student_params = {
                 name: list(m.parameters()) for name, m in self.model.student.items()
             }
@@ -327,9 +326,8 @@ class Trainer:
         if changed and self.step_graph is not None:
             self.step_graph.reset()  # the graph holds the other phase's kernels and weights
         if changed and phase == DENSE:
-            if (
-                self.cfg.sparsity.switch_weights == "pruned"
-            ):  # a resumed dense phase has them pruned already
+            # a resumed dense phase has them pruned already
+            if self.cfg.sparsity.switch_weights == "pruned":
                 names = self.sparsity.prune_weights(
                     [self.model.student.backbone, self.model.teacher.backbone],
                     mask_dtype=self.amp_dtype,
@@ -420,9 +418,8 @@ class Trainer:
         """This rank's batches on the device, from the loader's position on (the start, or the
         checkpoint's); the loader stops its workers when this is closed."""
         loader = self.loader
-        with torch.random.fork_rng(
-            devices=[]
-        ):  # creating workers draws a seed: keep the training RNG untouched
+        # creating workers draws a seed: keep the training RNG untouched
+        with torch.random.fork_rng(devices=[]):
             iterator = iter(loader)
         try:
             for batch in iterator:
@@ -563,13 +560,11 @@ class Trainer:
                     )
                     raise Preempted(self.step, signum)
         self.settle_checks()
-        if (
-            self.step > start_step
-        ):  # resumed at the last step (killed during the final export): only export
+        # resumed at the last step (killed during the final export): only export
+        if self.step > start_step:
             self.save_checkpoint()
         if self.step >= total:
-            if (
-                cfg.train.export_student
-            ):  # first: the teacher's file is what says the run is finished
+            # first: the teacher's file is what says the run is finished
+            if cfg.train.export_student:
                 self.export_teacher(self.run_dir.student, role="student")
             self.export_teacher(final)

@@ -219,13 +219,11 @@ def classify(r: KernelRecord, mlp_dims: tuple[int, int]) -> str:
     role = "teacher" if r.owner.startswith("teacher") else "student"
     if r.category == "prune_pack":
         return f"{role}_prune_pack"
-    if (
-        "cslt_mvue_wgrad" in r.op
-    ):  # the 2:4 weight gradient: its pruning pass, its GEMM and its exact tail GEMM
+    # the 2:4 weight gradient: its pruning pass, its GEMM and its exact tail GEMM
+    if "cslt_mvue_wgrad" in r.op:
         return "student_mlp_weight_grad"
-    if (
-        "convolution" in r.op
-    ):  # the patch embedding (cuDNN's kernels, whose names read as attention's)
+    # the patch embedding (cuDNN's kernels, whose names read as attention's)
+    if "convolution" in r.op:
         return "other_linears"
     if r.category == "attention":
         return "attention"
@@ -271,9 +269,8 @@ def ledger(
         ms[c] += r.us / 1e3
         kernels[c] += 1
         by_op[c][r.op] = by_op[c].get(r.op, 0.0) + r.us
-        if (
-            r.category == "dense_gemm" and r.op_id not in seen_ops
-        ):  # an op's FLOPs once, however many kernels
+        # an op's FLOPs once, however many kernels
+        if r.category == "dense_gemm" and r.op_id not in seen_ops:
             seen_ops.add(r.op_id)
             flops[c] += gemm_flops(r.shapes)
     busy = sum(r.us for r in records) / 1e3 / steps

@@ -160,9 +160,8 @@ def _mvue_pack_t_kernel(
     # a thread: token groups 2h and 2h + 1 (one Philox draw each) of features o and o + 8 (o % 16 <
     # 8: the two rows of A whose nibbles share a metadata byte, so every byte is written whole by
     # one thread)
-    if (
-        SEED_IN_MEMORY
-    ):  # a device tensor: drawn inside a compiled (or CUDA-graph) backward, never seen by the host
+    # a device tensor: drawn inside a compiled (or CUDA-graph) backward, never seen by the host
+    if SEED_IN_MEMORY:
         seed = tl.load(seed)
     h = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)[:, None]
     j = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[None, :]

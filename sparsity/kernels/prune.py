@@ -156,9 +156,8 @@ def _tiles_kernel(
     col = (t % tiles_per_row)[:, None] * 4 + (p % 4)[None, :]
     m2 = valid[:, None]
     w = tl.load(w_ptr + row * stride_r + col * stride_c, mask=m2, other=0.0)
-    if (
-        SIGNED
-    ):  # tile_greedy_signed: the walk ordered by w itself (torch's default largest_values_greedy)
+    # tile_greedy_signed: the walk ordered by w itself (torch's default largest_values_greedy)
+    if SIGNED:
         mag = w.to(tl.float32)
     else:
         mag = tl.abs(w.to(tl.float32))

@@ -111,9 +111,8 @@ def test_a_worker_dying_as_it_stops_does_not_fail_the_close(small_cfg, caplog):
     assert (
         caplog.text.count("died by SIGABRT as it stopped; every batch asked for was delivered") == 2
     )
-    for a, b in zip(
-        ref, first + batches(loader, 1)
-    ):  # closed, it starts new workers where it stopped
+    # closed, it starts new workers where it stopped
+    for a, b in zip(ref, first + batches(loader, 1)):
         assert_same(a, b)
     loader.close()
 

@@ -146,9 +146,8 @@ def test_reduce_overhead_passes_replay_the_eager_result(pruning):
         return [p.grad.clone() for p in model.parameters()]
 
     compiled, passes = torch.compile(model, mode="reduce-overhead"), []
-    for _ in range(
-        4
-    ):  # warm-up, record, then replays; first, so that the caches are first made inside them
+    # warm-up, record, then replays; first, so that the caches are first made inside them
+    for _ in range(4):
         torch.compiler.cudagraph_mark_step_begin()
         model.zero_grad(set_to_none=True)
         y = compiled(x)

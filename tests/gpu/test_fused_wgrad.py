@@ -52,9 +52,8 @@ def test_weight_bias_grad_matches_fp32(wg, dtype, tokens, in_f, out_f, w_dtype, 
         b_dtype is not None,
     )
     rec = wg._decisions[key]
-    if (
-        got is None
-    ):  # allowed only when the decision says why (no algorithm, or the torch ops were faster)
+    # allowed only when the decision says why (no algorithm, or the torch ops were faster)
+    if got is None:
         assert not rec["fused"] and ("reason" in rec or rec["torch_ms"] < rec["fused_ms"]), rec
         pytest.skip(f"torch ops chosen for this shape: {rec}")
     dw, db = got

@@ -175,9 +175,8 @@ def test_capture_survives_a_thread_pinning_host_memory():
 
     def compute(batch, hyper):
         x = batch.images
-        for _ in range(
-            1000
-        ):  # a capture long enough for the other thread's calls to land inside it
+        # a capture long enough for the other thread's calls to land inside it
+        for _ in range(1000):
             x = torch.tanh(x @ weight)
         return x.sum()
 
@@ -189,9 +188,8 @@ def test_capture_survives_a_thread_pinning_host_memory():
         while not stop.is_set() and len(held) < 50_000:
             try:
                 held.append(torch.empty(4096, dtype=torch.uint8, pin_memory=True))
-            except (
-                RuntimeError
-            ):  # refused while a global-mode capture runs: the capture is what the test checks
+            # refused while a global-mode capture runs: the capture is what the test checks
+            except RuntimeError:
                 pass
 
     pinner = threading.Thread(target=pin_forever, daemon=True)

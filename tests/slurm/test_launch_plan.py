@@ -102,9 +102,8 @@ def _fake_progress(run_dir, cfg, steps, eval_done=False):
         steps
     ):  # with digests, as train.py writes them (a last checkpoint without one is not finished)
         save_verified({"step": step}, run_dir / "checkpoints" / f"step_{step:08d}.pt")
-    if (
-        steps and steps[-1] >= cfg.total_steps
-    ):  # trained to the end: train.py exports the final teacher last
+    # trained to the end: train.py exports the final teacher last
+    if steps and steps[-1] >= cfg.total_steps:
         (run_dir / "teacher_backbone.pth").touch()
     if steps:
         last = {"step": steps[-1] - 1, "phase": "dense", "loss": 1.0}

@@ -180,9 +180,8 @@ def one_reference_step(repo, shadow, batch, values, **swap_options):
     shadow.optimizer.load_state_dict(copy.deepcopy(repo.optimizer.state_dict()))
     shadow.step = repo.step
     backbone = shadow.model.student.backbone
-    if (
-        repo.step < SPARSE_STEPS
-    ):  # the comparison's schedule, not the repository's converter, decides the phase
+    # the comparison's schedule, not the repository's converter, decides the phase
+    if repo.step < SPARSE_STEPS:
         swap_to_reference(backbone, **swap_options)
     cuda = repo.device.type == "cuda"
     rng = torch.get_rng_state(), torch.cuda.get_rng_state(repo.device) if cuda else None

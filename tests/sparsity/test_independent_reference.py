@@ -97,9 +97,8 @@ TILE_CASES = [  # id, tile, algorithm, tie_order, expected mask
 def test_tile_masks_on_hand_computed_tiles(tile, algorithm, tie_order, expected):
     w = torch.tensor(tile, dtype=torch.float32)
     assert torch.equal(tile_mask(w, algorithm, tie_order), _mask(expected))
-    if (
-        algorithm == ABS and tie_order == "row_major"
-    ):  # the repository's tile_greedy: the same hand-computed mask
+    # the repository's tile_greedy: the same hand-computed mask
+    if algorithm == ABS and tie_order == "row_major":
         assert torch.equal(prune(w, "tile_greedy")[1], _mask(expected))
 
 

@@ -175,9 +175,8 @@ def test_ii_weight_decay_acts_on_pruned_entries(runs):
         for name, t in row["tracked"].items():
             assert t["pruned_nonzero"] == 1.0, (step, name)
             assert t["wd_multiplier"] == 1.0 and t["wd"] > 0, (step, name)
-            if (
-                t["lr"] * t["wd"] * 0.02 > 1e-8
-            ):  # the decay is visible above fp32 rounding of ~0.02-size weights
+            # the decay is visible above fp32 rounding of ~0.02-size weights
+            if t["lr"] * t["wd"] * 0.02 > 1e-8:
                 slopes.append(t["decay_slope"])
                 assert t["decay_slope"] == pytest.approx(1.0, abs=0.05), (
                     step,

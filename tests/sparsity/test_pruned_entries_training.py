@@ -153,9 +153,8 @@ def test_horizon_matched_momentum_by_hand():
     cfg = _config("teacher.momentum_reference_steps=160")  # 16 steps here: 1 - m ten times larger
     m = build_schedules(cfg, 1).momentum
     assert m[0] == pytest.approx(1 - 0.008 * 10)
-    for step in range(
-        16
-    ):  # the EMA's horizon is the same fraction of the run as at step 10 x step of 160
+    # the EMA's horizon is the same fraction of the run as at step 10 x step of 160
+    for step in range(16):
         published = 1.0 + 0.5 * (0.992 - 1.0) * (
             1 + math.cos(math.pi * 10 * step / 160)
         )  # dinov2 over 160

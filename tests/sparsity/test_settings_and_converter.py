@@ -113,9 +113,8 @@ def test_no_environment_variable_is_read_by_the_library():
     hits = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if re.search(
-                r"environ(?!ment)|getenv|putenv", line
-            ):  # os.environ, from os import environ, ...
+            # os.environ, from os import environ, ...
+            if re.search(r"environ(?!ment)|getenv|putenv", line):
                 hits.append(f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}")
     assert hits == [], hits
 

@@ -53,9 +53,8 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"start"
-    for _ in range(
-        2000
-    ):  # wait until the write is under way (step_00000002.pt.<pid>.<random>.tmp), then kill it
+    # wait until the write is under way (step_00000002.pt.<pid>.<random>.tmp), then kill it
+    for _ in range(2000):
         tmp = next(iter(tmp_path.glob("step_00000002.pt.*.tmp")), None)
         if tmp is not None and tmp.stat().st_size > 0:
             break

@@ -44,9 +44,8 @@ def _steps(split: bool, sparse: bool, rank: int) -> dict:
     torch._dynamo.reset()
     graphs = []
 
-    def counting_backend(
-        gm, example_inputs
-    ):  # one call per graph dynamo hands on; runs it as traced
+    # one call per graph dynamo hands on; runs it as traced
+    def counting_backend(gm, example_inputs):
         graphs.append(len(gm.graph.nodes))
         return gm.forward
 

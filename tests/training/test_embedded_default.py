@@ -49,9 +49,8 @@ class WeightsSeenInForward:
 
     def hook_dense(self, backbone: nn.Module) -> None:
         def record(module, args):
-            if (
-                type(module) is nn.Linear
-            ):  # a dense-phase MLP linear: F.linear uses module.weight as is
+            # a dense-phase MLP linear: F.linear uses module.weight as is
+            if type(module) is nn.Linear:
                 self.dense.append(_is_transposable_24(module.weight.detach()))
 
         for name, module in backbone.named_modules():

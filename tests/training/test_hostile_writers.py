@@ -297,9 +297,8 @@ def test_a_checkpoints_entry_that_is_not_a_usable_directory_is_refused(
     with pytest.raises(RunDirProblem, match=why) as refused:
         usable_checkpoint_dir(entry)
     assert str(entry) in str(refused.value) and "refusing to start over" in str(refused.value)
-    with pytest.raises(
-        RunDirProblem
-    ):  # the trainer's reader refuses too, rather than returning "none"
+    # the trainer's reader refuses too, rather than returning "none"
+    with pytest.raises(RunDirProblem):
         CheckpointManager(entry, max_to_keep=3).load_latest()
 
 

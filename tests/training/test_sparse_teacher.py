@@ -73,9 +73,8 @@ def test_a_sparse_teacher_runs_pruned_weights_in_the_sparse_phase_only(tmp_path,
         # phase, whole after
         used = prune(w, "tile_greedy")[0] if cls is SemiSparseLinear else w
         torch.testing.assert_close(y, x @ used.t() + b, rtol=1e-5, atol=1e-5)
-        if (
-            cls is SemiSparseLinear
-        ):  # and the pruning made a difference (the test could tell the two apart)
+        # and the pruning made a difference (the test could tell the two apart)
+        if cls is SemiSparseLinear:
             assert (y - (x @ w.t() + b)).abs().max() > 1e-3
     assert mlp_classes(trainer.model.teacher.backbone) == {
         nn.Linear

@@ -63,9 +63,8 @@ def _run_child(request: dict) -> None:
             code = 0
         except SystemExit as e:
             code = _exit_code(e)
-        except (
-            BaseException
-        ):  # an uncaught exception: traceback and exit 1, as the interpreter does
+        # an uncaught exception: traceback and exit 1, as the interpreter does
+        except BaseException:
             traceback.print_exc()
             code = 1
         threading._shutdown()  # the interpreter joins non-daemon threads before atexit

@@ -101,9 +101,8 @@ def _gemm_impl(
             )
             y[main:].copy_(yt[:tail])
         return y
-    if (
-        x.stride(0) == 1 and x.stride(1) == n and tail == 0 and aligned
-    ):  # column-major x = row-major x^T: op(B)=N
+    # column-major x = row-major x^T: op(B)=N
+    if x.stride(0) == 1 and x.stride(1) == n and tail == 0 and aligned:
         y = torch.empty(n, m_dim, dtype=x.dtype, device=x.device)
         _gemm_run(
             packed, x.t(), False, y, bias, out_features, in_features, transpose, dense_ref, search
