@@ -7,10 +7,10 @@ step's ledger on one H200").
 
 Per dtype (bf16, fp16) and compute type, each `cusparseLtMatmulDescAttribute_t` activation is set on
 a fresh matmul descriptor (GELU and ReLU on, GELU's scaling 1.0) and reported as accepted or refused
-with the library's status. One H200, cuSPARSELt 0.8.0 (these calls, run inline on 2026-11-30;
-results/bench/ledger_h200/ gelu_epilogue_h200.log): ReLU accepted (32F); GELU refused with status 3
-(INVALID_VALUE) for both dtypes under every compute type the descriptor takes (32F; 16F for fp16)
-and both output orders, GELU scaling too (32F).
+with the library's status. One H200, cuSPARSELt 0.8.0, 2026-11-30
+(`results/bench/ledger_h200/gelu_epilogue_h200.log`): ReLU accepted; GELU and GELU's scaling refused
+with status 3 (INVALID_VALUE) for both dtypes under every compute type the descriptor takes (32F;
+16F for fp16), GELU in both output orders too (an inline run of the same calls).
 """
 
 import numpy as np
