@@ -1,6 +1,6 @@
 """The repository passes `ruff check` with the rules of pyproject.toml ([tool.ruff.lint]: unused or
 undefined names, pycodestyle's errors and warnings, lines within the project's length, today's type
-hints), and the check fails where it should."""
+hints, import order) and `ruff format --check`, and both fail where they should."""
 
 import subprocess
 import sys
@@ -13,17 +13,19 @@ pytest.importorskip("ruff", reason="ruff comes with the test extras: pip install
 REPO = Path(__file__).resolve().parents[1]
 
 
+def ruff(*arguments: str, paths: tuple[Path, ...]) -> subprocess.CompletedProcess:
+    """`ruff <arguments> <paths>` with the repository's pyproject.toml, no cache."""
+    command = [sys.executable, "-m", "ruff", *arguments, "--no-cache"]
+    command += ["--config", str(REPO / "pyproject.toml"), *map(str, paths)]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+
+
 def ruff_check(*paths: Path) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "ruff",
-        "check",
-        "--no-cache",
-        "--config",
-        str(REPO / "pyproject.toml"),
-    ]
-    return subprocess.run([*command, *map(str, paths)], cwd=REPO, capture_output=True, text=True)
+    return ruff("check", paths=paths)
+
+
+def ruff_format_check(*paths: Path) -> subprocess.CompletedProcess:
+    return ruff("format", "--check", paths=paths)
 
 
 def test_the_repository_passes_ruff_check():
@@ -32,26 +34,14 @@ def test_the_repository_passes_ruff_check():
 
 
 def test_the_repository_is_formatted():
-    command = [sys.executable, "-m", "ruff", "format", "--check", "--no-cache"]
-    done = subprocess.run(
-        [*command, "--config", str(REPO / "pyproject.toml"), str(REPO)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    done = ruff_format_check(REPO)
     assert done.returncode == 0, "run `ruff format .`:\n" + done.stdout + done.stderr
 
 
 def test_the_format_check_finds_an_unformatted_file(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("x = [1,2]\n")
-    command = [sys.executable, "-m", "ruff", "format", "--check", "--no-cache"]
-    done = subprocess.run(
-        [*command, "--config", str(REPO / "pyproject.toml"), str(planted)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    done = ruff_format_check(planted)
     assert done.returncode == 1 and "planted.py" in done.stdout
 
 
