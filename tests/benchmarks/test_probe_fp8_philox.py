@@ -1,0 +1,44 @@
+"""The FP8 2:4 probe's host-side pieces against hand-computed cases, and the Philox probe's kernel
+copy against the kernel it copies (CPU: Triton's interpreter)."""
+
+import pytest
+import torch
+
+from scripts.experiments.probes.probe_fp8 import mlp_totals, prune_24, quantize_e4m3, ratios
+
+
+def test_prune_24_keeps_the_two_largest_magnitudes_of_each_group():
+    w = torch.tensor([[1.0, -3.0, 2.0, 0.5, 0.0, 0.125, -0.25, 7.0]])
+    assert prune_24(w).tolist() == [[0.0, -3.0, 2.0, 0.0, 0.0, 0.0, -0.25, 7.0]]
+
+
+def test_quantize_maps_the_largest_magnitude_to_448_and_round_trips_representable_values():
+    q, scale = quantize_e4m3(torch.tensor([-896.0, 1.0, 0.5]))
+    assert scale.item() == 2.0  # 896 / 448
+    assert q.dtype == torch.float8_e4m3fn
+    assert (q.float() * scale).tolist() == [-896.0, 1.0, 0.5]
+
+
+def test_mlp_totals_double_the_two_shapes_and_ratios_are_baseline_over_row():
+    per_shape = {
+        "fc1": {"bf16_dense": 1.0, "bf16_24": 0.8, "fp8_dense": 0.6, "fp8_24": 0.5},
+        "fc2": {"bf16_dense": 1.0, "bf16_24": 0.7, "fp8_dense": 0.5, "fp8_24": None},
+    }
+    ms = mlp_totals(per_shape)
+    assert ms["bf16_dense"] == 4.0 and ms["bf16_24"] == 3.0 and ms["fp8_dense"] == 2.2
+    assert ms["fp8_24"] is None  # one shape refused: no MLP total
+    r = ratios(ms)
+    assert r["bf16_24_vs_bf16_dense"] == pytest.approx(1.333)
+    assert r["fp8_dense_vs_bf16_dense"] == pytest.approx(1.818)
+    assert r["fp8_24_vs_fp8_dense"] is None
+
+
+def test_philox_probe_copies_the_built_kernel_and_its_variants_differ():
+    from scripts.experiments.probes.probe_mvue_philox import pack
+    from sparsity.kernels.mvue import mvue_pack_t
+
+    dy = torch.randn(128, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    built = mvue_pack_t(dy, 1234)
+    assert torch.equal(pack(dy, 1234, 10), built)
+    assert not torch.equal(pack(dy, 1234, 7), built)  # another generator: other draws
+    assert not torch.equal(pack(dy, 1234, 0), built)
