@@ -34,7 +34,15 @@ import torch
 
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 SHAPES = (("fc1", 4096, 1024), ("fc2", 1024, 4096))  # (name, m = out features, k = in features)
-ROWS = ("bf16_dense", "bf16_24", "fp8_dense", "fp8_dense_fast_accum", "fp8_24", "fp8_24_no_scale")
+ROWS = (
+    "bf16_dense",
+    "bf16_24",
+    "fp8_dense",
+    "fp8_dense_fast_accum",
+    "fp8_24",
+    "fp8_24_no_scale",
+    "fp8_24_alpha",
+)
 
 
 def quantize_e4m3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,6 +84,7 @@ def ratios(ms: dict[str, float | None]) -> dict[str, float | None]:
         "fp8_24_vs_fp8_dense": r("fp8_dense", "fp8_24"),
         "fp8_24_vs_fp8_dense_fast_accum": r("fp8_dense_fast_accum", "fp8_24"),
         "fp8_24_no_scale_vs_fp8_dense": r("fp8_dense", "fp8_24_no_scale"),
+        "fp8_24_alpha_vs_fp8_dense": r("fp8_dense", "fp8_24_alpha"),
         "fp8_dense_vs_bf16_dense": r("bf16_dense", "fp8_dense"),
         "fp8_24_vs_bf16_dense": r("bf16_dense", "fp8_24"),
     }
@@ -118,11 +127,11 @@ def _shape_case(name: str, m: int, k: int, tokens: int, sets: int, record: dict)
 
     cb = _try(record, "bf16_compress", lambda: torch._cslt_compress(wb))
     if cb is not None:
-        kw = _try(record, "bf16_search", lambda: _searched(cb, xs[0].t(), transpose_result=True))
-        kw = kw or {}
-        record["bf16_24_alg"] = kw
+        kw_b = _try(record, "bf16_search", lambda: _searched(cb, xs[0].t(), transpose_result=True))
+        kw_b = kw_b or {}
+        record["bf16_24_alg"] = kw_b
         rows["bf16_24"] = lambda i: torch._cslt_sparse_mm(
-            cb, xs[i].t(), transpose_result=True, **kw
+            cb, xs[i].t(), transpose_result=True, **kw_b
         )
 
     def scaled(i, fast):
@@ -155,6 +164,18 @@ def _shape_case(name: str, m: int, k: int, tokens: int, sets: int, record: dict)
             record["fp8_24_rel_err"] = round(_rel(out, ref), 6)
             rows["fp8_24"] = sparse_fp8
             rows["fp8_24_no_scale"] = lambda i: torch._cslt_sparse_mm(cq, quant[i][0].t(), **kw)
+        # the scales inside the GEMM: cuSPARSELt's per-row alpha vector (one value repeated here)
+        alphas = [(s * sw).float().expand(m).contiguous() for _, s in quant]
+        out = _try(
+            record,
+            "fp8_24_alpha",
+            lambda: torch._cslt_sparse_mm(cq, quant[0][0].t(), alpha=alphas[0], **kw),
+        )
+        if out is not None:
+            record["fp8_24_alpha_rel_err"] = round(_rel(out, ref), 6)
+            rows["fp8_24_alpha"] = lambda i: torch._cslt_sparse_mm(
+                cq, quant[i][0].t(), alpha=alphas[i], **kw
+            )
     return rows, xs
 
 
