@@ -193,10 +193,13 @@ README_SCHEDULES = {
 
 def _readme_cell(mean: dict | None) -> str:
     """A README cell of a schedule mean: "70.51 (-1.04 [-1.89, -0.18])", the dense baseline as its
-    mean alone."""
+    mean alone, one seed as "72.06 (+0.51; seed 3 alone, no interval)"."""
     if mean["sparse_fraction"] == 0.0:
         return f"{mean['top1']:.2f}"
     interval = mean["delta_top1_interval"]
+    if interval is None:
+        (seed,) = mean["seeds"]
+        return f"{mean['top1']:.2f} ({mean['delta_top1']:+.2f}; seed {seed} alone, no interval)"
     return f"{mean['top1']:.2f} ({mean['delta_top1']:+.2f} [{interval['low']:+.2f}, {interval['high']:+.2f}])"
 
 
