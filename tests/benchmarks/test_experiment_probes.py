@@ -1,5 +1,8 @@
-"""The FP8 2:4 probe's host-side pieces against hand-computed cases, and the Philox probe's kernel
-copy against the kernel it copies (CPU: Triton's interpreter)."""
+"""The GPU probes' host-side pieces against hand-computed cases: the FP8 2:4 probe's quantisation,
+pruning and totals, the Philox probe's kernel copy against the kernel it copies (CPU: Triton's
+interpreter), and the CUTLASS comparison's reading of its binaries."""
+
+import stat
 
 import pytest
 import torch
@@ -42,3 +45,21 @@ def test_philox_probe_copies_the_built_kernel_and_its_variants_differ():
     assert torch.equal(pack(dy, 1234, 10), built)
     assert not torch.equal(pack(dy, 1234, 7), built)  # another generator: other draws
     assert not torch.equal(pack(dy, 1234, 0), built)
+
+
+def test_cutlass_compare_reads_a_binarys_last_json_line_and_reports_one_that_fails(tmp_path):
+    from scripts.experiments.cutlass_sm90.compare import ratio, run_binary
+
+    good = tmp_path / "sgemm_ok"
+    good.write_text(
+        "#!/bin/sh\necho note\n"
+        'printf \'{"sparse_ms": 0.25, "args": "%s %s %s"}\\n\' "$1" "$2" "$3"\n'
+    )
+    bad = tmp_path / "sgemm_bad"
+    bad.write_text("#!/bin/sh\necho refused >&2\nexit 3\n")
+    for f in (good, bad):
+        f.chmod(f.stat().st_mode | stat.S_IEXEC)
+    assert run_binary(good, 4096, 8, 1024) == {"sparse_ms": 0.25, "args": "--m=4096 --n=8 --k=1024"}
+    failed = run_binary(bad, 4096, 8, 1024)
+    assert failed["returncode"] == 3 and "refused" in failed["error"]
+    assert ratio(0.5, 0.25) == 2.0 and ratio(0.5, None) is None and ratio(None, 0.25) is None
