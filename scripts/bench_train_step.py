@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         "and the dense row's projections for each set of GEMMs 2:4 could cover (0: off)",
     )
     ap.add_argument(
+        "--ledger-top",
+        type=int,
+        default=4,
+        help="launching ops listed per ledger class, largest first (e.g. 30 to see what the "
+        "'norms and elementwise' class is made of)",
+    )
+    ap.add_argument(
         "--host-profile", type=int, default=0, help="steps per row under cProfile (0: off)"
     )
     ap.add_argument(
@@ -436,6 +443,7 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None, extras=True)
                 trainer.schedules.at(MID_TRAINING_STEP),
                 args.ledger,
                 mlp_dims(trainer),
+                top=args.ledger_top,
             )
         if args.host_profile and extras:
             out["host_profile"] = host_profile(trainer, batch, args.host_profile)

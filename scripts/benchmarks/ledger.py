@@ -253,10 +253,11 @@ def ledger(
     steps: int,
     mlp_dims: tuple[int, int],
     step_ms: float | None = None,
+    top: int = 4,
 ) -> dict:
-    """Per step: ms and kernel count by class, the GEMM TFLOP of each class's host ops, the busy
-    time (the kernels' sum: one stream), and with `step_ms` (the timed step's median) the idle time,
-    step_ms - busy."""
+    """Per step: ms and kernel count by class, the GEMM TFLOP of each class's host ops, each class's
+    `top` largest launching ops, the busy time (the kernels' sum: one stream), and with `step_ms`
+    (the timed step's median) the idle time, step_ms - busy."""
     ms = dict.fromkeys(CLASSES, 0.0)
     kernels = dict.fromkeys(CLASSES, 0)
     by_op: dict[str, dict[str, float]] = {
@@ -284,7 +285,7 @@ def ledger(
         "top_ops": {
             c: [
                 [op, round(us / steps / 1e3, 3)]
-                for op, us in sorted(ops.items(), key=lambda kv: -kv[1])[:4]
+                for op, us in sorted(ops.items(), key=lambda kv: -kv[1])[:top]
             ]
             for c, ops in by_op.items()
             if ops
@@ -301,9 +302,11 @@ def set_step_time(led: dict, step_ms: float) -> dict:
     return led
 
 
-def profile_ledger(trainer, batch, values: dict, steps: int, mlp_dims: tuple[int, int]) -> dict:
+def profile_ledger(
+    trainer, batch, values: dict, steps: int, mlp_dims: tuple[int, int], top: int = 4
+) -> dict:
     """`steps` training steps profiled with host activity and shapes under `annotated`: their
-    `ledger`."""
+    `ledger` (`top` launching ops listed per class)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -317,7 +320,7 @@ def profile_ledger(trainer, batch, values: dict, steps: int, mlp_dims: tuple[int
             trainer.train_step(batch, values)
         trainer.settle_checks()
         torch.cuda.synchronize()
-    return ledger(kernel_records(prof.events()), steps, mlp_dims)
+    return ledger(kernel_records(prof.events()), steps, mlp_dims, top=top)
 
 
 # --------------------------------------------------------------------------------------------------

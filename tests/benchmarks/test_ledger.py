@@ -165,6 +165,28 @@ def test_ledger_sums_times_flops_and_idle():
     assert sum(out["ms"].values()) == pytest.approx(0.9)
 
 
+def test_ledger_lists_each_class_top_ops_largest_first_as_many_as_asked():
+    recs = [
+        L.KernelRecord(
+            f"k{i}",
+            100.0 * i,
+            "other",
+            f"triton_poi_fused_add_{i}",
+            i,
+            (),
+            "forward",
+            "student.backbone",
+        )  # fmt: skip
+        for i in range(1, 7)
+    ]
+    ops = {t: L.ledger(recs, steps=1, mlp_dims=(8, 32), top=t)["top_ops"] for t in (2, 10)}
+    assert ops[2] == {"norms_and_elementwise": [["triton_poi_fused_add_6", 0.6],
+                                                ["triton_poi_fused_add_5", 0.5]]}  # fmt: skip
+    assert [op for op, _ in ops[10]["norms_and_elementwise"]] == [
+        f"triton_poi_fused_add_{i}" for i in range(6, 0, -1)
+    ]
+
+
 def test_projections_and_in_place_by_hand():
     ms = dict.fromkeys(L.CLASSES, 0.0)
     ms.update(
