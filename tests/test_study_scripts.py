@@ -15,12 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 DRIVER_DIR = REPO / "scripts" / "experiments"
 
 FAKE_TRAIN = r"""
-import signal, sys, time
+import os, signal, sys, time
 from pathlib import Path
 args = sys.argv[1:]
 out = Path(args[args.index("--output-dir") + 1])
 out.mkdir(parents=True, exist_ok=True)
 (out / "args.txt").write_text(" ".join(args))
+(out / "gpu.txt").write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
 sparse_steps = 7760 if "sparsity.sparse_fraction=1.0" in args else 0
 (out / "run_info.json").write_text('{"sparse_steps": %d, "total_steps": 7760}' % sparse_steps)
 if any(a == "fail=1" for a in args):
@@ -57,6 +58,7 @@ def workdir(tmp_path):
     for name in (
         "arguments.sh",
         "study_runs.sh",
+        "study_gpus.sh",
         "study_throughput.sh",
         "study_throughput_rows.sh",
     ):
@@ -265,6 +267,52 @@ def test_study_runs_starts_an_after_line_when_the_line_above_has_trained(workdir
     assert "done fourth" in events and events[-1] == "all done"
 
 
+def test_study_gpus_runs_each_plan_on_its_gpu_into_its_own_folder(workdir):
+    (workdir / "a.txt").write_text("a1 0 steps=1 train.seed=0\na2 after steps=1 train.seed=1\n")
+    (workdir / "b.txt").write_text("b1 0 steps=1 train.seed=2\n")
+    result = run_script(
+        workdir, "scripts/experiments/study_gpus.sh", "runs", "data", "0:a.txt", "1:b.txt"
+    )
+    assert result.returncode == 0, result.stderr
+    runs = workdir / "runs"
+    gpu_of = {r: (runs / plan / r / "gpu.txt").read_text() for plan, r in
+              (("a", "a1"), ("a", "a2"), ("b", "b1"))}  # fmt: skip
+    assert gpu_of == {"a1": "0", "a2": "0", "b1": "1"}
+    for plan in ("a", "b"):
+        assert (runs / plan / "driver.log").read_text().rstrip().endswith("all done")
+    events = [line.split(" ", 1)[1] for line in (runs / "gpus.log").read_text().splitlines()]
+    assert events[:2] == ["start a on GPU 0 (a.txt)", "start b on GPU 1 (b.txt)"]
+    assert sorted(events[2:4]) == ["ended a (exit 0)", "ended b (exit 0)"]
+    assert events[-1] == "all done"
+
+
+@pytest.mark.parametrize(
+    "pairs, says",
+    [
+        (["0:a.txt", "1:bad.txt"], "'1:bad.txt': study_runs.sh: PLAN bad.txt: x: the start delay"),
+        (["0:a.txt", "1:sub/a.txt"], "'1:sub/a.txt': a second plan named a"),
+    ],
+)
+def test_study_gpus_checks_every_plan_before_starting_any(workdir, pairs, says):
+    (workdir / "a.txt").write_text("a1 0 steps=1 train.seed=0\n")
+    (workdir / "bad.txt").write_text("x soon steps=1\n")
+    (workdir / "sub").mkdir()
+    (workdir / "sub" / "a.txt").write_text("a1 0 steps=1 train.seed=0\n")
+    result = run_script(workdir, "scripts/experiments/study_gpus.sh", "runs", "data", *pairs)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0].startswith(f"study_gpus.sh: {says}")
+    assert not (workdir / "runs").exists()
+
+
+def test_study_runs_check_only_checks_and_runs_nothing(workdir):
+    (workdir / "plan.txt").write_text("a 0 steps=1 train.seed=0\n")
+    result = run_script(
+        workdir, "scripts/experiments/study_runs.sh", "--check", "plan.txt", "runs", "data"
+    )
+    assert result.returncode == 0 and result.stderr == ""
+    assert not (workdir / "runs").exists()
+
+
 def _driver(path: Path, done: bool) -> Path:
     path.mkdir()
     events = [
@@ -312,6 +360,7 @@ def test_study_wait_gives_up_after_its_limit(tmp_path):
 
 DRIVERS = (
     "study_runs.sh",
+    "study_gpus.sh",
     "study_collect.sh",
     "study_throughput.sh",
     "study_throughput_rows.sh",
@@ -337,6 +386,21 @@ def test_every_driver_answers_help_with_its_usage(name):
         ("study_runs.sh", [], "expected 3 or 4 arguments, got 0"),
         ("study_runs.sh", ["no_plan.txt", "runs", "data"], "PLAN no_plan.txt: no such file"),
         ("study_collect.sh", ["runs"], "expected 2 arguments, got 1"),
+        (
+            "study_gpus.sh",
+            ["runs", "data"],
+            "expected RUNS_DIR, DATA_ROOT and at least one GPU:PLAN, got 2 argument(s)",
+        ),
+        (
+            "study_gpus.sh",
+            ["runs", "data", "plan.txt"],
+            "'plan.txt': expected GPU:PLAN, a GPU index and a plan file (0:plan.txt)",
+        ),
+        (
+            "study_gpus.sh",
+            ["runs", "data", "0:no_plan.txt"],
+            "'0:no_plan.txt': study_runs.sh: PLAN no_plan.txt: no such file",
+        ),
         ("study_throughput.sh", ["2", "3", "0", "data"], "expected at least 5 arguments, got 4"),
         (
             "study_throughput.sh",

@@ -14,7 +14,12 @@
 # 2:4 (`prune_mlp=true`: the network a sparse phase computes). Everything a
 # run prints goes to RUNS_DIR/NAME.train.log / NAME.eval*.log; RUNS_DIR/driver.log says when each step started and
 # ended. A finished run is skipped by train.py itself, so rerunning the driver only does what is left.
+#
+# With --check first, the arguments and the plan are checked and nothing runs (exit 0 if both are good): what
+# study_gpus.sh asks of every plan before it starts any.
 . "$(dirname "$0")/arguments.sh"  # usage, die, is_count; -h/--help prints the comment above
+check_only=false
+[ "${1:-}" = --check ] && { check_only=true; shift; }
 [ $# -ge 3 ] && [ $# -le 4 ] || die "expected 3 or 4 arguments, got $#"
 [ -f "$1" ] || die "PLAN $1: no such file"
 set -u
@@ -77,6 +82,7 @@ while read -r name delay _; do
   fi
   prev=$name
 done <"$plan"
+$check_only && exit 0
 mkdir -p "$runs"
 prev=""
 while read -r name delay overrides; do
