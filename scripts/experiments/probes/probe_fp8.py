@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 
 import torch
 
@@ -90,10 +91,6 @@ def ratios(ms: dict[str, float | None]) -> dict[str, float | None]:
     }
 
 
-def _rel(a, b) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm())
-
-
 def _searched(compressed, dense_b, **kw):
     """torch's cuSPARSELt product with the algorithm its search picks (the search's answer is an id,
     or (id, split_k, split_k_mode, ...) in newer releases)."""
@@ -115,6 +112,8 @@ def _try(record: dict, key: str, fn):
 def _shape_case(name: str, m: int, k: int, tokens: int, sets: int, record: dict):
     """The inputs and the five row callables of one shape; numerics into record."""
     import torch.nn.functional as F  # noqa: PLC0415
+
+    from scripts.bench_sparse import rel  # noqa: PLC0415
 
     dev = "cuda"
     w = prune_24(torch.randn(m, k, device=dev) * 0.02)
@@ -141,7 +140,7 @@ def _shape_case(name: str, m: int, k: int, tokens: int, sets: int, record: dict)
         )
 
     if _try(record, "fp8_dense", lambda: scaled(0, False)) is not None:
-        record["fp8_dense_rel_err"] = round(_rel(scaled(0, False), ref), 6)
+        record["fp8_dense_rel_err"] = round(rel(scaled(0, False), ref), 6)
         rows["fp8_dense"] = lambda i: scaled(i, False)
         rows["fp8_dense_fast_accum"] = lambda i: scaled(i, True)
 
@@ -161,7 +160,7 @@ def _shape_case(name: str, m: int, k: int, tokens: int, sets: int, record: dict)
 
         out = _try(record, "fp8_24", lambda: sparse_fp8(0))
         if out is not None:
-            record["fp8_24_rel_err"] = round(_rel(out, ref), 6)
+            record["fp8_24_rel_err"] = round(rel(out, ref), 6)
             rows["fp8_24"] = sparse_fp8
             rows["fp8_24_no_scale"] = lambda i: torch._cslt_sparse_mm(cq, quant[i][0].t(), **kw)
         # the scales inside the GEMM: cuSPARSELt's per-row alpha vector (one value repeated here)
@@ -172,7 +171,7 @@ def _shape_case(name: str, m: int, k: int, tokens: int, sets: int, record: dict)
             lambda: torch._cslt_sparse_mm(cq, quant[0][0].t(), alpha=alphas[0], **kw),
         )
         if out is not None:
-            record["fp8_24_alpha_rel_err"] = round(_rel(out, ref), 6)
+            record["fp8_24_alpha_rel_err"] = round(rel(out, ref), 6)
             rows["fp8_24_alpha"] = lambda i: torch._cslt_sparse_mm(
                 cq, quant[i][0].t(), alpha=alphas[i], **kw
             )
@@ -232,7 +231,8 @@ def main():
                 if ms is not None:
                     per_round[row].append(ms)
         rec["ms"] = {
-            row: (round(sorted(v)[len(v) // 2], 4) if v else None) for row, v in per_round.items()
+            row: (round(statistics.median_high(v), 4) if v else None)
+            for row, v in per_round.items()
         }
         rec["ms_rounds"] = {row: [round(t, 4) for t in v] for row, v in per_round.items()}
         rec["ratios"] = ratios(rec["ms"])

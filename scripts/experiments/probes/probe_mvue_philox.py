@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 import triton
@@ -101,7 +102,7 @@ def main():
                     times[r].append(graph_ms(lambda i, r=r: pack(dys[i], 1234, r), 2))
                 times["inexact"].append(graph_ms(lambda i: pack(dys[i], 1234, 10, False), 2))
                 times["0_inexact"].append(graph_ms(lambda i: pack(dys[i], 1234, 0, False), 2))
-            rec["ms"] = {str(k): round(sorted(v)[len(v) // 2], 4) for k, v in times.items()}
+            rec["ms"] = {str(k): round(statistics.median_high(v), 4) for k, v in times.items()}
             moved = dys[0].numel() * 2 + L.compressed_size(out, tokens)
             rec["floor_ms"] = round(moved / (copy_tbps * 1e12) * 1e3, 4)
             ms10, ms0 = rec["ms"]["10"], rec["ms"]["0"]
