@@ -110,7 +110,8 @@ def _try(record: dict, key: str, fn):
 
 
 def _shape_case(name: str, m: int, k: int, tokens: int, sets: int, record: dict):
-    """The inputs and the five row callables of one shape; numerics into record."""
+    """The inputs and the row callables of one shape (those the stack accepts); numerics into
+    record."""
     import torch.nn.functional as F  # noqa: PLC0415
 
     from scripts.bench_sparse import rel  # noqa: PLC0415
