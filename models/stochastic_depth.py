@@ -48,6 +48,36 @@ class AddToRows(torch.autograd.Function):
         return grad, None, (grad[rows] * ctx.scale).to(ctx.residual_dtype), None
 
 
+class TakeRows(torch.autograd.Function):
+    """(x, x[rows]): the stream and its rows `rows` (unique indices) for a residual branch, with one
+    backward for both uses of x: the branch's gradient added into the rows of the stream's own
+    gradient, summed in the gradients' dtype and rounded once, as autograd's sum of the two would
+    be. Written out because autograd's backward of the gather alone scatters the rows into a zero
+    tensor of the whole batch, which its engine then adds to the stream's gradient: two more
+    passes over the stream per branch (results/bench/NOTES.md, "What the 'norms and elementwise'
+    class is made of")."""
+
+    @staticmethod
+    def forward(x: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+        return x.view_as(x), x[rows]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[1])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, grad_rows: Tensor):
+        (rows,) = ctx.saved_tensors
+        return grad.index_put((rows,), grad[rows] + grad_rows), None
+
+
+def take_rows(x: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """`(x, x[rows])` for a branch on the rows `rows` (from randperm: unique) whose output is added
+    back to x; use the returned x for that add. Values are those of plain indexing; the gradient of
+    x is autograd's, in one pass over the branch's rows instead of three over the batch."""
+    return TakeRows.apply(x, rows)
+
+
 def add_to_subset(x: Tensor, brange: Tensor, residual: Tensor, scale: float) -> Tensor:
     """`x` with `scale * residual` added to its rows `brange`: the reference's `torch.index_add(x,
     0, brange, residual, alpha=scale)`. The indices come from randperm, so they are unique and a

@@ -34,6 +34,7 @@ from models.stochastic_depth import (
     add_to_subset,
     batch_subset,
     kept_samples,
+    take_rows,
 )
 
 ensure_torchvision_importable()  # before timm, which imports torchvision (see configs/torch_env.py)
@@ -121,8 +122,8 @@ class Block(nn.Module):
         if self.training and rate > SUBSET_DROP_PATH_MIN_RATE:
             for branch in (self._attn_branch, self._ffn_branch):
                 brange, _, scale = batch_subset(x.shape[0], rate, x.device)
-                residual = branch(x[brange])
-                x = add_to_subset(x, brange, residual, scale)
+                x, kept = take_rows(x, brange)
+                x = add_to_subset(x, brange, branch(kept), scale)
             return x
         if self.training and rate > 0.0:
             x = x + self.drop_path1(self._attn_branch(x))
@@ -153,18 +154,18 @@ class Block(nn.Module):
             # attention: per crop batch, on a random subset (reference:
             # drop_add_residual_stochastic_depth_list)
             subsets = [batch_subset(x.shape[0], rate, x.device) for x in x_list]
+            taken = [take_rows(x, brange) for x, (brange, _, _) in zip(x_list, subsets)]
             x_list = [
-                add_to_subset(x, brange, self._attn_branch(x[brange]), scale)
-                for x, (brange, _, scale) in zip(x_list, subsets)
+                add_to_subset(x, brange, self._attn_branch(kept), scale)
+                for (x, kept), (brange, _, scale) in zip(taken, subsets)
             ]
             # MLP: fresh subsets, kept tokens of all crop batches in one matrix
             subsets = [batch_subset(x.shape[0], rate, x.device) for x in x_list]
-            residuals = self._ffn_on_concat(
-                [x[brange] for x, (brange, _, _) in zip(x_list, subsets)]
-            )
+            taken = [take_rows(x, brange) for x, (brange, _, _) in zip(x_list, subsets)]
+            residuals = self._ffn_on_concat([kept for _, kept in taken])
             return [
                 add_to_subset(x, brange, r, scale)
-                for x, r, (brange, _, scale) in zip(x_list, residuals, subsets)
+                for (x, _), r, (brange, _, scale) in zip(taken, residuals, subsets)
             ]
         x_list = [x + self._attn_branch(x) for x in x_list]
         return [x + r for x, r in zip(x_list, self._ffn_on_concat(x_list))]

@@ -80,7 +80,18 @@ ALL_MODULES, FC2_ONLY = (
     ".*",
     r".*\.fc2",
 )  # sparsity.weight_grad_modules of the `+mvue` and `+mvue-fc2` rows
-ABLATIONS = ("heads-losses-eager", "foreach-adamw", "two-pass-ema", "host-syncs", "automatic-gc")
+ABLATIONS = (
+    "heads-losses-eager",
+    "foreach-adamw",
+    "two-pass-ema",
+    "host-syncs",
+    "automatic-gc",
+    "autograd-gather",
+    "no-stochastic-depth",
+)
+# ablations that change what the step computes: their rows get no MFU (the FLOPs counted are the
+# configured step's)
+ABLATIONS_CHANGING_WORK = ("no-stochastic-depth",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,6 +179,7 @@ if __name__ == "__main__":  # --help and a usage error answer here, before torch
 import torch  # noqa: E402
 
 from configs import load_config  # noqa: E402
+from models import vit_block  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 from scripts.benchmarks.flops import gemm_rate_tflops, mfu, step_flops  # noqa: E402
 from scripts.benchmarks.gpu_state import gpu_state  # noqa: E402
@@ -247,6 +259,20 @@ class _Ablation:
             was = gc.isenabled()
             gc.enable()
             self.undo.append(lambda: None if was else gc.disable())
+        # the stochastic-depth gather with autograd's own backward (a zero tensor of the batch with
+        # the rows' gradient put in, then added) instead of take_rows's one pass over the rows
+        elif self.name == "autograd-gather":
+            taken = vit_block.take_rows
+            vit_block.take_rows = lambda x, rows: (x, x[rows])
+            self.undo.append(lambda: setattr(vit_block, "take_rows", taken))
+        # every student branch on the whole batch: what the subsets cost against what they save
+        elif self.name == "no-stochastic-depth":
+            for block in m.student.backbone.blocks:
+                rate = block.sample_drop_ratio
+                block.sample_drop_ratio = 0.0
+                self.undo.append(
+                    lambda block=block, rate=rate: setattr(block, "sample_drop_ratio", rate)
+                )
         else:
             raise ValueError(f"unknown ablation {self.name!r}; choose from {', '.join(ABLATIONS)}")
         return self
@@ -521,6 +547,7 @@ def main() -> None:
     rate = gemm_rate_tflops(device)  # after the rows: the GPU as warm as they left it
     for r in rows:
         r["vs_compiled_dense"] = round(base["ms"] / r["ms"], 4)
+        changes_work = r["row"].rpartition(", ")[2] in ABLATIONS_CHANGING_WORK
         r["mfu"] = (
             mfu(
                 step_flop_counts,
@@ -529,7 +556,7 @@ def main() -> None:
                 r["sparse"]["student_gemms_2to4"],
                 r["sparse"]["teacher"],
             )
-            if step_flop_counts
+            if step_flop_counts and not changes_work
             else None
         )
         if "profile" in r and "profile" in base and r["sparse"]["student_gemms_2to4"]:

@@ -348,3 +348,92 @@ def test_add_to_rows_compiles_whole_with_index_adds_gradients():
     assert got_gr.dtype == torch.float32
     torch.testing.assert_close(got_gr, ref_gr)
     torch.testing.assert_close(got_gr.double(), grad[brange] * 2.0)
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[6, 0, 3], [4], [2, 0, 6, 1, 5, 3, 4]],
+    ids=["unordered-first-last", "one-row", "every-row"],
+)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_take_rows_gradient_adds_the_rows_gradient_into_the_streams(rows, dtype):
+    """take_rows's forward is (x, x[rows]); x's gradient is the stream's gradient with the rows'
+    gradient added into its rows, each sum rounded once to the dtype (hand-computed in fp64), the
+    other rows' gradient passed through bit for bit."""
+    from models.stochastic_depth import take_rows
+
+    torch.manual_seed(5)
+    rows = torch.tensor(rows)
+    x = torch.randn(7, 3, 4, dtype=dtype, requires_grad=True)
+    g_stream = torch.randn(7, 3, 4, dtype=dtype)
+    g_rows = torch.randn(len(rows), 3, 4, dtype=dtype)
+    through, kept = take_rows(x, rows)
+    assert torch.equal(through, x) and torch.equal(kept, x[rows])
+    torch.autograd.backward([through, kept], [g_stream, g_rows])
+    want = g_stream.double()
+    for i, r in enumerate(rows.tolist()):
+        want[r] += g_rows[i].double()
+    assert torch.equal(x.grad, want.to(dtype))
+    others = sorted(set(range(7)) - set(rows.tolist()))
+    assert torch.equal(x.grad[others], g_stream[others])
+
+
+def test_take_rows_with_one_output_unused_and_under_compile():
+    """When only the rows reach the loss, x's gradient is their scatter into zeros. Compiled whole
+    (fullgraph) with a branch and the add that follow it in a block, values and gradients equal
+    those of autograd's own indexing compiled alike, bit for bit, in bf16."""
+    from models.stochastic_depth import add_to_subset, take_rows
+
+    torch.manual_seed(6)
+    rows = torch.tensor([3, 0])
+    x = torch.randn(5, 2, 4, requires_grad=True)
+    take_rows(x, rows)[1].sum().backward()
+    assert torch.equal(x.grad, torch.zeros(5, 2, 4).index_fill(0, rows, 1.0))
+
+    w = torch.randn(4, 4, dtype=torch.bfloat16)
+    g = torch.randn(5, 2, 4, dtype=torch.bfloat16)
+
+    def fused(a):
+        a, kept = take_rows(a, rows)
+        return add_to_subset(a, rows, torch.tanh(kept @ w), 5 / 2)
+
+    def plain(a):
+        return add_to_subset(a, rows, torch.tanh(a[rows] @ w), 5 / 2)
+
+    results = []
+    for fn in (torch.compile(fused, fullgraph=True), torch.compile(plain, fullgraph=True)):
+        a = x.detach().to(torch.bfloat16).requires_grad_()
+        out = fn(a)
+        out.backward(g)
+        results.append((out.detach(), a.grad))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def test_list_forward_with_drop_path_has_the_reference_formulas_gradients():
+    """The block's list forward with stochastic depth (take_rows, the gather-add-scatter and their
+    hand-written backwards) against the reference's formula on autograd's own indexing and
+    index_add: the inputs' and every parameter's gradients, in fp64."""
+    m = tiny(drop_path_rate=0.3).double().train()
+    blk = m.blocks[0]
+    torch.manual_seed(8)
+    xs = [torch.randn(4, 17, 32, dtype=torch.float64), torch.randn(6, 5, 32, dtype=torch.float64)]
+    grads = [torch.randn_like(x) for x in xs]
+
+    def gradients(forward):
+        blk.zero_grad()
+        inputs = [x.clone().requires_grad_() for x in xs]
+        torch.autograd.backward(forward(inputs), grads)
+        return [i.grad for i in inputs] + [p.grad.clone() for p in blk.parameters()]
+
+    torch.manual_seed(9)
+    got = gradients(blk.forward_list)
+    torch.manual_seed(9)
+    ba = [torch.randperm(4)[: int(4 * 0.7)], torch.randperm(6)[: int(6 * 0.7)]]
+    bf = [torch.randperm(4)[: int(4 * 0.7)], torch.randperm(6)[: int(6 * 0.7)]]
+    want = gradients(
+        lambda inputs: [_manual_block(blk, x, a, f) for x, a, f in zip(inputs, ba, bf)]
+    )
+    assert len(got) == len(want) == 2 + len(list(blk.parameters()))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)

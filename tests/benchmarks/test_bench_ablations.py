@@ -1,0 +1,95 @@
+"""The step benchmark's stochastic-depth ablations (`autograd-gather`, `no-stochastic-depth`) on the
+CPU: each changes what a compiled block computes while it is on (the block compiled as training
+compiles it, `dynamic=False`: its code is guarded, not reused stale) and puts everything back
+after."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from models import vit_block
+from models.vision_transformer import DinoVisionTransformer
+from scripts import bench_train_step as B
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiles():
+    torch._dynamo.reset()  # each test's compiled block starts from no cached graph
+    yield
+    torch._dynamo.reset()
+
+
+def trainer_of(backbone: nn.Module) -> SimpleNamespace:
+    return SimpleNamespace(model=SimpleNamespace(student=nn.ModuleDict({"backbone": backbone})))
+
+
+def backbone() -> DinoVisionTransformer:
+    torch.manual_seed(0)
+    return DinoVisionTransformer(
+        img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, drop_path_rate=0.3
+    ).train()
+
+
+def list_forward(block: nn.Module, xs: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    return block(xs)
+
+
+def test_no_stochastic_depth_runs_every_branch_on_the_whole_batch_then_restores():
+    model = backbone()
+    block = model.blocks[0]
+    compiled = torch.compile(block, backend="eager", fullgraph=True, dynamic=False)
+    xs = [torch.randn(4, 5, 16), torch.randn(3, 2, 16)]
+    subsets = list_forward(compiled, xs, seed=1)
+    every_row = [x + block._attn_branch(x) for x in xs]
+    every_row = [x + block._ffn_branch(x) for x in every_row]
+    with B._Ablation(trainer_of(model), "no-stochastic-depth"):
+        assert {b.sample_drop_ratio for b in model.blocks} == {0.0}
+        for got, want in zip(list_forward(compiled, xs, seed=1), every_row):
+            torch.testing.assert_close(got, want)
+    assert {b.sample_drop_ratio for b in model.blocks} == {0.3}
+    for got, want in zip(list_forward(compiled, xs, seed=1), subsets):
+        assert torch.equal(got, want)
+    assert not all(torch.equal(a, b) for a, b in zip(subsets, every_row))
+
+
+def test_autograd_gather_swaps_the_gather_under_compile_and_back():
+    """Under the ablation the compiled block's backward is autograd's indexing (seen by what it
+    traces), with the same gradients; afterwards take_rows is back."""
+    model = backbone()
+    block = model.blocks[0]
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True, dynamic=False)
+    traced = []
+    original = vit_block.take_rows
+
+    def recording(x, rows):
+        traced.append(x.shape)
+        return original(x, rows)
+
+    vit_block.take_rows = recording
+    try:
+        xs = [torch.randn(4, 5, 16, requires_grad=True)]
+        grads = []
+        for ablate in (False, True):
+            traced.clear()
+            x = xs[0].detach().clone().requires_grad_()
+            if ablate:
+                with B._Ablation(trainer_of(model), "autograd-gather"):
+                    assert vit_block.take_rows is not recording
+                    out = list_forward(compiled, [x], seed=2)
+            else:
+                out = list_forward(compiled, [x], seed=2)
+            out[0].square().sum().backward()
+            grads.append(x.grad)
+            assert bool(traced) != ablate  # traced with take_rows only when not ablated
+        assert vit_block.take_rows is recording
+        torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    finally:
+        vit_block.take_rows = original
+
+
+def test_rows_of_work_changing_ablations_get_no_mfu():
+    assert B.ABLATIONS_CHANGING_WORK == ("no-stochastic-depth",)
+    assert set(B.ABLATIONS_CHANGING_WORK) <= set(B.ABLATIONS)
