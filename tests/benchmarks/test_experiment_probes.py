@@ -1,6 +1,7 @@
 """The GPU probes' host-side pieces against hand-computed cases: the FP8 2:4 probe's quantisation,
 pruning and totals, the Philox probe's kernel copy against the kernel it copies (CPU: Triton's
-interpreter), and the CUTLASS comparison's reading of its binaries."""
+interpreter), the CUTLASS comparison's reading of its binaries, and the pack-grouping probe's bytes,
+ratios and stacked work."""
 
 import stat
 
@@ -63,3 +64,27 @@ def test_cutlass_compare_reads_a_binarys_last_json_line_and_reports_one_that_fai
     failed = run_binary(bad, 4096, 8, 1024)
     assert failed["returncode"] == 3 and "refused" in failed["error"]
     assert ratio(0.5, 0.25) == 2.0 and ratio(0.5, None) is None and ratio(None, 0.25) is None
+
+
+def test_pack_grouping_counts_a_vit_l_weights_bytes_and_its_ratios():
+    """One prune + pack of fc1's 4096 x 1024 bf16 weight moves 18.35 MB with W^T (W read 8,388,608
+    bytes; each packed operand 4,194,304 of values and 524,288 of metadata; the tile masks 524,288),
+    13.63 MB without."""
+    from scripts.experiments.probes.probe_pack_grouping import ratios, traffic_bytes
+
+    assert traffic_bytes(4096, 1024, write_t=True) == 18_350_080
+    assert traffic_bytes(4096, 1024, write_t=False) == 13_631_488
+    assert traffic_bytes(1024, 4096, write_t=True) == 18_350_080
+    r = ratios({"separate": 600.0, "stacked": 200.0, "copy_separate": 400.0, "copy_stacked": 160.0})
+    assert r == {"stacked_speedup": 3.0, "separate_vs_copy": 1.5, "stacked_vs_copy": 1.25}
+
+
+@pytest.mark.parametrize("write_t", [True, False])
+def test_pack_grouping_stacked_weights_prune_every_tile_as_alone(write_t):
+    """The stacked launch does the separate launches' work: the same kept mask for every tile (CPU:
+    Triton's interpreter)."""
+    from scripts.experiments.probes.probe_pack_grouping import stacked_tile_bits_match
+
+    gen = torch.Generator().manual_seed(1)
+    weights = [torch.randn(32, 64, generator=gen).to(torch.bfloat16) for _ in range(3)]
+    assert stacked_tile_bits_match(weights, write_t)
