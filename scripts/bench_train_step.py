@@ -18,10 +18,12 @@ fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs
 and slows as it warms, so rows run later in a fixed order run slower: `--heat-s 60` compiles every
 row first and then runs 60 s of steps, so that the rows start warm, and `--rounds N` lets the rows
 take turns N times (each row's steps of all rounds together); every row records the clock,
-temperature and power it ended at (`gpu_state`, per round in `rounds`). `--ablations` adds
-compiled-dense rows with one of this step's choices undone (heads and losses left eager, foreach
-instead of fused AdamW, the two-pass EMA, the per-step host syncs of the earlier loop, Python's
-automatic garbage collection), each timed right after the baseline it is compared with. Every row
+temperature and power it ended at (`gpu_state`, per round in `rounds`). `--ablations` adds,
+beside each compiled mode's dense row (`compiled-dense`, `stepgraph-dense`, ...), that row with one of
+this step's choices undone (heads and losses left eager, foreach instead of fused AdamW, the two-pass
+EMA, the per-step host syncs of the earlier loop, Python's automatic garbage collection, the
+stochastic-depth gather's own backward) or with stochastic depth off, each timed right after the
+baseline it is compared with (a step graph is captured again for it). Every row
 runs with the config's train.gc_period, as training does, and records the collections that ran in
 its steps (`gc`: per generation, host ms).
 
@@ -275,11 +277,20 @@ class _Ablation:
                 )
         else:
             raise ValueError(f"unknown ablation {self.name!r}; choose from {', '.join(ABLATIONS)}")
+        self._drop_step_graph()
         return self
 
     def __exit__(self, *exc):
         for undo in reversed(self.undo):
             undo()
+        self._drop_step_graph()
+
+    def _drop_step_graph(self) -> None:
+        # a captured step graph replays the kernels it captured: with an ablation on or off, the
+        # next step captures again (in the row's warm-up steps)
+        graph = getattr(self.trainer, "step_graph", None)
+        if graph is not None:
+            graph.reset()
 
 
 def parse_row(row: str) -> tuple[str, str, frozenset]:
@@ -530,11 +541,11 @@ def main() -> None:
                 for row in rows_here:
                     set_row(trainer, row)
                     timed(row, extras=last)
-                    if row == "compiled-dense":
+                    if parse_row(row)[1] == "dense" and not row.startswith("eager"):
                         for name in args.ablations:
                             with _Ablation(trainer, name):
-                                timed(row, label=f"compiled-dense, {name}")
-                            timed(row, label="compiled-dense (again)")
+                                timed(row, label=f"{row}, {name}")
+                            timed(row, label=f"{row} (again)")
         rows += [merge_rounds(outs) for outs in rounds.values()]
         set_row(trainer, "eager-dense")
         step_flop_counts = step_flop_counts or count_step_flops(

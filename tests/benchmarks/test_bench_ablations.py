@@ -93,3 +93,20 @@ def test_autograd_gather_swaps_the_gather_under_compile_and_back():
 def test_rows_of_work_changing_ablations_get_no_mfu():
     assert B.ABLATIONS_CHANGING_WORK == ("no-stochastic-depth",)
     assert set(B.ABLATIONS_CHANGING_WORK) <= set(B.ABLATIONS)
+
+
+def test_an_ablation_drops_a_captured_step_graph_on_entry_and_exit():
+    """Under train.cuda_graph the step replays what it captured: turning an ablation on or off must
+    make the next step capture again."""
+    resets = []
+    graph = SimpleNamespace(reset=lambda: resets.append(len(resets)))
+    model = backbone()
+    trainer = trainer_of(model)
+    trainer.step_graph = graph
+    with B._Ablation(trainer, "no-stochastic-depth"):
+        assert resets == [0]
+    assert resets == [0, 1]
+    trainer.step_graph = None  # launched: nothing to drop
+    with B._Ablation(trainer, "no-stochastic-depth"):
+        pass
+    assert resets == [0, 1]
