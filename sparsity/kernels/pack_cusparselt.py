@@ -28,6 +28,7 @@ bytes pair rows r and r+8 of the structured operand, i.e. tiles tr and tr+2 (for
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -94,6 +95,59 @@ def _prune_pack_kernel(
     DENSE_OUT: tl.constexpr,
 ):
     # (few runtime arguments on purpose: Triton's launcher spends host time on each one, every step)
+    u = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    _prune_pack_units(
+        u, w_ptr, m_ptr, vf_ptr, vd_ptr, bits_ptr, wp_ptr, R, C, LUT_LO, LUT_HI, GIVEN_MASK,
+        WRITE_T, PRELOAD, PACK, DENSE_OUT,
+    )  # fmt: skip
+
+
+@triton.jit
+def _prune_pack_group_kernel(
+    w_table,
+    vf_table,
+    vd_table,
+    bits_table,
+    R,
+    C,
+    LUT_LO: tl.constexpr,
+    LUT_HI: tl.constexpr,
+    WRITE_T: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PRELOAD: tl.constexpr,
+):
+    # one weight per program row (axis 1): its tensors' addresses from the int64 tables
+    layer = tl.program_id(1)
+    w_ptr = tl.load(w_table + layer).to(tl.pointer_type(tl.int16))
+    vf_ptr = tl.load(vf_table + layer).to(tl.pointer_type(tl.uint8))
+    vd_ptr = tl.load(vd_table + layer).to(tl.pointer_type(tl.uint8))
+    bits_ptr = tl.load(bits_table + layer).to(tl.pointer_type(tl.int16))
+    u = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    _prune_pack_units(
+        u, w_ptr, w_ptr, vf_ptr, vd_ptr, bits_ptr, w_ptr, R, C, LUT_LO, LUT_HI, False, WRITE_T,
+        PRELOAD, True, False,
+    )  # fmt: skip
+
+
+@triton.jit
+def _prune_pack_units(
+    u,
+    w_ptr,
+    m_ptr,
+    vf_ptr,
+    vd_ptr,
+    bits_ptr,
+    wp_ptr,
+    R,
+    C,
+    LUT_LO: tl.constexpr,
+    LUT_HI: tl.constexpr,
+    GIVEN_MASK: tl.constexpr,
+    WRITE_T: tl.constexpr,
+    PRELOAD: tl.constexpr,
+    PACK: tl.constexpr,
+    DENSE_OUT: tl.constexpr,
+):
     # compressed buffer = values (R * C bytes), then metadata; k-tiles of 32 columns of each operand
     mf_ptr = vf_ptr + R * C
     md_ptr = vd_ptr + R * C
@@ -102,7 +156,6 @@ def _prune_pack_kernel(
     n_units = (R // 8) * (C // 8)
     # one thread = one unit of four tiles {tr, tr+2} x {tc, tc+2} with tr % 4, tc % 4 in {0, 1}: the
     # tiles whose metadata nibbles share bytes (rows r and r+8 of either operand)
-    u = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = u < n_units
     upr = C // 8  # units per row of units
     ur = u // upr
@@ -208,38 +261,45 @@ def _prune_pack_kernel(
         PACK,
         DENSE_OUT,
     )
-    if not PACK:
-        return
-    # forward operand: rows 4tr + r (low nibble, tile tr) and 4tr + 8 + r (high nibble, tile tr + 2)
-    r0 = 4 * tr
-    tl.store(mf_ptr + _meta_addr(r0 + 0, tc, NKT_F), (a0 | (c0 << 4)).to(tl.uint8), mask=ok)
-    tl.store(mf_ptr + _meta_addr(r0 + 1, tc, NKT_F), (a1 | (c1 << 4)).to(tl.uint8), mask=ok)
-    tl.store(mf_ptr + _meta_addr(r0 + 2, tc, NKT_F), (a2 | (c2 << 4)).to(tl.uint8), mask=ok)
-    tl.store(mf_ptr + _meta_addr(r0 + 3, tc, NKT_F), (a3 | (c3 << 4)).to(tl.uint8), mask=ok)
-    tl.store(mf_ptr + _meta_addr(r0 + 0, tc + 2, NKT_F), (e0 | (g0 << 4)).to(tl.uint8), mask=ok)
-    tl.store(mf_ptr + _meta_addr(r0 + 1, tc + 2, NKT_F), (e1 | (g1 << 4)).to(tl.uint8), mask=ok)
-    tl.store(mf_ptr + _meta_addr(r0 + 2, tc + 2, NKT_F), (e2 | (g2 << 4)).to(tl.uint8), mask=ok)
-    tl.store(mf_ptr + _meta_addr(r0 + 3, tc + 2, NKT_F), (e3 | (g3 << 4)).to(tl.uint8), mask=ok)
-    if WRITE_T:
-        # input-gradient operand A = W^T: its rows are W's columns 4tc + c (tile tc) and 4tc + 8 + c
-        # (tile tc + 2)
-        c0_ = 4 * tc
-        tl.store(md_ptr + _meta_addr(c0_ + 0, tr, NKT_D), (b0 | (f0 << 4)).to(tl.uint8), mask=ok)
-        tl.store(md_ptr + _meta_addr(c0_ + 1, tr, NKT_D), (b1 | (f1 << 4)).to(tl.uint8), mask=ok)
-        tl.store(md_ptr + _meta_addr(c0_ + 2, tr, NKT_D), (b2 | (f2 << 4)).to(tl.uint8), mask=ok)
-        tl.store(md_ptr + _meta_addr(c0_ + 3, tr, NKT_D), (b3 | (f3 << 4)).to(tl.uint8), mask=ok)
-        tl.store(
-            md_ptr + _meta_addr(c0_ + 0, tr + 2, NKT_D), (d0 | (h0 << 4)).to(tl.uint8), mask=ok
-        )
-        tl.store(
-            md_ptr + _meta_addr(c0_ + 1, tr + 2, NKT_D), (d1 | (h1 << 4)).to(tl.uint8), mask=ok
-        )
-        tl.store(
-            md_ptr + _meta_addr(c0_ + 2, tr + 2, NKT_D), (d2 | (h2 << 4)).to(tl.uint8), mask=ok
-        )
-        tl.store(
-            md_ptr + _meta_addr(c0_ + 3, tr + 2, NKT_D), (d3 | (h3 << 4)).to(tl.uint8), mask=ok
-        )
+    if PACK:
+        # forward operand: rows 4tr + r (low nibble, tile tr) and 4tr + 8 + r (high nibble, tile tr + 2)
+        r0 = 4 * tr
+        tl.store(mf_ptr + _meta_addr(r0 + 0, tc, NKT_F), (a0 | (c0 << 4)).to(tl.uint8), mask=ok)
+        tl.store(mf_ptr + _meta_addr(r0 + 1, tc, NKT_F), (a1 | (c1 << 4)).to(tl.uint8), mask=ok)
+        tl.store(mf_ptr + _meta_addr(r0 + 2, tc, NKT_F), (a2 | (c2 << 4)).to(tl.uint8), mask=ok)
+        tl.store(mf_ptr + _meta_addr(r0 + 3, tc, NKT_F), (a3 | (c3 << 4)).to(tl.uint8), mask=ok)
+        tl.store(mf_ptr + _meta_addr(r0 + 0, tc + 2, NKT_F), (e0 | (g0 << 4)).to(tl.uint8), mask=ok)
+        tl.store(mf_ptr + _meta_addr(r0 + 1, tc + 2, NKT_F), (e1 | (g1 << 4)).to(tl.uint8), mask=ok)
+        tl.store(mf_ptr + _meta_addr(r0 + 2, tc + 2, NKT_F), (e2 | (g2 << 4)).to(tl.uint8), mask=ok)
+        tl.store(mf_ptr + _meta_addr(r0 + 3, tc + 2, NKT_F), (e3 | (g3 << 4)).to(tl.uint8), mask=ok)
+        if WRITE_T:
+            # input-gradient operand A = W^T: its rows are W's columns 4tc + c (tile tc) and 4tc + 8 + c
+            # (tile tc + 2)
+            c0_ = 4 * tc
+            tl.store(
+                md_ptr + _meta_addr(c0_ + 0, tr, NKT_D), (b0 | (f0 << 4)).to(tl.uint8), mask=ok
+            )
+            tl.store(
+                md_ptr + _meta_addr(c0_ + 1, tr, NKT_D), (b1 | (f1 << 4)).to(tl.uint8), mask=ok
+            )
+            tl.store(
+                md_ptr + _meta_addr(c0_ + 2, tr, NKT_D), (b2 | (f2 << 4)).to(tl.uint8), mask=ok
+            )
+            tl.store(
+                md_ptr + _meta_addr(c0_ + 3, tr, NKT_D), (b3 | (f3 << 4)).to(tl.uint8), mask=ok
+            )
+            tl.store(
+                md_ptr + _meta_addr(c0_ + 0, tr + 2, NKT_D), (d0 | (h0 << 4)).to(tl.uint8), mask=ok
+            )
+            tl.store(
+                md_ptr + _meta_addr(c0_ + 1, tr + 2, NKT_D), (d1 | (h1 << 4)).to(tl.uint8), mask=ok
+            )
+            tl.store(
+                md_ptr + _meta_addr(c0_ + 2, tr + 2, NKT_D), (d2 | (h2 << 4)).to(tl.uint8), mask=ok
+            )
+            tl.store(
+                md_ptr + _meta_addr(c0_ + 3, tr + 2, NKT_D), (d3 | (h3 << 4)).to(tl.uint8), mask=ok
+            )
 
 
 class Packed(NamedTuple):
@@ -287,13 +347,7 @@ def prune_pack(
         if mask.dtype == torch.bool:
             mask = mask.view(torch.uint8)
         mask = mask.contiguous()
-    size = L.compressed_size(R, C)  # same for both orientations
-    if out is None:
-        fwd = torch.empty(size, dtype=torch.uint8, device=w.device)
-        dgrad = torch.empty(size, dtype=torch.uint8, device=w.device) if write_t else None
-        bits = torch.empty(R // 4, C // 4, dtype=torch.int16, device=w.device)
-    else:
-        fwd, dgrad, bits = out
+    fwd, dgrad, bits = _empty_packed(R, C, write_t, w.device) if out is None else out
     block = _block()
     _prune_pack_kernel[(triton.cdiv((R // 8) * (C // 8), block),)](
         w,
@@ -315,6 +369,77 @@ def prune_pack(
         num_warps=CONFIG["num_warps"],
     )
     return Packed(fwd, dgrad, bits)
+
+
+def prune_pack_group(
+    weights: list[torch.Tensor], *, write_t: bool = True, out: list[Packed] | None = None
+) -> list[Packed]:
+    """`prune_pack` of several weights of one shape and dtype in one launch: each weight's outputs
+    are what `prune_pack(w, write_t=write_t)` writes for it, bit for bit (tile_greedy pruning; a
+    given mask is not supported). One weight's launch has too few programs to fill a large GPU; the
+    weights of a model's layers together do. The weights must be contiguous and 16-byte aligned, as
+    parameters are; `out` (one `Packed` a weight, e.g. from an earlier call) is written in place."""
+    if not weights:
+        raise ValueError("prune_pack_group needs at least one weight")
+    w0 = weights[0]
+    if w0.dim() != 2 or w0.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"prune_pack_group needs 2-D fp16/bf16 weights, got {tuple(w0.shape)} {w0.dtype}"
+        )
+    for i, w in enumerate(weights):
+        if (w.shape, w.dtype, w.device) != (w0.shape, w0.dtype, w0.device):
+            raise ValueError(
+                f"weight {i} is {tuple(w.shape)} {w.dtype} on {w.device}; weight 0 is "
+                f"{tuple(w0.shape)} {w0.dtype} on {w0.device}: one launch packs one shape"
+            )
+        if not w.is_contiguous() or w.data_ptr() % 16:
+            raise ValueError(f"weight {i} is not contiguous and 16-byte aligned")
+    R, C = w0.shape
+    L.check_shape(R, C)
+    check_launchable(*weights)
+    if out is None:
+        out = [_empty_packed(R, C, write_t, w0.device) for _ in weights]
+    elif len(out) != len(weights):
+        raise ValueError(f"{len(out)} outputs for {len(weights)} weights")
+    tables = [
+        _address_table(tuple(t.data_ptr() for t in ts), w0.device)
+        for ts in (
+            weights,
+            [o.fwd for o in out],
+            [o.dgrad if write_t else o.fwd for o in out],
+            [o.tile_bits for o in out],
+        )
+    ]
+    block = _block()
+    _prune_pack_group_kernel[(triton.cdiv((R // 8) * (C // 8), block), len(weights))](
+        *tables,
+        R,
+        C,
+        LUT_LO=LUT_LO,
+        LUT_HI=LUT_HI,
+        WRITE_T=write_t,
+        BLOCK=block,
+        PRELOAD=CONFIG["preload"],
+        num_warps=CONFIG["num_warps"],
+    )
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _address_table(addresses: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The addresses as an int64 tensor on `device`, made once per set of addresses: a step replayed
+    as a CUDA graph cannot copy a new table from the host, and a table is right for any tensors at
+    those addresses."""
+    return torch.tensor(addresses, dtype=torch.int64, device=device)
+
+
+def _empty_packed(R: int, C: int, write_t: bool, device) -> Packed:
+    size = L.compressed_size(R, C)  # same for both orientations
+    return Packed(
+        torch.empty(size, dtype=torch.uint8, device=device),
+        torch.empty(size, dtype=torch.uint8, device=device) if write_t else None,
+        torch.empty(R // 4, C // 4, dtype=torch.int16, device=device),
+    )
 
 
 def prune_dense(w: torch.Tensor):

@@ -75,16 +75,27 @@ def test_pack_grouping_counts_a_vit_l_weights_bytes_and_its_ratios():
     assert traffic_bytes(4096, 1024, write_t=True) == 18_350_080
     assert traffic_bytes(4096, 1024, write_t=False) == 13_631_488
     assert traffic_bytes(1024, 4096, write_t=True) == 18_350_080
-    r = ratios({"separate": 600.0, "stacked": 200.0, "copy_separate": 400.0, "copy_stacked": 160.0})
-    assert r == {"stacked_speedup": 3.0, "separate_vs_copy": 1.5, "stacked_vs_copy": 1.25}
+    us = {"separate": 600.0, "grouped": 240.0, "stacked": 200.0}
+    r = ratios({**us, "copy_separate": 400.0, "copy_stacked": 160.0})
+    assert r == {
+        "grouped_speedup": 2.5,
+        "stacked_speedup": 3.0,
+        "grouped_vs_copy": 1.5,
+        "separate_vs_copy": 1.5,
+        "stacked_vs_copy": 1.25,
+    }
 
 
 @pytest.mark.parametrize("write_t", [True, False])
-def test_pack_grouping_stacked_weights_prune_every_tile_as_alone(write_t):
-    """The stacked launch does the separate launches' work: the same kept mask for every tile (CPU:
-    Triton's interpreter)."""
-    from scripts.experiments.probes.probe_pack_grouping import stacked_tile_bits_match
+def test_pack_grouping_stacked_and_grouped_launches_do_the_separate_launches_work(write_t):
+    """The stacked launch prunes every tile as the separate launches do, and the grouped launch
+    writes their bytes (CPU: Triton's interpreter)."""
+    from scripts.experiments.probes.probe_pack_grouping import (
+        grouped_equals_separate,
+        stacked_tile_bits_match,
+    )
 
     gen = torch.Generator().manual_seed(1)
     weights = [torch.randn(32, 64, generator=gen).to(torch.bfloat16) for _ in range(3)]
     assert stacked_tile_bits_match(weights, write_t)
+    assert grouped_equals_separate(weights, write_t)

@@ -83,6 +83,47 @@ def test_fused_pack_equals_library(cs, dtype, shape):
         assert torch.equal(ref[valid], got[valid]), f"{kind} bytes differ"
 
 
+@pytest.mark.parametrize("write_t", [True, False])
+@pytest.mark.parametrize("shape", [(4096, 1024), (1024, 4096)])
+def test_group_pack_equals_the_library_and_replays_in_a_graph(cs, shape, write_t):
+    """prune_pack_group at ViT-L's MLP shapes: each weight's bytes those of the library's compressor
+    on its tile_greedy pruning; captured in a CUDA graph and replayed after the weights changed in
+    place (as a training step's parameters do), it packs the new values."""
+    from sparsity.backends.cusparselt import compressor as P
+    from sparsity.kernels.pack_cusparselt import prune_pack_group, tile_bits_to_mask
+    from sparsity.packing import layout as L
+    from sparsity.pruning.reference import tile_greedy_mask
+
+    out_f, in_f = shape
+    weights = [torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    weights[2][::5, ::3] = 0.5  # exact ties
+
+    def check(outs):
+        for pk, w in zip(outs, weights):
+            mask = tile_bits_to_mask(pk.tile_bits)
+            assert torch.equal(mask, tile_greedy_mask(w))
+            wp = torch.where(mask, w, torch.zeros((), dtype=w.dtype, device="cuda"))
+            for kind, got in (("fwd", pk.fwd), ("dgrad", pk.dgrad)):
+                if kind == "dgrad" and not write_t:
+                    assert got is None
+                    continue
+                comp = P.compressor(0, P.OperandLayout.for_weight(out_f, in_f, kind), w.dtype)
+                m, k = (out_f, in_f) if kind == "fwd" else (in_f, out_f)
+                valid = L.valid_byte_mask(m, k, "cuda")
+                assert torch.equal(comp(wp)[valid], got[valid]), f"{kind} bytes differ"
+
+    outs = prune_pack_group(weights, write_t=write_t)
+    check(outs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prune_pack_group(weights, write_t=write_t, out=outs)
+    for w in weights:
+        w.copy_(torch.randn_like(w))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(outs)
+
+
 @pytest.mark.parametrize("pruning", ["tile_optimal", "rowwise", "soft_threshold"])
 def test_pack_given_mask_equals_library(cs, pruning):
     from sparsity.backends.cusparselt import compressor as P

@@ -185,3 +185,54 @@ def test_kernel_rejects_bad_shapes():
         prune_pack(torch.zeros(40, 64, dtype=torch.bfloat16, device=_device()))
     with pytest.raises(TypeError):
         prune_pack(torch.zeros(64, 64, dtype=torch.float32, device=_device()))
+
+
+@pytest.mark.parametrize("write_t", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(48, 80), (32, 96)])
+def test_group_kernel_packs_each_weight_as_the_reference(dtype, shape, write_t):
+    """prune_pack_group: one launch over three weights of one shape writes, for each, the reference
+    packer's bytes of its tile_greedy pruning (every byte the layout uses) and its tile masks; W^T
+    only when asked. Outputs passed back in are rewritten in place."""
+    from sparsity.kernels.pack_cusparselt import prune_pack_group, tile_bits_to_mask
+
+    weights = [_weights(shape, dtype, seed=sum(shape) + i) for i in range(3)]
+    weights[1] = -weights[1]  # different weights in every slot
+    outs = prune_pack_group(weights, write_t=write_t)
+    R, C = shape
+    vf, vd = L.valid_byte_mask(R, C), L.valid_byte_mask(C, R)
+
+    def check(outs, weights):
+        for pk, w in zip(outs, weights):
+            mask = tile_greedy_mask(w.cpu())
+            wp = torch.where(mask, w.cpu(), torch.zeros((), dtype=dtype))
+            assert torch.equal(pk.fwd.cpu()[vf], L.pack_weight_reference(wp, "fwd")[vf])
+            if write_t:
+                assert torch.equal(pk.dgrad.cpu()[vd], L.pack_weight_reference(wp, "dgrad")[vd])
+            else:
+                assert pk.dgrad is None
+            assert torch.equal(tile_bits_to_mask(pk.tile_bits).cpu(), mask)
+
+    check(outs, weights)
+    again = prune_pack_group(weights[::-1], write_t=write_t, out=outs)
+    assert all(a.fwd is o.fwd for a, o in zip(again, outs))
+    check(outs, weights[::-1])
+
+
+def test_group_kernel_refuses_what_one_launch_cannot_pack():
+    from sparsity.kernels.pack_cusparselt import prune_pack_group
+
+    dev = _device()
+    w = torch.zeros(64, 64, dtype=torch.bfloat16, device=dev)
+    with pytest.raises(ValueError, match="at least one"):
+        prune_pack_group([])
+    with pytest.raises(ValueError, match="one launch packs one shape"):
+        prune_pack_group([w, torch.zeros(64, 32, dtype=torch.bfloat16, device=dev)])
+    with pytest.raises(ValueError, match="one launch packs one shape"):
+        prune_pack_group([w, w.half()])
+    with pytest.raises(ValueError, match="contiguous"):
+        prune_pack_group([w, torch.zeros(64, 128, dtype=torch.bfloat16, device=dev)[:, ::2]])
+    with pytest.raises(ValueError, match="2 outputs for 1 weights"):
+        prune_pack_group([w], out=prune_pack_group([w, w]))
+    with pytest.raises(TypeError):
+        prune_pack_group([w.float()])

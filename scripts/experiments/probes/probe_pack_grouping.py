@@ -8,8 +8,10 @@ once, at about two programs an SM, too few warps to hide the latency of the kern
 
 For each MLP shape, 24 weights (one ViT-L's fc1s or fc2s), each row replayed as one CUDA graph:
 - `separate`: 24 launches of `prune_pack`, one a weight (what the step does today);
-- `stacked`: one launch over the 24 weights stacked along their rows, the same tiles and the same
-  bytes (the packed layout differs, so this times the work, not a drop-in kernel);
+- `grouped`: one launch of `prune_pack_group` over the 24 weights where they lie, each weight's
+  outputs those of `prune_pack` (checked here, byte for byte where the layout uses them);
+- `stacked`: one launch of `prune_pack` over the 24 weights stacked along their rows, the same tiles
+  and bytes in one tensor (the ceiling of grouping: no address tables);
 - `copy_separate` / `copy_stacked`: plain copies moving the same bytes, 24 of one weight's traffic
   or one of all of it (the issue's yardstick: prune + pack within 1.2x of a copy of its bytes);
 each with W^T packed too (the student) and without (the teacher).
@@ -23,7 +25,7 @@ import statistics
 
 import torch
 
-from sparsity.kernels.pack_cusparselt import prune_pack
+from sparsity.kernels.pack_cusparselt import prune_pack, prune_pack_group
 from sparsity.packing import layout as L
 
 SHAPES = ((4096, 1024), (1024, 4096))  # (out, in) of fc1 and fc2 in ViT-L
@@ -44,11 +46,34 @@ def stacked_tile_bits_match(weights: list[torch.Tensor], write_t: bool = True) -
     return torch.equal(prune_pack(torch.cat(weights), write_t=write_t).tile_bits, alone)
 
 
+def grouped_equals_separate(weights: list[torch.Tensor], write_t: bool = True) -> bool:
+    """Whether one grouped launch writes every byte the layout uses, and every tile mask, as one
+    launch a weight does."""
+    R, C = weights[0].shape
+    valid = {
+        "fwd": L.valid_byte_mask(R, C, weights[0].device),
+        "dgrad": L.valid_byte_mask(C, R, weights[0].device),
+    }
+    for g, s in zip(
+        prune_pack_group(weights, write_t=write_t),
+        [prune_pack(w, write_t=write_t) for w in weights],
+    ):
+        if not torch.equal(g.tile_bits, s.tile_bits) or not torch.equal(
+            g.fwd[valid["fwd"]], s.fwd[valid["fwd"]]
+        ):
+            return False
+        if write_t and not torch.equal(g.dgrad[valid["dgrad"]], s.dgrad[valid["dgrad"]]):
+            return False
+    return True
+
+
 def ratios(us: dict) -> dict:
-    """Speed-ups of the stacked launch over separate ones, and each against its copy (>1: slower
-    than the copy)."""
+    """Speed-ups of the grouped and stacked launches over separate ones, and each against its copy
+    (>1: slower than the copy)."""
     return {
+        "grouped_speedup": round(us["separate"] / us["grouped"], 3),
         "stacked_speedup": round(us["separate"] / us["stacked"], 3),
+        "grouped_vs_copy": round(us["grouped"] / us["copy_stacked"], 3),
         "separate_vs_copy": round(us["separate"] / us["copy_separate"], 3),
         "stacked_vs_copy": round(us["stacked"] / us["copy_stacked"], 3),
     }
@@ -63,6 +88,7 @@ def _time_shape(out_f: int, in_f: int, write_t: bool, rounds: int) -> dict:
     ]
     stacks = [torch.cat(ws) for ws in sets]
     outs = [prune_pack(w, write_t=write_t) for w in sets[0]]  # preallocated, as the layers keep
+    group_outs = prune_pack_group(sets[0], write_t=write_t)
     big = prune_pack(stacks[0], write_t=write_t)
     nbytes = traffic_bytes(out_f, in_f, write_t) // 2  # a copy reads n bytes and writes n
     src = [torch.empty(LAYERS, nbytes, dtype=torch.uint8, device="cuda") for _ in range(2)]
@@ -74,6 +100,7 @@ def _time_shape(out_f: int, in_f: int, write_t: bool, rounds: int) -> dict:
 
     rows = {
         "separate": separate,
+        "grouped": lambda i: prune_pack_group(sets[i], write_t=write_t, out=group_outs),
         "stacked": lambda i: prune_pack(stacks[i], write_t=write_t, out=big),
         "copy_separate": lambda i: [d.copy_(s) for d, s in zip(dst, src[i])],
         "copy_stacked": lambda i: dst.copy_(src[i]),
@@ -90,6 +117,7 @@ def _time_shape(out_f: int, in_f: int, write_t: bool, rounds: int) -> dict:
         "layers": LAYERS,
         "bytes_per_weight": traffic_bytes(out_f, in_f, write_t),
         "stacked_tile_bits_match": stacked_tile_bits_match(sets[0][:3], write_t),
+        "grouped_equals_separate": grouped_equals_separate(sets[1], write_t),
         "us": us,
         "us_per_weight": {k: round(v / LAYERS, 2) for k, v in us.items()},
         **ratios(us),
