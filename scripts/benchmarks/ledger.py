@@ -263,6 +263,7 @@ def ledger(
     by_op: dict[str, dict[str, float]] = {
         c: {} for c in CLASSES
     }  # per class: launching op name -> us
+    by_shapes: dict[tuple[str, str], dict[str, list]] = {}  # (class, op) -> shapes -> [us, kernels]
     flops = dict.fromkeys(CLASSES, 0)
     seen_ops = set()
     for r in records:
@@ -270,11 +271,19 @@ def ledger(
         ms[c] += r.us / 1e3
         kernels[c] += 1
         by_op[c][r.op] = by_op[c].get(r.op, 0.0) + r.us
+        seen = by_shapes.setdefault((c, r.op), {}).setdefault(
+            str([list(x) for x in r.shapes]), [0.0, 0]
+        )
+        seen[0] += r.us
+        seen[1] += 1
         # an op's FLOPs once, however many kernels
         if r.category == "dense_gemm" and r.op_id not in seen_ops:
             seen_ops.add(r.op_id)
             flops[c] += gemm_flops(r.shapes)
     busy = sum(r.us for r in records) / 1e3 / steps
+    top_ops = {
+        c: sorted(ops.items(), key=lambda kv: -kv[1])[:top] for c, ops in by_op.items() if ops
+    }
     out = {
         "steps": steps,
         "mlp_dims": list(mlp_dims),
@@ -283,16 +292,24 @@ def ledger(
         "dense_gemm_tflop": {c: round(v / steps / 1e12, 4) for c, v in flops.items() if v},
         # what each class is made of: its largest launching ops (a check that the filing is right)
         "top_ops": {
-            c: [
-                [op, round(us / steps / 1e3, 3)]
-                for op, us in sorted(ops.items(), key=lambda kv: -kv[1])[:top]
-            ]
-            for c, ops in by_op.items()
-            if ops
+            c: [[op, round(us / steps / 1e3, 3)] for op, us in ops] for c, ops in top_ops.items()
+        },
+        # and the input shapes each of those ops ran on, the largest three by time: [shapes, ms a
+        # step, kernels a step] (an op name such as aten::sum says little about what it summed)
+        "top_op_shapes": {
+            c: {op: _largest_shapes(by_shapes[(c, op)], steps) for op, _ in ops}
+            for c, ops in top_ops.items()
         },
         "busy_ms": round(busy, 3),
     }
     return out if step_ms is None else set_step_time(out, step_ms)
+
+
+def _largest_shapes(shapes: dict[str, list], steps: int, n: int = 3) -> list:
+    return [
+        [key, round(us / steps / 1e3, 3), round(count / steps, 1)]
+        for key, (us, count) in sorted(shapes.items(), key=lambda kv: -kv[1][0])[:n]
+    ]
 
 
 def set_step_time(led: dict, step_ms: float) -> dict:

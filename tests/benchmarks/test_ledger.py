@@ -187,6 +187,27 @@ def test_ledger_lists_each_class_top_ops_largest_first_as_many_as_asked():
     ]
 
 
+def test_ledger_names_the_shapes_each_top_op_ran_on_largest_first():
+    """An op such as aten::sum launched on several shapes: per top op, its shapes by time a step
+    (two steps here), with their kernels a step, the largest three."""
+
+    def rec(us, shapes, op="aten::sum", i=0):
+        return L.KernelRecord("k", us, "other", op, i, shapes, "forward", "student.backbone")
+
+    big, small, tiny, rest = ((3800, 65536),), ((128, 65536),), ((64,),), ((8, 8), (8,))
+    recs = [rec(800.0, big), rec(900.0, big), rec(300.0, small), rec(10.0, tiny), rec(5.0, rest)]
+    recs.append(rec(50.0, big, op="aten::copy_"))
+    out = L.ledger(recs, steps=2, mlp_dims=(8, 32), top=4)
+    shapes = out["top_op_shapes"]["norms_and_elementwise"]
+    assert shapes["aten::sum"] == [
+        ["[[3800, 65536]]", 0.85, 1.0],
+        ["[[128, 65536]]", 0.15, 0.5],
+        ["[[64]]", 0.005, 0.5],
+    ]
+    assert shapes["aten::copy_"] == [["[[3800, 65536]]", 0.025, 0.5]]
+    assert set(shapes) == {op for op, _ in out["top_ops"]["norms_and_elementwise"]}
+
+
 def test_projections_and_in_place_by_hand():
     ms = dict.fromkeys(L.CLASSES, 0.0)
     ms.update(
