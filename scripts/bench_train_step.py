@@ -22,8 +22,8 @@ temperature and power it ended at (`gpu_state`, per round in `rounds`). `--ablat
 beside each compiled mode's dense row (`compiled-dense`, `stepgraph-dense`, ...), that row with one of
 this step's choices undone (heads and losses left eager, foreach instead of fused AdamW, the two-pass
 EMA, the per-step host syncs of the earlier loop, Python's automatic garbage collection, the
-stochastic-depth gather's own backward) or with stochastic depth off, each timed right after the
-baseline it is compared with (a step graph is captured again for it). Every row
+stochastic-depth gather's own backward, the compiled teacher centring) or with stochastic depth off,
+each timed right after the baseline it is compared with (a step graph is captured again for it). Every row
 runs with the config's train.gc_period, as training does, and records the collections that ran in
 its steps (`gc`: per generation, host ms).
 
@@ -90,6 +90,7 @@ ABLATIONS = (
     "automatic-gc",
     "autograd-gather",
     "no-stochastic-depth",
+    "teacher-centering-eager",
 )
 # ablations that change what the step computes: their rows get no MFU (the FLOPs counted are the
 # configured step's)
@@ -196,6 +197,7 @@ from scripts.benchmarks.step_profiles import host_profile, profile_steps, stall_
 from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps  # noqa: E402
 from sparsity.pruning import is_transposable  # noqa: E402
 from sparsity.swap import name_matcher  # noqa: E402
+from training.compile import TEACHER_CENTERING  # noqa: E402
 from training.distributed import DistContext  # noqa: E402
 from training.gc_control import StepGc  # noqa: E402
 from training.trainer import Trainer  # noqa: E402
@@ -222,8 +224,10 @@ class _Ablation:
                 self.undo.append(
                     lambda mod=mod, saved=saved: setattr(mod, "_compiled_call_impl", saved)
                 )
-            saved = m.ibot_patch_loss.__dict__.pop("forward_masked")
-            self.undo.append(lambda: setattr(m.ibot_patch_loss, "forward_masked", saved))
+            self._uncompile(m, [("ibot_patch_loss", "forward_masked"), *TEACHER_CENTERING])
+        # the teacher's centred softmax and iBOT centre statistics as eager torch ops
+        elif self.name == "teacher-centering-eager":
+            self._uncompile(m, TEACHER_CENTERING)
         elif self.name == "foreach-adamw":
             fused = t.optimizer
             t.optimizer = torch.optim.AdamW(
@@ -284,6 +288,16 @@ class _Ablation:
         for undo in reversed(self.undo):
             undo()
         self._drop_step_graph()
+
+    def _uncompile(self, model, methods) -> None:
+        """Put each (loss, method) of `model` back to its class's eager method (compile_model sets
+        the compiled one on the instance)."""
+        for loss, method in methods:
+            obj = getattr(model, loss)
+            saved = obj.__dict__.pop(method)
+            self.undo.append(
+                lambda obj=obj, method=method, saved=saved: setattr(obj, method, saved)
+            )
 
     def _drop_step_graph(self) -> None:
         # a captured step graph replays the kernels it captured: with an ablation on or off, the

@@ -16,10 +16,13 @@ data-dependent iBOT selection anyway):
 - the DINO (and iBOT) heads: fixed shapes (masked tokens are padded to the collate's `upperbound`);
 - the student's loss terms over the prototypes (fp32 log-softmax and cross-entropy), a few passes
   over (tokens x 65536) logits each in eager mode. The number of masked patches changes every step,
-  so the iBOT one is compiled with dynamic shapes: one graph for every count.
-Left eager: patch embedding and token preparation, the final norm, KoLeo (small), the teacher's
-centred softmax (its temperature is a Python float that changes every warm-up step: each value would
-be a new graph), the centre updates and Sinkhorn-Knopp (they all-reduce across ranks).
+  so the iBOT one is compiled with dynamic shapes: one graph for every count;
+- the teacher's centred softmax (DINO and iBOT) and this rank's part of the iBOT centre update (the
+  masked tokens' mean), each a few eager passes over the teacher's (tokens x 65536) logits. Dynamic:
+  the temperature, a Python float that changes every warm-up step, is then a symbolic input, not a
+  new graph for every value.
+Left eager: patch embedding and token preparation, the final norm, KoLeo (small), the centres'
+all-reduces and averages, and Sinkhorn-Knopp (they all-reduce across ranks).
 """
 
 from __future__ import annotations
@@ -39,6 +42,14 @@ def compile_wanted(setting: str, device: torch.device) -> bool:
     if setting == "auto":
         return device.type == "cuda"
     return setting == "true"
+
+
+# the teacher-side passes over the prototypes' logits that compile_model compiles: (loss, method)
+TEACHER_CENTERING = (
+    ("dino_loss", "softmax_center_teacher"),
+    ("ibot_patch_loss", "softmax_center_teacher"),
+    ("ibot_patch_loss", "local_center_stats"),
+)
 
 
 def _compile_method(obj: nn.Module, name: str, **options) -> None:
@@ -76,10 +87,12 @@ def compile_model(model: nn.Module, backend: str = "inductor", mode: str = "defa
                 head.compile(**static)
                 compiled.append(f"{role}.{name}")
     model.dino_loss.compile(**static)
-    _compile_method(
-        model.ibot_patch_loss, "forward_masked", backend=backend, dynamic=True, fullgraph=True
-    )
+    dynamic = dict(backend=backend, dynamic=True, fullgraph=True)
+    _compile_method(model.ibot_patch_loss, "forward_masked", **dynamic)
     compiled += ["dino_loss (cross-entropy)", "ibot_patch_loss.forward_masked (cross-entropy)"]
+    for loss, method in TEACHER_CENTERING:
+        _compile_method(getattr(model, loss), method, **dynamic)
+        compiled.append(f"{loss}.{method}")
     logger.info("torch.compile (backend %s): %s", backend, ", ".join(compiled))
     return compiled
 

@@ -57,10 +57,12 @@ class iBOTPatchLoss(nn.Module):
         return sinkhorn_knopp(teacher_output, teacher_temp, B, n_iterations, valid=valid)
 
     @torch.no_grad()
-    def update_center(self, teacher_patch_tokens: Tensor, valid: Tensor | None = None) -> None:
-        """center <- m * center + (1 - m) * (mean over ranks of each rank's mean masked token); t is
-        (n, K). Rows where `valid` (n,) is False are padding and left out (their count is on the
-        device: no host sync)."""
+    def local_center_stats(
+        self, teacher_patch_tokens: Tensor, valid: Tensor | None = None
+    ) -> Tensor:
+        """This rank's part of the center update: (K + 1,) fp32, the mean masked token and whether
+        there was one. A method of its own, without the all-reduce, so that training can compile
+        it: eagerly the cast, the masking and the sum are three passes over the (n, K) tokens."""
         t = teacher_patch_tokens.float().reshape(-1, teacher_patch_tokens.shape[-1])
         n = t.shape[0]
         if valid is not None:
@@ -72,7 +74,14 @@ class iBOTPatchLoss(nn.Module):
             # new_full, not new_tensor: a tensor built from a Python list is copied from host
             # memory, which waits for the GPU to drain (a host sync in the middle of every step)
             present = local.new_full((1,), 1.0 if n > 0 else 0.0)
-        stats = torch.cat([local, present])
+        return torch.cat([local, present])
+
+    @torch.no_grad()
+    def update_center(self, teacher_patch_tokens: Tensor, valid: Tensor | None = None) -> None:
+        """center <- m * center + (1 - m) * (mean over ranks of each rank's mean masked token); t is
+        (n, K). Rows where `valid` (n,) is False are padding and left out (their count is on the
+        device: no host sync)."""
+        stats = self.local_center_stats(teacher_patch_tokens, valid)
         all_reduce_sum_(stats)
         count = stats[-1]
         batch_center = (stats[:-1] / count.clamp(min=1.0)).view(1, 1, -1)

@@ -204,3 +204,46 @@ def test_compile_mode_reaches_the_blocks_it_is_meant_for(monkeypatch, mode, teac
         ValueError, match=f"train.compile_mode={mode} needs train.compile_backend=inductor"
     ):
         load_config(None, [f"train.compile_mode={mode}", "train.compile_backend=aot_eager"])
+
+
+def test_teacher_centering_compiles_once_for_every_temperature_and_equals_eager():
+    """compile_model's teacher-side pieces (the DINO and iBOT centred softmax, the iBOT centre's
+    local statistics), compiled as it compiles them: one graph whatever the temperature (a float
+    that changes every warm-up step), values those of the eager methods, and the statistics those
+    of a hand-written masked mean (padding rows left out; no valid row: zeros and a zero flag)."""
+    from torch._dynamo.utils import counters
+
+    from models.losses.dino_clstoken_loss import DINOLoss
+    from models.losses.ibot_patch_loss import iBOTPatchLoss
+    from training.compile import TEACHER_CENTERING, _compile_method
+
+    torch._dynamo.reset()
+    model = torch.nn.Module()
+    model.dino_loss, model.ibot_patch_loss = DINOLoss(96), iBOTPatchLoss(96)
+    gen = torch.Generator().manual_seed(0)
+    model.dino_loss.center.normal_(generator=gen)
+    model.ibot_patch_loss.center.normal_(generator=gen)
+    eager = {(loss, m): getattr(getattr(model, loss), m) for loss, m in TEACHER_CENTERING}
+    for loss, method in TEACHER_CENTERING:
+        _compile_method(
+            getattr(model, loss), method, backend="inductor", dynamic=True, fullgraph=True
+        )
+    cls_tokens = torch.randn(6, 96, generator=gen).to(torch.bfloat16)
+    patch_tokens = torch.randn(10, 96, generator=gen).to(torch.bfloat16)
+    graphs = counters["stats"]["unique_graphs"]
+    for temp in (0.04, 0.055, 0.07):
+        for loss, tokens in (("dino_loss", cls_tokens), ("ibot_patch_loss", patch_tokens)):
+            got = getattr(model, loss).softmax_center_teacher(tokens, temp)
+            want = eager[(loss, "softmax_center_teacher")](tokens, temp)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    assert counters["stats"]["unique_graphs"] - graphs == 2  # one a loss, all temperatures
+    valid = torch.tensor([True, False, True, True, False, False, True, True, False, True])
+    got = model.ibot_patch_loss.local_center_stats(patch_tokens, valid)
+    torch.testing.assert_close(
+        got, eager[("ibot_patch_loss", "local_center_stats")](patch_tokens, valid)
+    )
+    rows = patch_tokens.double()[valid]
+    torch.testing.assert_close(got[:-1].double(), rows.sum(0) / len(rows), rtol=1e-6, atol=1e-7)
+    assert got[-1].item() == 1.0
+    none = model.ibot_patch_loss.local_center_stats(patch_tokens, torch.zeros(10, dtype=torch.bool))
+    assert torch.equal(none, torch.zeros(97))
