@@ -13,11 +13,11 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.init import trunc_normal_
 
 from configs.torch_env import ensure_torchvision_importable
+from models.pos_embed import bicubic_resize_matrix, resize_positions
 from models.vit_block import NORM_LAYER, Block
 
 ensure_torchvision_importable()  # before timm, which imports torchvision (see configs/torch_env.py)
@@ -64,6 +64,7 @@ class DinoVisionTransformer(nn.Module):
         self.interpolate_antialias = interpolate_antialias
         self.interpolate_offset = interpolate_offset
         self.chunked_blocks = False  # read by the reference's param-group code; we never chunk
+        self._resize_matrices = {}  # the pos-embed resizes on each device (interpolate_pos_encoding)
 
         self.patch_embed = PatchEmbed(
             img_size=img_size,
@@ -144,15 +145,18 @@ class DinoVisionTransformer(nn.Module):
             )
         else:
             kwargs["size"] = (h0, w0)
-        patch_pos_embed = F.interpolate(
-            patch_pos_embed.reshape(1, M, M, dim).permute(0, 3, 1, 2),
-            mode="bicubic",
-            antialias=self.interpolate_antialias,
-            **kwargs,
-        )
-        assert (h0, w0) == tuple(patch_pos_embed.shape[-2:])
-        patch_pos_embed = patch_pos_embed.permute(0, 2, 3, 1).reshape(1, -1, dim)
+        matrix = self._resize_matrix(M, (h0, w0), kwargs.get("scale_factor"), x.device)
+        patch_pos_embed = resize_positions(patch_pos_embed.reshape(N, dim), matrix).unsqueeze(0)
         return torch.cat((class_pos_embed.unsqueeze(0), patch_pos_embed), dim=1).to(previous_dtype)
+
+    def _resize_matrix(self, grid: int, size, scale_factor, device) -> Tensor:
+        """`bicubic_resize_matrix` on `device`, copied there once (a copy from the host in every
+        step would wait for the GPU, and cannot be captured in a CUDA graph)."""
+        key = (grid, size, scale_factor, self.interpolate_antialias, str(device))
+        if key not in self._resize_matrices:
+            matrix = bicubic_resize_matrix(grid, size, scale_factor, self.interpolate_antialias)
+            self._resize_matrices[key] = matrix.to(device)
+        return self._resize_matrices[key]
 
     def tokens_per_image(self, img_size: int) -> int:
         """Class token, registers and patches of a square `img_size` image."""
