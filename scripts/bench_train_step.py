@@ -22,7 +22,8 @@ temperature and power it ended at (`gpu_state`, per round in `rounds`). `--ablat
 beside each compiled mode's dense row (`compiled-dense`, `stepgraph-dense`, ...), that row with one of
 this step's choices undone (heads and losses left eager, foreach instead of fused AdamW, the two-pass
 EMA, the per-step host syncs of the earlier loop, Python's automatic garbage collection, the
-stochastic-depth gather's own backward, the compiled teacher centring) or with stochastic depth off,
+stochastic-depth gather's own backward, the compiled teacher centring, the pos-embed resize as a
+matrix) or with stochastic depth off,
 each timed right after the baseline it is compared with (a step graph is captured again for it). Every row
 runs with the config's train.gc_period, as training does, and records the collections that ran in
 its steps (`gc`: per generation, host ms).
@@ -91,6 +92,7 @@ ABLATIONS = (
     "autograd-gather",
     "no-stochastic-depth",
     "teacher-centering-eager",
+    "pos-embed-interpolate",
 )
 # ablations that change what the step computes: their rows get no MFU (the FLOPs counted are the
 # configured step's)
@@ -228,6 +230,11 @@ class _Ablation:
         # the teacher's centred softmax and iBOT centre statistics as eager torch ops
         elif self.name == "teacher-centering-eager":
             self._uncompile(m, TEACHER_CENTERING)
+        # the student's pos-embed resized by F.interpolate's bicubic kernel, not the matrix
+        elif self.name == "pos-embed-interpolate":
+            backbone = m.student.backbone
+            backbone.interpolate_pos_encoding = functools.partial(_pos_embed_by_op, backbone)
+            self.undo.append(lambda: backbone.__dict__.pop("interpolate_pos_encoding"))
         elif self.name == "foreach-adamw":
             fused = t.optimizer
             t.optimizer = torch.optim.AdamW(
@@ -305,6 +312,29 @@ class _Ablation:
         graph = getattr(self.trainer, "step_graph", None)
         if graph is not None:
             graph.reset()
+
+
+def _pos_embed_by_op(vit, x, h: int, w: int):
+    """`interpolate_pos_encoding` with the bicubic resize done by F.interpolate itself (the
+    `pos-embed-interpolate` ablation): the same values to within fp32 rounding."""
+    npatch, n = x.shape[1] - 1, vit.pos_embed.shape[1] - 1
+    if npatch == n and w == h:
+        return vit.pos_embed
+    pos = vit.pos_embed.float()
+    grid, dim = int(n**0.5), x.shape[-1]
+    h0, w0 = h // vit.patch_size, w // vit.patch_size
+    off = vit.interpolate_offset
+    resize = (
+        dict(scale_factor=((h0 + off) / grid, (w0 + off) / grid)) if off else dict(size=(h0, w0))
+    )
+    patches = torch.nn.functional.interpolate(
+        pos[:, 1:].reshape(1, grid, grid, dim).permute(0, 3, 1, 2),
+        mode="bicubic",
+        antialias=vit.interpolate_antialias,
+        **resize,
+    )
+    patches = patches.permute(0, 2, 3, 1).reshape(1, -1, dim)
+    return torch.cat((pos[:, :1], patches), dim=1).to(x.dtype)
 
 
 def parse_row(row: str) -> tuple[str, str, frozenset]:

@@ -110,3 +110,18 @@ def test_an_ablation_drops_a_captured_step_graph_on_entry_and_exit():
     with B._Ablation(trainer, "no-stochastic-depth"):
         pass
     assert resets == [0, 1]
+
+
+def test_pos_embed_interpolate_resizes_by_the_op_to_within_rounding_then_restores():
+    """The ablation's resize (F.interpolate) and the model's (the matrix) agree to fp32 rounding,
+    and the instance's method is the class's again afterwards."""
+    vit = model = backbone()
+    with torch.no_grad():
+        vit.pos_embed.normal_()
+    x = torch.zeros(1, 1 + 36, 16)  # a 24 x 24 image: 6 x 6 patches of a 4 x 4 grid
+    want = vit.interpolate_pos_encoding(x, 24, 24)
+    with B._Ablation(trainer_of(model), "pos-embed-interpolate"):
+        got = vit.interpolate_pos_encoding(x, 24, 24)
+        assert "interpolate_pos_encoding" in vit.__dict__
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert "interpolate_pos_encoding" not in vit.__dict__
