@@ -73,8 +73,9 @@ class TakeRows(torch.autograd.Function):
 
 def take_rows(x: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
     """`(x, x[rows])` for a branch on the rows `rows` (from randperm: unique) whose output is added
-    back to x; use the returned x for that add. Values are those of plain indexing; the gradient of
-    x is autograd's, in one pass over the branch's rows instead of three over the batch."""
+    back to x; use the returned x for that add. Values are those of plain indexing, and so is x's
+    gradient; it is computed as a gather-add-scatter of the branch's rows into the stream's gradient
+    instead of a zero tensor of the batch, a scatter into it and an add."""
     return TakeRows.apply(x, rows)
 
 
