@@ -96,6 +96,21 @@ def validate(cfg: Config) -> None:
             f"sparse)",
         ),
         (
+            not cfg.optim.lr_restart_at_switch or cfg.switches,
+            f"optim.lr_restart_at_switch=true needs a switch, 0 < sparsity.sparse_fraction < 1 "
+            f"(got {cfg.sparsity.sparse_fraction:g}: {cfg.sparse_steps} of {cfg.total_steps} "
+            f"steps sparse)",
+        ),
+        (
+            cfg.lr_restart_step is None
+            or cfg.optim.warmup_epochs * cfg.train.epoch_length
+            < cfg.lr_restart_step
+            < cfg.total_steps,
+            f"the learning rate's restart ({_lr_restart_setting(cfg)}) falls at step "
+            f"{cfg.lr_restart_step} of {cfg.total_steps}: it must come after the warm-up's "
+            f"{cfg.optim.warmup_epochs * cfg.train.epoch_length} steps and before the last step",
+        ),
+        (
             cfg.momentum_restart_step is None or cfg.teacher.momentum_reference_steps == 0,
             f"{_restart_setting(cfg)} and "
             f"teacher.momentum_reference_steps={cfg.teacher.momentum_reference_steps} both "
@@ -130,6 +145,13 @@ def validate(cfg: Config) -> None:
     )  # the library's own rules on its options (torch-free)
     if problem:
         raise ConfigError(problem)
+
+
+def _lr_restart_setting(cfg: Config) -> str:
+    """The key=value that restarts the learning rate (for a message)."""
+    if cfg.optim.lr_restart_at_switch:
+        return "optim.lr_restart_at_switch=true"
+    return f"optim.lr_restart_fraction={cfg.optim.lr_restart_fraction:g}"
 
 
 def _restart_setting(cfg: Config) -> str:

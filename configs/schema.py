@@ -121,12 +121,28 @@ class OptimConfig:
     layerwise_decay: float = value(0.9, gt=0, le=1)
     adamw_beta1: float = value(0.9, ge=0, lt=1)
     adamw_beta2: float = value(0.999, ge=0, lt=1)
+    # true: the learning rate's cosine starts again at the sparse -> dense switch, from
+    # lr_restart_peak x the schedule's peak, and runs to min_lr over the dense steps (SGDR's warm
+    # restart: the dense phase trains at a higher rate than the end of one cosine leaves it) |
+    # false: one cosine over the run (dinov2)
+    lr_restart_at_switch: bool = value(False, at_switch=True)
+    # > 0: the same restart at this fraction of the steps (round(fraction x steps)), in any run: the
+    # dense control of lr_restart_at_switch | 0: no restart
+    lr_restart_fraction: float = value(0.0, ge=0, lt=1)
+    # where a restarted cosine starts, as a fraction of the schedule's peak learning rate
+    lr_restart_peak: float = value(0.5, gt=0, le=1)
 
     def problem(self) -> str | None:
         """What this section's own fields violate together, or None (rules spanning sections:
         `checks.py`)."""
         if self.warmup_epochs > self.epochs:
             return f"optim.warmup_epochs={self.warmup_epochs} must be <= optim.epochs={self.epochs}"
+        if self.lr_restart_fraction > 0 and self.lr_restart_at_switch:
+            return (
+                f"optim.lr_restart_fraction={self.lr_restart_fraction:g} and "
+                "optim.lr_restart_at_switch=true both place the learning rate's restart: set one "
+                "of them"
+            )
         return None
 
 
@@ -360,6 +376,17 @@ class Config:
             return self.sparse_steps
         if self.teacher.momentum_restart_fraction > 0:
             return round(self.teacher.momentum_restart_fraction * self.total_steps)
+        return None
+
+    @property
+    def lr_restart_step(self) -> int | None:
+        """The step where the learning rate's cosine starts again (`optim.lr_restart_at_switch`:
+        the first dense step; `optim.lr_restart_fraction`: that fraction of the steps), None for no
+        restart."""
+        if self.optim.lr_restart_at_switch:
+            return self.sparse_steps
+        if self.optim.lr_restart_fraction > 0:
+            return round(self.optim.lr_restart_fraction * self.total_steps)
         return None
 
     @property

@@ -73,6 +73,15 @@ OPTION_PHRASES = {
         "0.0": "no teacher momentum restart",
         "*": "teacher momentum restarted at {} of the steps",
     },
+    "optim.lr_restart_at_switch": {
+        "true": "learning rate restarted at the switch",
+        "false": "one learning-rate cosine",
+    },
+    "optim.lr_restart_fraction": {
+        "0.0": "no learning-rate restart",
+        "*": "learning rate restarted at {} of the steps",
+    },
+    "optim.lr_restart_peak": {"*": "restarted learning rate from {} of its peak"},
     "teacher.momentum_reference_steps": {
         "0": "dinov2's teacher momentum",
         "*": "teacher horizon matched to a {}-step run",

@@ -55,7 +55,10 @@ ADDED_SINCE_TRAINER_KEYS = {
 
 def test_the_flags_give_the_lists_that_were_kept_by_hand():
     assert set(RESUMABLE_CHANGES) == FORMER_RESUMABLE_CHANGES and len(RESUMABLE_CHANGES) == 24
-    assert SWITCH_KEYS == {"teacher.momentum_restart_at_switch": False}
+    assert SWITCH_KEYS == {
+        "teacher.momentum_restart_at_switch": False,
+        "optim.lr_restart_at_switch": False,  # added since, with the same flag
+    }
     assert set(TRAINER_FIELDS) == FORMER_TRAINER_KEYS | ADDED_SINCE_TRAINER_KEYS
 
 

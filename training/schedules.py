@@ -62,15 +62,22 @@ class Schedules:
 
 
 def build_schedules(cfg: Config, world_size: int) -> Schedules:
-    """The reference's `build_schedulers`: lr (warm-up + cosine), wd and momentum (cosine; its
-    distance from 1 scaled by `cfg.momentum_scale`), teacher temperature (linear warm-up then
-    constant), last-layer lr = lr with the first `freeze_last_layer_epochs` zeroed."""
+    """The reference's `build_schedulers`: lr (warm-up + cosine; with `optim.lr_restart_at_switch`
+    or `lr_restart_fraction` a second cosine from `lr_restart_peak` x the peak at that step), wd and
+    momentum (cosine; its distance from 1 scaled by `cfg.momentum_scale`), teacher temperature
+    (linear warm-up then constant), last-layer lr = lr with the first `freeze_last_layer_epochs`
+    zeroed."""
     epoch = cfg.train.epoch_length
     total = cfg.total_steps
     peak_lr = scaled_lr(cfg, world_size)
     lr = cosine_schedule(
         peak_lr, cfg.optim.min_lr, total, warmup_iters=cfg.optim.warmup_epochs * epoch
     )
+    restart = cfg.lr_restart_step
+    if restart is not None:
+        lr[restart:] = cosine_schedule(
+            cfg.optim.lr_restart_peak * peak_lr, cfg.optim.min_lr, total - restart
+        )
     last_layer_lr = lr.copy()
     last_layer_lr[: cfg.optim.freeze_last_layer_epochs * epoch] = 0.0
     return Schedules(

@@ -225,3 +225,68 @@ def test_dense_warm_up_refusals_name_the_key(overrides, message):
 
     with pytest.raises(ConfigError, match=message):
         _sixteen_steps("sparsity.sparse_fraction=0.5", *overrides)
+
+
+def test_lr_restart_at_the_switch_by_hand():
+    """Half the steps sparse, the learning rate restarted at the switch from half its peak: steps
+    0-7 are the one cosine's (4 warm-up steps, then its first 4 of 12), steps 8-15 a cosine over 8
+    steps from peak / 2 to min_lr; the last layer's follows it after its frozen first epoch."""
+    base = _sixteen_steps("sparsity.sparse_fraction=0.5")
+    cfg = _sixteen_steps("sparsity.sparse_fraction=0.5", "optim.lr_restart_at_switch=true")
+    one, restarted = build_schedules(base, 1), build_schedules(cfg, 1)
+    peak, low = float(one.lr.max()), cfg.optim.min_lr
+    dense = [low + 0.5 * (peak / 2 - low) * (1 + math.cos(math.pi * i / 8)) for i in range(8)]
+    np.testing.assert_allclose(restarted.lr[:8], one.lr[:8], rtol=0, atol=0)
+    np.testing.assert_allclose(restarted.lr[8:], dense, rtol=1e-12, atol=0)
+    assert restarted.lr[8] == pytest.approx(peak / 2) != one.lr[8]
+    np.testing.assert_allclose(restarted.last_layer_lr[4:], restarted.lr[4:], rtol=0, atol=0)
+    assert not restarted.last_layer_lr[:4].any()
+    for name in ("weight_decay", "momentum", "teacher_temp"):  # the other schedules are untouched
+        np.testing.assert_array_equal(getattr(restarted, name), getattr(one, name))
+
+
+def test_lr_restart_at_a_fraction_is_the_dense_control_and_takes_its_peak():
+    """A run without a switch restarts at round(0.5 x 16) = step 8, as the 50% run at its switch;
+    lr_restart_peak sets where the second cosine starts."""
+    control = build_schedules(_sixteen_steps("optim.lr_restart_fraction=0.5"), 1).lr
+    at_switch = build_schedules(
+        _sixteen_steps("sparsity.sparse_fraction=0.5", "optim.lr_restart_at_switch=true"), 1
+    ).lr
+    np.testing.assert_array_equal(control, at_switch)
+    quarter = build_schedules(
+        _sixteen_steps("optim.lr_restart_fraction=0.5", "optim.lr_restart_peak=0.25"), 1
+    ).lr
+    assert quarter[8] == pytest.approx(control.max() / 4) and quarter[8] == pytest.approx(
+        control[8] / 2
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["sparsity.sparse_fraction=0", "optim.lr_restart_at_switch=true"],
+            r"optim.lr_restart_at_switch=true needs a switch",
+        ),
+        (
+            ["optim.lr_restart_fraction=0.2"],
+            r"restart \(optim.lr_restart_fraction=0.2\) falls at step 3 of 16: it must come after "
+            r"the warm-up's 4 steps",
+        ),
+        (
+            [
+                "sparsity.sparse_fraction=0.5",
+                "optim.lr_restart_at_switch=true",
+                "optim.lr_restart_fraction=0.5",
+            ],
+            "both place the learning rate's restart",
+        ),
+        (["optim.lr_restart_peak=1.5"], r"optim.lr_restart_peak=1.5 is out of range"),
+        (["optim.lr_restart_fraction=1"], r"optim.lr_restart_fraction"),
+    ],
+)
+def test_lr_restart_refusals_name_the_key(overrides, message):
+    from configs.load import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _sixteen_steps(*overrides)
