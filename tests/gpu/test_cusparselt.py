@@ -90,7 +90,8 @@ def test_group_pack_equals_the_library_and_replays_in_a_graph(cs, shape, write_t
     on its tile_greedy pruning; captured in a CUDA graph and replayed after the weights changed in
     place (as a training step's parameters do), it packs the new values."""
     from sparsity.backends.cusparselt import compressor as P
-    from sparsity.kernels.pack_cusparselt import prune_pack_group, tile_bits_to_mask
+    from sparsity.kernels.pack_cusparselt import tile_bits_to_mask
+    from sparsity.kernels.pack_cusparselt_group import prune_pack_group
     from sparsity.packing import layout as L
     from sparsity.pruning.reference import tile_greedy_mask
 

@@ -194,7 +194,8 @@ def test_group_kernel_packs_each_weight_as_the_reference(dtype, shape, write_t):
     """prune_pack_group: one launch over three weights of one shape writes, for each, the reference
     packer's bytes of its tile_greedy pruning (every byte the layout uses) and its tile masks; W^T
     only when asked. Outputs passed back in are rewritten in place."""
-    from sparsity.kernels.pack_cusparselt import prune_pack_group, tile_bits_to_mask
+    from sparsity.kernels.pack_cusparselt import tile_bits_to_mask
+    from sparsity.kernels.pack_cusparselt_group import prune_pack_group
 
     weights = [_weights(shape, dtype, seed=sum(shape) + i) for i in range(3)]
     weights[1] = -weights[1]  # different weights in every slot
@@ -220,7 +221,7 @@ def test_group_kernel_packs_each_weight_as_the_reference(dtype, shape, write_t):
 
 
 def test_group_kernel_refuses_what_one_launch_cannot_pack():
-    from sparsity.kernels.pack_cusparselt import prune_pack_group
+    from sparsity.kernels.pack_cusparselt_group import prune_pack_group
 
     dev = _device()
     w = torch.zeros(64, 64, dtype=torch.bfloat16, device=dev)

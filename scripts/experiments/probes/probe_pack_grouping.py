@@ -25,7 +25,8 @@ import statistics
 
 import torch
 
-from sparsity.kernels.pack_cusparselt import prune_pack, prune_pack_group
+from sparsity.kernels.pack_cusparselt import prune_pack
+from sparsity.kernels.pack_cusparselt_group import prune_pack_group
 from sparsity.packing import layout as L
 
 SHAPES = ((4096, 1024), (1024, 4096))  # (out, in) of fc1 and fc2 in ViT-L
