@@ -99,3 +99,31 @@ def test_pack_grouping_stacked_and_grouped_launches_do_the_separate_launches_wor
     weights = [torch.randn(32, 64, generator=gen).to(torch.bfloat16) for _ in range(3)]
     assert stacked_tile_bits_match(weights, write_t)
     assert grouped_equals_separate(weights, write_t)
+
+
+def test_attention_probe_takes_the_steps_shapes_and_the_models_layout():
+    """The ViT-L step's attention calls: 89 of 128 global crops and 358 of 512 local ones kept at
+    drop-path 0.3 (the student, forward and backward), the teacher's 128 global crops; q, k, v the
+    model's views of its qkv output; per-step sums refuse to mix in a backend that refused a case."""
+    from scripts.experiments.probes.probe_attention import (
+        HEAD_DIM,
+        HEADS,
+        per_step,
+        qkv_views,
+        step_cases,
+    )
+
+    cases = step_cases()
+    assert [(c["seqs"], c["tokens"], c["grad"]) for c in cases] == [
+        (89, 197, True),
+        (358, 37, True),
+        (128, 197, False),
+    ]
+    qkv = torch.randn(2, 5, 3 * HEADS * HEAD_DIM)
+    q, k, v = qkv_views(qkv)
+    assert q.shape == (2, HEADS, 5, HEAD_DIM)
+    h = 3  # head 3 of token 4 of sequence 1: its slice of the qkv row
+    assert torch.equal(k[1, h, 4], qkv[1, 4, HEADS * HEAD_DIM + h * HEAD_DIM :][:HEAD_DIM])
+    assert torch.equal(v[0, h, 2], qkv[0, 2, 2 * HEADS * HEAD_DIM + h * HEAD_DIM :][:HEAD_DIM])
+    totals = per_step([{"default": 0.1, "A": 0.05}, {"default": 0.2}], blocks=2)
+    assert totals == {"A": None, "default": 0.6, "fastest_each": 0.5}
