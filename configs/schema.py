@@ -220,6 +220,11 @@ class SparsityConfig(ConverterOptions):
     # pruned_decay (constant after it): the masks settle early in the phase, and a full decay then
     # shrinks entries that would have re-entered; 0 = the full strength from the phase's first step
     pruned_decay_ramp: float = value(0.0, ge=0, le=1)
+    # the share of the sparse phase, at its end, over which the masked decay's strength falls
+    # linearly to 0 (none at the phase's last step): the pruned entries then regrow under their
+    # straight-through gradients before the switch, where a full decay leaves them near zero for
+    # the dense phase to regrow; 0 = the full strength to the switch
+    pruned_decay_fade: float = value(0.0, ge=0, le=1)
     # per logged step, the student's mask flip rate, pruned share of |W| and the switch's loss jump
     # (metrics.jsonl, sparsity_masks.jsonl, TensorBoard; training/sparsity_monitor.py): a few prunes
     # per logged step, none per step
@@ -234,6 +239,17 @@ class SparsityConfig(ConverterOptions):
                 f"sparsity.pruned_decay_ramp={self.pruned_decay_ramp:g} ramps the masked decay, "
                 f"which "
                 "sparsity.pruned_decay=0 turns off: set both, or neither"
+            )
+        if self.pruned_decay_fade and not self.pruned_decay:
+            return (
+                f"sparsity.pruned_decay_fade={self.pruned_decay_fade:g} fades the masked decay, "
+                "which sparsity.pruned_decay=0 turns off: set both, or neither"
+            )
+        if self.pruned_decay_ramp + self.pruned_decay_fade > 1:
+            return (
+                f"sparsity.pruned_decay_ramp={self.pruned_decay_ramp:g} and "
+                f"sparsity.pruned_decay_fade={self.pruned_decay_fade:g} overlap: the ramp's share "
+                "at the sparse phase's start and the fade's at its end must sum to 1 or less"
             )
         if self.switch_weights != "dense" and (
             self.kind != "weight" or self.pruning == "soft_threshold"

@@ -52,6 +52,10 @@ OPTION_PHRASES = {
         "0.0": "masked decay at full strength throughout",
         "*": "masked decay ramped over the first {} of the sparse phase",
     },
+    "sparsity.pruned_decay_fade": {
+        "0.0": "masked decay to the switch",
+        "*": "masked decay faded over the sparse phase's last {}",
+    },
     "sparsity.dense_warmup_fraction": {
         "0.0": "sparse from the first step",
         "*": "dense for the first {} of the steps",

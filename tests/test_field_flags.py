@@ -49,8 +49,9 @@ FORMER_TRAINER_KEYS = {
     "mask_stats",
 }
 ADDED_SINCE_TRAINER_KEYS = {
-    "pruned_decay_ramp"
-}  # a schedule of the trainer's, flagged when it was added
+    "pruned_decay_ramp",
+    "pruned_decay_fade",
+}  # schedules of the trainer's, flagged when they were added
 
 
 def test_the_flags_give_the_lists_that_were_kept_by_hand():

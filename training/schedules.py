@@ -96,15 +96,19 @@ def build_schedules(cfg: Config, world_size: int) -> Schedules:
 
 
 def pruned_decay_ramp(cfg: Config) -> np.ndarray:
-    """The masked decay's share of its strength per step (`sparsity.pruned_decay_ramp`): (k + 1) / R
-    at the sparse phase's k-th step for its first R = ramp x sparse steps (the first step already
-    decays, the R-th at full strength), 1 after them and everywhere else (outside the sparse phase
-    the converter decays nothing anyway)."""
+    """The masked decay's share of its strength per step: with `sparsity.pruned_decay_ramp`, (k + 1)
+    / R at the sparse phase's k-th step for its first R = ramp x sparse steps (the first step already
+    decays, the R-th at full strength); with `sparsity.pruned_decay_fade`, (F - 1 - j) / F at the
+    j-th of its last F = fade x sparse steps (none at the last); 1 everywhere else (outside the
+    sparse phase the converter decays nothing anyway)."""
     scale = np.ones(cfg.total_steps)
     start, end = cfg.dense_warmup_steps, cfg.sparse_steps
     ramp = round(cfg.sparsity.pruned_decay_ramp * (end - start))
     if ramp > 0:
         scale[start : start + ramp] = (np.arange(ramp) + 1) / ramp
+    fade = round(cfg.sparsity.pruned_decay_fade * (end - start))
+    if fade > 0:
+        scale[end - fade : end] = (fade - 1 - np.arange(fade)) / fade
     return scale
 
 

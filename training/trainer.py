@@ -379,9 +379,10 @@ class Trainer:
     def graphed_compute(self, batch: SSLBatch, hyper) -> tuple:
         """The step `step_graph` captures: `_compute_step` reading every schedule value from the
         graph's device buffer (`hyper`, a `ScheduleTensors`); the decay's share only where it ramps
-        (else it is 1 throughout, and a multiply by it per layer and step would be work for
+        or fades (else it is 1 throughout, and a multiply by it per layer and step would be work for
         nothing)."""
-        scale = hyper.pruned_decay_scale if self.cfg.sparsity.pruned_decay_ramp else 1.0
+        sp = self.cfg.sparsity
+        scale = hyper.pruned_decay_scale if sp.pruned_decay_ramp or sp.pruned_decay_fade else 1.0
         return self._compute_step(
             batch, hyper.teacher_temp, hyper.momentum, hyper.decay_weights, scale
         )

@@ -1,8 +1,8 @@
-"""`sparsity.pruned_decay_ramp`: the masked decay's strength ramps linearly over the first share of
-the sparse phase (its schedule by hand, with and without a dense warm-up before the phase), the step
-reads it in both of its forms (launched: a Python float; as one CUDA graph: the schedule buffer's
-slot, run here eagerly through the same tensors), and the config refuses a ramp of a decay that is
-off."""
+"""`sparsity.pruned_decay_ramp` and `pruned_decay_fade`: the masked decay's strength ramps linearly
+over the first share of the sparse phase and fades over its last (the schedule by hand, with and
+without a dense warm-up before the phase), the step reads it in both of its forms (launched: a
+Python float; as one CUDA graph: the schedule buffer's slot, run here eagerly through the same
+tensors), and the config refuses a ramp or a fade of a decay that is off, and the two overlapping."""
 
 import copy
 
@@ -45,6 +45,37 @@ def test_the_ramp_by_hand():
     assert np.all(np.diff(_scales("sparsity.pruned_decay_ramp=1")[:8]) > 0)
 
 
+def test_the_fade_by_hand():
+    """The fade's share of the sparse phase's last steps falls linearly to none at its last step;
+    with a ramp at the phase's start; with a dense warm-up before the phase (steps 4-7 sparse)."""
+    assert (
+        _scales("sparsity.pruned_decay_fade=0.5") == [1.0] * 4 + [0.75, 0.5, 0.25, 0.0] + [1.0] * 8
+    )
+    assert _scales("sparsity.pruned_decay_fade=0.5", "sparsity.pruned_decay_ramp=0.5") == [
+        0.25, 0.5, 0.75, 1.0, 0.75, 0.5, 0.25, 0.0
+    ] + [1.0] * 8  # fmt: skip
+    assert (
+        _scales("sparsity.pruned_decay_fade=0.5", "sparsity.dense_warmup_fraction=0.25")
+        == [1.0] * 6 + [0.5, 0.0] + [1.0] * 8
+    )
+
+
+def test_a_fade_of_a_decay_that_is_off_or_that_overlaps_the_ramp_is_refused():
+    with pytest.raises(
+        ConfigError,
+        match="sparsity.pruned_decay_fade=0.5 fades the masked decay, which "
+        "sparsity.pruned_decay=0 turns off",
+    ):
+        load_config(None, TINY + ["sparsity.pruned_decay_fade=0.5"])
+    with pytest.raises(
+        ConfigError, match="pruned_decay_ramp=0.6 and sparsity.pruned_decay_fade=0.5 overlap"
+    ):
+        load_config(
+            None,
+            TINY + DECAY + ["sparsity.pruned_decay_ramp=0.6", "sparsity.pruned_decay_fade=0.5"],
+        )
+
+
 def test_a_ramp_of_a_decay_that_is_off_is_refused():
     with pytest.raises(
         ConfigError,
@@ -73,14 +104,17 @@ def _step(trainer: Trainer, state: dict, batch, values: dict) -> tuple[dict, tor
     )
 
 
-def test_both_forms_of_the_step_apply_the_schedules_share(tmp_path):
+@pytest.mark.parametrize(
+    "shape", ["sparsity.pruned_decay_ramp=1", "sparsity.pruned_decay_fade=0.5"]
+)
+def test_both_forms_of_the_step_apply_the_schedules_share(tmp_path, shape):
     """One sparse step from one state at scales 0.3 and 1: the launched step and the graph's step
     (its buffer slot) give the same weights, and Adam's first moment of the pruned entries is, by
     hand, (1 - beta1) x 0.05 x scale x w (with pruned_grad=masked their gradient is the decay
     alone)."""
     from sparsity.pruned_entries import weight_mask
 
-    cfg = load_config(None, TINY + DECAY + ["sparsity.pruned_decay_ramp=1"])
+    cfg = load_config(None, TINY + DECAY + [shape])
     plain, graphed = Trainer(cfg, tmp_path / "a", CPU), Trainer(cfg, tmp_path / "b", CPU)
     graphed.step_graph = StepGraph(
         graphed.graphed_compute,
