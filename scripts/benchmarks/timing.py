@@ -5,6 +5,7 @@ median_ms(fn, sets)   median of CUDA-event times of fn(i), i rotating over `sets
 that nothing is
                       served from L2), after warm-up
 graph_ms(step, sets)  the same for step(i) captured once per input set as a CUDA graph and replayed
+graph_ms_in_turns(rows, sets, rounds)  graph_ms of several steps taking turns, each one's median round
 capture_graphs(step, sets)  those graphs (warm-up on a side stream, then one capture per input set)
 wall_ms(fn)           mean wall-clock milliseconds per fn() (host time: the GPU synchronised before
 and after) time_steps(trainer)   CUDA-event milliseconds of each of a trainer's steps, run back to
@@ -22,6 +23,7 @@ from __future__ import annotations
 import gc
 import itertools
 import resource
+import statistics
 import time
 
 import torch
@@ -35,6 +37,7 @@ __all__ = [
     "capture_graphs",
     "device_only_ms",
     "graph_ms",
+    "graph_ms_in_turns",
     "heat",
     "median_cuda_ms",
     "median_ms",
@@ -72,6 +75,17 @@ def graph_ms(step, sets: int, warm: int = 3, reps: int = 30) -> float:
     """Capture step(i) once per input set i, replay round-robin: median milliseconds per replay."""
     graphs = capture_graphs(step, sets, warm)
     return median_ms(lambda i: graphs[i].replay(), sets, warm, reps)
+
+
+def graph_ms_in_turns(rows: dict, sets: int, rounds: int) -> dict:
+    """`graph_ms` of each of `rows` (name -> step(i)), the rows taking turns `rounds` times, so that
+    each meets the GPU as warm as the others; per row the upper median of its rounds (one of the
+    measured values), in milliseconds."""
+    times = {name: [] for name in rows}
+    for _ in range(rounds):
+        for name, step in rows.items():
+            times[name].append(graph_ms(step, sets))
+    return {name: statistics.median_high(t) for name, t in times.items()}
 
 
 def wall_ms(fn, warm: int = 3, iters: int = 20) -> float:

@@ -301,3 +301,17 @@ def test_wgrad_share_counts_the_student_linears_the_row_puts_on_mvue():
     )
     cfg.sparsity.weight_grad, cfg.sparsity.weight_grad_modules = "mvue24", r"blocks\.0\.mlp\.fc1"
     assert B.wgrad_share(trainer, "compiled-auto") == 1 / 6
+
+
+def test_graph_ms_in_turns_alternates_the_rows_and_takes_each_ones_upper_median(monkeypatch):
+    """The probes' timing (graph_ms faked): every round times every row once, in order, and each row
+    keeps the upper median of its rounds (one measured value, not an average)."""
+    from scripts.benchmarks import timing
+
+    calls, results = [], iter([3.0, 10.0, 1.0, 20.0, 2.0, 30.0, 4.0, 40.0])
+    monkeypatch.setattr(
+        timing, "graph_ms", lambda step, sets: (calls.append((step, sets)), next(results))[1]
+    )
+    got = timing.graph_ms_in_turns({"a": "step a", "b": "step b"}, sets=2, rounds=4)
+    assert [s for s, _ in calls] == ["step a", "step b"] * 4 and {n for _, n in calls} == {2}
+    assert got == {"a": 3.0, "b": 30.0}  # a: 1, 2, 3, 4 -> 3; b: 10, 20, 30, 40 -> 30

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +73,7 @@ def _check(case: dict, backend: str) -> float | None:
 
 
 def time_case(case: dict, rounds: int) -> dict:
-    from scripts.benchmarks.timing import graph_ms  # noqa: PLC0415
+    from scripts.benchmarks.timing import graph_ms_in_turns  # noqa: PLC0415
 
     shape = (case["seqs"], case["tokens"], 3 * HEADS * HEAD_DIM)
     sets = [
@@ -93,13 +92,11 @@ def time_case(case: dict, rounds: int) -> dict:
         rec["rel_err"][backend] = _check(case, backend)
         if rec["rel_err"][backend] is not None:
             rows[backend] = backend
-    times = {name: [] for name in rows}
-    for _ in range(rounds):
-        for name, backend in rows.items():
-            times[name].append(
-                graph_ms(lambda i, b=backend: _call(sets[i], grads[i], b, case["grad"]), 2)
-            )
-    rec["ms"] = {name: round(statistics.median_high(t), 4) for name, t in times.items()}
+    steps = {
+        name: (lambda i, b=backend: _call(sets[i], grads[i], b, case["grad"]))
+        for name, backend in rows.items()
+    }
+    rec["ms"] = {name: round(ms, 4) for name, ms in graph_ms_in_turns(steps, 2, rounds).items()}
     best = min((ms, name) for name, ms in rec["ms"].items())
     rec["fastest"] = best[1]
     rec["fastest_vs_default"] = round(rec["ms"]["default"] / best[0], 3)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import triton
@@ -82,7 +81,7 @@ def main():
     args = ap.parse_args()
 
     from scripts.bench_sparse import _copy_tbps  # noqa: PLC0415
-    from scripts.benchmarks.timing import graph_ms  # noqa: PLC0415
+    from scripts.benchmarks.timing import graph_ms_in_turns  # noqa: PLC0415
 
     copy_tbps = _copy_tbps()
     res = {"device": torch.cuda.get_device_name(), "copy_TBps": round(copy_tbps, 3), "shapes": []}
@@ -94,15 +93,14 @@ def main():
             rec["faithful_inexact"] = bool(
                 torch.equal(pack(dys[0], 1234, 10, False), M.mvue_pack_t(dys[0], 1234, exact=False))
             )
-            times = {r: [] for r in VARIANTS}
-            times["built"], times["inexact"], times["0_inexact"] = [], [], []
-            for _ in range(args.rounds):
-                times["built"].append(graph_ms(lambda i: M.mvue_pack_t(dys[i], 1234), 2))
-                for r in VARIANTS:
-                    times[r].append(graph_ms(lambda i, r=r: pack(dys[i], 1234, r), 2))
-                times["inexact"].append(graph_ms(lambda i: pack(dys[i], 1234, 10, False), 2))
-                times["0_inexact"].append(graph_ms(lambda i: pack(dys[i], 1234, 0, False), 2))
-            rec["ms"] = {str(k): round(statistics.median_high(v), 4) for k, v in times.items()}
+            rows = {
+                "built": lambda i: M.mvue_pack_t(dys[i], 1234),
+                **{str(r): (lambda i, r=r: pack(dys[i], 1234, r)) for r in VARIANTS},
+                "inexact": lambda i: pack(dys[i], 1234, 10, False),
+                "0_inexact": lambda i: pack(dys[i], 1234, 0, False),
+            }
+            ms = graph_ms_in_turns(rows, 2, args.rounds)
+            rec["ms"] = {name: round(t, 4) for name, t in ms.items()}
             moved = dys[0].numel() * 2 + L.compressed_size(out, tokens)
             rec["floor_ms"] = round(moved / (copy_tbps * 1e12) * 1e3, 4)
             ms10, ms0 = rec["ms"]["10"], rec["ms"]["0"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
@@ -81,7 +80,7 @@ def ratios(us: dict) -> dict:
 
 
 def _time_shape(out_f: int, in_f: int, write_t: bool, rounds: int) -> dict:
-    from scripts.benchmarks.timing import graph_ms  # noqa: PLC0415
+    from scripts.benchmarks.timing import graph_ms_in_turns  # noqa: PLC0415
 
     sets = [
         [torch.randn(out_f, in_f, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
@@ -106,11 +105,7 @@ def _time_shape(out_f: int, in_f: int, write_t: bool, rounds: int) -> dict:
         "copy_separate": lambda i: [d.copy_(s) for d, s in zip(dst, src[i])],
         "copy_stacked": lambda i: dst.copy_(src[i]),
     }
-    times = {name: [] for name in rows}
-    for _ in range(rounds):  # the rows take turns, so each meets the GPU as warm as the others
-        for name, step in rows.items():
-            times[name].append(graph_ms(step, 2) * 1e3)
-    us = {name: round(statistics.median_high(t), 2) for name, t in times.items()}
+    us = {name: round(ms * 1e3, 2) for name, ms in graph_ms_in_turns(rows, 2, rounds).items()}
     return {
         "out": out_f,
         "in": in_f,
