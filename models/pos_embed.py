@@ -20,11 +20,20 @@ def bicubic_resize_matrix(
     (row-major) of a grid x grid map in output (y, x) of `F.interpolate(map, mode="bicubic",
     antialias=antialias)` with `scale_factor` if given, else `size` = (h, w)."""
     basis = torch.eye(grid * grid, dtype=torch.float64).reshape(grid * grid, 1, grid, grid)
+    out = bicubic_resize(basis, size, scale_factor, antialias)
+    return out.reshape(grid * grid, size[0] * size[1]).t().contiguous()
+
+
+def bicubic_resize(
+    maps: Tensor, size: tuple[int, int], scale_factor: tuple[float, float] | None, antialias: bool
+) -> Tensor:
+    """`F.interpolate(maps, mode="bicubic")` (maps (n, c, grid, grid)) to `size`, by `scale_factor`
+    where given (the reference's offset), checked to land on `size`."""
     resize = dict(scale_factor=scale_factor) if scale_factor is not None else dict(size=size)
-    out = F.interpolate(basis, mode="bicubic", antialias=antialias, **resize)
+    out = F.interpolate(maps, mode="bicubic", antialias=antialias, **resize)
     if tuple(out.shape[-2:]) != tuple(size):
         raise ValueError(f"the resize gives a {tuple(out.shape[-2:])} grid, not {tuple(size)}")
-    return out.reshape(grid * grid, size[0] * size[1]).t().contiguous()
+    return out
 
 
 def resize_positions(pos: Tensor, matrix: Tensor) -> Tensor:

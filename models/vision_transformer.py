@@ -129,25 +129,25 @@ class DinoVisionTransformer(nn.Module):
         if npatch == N and w == h:
             return self.pos_embed
         pos_embed = self.pos_embed.float()
-        class_pos_embed = pos_embed[:, 0]
-        patch_pos_embed = pos_embed[:, 1:]
-        dim = x.shape[-1]
-        h0, w0 = h // self.patch_size, w // self.patch_size
+        grid, size, scale_factor = self.resize_target(h, w)
+        matrix = self._resize_matrix(grid, size, scale_factor, x.device)
+        patch_pos_embed = resize_positions(pos_embed[0, 1:], matrix).unsqueeze(0)
+        return torch.cat((pos_embed[:, :1], patch_pos_embed), dim=1).to(previous_dtype)
+
+    def resize_target(self, h: int, w: int) -> tuple[int, tuple[int, int], tuple | None]:
+        """(grid, (h0, w0), scale_factor) of the pos-embed's resize for an (h, w) image: its
+        grid x grid positions to h0 x w0 patches, by `scale_factor` where the reference gives one
+        (`interpolate_offset`), else by size."""
+        N = self.pos_embed.shape[1] - 1
         M = int(math.sqrt(N))
         assert N == M * M, f"pos_embed holds {N} patch positions, not a square grid"
-        kwargs = {}
-        if self.interpolate_offset:
-            # historical kludge (dino issue #8) kept for compatibility: the operator uses the scale
-            # factor
-            kwargs["scale_factor"] = (
-                float(h0 + self.interpolate_offset) / M,
-                float(w0 + self.interpolate_offset) / M,
-            )
-        else:
-            kwargs["size"] = (h0, w0)
-        matrix = self._resize_matrix(M, (h0, w0), kwargs.get("scale_factor"), x.device)
-        patch_pos_embed = resize_positions(patch_pos_embed.reshape(N, dim), matrix).unsqueeze(0)
-        return torch.cat((class_pos_embed.unsqueeze(0), patch_pos_embed), dim=1).to(previous_dtype)
+        h0, w0 = h // self.patch_size, w // self.patch_size
+        if not self.interpolate_offset:
+            return M, (h0, w0), None
+        # historical kludge (dino issue #8) kept for compatibility: the operator uses the scale
+        # factor
+        offset = self.interpolate_offset
+        return M, (h0, w0), (float(h0 + offset) / M, float(w0 + offset) / M)
 
     def _resize_matrix(self, grid: int, size, scale_factor, device) -> Tensor:
         """`bicubic_resize_matrix` on `device`, copied there once (a copy from the host in every

@@ -185,6 +185,7 @@ import torch  # noqa: E402
 
 from configs import load_config  # noqa: E402
 from models import vit_block  # noqa: E402
+from models.pos_embed import bicubic_resize  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
 from scripts.benchmarks.flops import gemm_rate_tflops, mfu, step_flops  # noqa: E402
 from scripts.benchmarks.gpu_state import gpu_state  # noqa: E402
@@ -315,25 +316,15 @@ class _Ablation:
 
 
 def _pos_embed_by_op(vit, x, h: int, w: int):
-    """`interpolate_pos_encoding` with the bicubic resize done by F.interpolate itself (the
-    `pos-embed-interpolate` ablation): the same values to within fp32 rounding."""
-    npatch, n = x.shape[1] - 1, vit.pos_embed.shape[1] - 1
-    if npatch == n and w == h:
+    """`interpolate_pos_encoding` with the bicubic resize done by F.interpolate itself on the
+    positions (the `pos-embed-interpolate` ablation): the same values to within fp32 rounding."""
+    if x.shape[1] - 1 == vit.pos_embed.shape[1] - 1 and w == h:
         return vit.pos_embed
+    grid, size, scale_factor = vit.resize_target(h, w)
     pos = vit.pos_embed.float()
-    grid, dim = int(n**0.5), x.shape[-1]
-    h0, w0 = h // vit.patch_size, w // vit.patch_size
-    off = vit.interpolate_offset
-    resize = (
-        dict(scale_factor=((h0 + off) / grid, (w0 + off) / grid)) if off else dict(size=(h0, w0))
-    )
-    patches = torch.nn.functional.interpolate(
-        pos[:, 1:].reshape(1, grid, grid, dim).permute(0, 3, 1, 2),
-        mode="bicubic",
-        antialias=vit.interpolate_antialias,
-        **resize,
-    )
-    patches = patches.permute(0, 2, 3, 1).reshape(1, -1, dim)
+    maps = pos[:, 1:].reshape(1, grid, grid, -1).permute(0, 3, 1, 2)
+    patches = bicubic_resize(maps, size, scale_factor, vit.interpolate_antialias)
+    patches = patches.permute(0, 2, 3, 1).reshape(1, size[0] * size[1], -1)
     return torch.cat((pos[:, :1], patches), dim=1).to(x.dtype)
 
 
