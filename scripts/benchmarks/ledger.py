@@ -260,9 +260,6 @@ def ledger(
     (the timed step's median) the idle time, step_ms - busy."""
     ms = dict.fromkeys(CLASSES, 0.0)
     kernels = dict.fromkeys(CLASSES, 0)
-    by_op: dict[str, dict[str, float]] = {
-        c: {} for c in CLASSES
-    }  # per class: launching op name -> us
     by_shapes: dict[tuple[str, str], dict[str, list]] = {}  # (class, op) -> shapes -> [us, kernels]
     flops = dict.fromkeys(CLASSES, 0)
     seen_ops = set()
@@ -270,7 +267,6 @@ def ledger(
         c = classify(r, mlp_dims)
         ms[c] += r.us / 1e3
         kernels[c] += 1
-        by_op[c][r.op] = by_op[c].get(r.op, 0.0) + r.us
         seen = by_shapes.setdefault((c, r.op), {}).setdefault(
             str([list(x) for x in r.shapes]), [0.0, 0]
         )
@@ -281,8 +277,11 @@ def ledger(
             seen_ops.add(r.op_id)
             flops[c] += gemm_flops(r.shapes)
     busy = sum(r.us for r in records) / 1e3 / steps
+    by_op: dict[str, dict[str, float]] = {}  # per class: launching op name -> us
+    for (c, op), shapes in by_shapes.items():
+        by_op.setdefault(c, {})[op] = sum(us for us, _ in shapes.values())
     top_ops = {
-        c: sorted(ops.items(), key=lambda kv: -kv[1])[:top] for c, ops in by_op.items() if ops
+        c: sorted(by_op[c].items(), key=lambda kv: -kv[1])[:top] for c in CLASSES if c in by_op
     }
     out = {
         "steps": steps,
