@@ -91,11 +91,11 @@ def build_schedules(cfg: Config, world_size: int) -> Schedules:
             cfg.teacher.warmup_teacher_temp_epochs * epoch,
             total,
         ),
-        pruned_decay_scale=pruned_decay_ramp(cfg),
+        pruned_decay_scale=pruned_decay_share(cfg),
     )
 
 
-def pruned_decay_ramp(cfg: Config) -> np.ndarray:
+def pruned_decay_share(cfg: Config) -> np.ndarray:
     """The masked decay's share of its strength per step: with `sparsity.pruned_decay_ramp`, (k + 1)
     / R at the sparse phase's k-th step for its first R = ramp x sparse steps (the first step already
     decays, the R-th at full strength); with `sparsity.pruned_decay_fade`, (F - 1 - j) / F at the
