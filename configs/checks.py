@@ -3,10 +3,11 @@
 converter's (the library's), then the rules that span sections, here; each a `ConfigError` naming
 the keys and what is valid."""
 
+import functools
 import math
 
 from .errors import ConfigError, as_written
-from .fields import check_fields
+from .fields import check_fields, flagged_keys
 from .schema import Config
 
 # 80x the ViT-L recipe (100 x 1250); the schedules (training/schedules.py) take 40 bytes per step,
@@ -88,31 +89,28 @@ def validate(cfg: Config) -> None:
             f"must leave at least one "
             "step before it and one sparse step, or be 0 for no warm-up",
         ),
-        (
-            not cfg.teacher.momentum_restart_at_switch or cfg.switches,
-            f"teacher.momentum_restart_at_switch=true needs a switch, 0 < sparsity.sparse_fraction "
-            f"< 1 (got "
-            f"{cfg.sparsity.sparse_fraction:g}: {cfg.sparse_steps} of {cfg.total_steps} steps "
-            f"sparse)",
-        ),
-        (
-            not cfg.optim.lr_restart_at_switch or cfg.switches,
-            f"optim.lr_restart_at_switch=true needs a switch, 0 < sparsity.sparse_fraction < 1 "
-            f"(got {cfg.sparsity.sparse_fraction:g}: {cfg.sparse_steps} of {cfg.total_steps} "
-            f"steps sparse)",
+        # every setting that acts at the switch (the schema's at_switch flag) needs one
+        *(
+            (
+                not _value(cfg, key) or cfg.switches,
+                f"{key}=true needs a switch, 0 < sparsity.sparse_fraction < 1 (got "
+                f"{cfg.sparsity.sparse_fraction:g}: {cfg.sparse_steps} of {cfg.total_steps} steps "
+                f"sparse)",
+            )
+            for key in flagged_keys(Config, "at_switch")
         ),
         (
             cfg.lr_restart_step is None
             or cfg.optim.warmup_epochs * cfg.train.epoch_length
             < cfg.lr_restart_step
             < cfg.total_steps,
-            f"the learning rate's restart ({_lr_restart_setting(cfg)}) falls at step "
+            f"the learning rate's restart ({_restart_setting(cfg.optim, 'optim.lr')}) falls at step "
             f"{cfg.lr_restart_step} of {cfg.total_steps}: it must come after the warm-up's "
             f"{cfg.optim.warmup_epochs * cfg.train.epoch_length} steps and before the last step",
         ),
         (
             cfg.momentum_restart_step is None or cfg.teacher.momentum_reference_steps == 0,
-            f"{_restart_setting(cfg)} and "
+            f"{_restart_setting(cfg.teacher, 'teacher.momentum')} and "
             f"teacher.momentum_reference_steps={cfg.teacher.momentum_reference_steps} both "
             "reshape the momentum schedule: set one of them",
         ),
@@ -147,15 +145,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(problem)
 
 
-def _lr_restart_setting(cfg: Config) -> str:
-    """The key=value that restarts the learning rate (for a message)."""
-    if cfg.optim.lr_restart_at_switch:
-        return "optim.lr_restart_at_switch=true"
-    return f"optim.lr_restart_fraction={cfg.optim.lr_restart_fraction:g}"
+def _restart_setting(section, name: str) -> str:
+    """The key=value of `section` that places the restart of `name` (`teacher.momentum`,
+    `optim.lr`): `<name>_restart_at_switch=true` or `<name>_restart_fraction=f` (for a message)."""
+    field = name.rsplit(".", 1)[1]
+    if getattr(section, f"{field}_restart_at_switch"):
+        return f"{name}_restart_at_switch=true"
+    return f"{name}_restart_fraction={getattr(section, f'{field}_restart_fraction'):g}"
 
 
-def _restart_setting(cfg: Config) -> str:
-    """The key=value that restarts the teacher momentum (for a message)."""
-    if cfg.teacher.momentum_restart_at_switch:
-        return "teacher.momentum_restart_at_switch=true"
-    return f"teacher.momentum_restart_fraction={cfg.teacher.momentum_restart_fraction:g}"
+def _value(cfg: Config, key: str):
+    """The value of a dotted key."""
+    return functools.reduce(getattr, key.split("."), cfg)

@@ -388,21 +388,23 @@ class Config:
         """The step where the teacher momentum's cosine starts again
         (`teacher.momentum_restart_at_switch`: the first dense step;
         `teacher.momentum_restart_fraction`: that fraction of the steps), None for no restart."""
-        if self.teacher.momentum_restart_at_switch:
-            return self.sparse_steps
-        if self.teacher.momentum_restart_fraction > 0:
-            return round(self.teacher.momentum_restart_fraction * self.total_steps)
-        return None
+        t = self.teacher
+        return self._restart_step(t.momentum_restart_at_switch, t.momentum_restart_fraction)
 
     @property
     def lr_restart_step(self) -> int | None:
         """The step where the learning rate's cosine starts again (`optim.lr_restart_at_switch`:
         the first dense step; `optim.lr_restart_fraction`: that fraction of the steps), None for no
         restart."""
-        if self.optim.lr_restart_at_switch:
+        return self._restart_step(self.optim.lr_restart_at_switch, self.optim.lr_restart_fraction)
+
+    def _restart_step(self, at_switch: bool, fraction: float) -> int | None:
+        """The first dense step where a restart is at the switch, round(fraction x steps) where it
+        is at a fraction, None for none."""
+        if at_switch:
             return self.sparse_steps
-        if self.optim.lr_restart_fraction > 0:
-            return round(self.optim.lr_restart_fraction * self.total_steps)
+        if fraction > 0:
+            return round(fraction * self.total_steps)
         return None
 
     @property
