@@ -3,10 +3,12 @@ a list forward for multi-crop training. Module names follow timm's (`norm1`, `at
 `attn.proj`, `ls1.gamma`, `norm2`, `mlp.fc1`, `mlp.fc2`, `ls2.gamma`), so the backbone's state dict
 is timm's and the reference's.
 
-Every MLP call receives a 2-D `(tokens, dim)` matrix: in the list forward one matrix holds the
-tokens of all crop batches, so the (possibly 2:4-sparse) `mlp.fc1` / `mlp.fc2` GEMMs see one large
-batch per block. Attention runs per crop batch (the reference does the same with a block-diagonal
-xFormers mask).
+In the list forward every per-token part of a block (the norms, `attn.qkv`, `attn.proj`, the MLP, the
+layer scales) runs once on one 2-D `(tokens, dim)` matrix of the tokens of all crop batches, so the
+(possibly 2:4-sparse) linears see one large GEMM per block; only the attention itself runs per crop
+batch (the reference runs the whole block per crop batch, with a block-diagonal xFormers mask). The
+sums are the same; the rows of a GEMM just sit in one call, which is what lets 2:4 pay on the
+student's qkv and proj (results/bench/NOTES.md, "The attention's linears on the concatenated crops").
 
 Stochastic depth follows the reference (`dinov2/layers/block.py`), with a uniform rate across
 blocks:
@@ -64,13 +66,18 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, N, C = x.shape
-        qkv = (
-            self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        return self.proj(self.attend(self.qkv(x), x.shape[0]))
+
+    def attend(self, qkv: Tensor, batch: int) -> Tensor:
+        """Softmax attention within each of `batch` sequences, from `qkv`'s output (any leading shape
+        holding batch x tokens rows of 3 x dim); the heads' outputs as (batch, tokens, dim)."""
+        C = qkv.shape[-1] // 3
+        q, k, v = (
+            qkv.reshape(batch, -1, 3, self.num_heads, C // self.num_heads)
+            .permute(2, 0, 3, 1, 4)
+            .unbind(0)
         )
-        q, k, v = qkv.unbind(0)
-        x = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(x.transpose(1, 2).reshape(B, N, C))
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, -1, C)
 
 
 class Block(nn.Module):
@@ -133,12 +140,24 @@ class Block(nn.Module):
 
     # list of crop batches
     # -------------------------------------------------------------------------------------------
+    def _attn_on_concat(self, xs: list[Tensor]) -> list[Tensor]:
+        """The attention branch on the tensors in `xs` (each (b, n, D)): norm1, qkv, proj and ls1 run
+        once on the tokens of all of them, the attention per tensor; per-tensor results."""
+        rows = [x.shape[0] * x.shape[1] for x in xs]
+        qkv = self.attn.qkv(self.norm1(_rows_of_all(xs)))
+        mixed = [
+            self.attn.attend(part, x.shape[0]).reshape(n, -1)
+            for part, x, n in zip(qkv.split(rows, dim=0), xs, rows)
+        ]
+        out = self.ls1(self.attn.proj(torch.cat(mixed, dim=0) if len(mixed) > 1 else mixed[0]))
+        return [o.view(x.shape) for o, x in zip(out.split(rows, dim=0), xs)]
+
     def _ffn_on_concat(self, xs: list[Tensor]) -> list[Tensor]:
         """The MLP branch run once on the tokens of all tensors in `xs` (each (b, n, D)); per-tensor
         results."""
-        flat = [x.reshape(-1, x.shape[-1]) for x in xs]
-        out = self._ffn_branch_2d(torch.cat(flat, dim=0) if len(flat) > 1 else flat[0])
-        return [o.view(x.shape) for o, x in zip(out.split([f.shape[0] for f in flat], dim=0), xs)]
+        out = self._ffn_branch_2d(_rows_of_all(xs))
+        rows = [x.shape[0] * x.shape[1] for x in xs]
+        return [o.view(x.shape) for o, x in zip(out.split(rows, dim=0), xs)]
 
     def mlp_rows(self, batches: Sequence[tuple[int, int]], training: bool) -> int:
         """The rows of the (tokens, dim) matrix the MLP gets in `forward_list` for crop batches of
@@ -151,13 +170,14 @@ class Block(nn.Module):
     def forward_list(self, x_list: list[Tensor]) -> list[Tensor]:
         rate = self.sample_drop_ratio
         if self.training and rate > 0.0:
-            # attention: per crop batch, on a random subset (reference:
-            # drop_add_residual_stochastic_depth_list)
+            # attention: a random subset of each crop batch (reference:
+            # drop_add_residual_stochastic_depth_list), its linears on all subsets' tokens at once
             subsets = [batch_subset(x.shape[0], rate, x.device) for x in x_list]
             taken = [take_rows(x, brange) for x, (brange, _, _) in zip(x_list, subsets)]
+            residuals = self._attn_on_concat([kept for _, kept in taken])
             x_list = [
-                add_to_subset(x, brange, self._attn_branch(kept), scale)
-                for (x, kept), (brange, _, scale) in zip(taken, subsets)
+                add_to_subset(x, brange, r, scale)
+                for (x, _), r, (brange, _, scale) in zip(taken, residuals, subsets)
             ]
             # MLP: fresh subsets, kept tokens of all crop batches in one matrix
             subsets = [batch_subset(x.shape[0], rate, x.device) for x in x_list]
@@ -167,5 +187,11 @@ class Block(nn.Module):
                 add_to_subset(x, brange, r, scale)
                 for (x, _), r, (brange, _, scale) in zip(taken, residuals, subsets)
             ]
-        x_list = [x + self._attn_branch(x) for x in x_list]
+        x_list = [x + r for x, r in zip(x_list, self._attn_on_concat(x_list))]
         return [x + r for x, r in zip(x_list, self._ffn_on_concat(x_list))]
+
+
+def _rows_of_all(xs: list[Tensor]) -> Tensor:
+    """The tokens of all tensors in `xs` (each (b, n, D)) as one (tokens, D) matrix."""
+    flat = [x.reshape(-1, x.shape[-1]) for x in xs]
+    return torch.cat(flat, dim=0) if len(flat) > 1 else flat[0]

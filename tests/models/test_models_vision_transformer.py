@@ -128,6 +128,52 @@ def test_mlp_sees_one_2d_matrix_of_all_crops():
     assert shapes == [(2 * 17, 32)]
 
 
+def test_attention_linears_see_one_2d_matrix_of_all_crops():
+    """In the list forward qkv and proj get the tokens of all crop batches in one matrix, as the MLP
+    does; the single-tensor forward keeps timm's (batch, tokens, dim)."""
+    m = tiny().train()
+    shapes = {"qkv": [], "proj": []}
+    for name in shapes:
+        getattr(m.blocks[1].attn, name).register_forward_hook(
+            lambda mod, inp, out, name=name: shapes[name].append(tuple(inp[0].shape))
+        )
+    m.forward_features([torch.randn(4, 3, 16, 16), torch.randn(6, 3, 8, 8)], [None, None])
+    assert shapes == {"qkv": [(4 * 17 + 6 * 5, 32)], "proj": [(4 * 17 + 6 * 5, 32)]}
+    m.forward_features(torch.randn(2, 3, 16, 16))
+    assert shapes["qkv"][1:] == shapes["proj"][1:] == [(2, 17, 32)]
+
+
+def _hand_attention(attn, x):
+    """Multi-head softmax attention written out: per head, softmax(q k^T / sqrt(d)) v."""
+    b, n, c = x.shape
+    h = attn.num_heads
+    d = c // h
+    q, k, v = (x @ attn.qkv.weight.T + attn.qkv.bias).split(c, dim=-1)
+    heads = []
+    for i in range(h):
+        qi, ki, vi = (t[..., i * d : (i + 1) * d] for t in (q, k, v))
+        weights = torch.softmax(qi @ ki.transpose(1, 2) / math.sqrt(d), dim=-1)
+        heads.append(weights @ vi)
+    return torch.cat(heads, dim=-1) @ attn.proj.weight.T + attn.proj.bias
+
+
+def test_list_forward_is_the_hand_written_block_per_crop_batch():
+    """The list forward of crop batches of different token counts, in fp64 and without stochastic
+    depth, against the block written out per crop batch with a hand-written attention: the shared
+    linears change where rows sit in a GEMM, never which tokens attend to which."""
+    blk = tiny().double().blocks[0].eval()
+    xs = [torch.randn(3, 17, 32, dtype=torch.float64), torch.randn(5, 5, 32, dtype=torch.float64)]
+    got = blk.forward_list(xs)
+    for x, g in zip(xs, got):
+        x = x + blk.ls1.gamma * _hand_attention(
+            blk.attn, F.layer_norm(x, (32,), blk.norm1.weight, blk.norm1.bias, 1e-6)
+        )
+        hidden = F.layer_norm(x, (32,), blk.norm2.weight, blk.norm2.bias, 1e-6)
+        mlp = F.gelu(hidden @ blk.mlp.fc1.weight.T + blk.mlp.fc1.bias) @ blk.mlp.fc2.weight.T
+        want = x + blk.ls2.gamma * (mlp + blk.mlp.fc2.bias)
+        torch.testing.assert_close(g, want, rtol=1e-12, atol=1e-12)
+
+
 def _manual_block(blk, x, brange_attn, brange_ffn):
     """The reference's drop_add_residual_stochastic_depth, written out for one tensor."""
     b = x.shape[0]
