@@ -93,6 +93,7 @@ ABLATIONS = (
     "no-stochastic-depth",
     "teacher-centering-eager",
     "pos-embed-interpolate",
+    "attention-per-crop",
 )
 # ablations that change what the step computes: their rows get no MFU (the FLOPs counted are the
 # configured step's)
@@ -287,6 +288,12 @@ class _Ablation:
                 self.undo.append(
                     lambda block=block, rate=rate: setattr(block, "sample_drop_ratio", rate)
                 )
+        # the student's norm1, qkv, proj and ls1 per crop batch, as the reference runs them, instead
+        # of once on the tokens of all crop batches
+        elif self.name == "attention-per-crop":
+            for block in m.student.backbone.blocks:
+                block._attn_on_concat = lambda xs, block=block: [block._attn_branch(x) for x in xs]
+                self.undo.append(lambda block=block: block.__dict__.pop("_attn_on_concat"))
         else:
             raise ValueError(f"unknown ablation {self.name!r}; choose from {', '.join(ABLATIONS)}")
         self._drop_step_graph()

@@ -1,7 +1,7 @@
-"""The step benchmark's stochastic-depth ablations (`autograd-gather`, `no-stochastic-depth`) on the
-CPU: each changes what a compiled block computes while it is on (the block compiled as training
-compiles it, `dynamic=False`: its code is guarded, not reused stale) and puts everything back
-after."""
+"""The step benchmark's block ablations (`autograd-gather`, `no-stochastic-depth`,
+`attention-per-crop`) on the CPU: each changes what a compiled block computes while it is on (the
+block compiled as training compiles it, `dynamic=False`: its code is guarded, not reused stale)
+and puts everything back after."""
 
 from types import SimpleNamespace
 
@@ -125,3 +125,34 @@ def test_pos_embed_interpolate_resizes_by_the_op_to_within_rounding_then_restore
         assert "interpolate_pos_encoding" in vit.__dict__
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert "interpolate_pos_encoding" not in vit.__dict__
+
+
+def test_attention_per_crop_runs_its_linears_per_crop_batch_under_compile_and_back():
+    """Under the ablation the compiled block puts only the MLP's tokens in one matrix (seen by what
+    it traces) and computes the same values; afterwards the attention's linears share it again."""
+    model = backbone()
+    block = model.blocks[0]
+    compiled = torch.compile(block, backend="eager", fullgraph=True, dynamic=False)
+    traced = []
+    original = vit_block._rows_of_all
+
+    def recording(xs):
+        traced.append(len(xs))
+        return original(xs)
+
+    vit_block._rows_of_all = recording
+    try:
+        xs = [torch.randn(4, 5, 16), torch.randn(3, 2, 16)]
+        shared = list_forward(compiled, xs, seed=1)
+        assert traced == [2, 2]  # the attention's linears and the MLP, each on one matrix
+        traced.clear()
+        with B._Ablation(trainer_of(model), "attention-per-crop"):
+            per_crop = list_forward(compiled, xs, seed=1)
+            assert traced == [2]  # re-traced: the MLP alone
+        again = list_forward(compiled, xs, seed=1)
+    finally:
+        vit_block._rows_of_all = original
+    assert "_attn_on_concat" not in block.__dict__
+    for a, b, c in zip(shared, per_crop, again):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+        assert torch.equal(c, a)
