@@ -161,8 +161,9 @@ class Block(nn.Module):
 
     def mlp_rows(self, batches: Sequence[tuple[int, int]], training: bool) -> int:
         """The rows of the (tokens, dim) matrix the MLP gets in `forward_list` for crop batches of
-        (images, tokens each): the kept subsets' tokens when drop-path samples subsets. For config
-        checks without tensors (a pruning of the MLP's input that needs a row multiple)."""
+        (images, tokens each): the kept subsets' tokens when drop-path samples subsets; qkv and proj
+        get as many (their subsets are drawn apart, of the same sizes). For config checks without
+        tensors (a pruning of a linear's input that needs a row multiple)."""
         if training and self.sample_drop_ratio > 0.0:
             return sum(kept_samples(b, self.sample_drop_ratio) * n for b, n in batches)
         return sum(b * n for b, n in batches)
