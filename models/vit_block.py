@@ -143,21 +143,17 @@ class Block(nn.Module):
     def _attn_on_concat(self, xs: list[Tensor]) -> list[Tensor]:
         """The attention branch on the tensors in `xs` (each (b, n, D)): norm1, qkv, proj and ls1 run
         once on the tokens of all of them, the attention per tensor; per-tensor results."""
-        rows = [x.shape[0] * x.shape[1] for x in xs]
         qkv = self.attn.qkv(self.norm1(_rows_of_all(xs)))
         mixed = [
-            self.attn.attend(part, x.shape[0]).reshape(n, -1)
-            for part, x, n in zip(qkv.split(rows, dim=0), xs, rows)
+            self.attn.attend(part, x.shape[0]).reshape(part.shape[0], -1)
+            for part, x in zip(qkv.split(_rows_each(xs), dim=0), xs)
         ]
-        out = self.ls1(self.attn.proj(torch.cat(mixed, dim=0) if len(mixed) > 1 else mixed[0]))
-        return [o.view(x.shape) for o, x in zip(out.split(rows, dim=0), xs)]
+        return _split_like(self.ls1(self.attn.proj(_cat_rows(mixed))), xs)
 
     def _ffn_on_concat(self, xs: list[Tensor]) -> list[Tensor]:
         """The MLP branch run once on the tokens of all tensors in `xs` (each (b, n, D)); per-tensor
         results."""
-        out = self._ffn_branch_2d(_rows_of_all(xs))
-        rows = [x.shape[0] * x.shape[1] for x in xs]
-        return [o.view(x.shape) for o, x in zip(out.split(rows, dim=0), xs)]
+        return _split_like(self._ffn_branch_2d(_rows_of_all(xs)), xs)
 
     def mlp_rows(self, batches: Sequence[tuple[int, int]], training: bool) -> int:
         """The rows of the (tokens, dim) matrix the MLP gets in `forward_list` for crop batches of
@@ -194,5 +190,20 @@ class Block(nn.Module):
 
 def _rows_of_all(xs: list[Tensor]) -> Tensor:
     """The tokens of all tensors in `xs` (each (b, n, D)) as one (tokens, D) matrix."""
-    flat = [x.reshape(-1, x.shape[-1]) for x in xs]
-    return torch.cat(flat, dim=0) if len(flat) > 1 else flat[0]
+    return _cat_rows([x.reshape(-1, x.shape[-1]) for x in xs])
+
+
+def _cat_rows(matrices: list[Tensor]) -> Tensor:
+    """2-D `matrices` stacked along their rows (the one matrix itself, uncopied, where it is alone)."""
+    return torch.cat(matrices, dim=0) if len(matrices) > 1 else matrices[0]
+
+
+def _rows_each(xs: list[Tensor]) -> list[int]:
+    """The tokens of each tensor in `xs` (each (b, n, D))."""
+    return [x.shape[0] * x.shape[1] for x in xs]
+
+
+def _split_like(out: Tensor, xs: list[Tensor]) -> list[Tensor]:
+    """A (tokens, D) matrix of the tokens of all tensors in `xs`, in order, as one tensor per `xs`
+    of its shape."""
+    return [o.view(x.shape) for o, x in zip(out.split(_rows_each(xs), dim=0), xs)]
