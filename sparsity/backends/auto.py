@@ -28,6 +28,11 @@ nvmath, compute capability < 8.0, shapes that are not multiples of 16, fp32) aut
 backend, and the reason is recorded and logged (weights off CUDA: once per device type and dtype, in
 `fallbacks`). A key first met inside graph capture or compilation uses dense (no timing is possible
 there) without remembering it, so a later eager call can still decide.
+
+A key first met while torch.compile traces (`choice_for_trace`) is timed at its token count rounded up
+to cuSPARSELt's multiple (`timed_tokens`): the compiled layer pads its input in the kernel that writes it
+and runs one GEMM, where the eager layer runs the last n % 8 rows as a second, 8-row GEMM. Timing the
+eager layer at an unaligned count would charge 2:4 for work the compiled step does not do.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from sparsity.autograd import SemiSparseWeightFunction
 
 from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
 from .cusparselt import CuSparseLtBackend
+from .cusparselt.library import TOKEN_MULTIPLE
 from .dense import DenseBackend, FastDenseBackend, dense_sparsify
 from .settings import BackendSettings
 from .timing import device_only_ms, median_cuda_ms
@@ -50,8 +56,23 @@ log = logging.getLogger(__name__)
 MARGIN = 1.02  # sparse must be faster than dense by this ratio (dense_ms / sparse_ms) to be chosen
 
 
+def compiled_token_count(tokens: int) -> int:
+    """The rows a compiled layer's 2:4 GEMM runs for `tokens` rows of input: the count padded to
+    cuSPARSELt's token multiple (`sparsity.traced` pads the input and slices the output)."""
+    return -(-tokens // TOKEN_MULTIPLE) * TOKEN_MULTIPLE
+
+
 def _timing_generator(device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(0)
+
+
+def _timing_weight(
+    out_features: int, in_features: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """A random weight of a layer's shape to time a key first met while tracing."""
+    return torch.randn(
+        out_features, in_features, device=device, dtype=dtype, generator=_timing_generator(device)
+    )
 
 
 class AutoSparseWeight(SparseWeight):
@@ -192,7 +213,8 @@ class AutoBackend(Backend):
     ) -> str:
         """The choice for a layer inside a torch.compile trace, called while the graph is traced
         (never inside it): the device-time decision (`choice_graph`; a compiled step keeps the GPU
-        busy), timed now on a random weight of the layer's shape if this key is new."""
+        busy), timed now on a random weight of the layer's shape if this key is new, at the token
+        count the compiled layer's GEMM runs (`compiled_token_count`)."""
         if device.type != "cuda":
             self._not_on_cuda(device, dtype)
             return "dense"
@@ -205,19 +227,19 @@ class AutoBackend(Backend):
         )
         rec = self.decisions.get(key)
         if rec is None:
-            weight = torch.randn(
-                out_features,
-                in_features,
-                device=device,
-                dtype=dtype,
-                generator=_timing_generator(device),
-            )
+            weight = _timing_weight(out_features, in_features, device, dtype)
             reason = self._sparse_unavailable(weight, tokens)
             if reason is not None:
                 self._record(key, "dense", reason=reason)
             else:
                 self._measure_and_record(
-                    key, weight, pruning, tokens, has_bias, False, mode="compiled"
+                    key,
+                    weight,
+                    pruning,
+                    compiled_token_count(tokens),
+                    has_bias,
+                    False,
+                    mode="compiled",
                 )
             rec = self.decisions[key]
         return rec["choice_graph"]
@@ -257,6 +279,7 @@ class AutoBackend(Backend):
                 speedup_graph=round(g_dense / g_sparse, 3),
                 pruning=pruning,
                 timed=how,
+                timed_tokens=tokens,
                 first_met=mode,
             )
             return self.decisions[key]

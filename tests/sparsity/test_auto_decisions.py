@@ -45,3 +45,43 @@ def test_auto_unavailable_is_dense_in_both_modes(monkeypatch):
     assert auto.decide(torch.zeros(64, 32), "tile_greedy", 128, False) == "dense"
     (rec,) = auto.describe()["decisions"]
     assert rec["choice"] == rec["choice_graph"] == "dense" and rec["reason"] == "no GPU here"
+
+
+@pytest.mark.parametrize(
+    "tokens, padded", [(30779, 30784), (25216, 25216), (13246, 13248), (1, 8), (8, 8)]
+)
+def test_compiled_token_count_is_the_count_rounded_up_to_eight(tokens, padded):
+    from sparsity.backends.auto import compiled_token_count
+
+    assert compiled_token_count(tokens) == padded
+
+
+def test_a_key_met_while_tracing_is_timed_at_the_rows_the_compiled_gemm_runs(monkeypatch):
+    """The compiled layer pads 30,779 rows to 30,784 and runs one GEMM; the eager layer runs the
+    last three rows as a second GEMM. A key first met while tracing is timed at 30,784 rows and
+    recorded under its own count; one first met eagerly is timed at its own count."""
+    import sparsity.backends.auto as auto_mod
+
+    auto = auto_mod.AutoBackend()
+    timed = []
+
+    def fake_measure(weight, pruning, tokens, has_bias, in_backward=False):
+        timed.append(tokens)
+        return (1.0, 1.1), (1.0, 1.1), "fake"
+
+    monkeypatch.setattr(auto, "_sparse_unavailable", lambda w, t: None)
+    monkeypatch.setattr(auto, "_measure", fake_measure)
+    monkeypatch.setattr(auto_mod, "_timing_weight", lambda o, i, d, t: torch.zeros(o, i, dtype=t))
+    cuda = torch.device("cuda", 0)
+    choice = auto.choice_for_trace(cuda, torch.bfloat16, 1024, 1024, 30779, "tile_greedy", True)
+    assert choice == "cusparselt" and timed == [30784]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    auto.decide(torch.zeros(1024, 1024, dtype=torch.bfloat16), "tile_greedy", 13246, True)
+    assert timed == [30784, 13246]
+    traced, eager = auto.describe()["decisions"]
+    assert (traced["tokens"], traced["timed_tokens"], traced["first_met"]) == (
+        30779,
+        30784,
+        "compiled",
+    )
+    assert (eager["tokens"], eager["timed_tokens"], eager["first_met"]) == (13246, 13246, "eager")
