@@ -23,8 +23,9 @@ beside each compiled mode's dense row (`compiled-dense`, `stepgraph-dense`, ...)
 this step's choices undone (heads and losses left eager, foreach instead of fused AdamW, the two-pass
 EMA, the per-step host syncs of the earlier loop, Python's automatic garbage collection, the
 stochastic-depth gather's own backward, the compiled teacher centring, the pos-embed resize as a
-matrix) or with stochastic depth off,
-each timed right after the baseline it is compared with (a step graph is captured again for it). Every row
+matrix, the student's attention linears per crop batch) or with stochastic depth off,
+each timed right after the baseline it is compared with (a step graph is captured again for it);
+`--ablate all` adds them beside the sparse compiled rows too. Every row
 runs with the config's train.gc_period, as training does, and records the collections that ran in
 its steps (`gc`: per generation, host ms).
 
@@ -100,6 +101,14 @@ ABLATIONS = (
 ABLATIONS_CHANGING_WORK = ("no-stochastic-depth",)
 
 
+def runs_ablations(row: str, ablate: str) -> bool:
+    """Whether the ablations run after `row`: compiled rows only (eager rows keep the model's eager
+    methods, which several ablations replace), the dense ones unless `--ablate all`."""
+    if row.startswith("eager"):
+        return False
+    return ablate == "all" or parse_row(row)[1] == "dense"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -107,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", default="configs/vitl16_imagenet.yaml")
     ap.add_argument("--rows", nargs="*", default=list(ROWS[:4]), choices=ROWS)
     ap.add_argument("--ablations", nargs="*", default=[], choices=ABLATIONS)
+    ap.add_argument(
+        "--ablate",
+        default="dense",
+        choices=("dense", "all"),
+        help="the compiled rows each ablation runs after: the dense ones (default), or every "
+        "compiled row, sparse ones included (what an ablation is worth in the sparse phase)",
+    )
     ap.add_argument(
         "--warmup",
         type=int,
@@ -583,7 +599,7 @@ def main() -> None:
                 for row in rows_here:
                     set_row(trainer, row)
                     timed(row, extras=last)
-                    if parse_row(row)[1] == "dense" and not row.startswith("eager"):
+                    if runs_ablations(row, args.ablate):
                         for name in args.ablations:
                             with _Ablation(trainer, name):
                                 timed(row, label=f"{row}, {name}")

@@ -156,3 +156,22 @@ def test_attention_per_crop_runs_its_linears_per_crop_batch_under_compile_and_ba
     for a, b, c in zip(shared, per_crop, again):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
         assert torch.equal(c, a)
+
+
+@pytest.mark.parametrize(
+    "row, ablate, runs",
+    [
+        ("compiled-dense", "dense", True),
+        ("stepgraph-dense", "dense", True),
+        ("stepgraph-auto+teacher+mvue-fc2", "dense", False),
+        ("stepgraph-auto+teacher+mvue-fc2", "all", True),
+        ("compiled-cusparselt", "all", True),
+        ("eager-dense", "dense", False),
+        ("eager-auto", "all", False),
+    ],
+)
+def test_ablations_follow_the_dense_compiled_rows_or_every_compiled_row(row, ablate, runs):
+    from scripts.bench_train_step import build_parser, runs_ablations
+
+    assert runs_ablations(row, ablate) is runs
+    assert build_parser().parse_args(["--ablate", ablate]).ablate == ablate
