@@ -182,6 +182,26 @@ def test_compiled_auto_choice_is_made_at_trace_time_and_recorded():
     assert recs[0]["choice_graph"] in ("cusparselt", "dense")
 
 
+def test_compiled_auto_times_an_unaligned_token_count_at_the_padded_rows():
+    """A traced layer of 4,099 rows runs one 2:4 GEMM on 4,104 padded rows: auto times that, and
+    records the decision under the layer's own count."""
+    from sparsity.backends import get_backend
+
+    torch.manual_seed(0)
+    holder = nn.Sequential(nn.Linear(1024, 3072)).cuda()
+    swap_linear_modules(holder, pattern="0", backend="auto")
+    x = torch.randn(4099, 1024, device="cuda")
+    compiled = torch.compile(holder, fullgraph=True, dynamic=False)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        assert torch.isfinite(compiled(x)).all()
+    (rec,) = [
+        r
+        for r in get_backend("auto").describe()["decisions"]
+        if r["tokens"] == 4099 and r["out_features"] == 3072
+    ]
+    assert rec["first_met"] == "compiled" and rec["timed_tokens"] == 4104
+
+
 @pytest.mark.parametrize("backend", ["cusparselt", "auto"])
 def test_compiled_block_fullgraph_both_phases_no_steady_state_recompile(backend):
     """A ViT block in training (list forward, subset drop-path) under fullgraph compile: equal to
