@@ -4,21 +4,29 @@ import pytest
 import torch
 
 
-def test_auto_keeps_one_choice_per_mode(monkeypatch):
-    """auto decides once per shape and mode: eager timings (host included) pick `choice`,
-    device-only timings pick `choice_graph`, used while a CUDA graph is being captured."""
-    from sparsity.backends.auto import MARGIN, AutoBackend
+def _timed_auto(monkeypatch, eager, graph):
+    """An AutoBackend whose timings are (sparse, dense) ms `eager` and `graph`, with sparse
+    available everywhere; returns it and the token counts it was asked to time."""
+    from sparsity.backends.auto import AutoBackend
 
-    auto = AutoBackend()
-    calls = []
+    auto, timed = AutoBackend(), []
 
     def fake_measure(weight, pruning, tokens, has_bias, in_backward=False):
-        calls.append(tokens)
-        # eager: sparse host-bound (slower); device only: sparse faster
-        return (1.0, 0.8), (0.5, 0.6), "fake"
+        timed.append(tokens)
+        return eager, graph, "fake"
 
     monkeypatch.setattr(auto, "_sparse_unavailable", lambda w, t: None)
     monkeypatch.setattr(auto, "_measure", fake_measure)
+    return auto, timed
+
+
+def test_auto_keeps_one_choice_per_mode(monkeypatch):
+    """auto decides once per shape and mode: eager timings (host included) pick `choice`,
+    device-only timings pick `choice_graph`, used while a CUDA graph is being captured."""
+    from sparsity.backends.auto import MARGIN
+
+    # eager: sparse host-bound (slower); device only: sparse faster
+    auto, calls = _timed_auto(monkeypatch, eager=(1.0, 0.8), graph=(0.5, 0.6))
     capturing = {"on": False}
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing["on"])
     w = torch.zeros(64, 32)
@@ -62,15 +70,7 @@ def test_a_key_met_while_tracing_is_timed_at_the_rows_the_compiled_gemm_runs(mon
     recorded under its own count; one first met eagerly is timed at its own count."""
     import sparsity.backends.auto as auto_mod
 
-    auto = auto_mod.AutoBackend()
-    timed = []
-
-    def fake_measure(weight, pruning, tokens, has_bias, in_backward=False):
-        timed.append(tokens)
-        return (1.0, 1.1), (1.0, 1.1), "fake"
-
-    monkeypatch.setattr(auto, "_sparse_unavailable", lambda w, t: None)
-    monkeypatch.setattr(auto, "_measure", fake_measure)
+    auto, timed = _timed_auto(monkeypatch, eager=(1.0, 1.1), graph=(1.0, 1.1))
     monkeypatch.setattr(auto_mod, "_timing_weight", lambda o, i, d, t: torch.zeros(o, i, dtype=t))
     cuda = torch.device("cuda", 0)
     choice = auto.choice_for_trace(cuda, torch.bfloat16, 1024, 1024, 30779, "tile_greedy", True)
