@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from sparsity.backends import get_backend
-from sparsity.backends.cusparselt.library import TOKEN_MULTIPLE
+from sparsity.backends.cusparselt.library import padded_token_count
 from sparsity.backends.dense import dense_sparsify
 from sparsity.pruning import is_transposable, prune
 
@@ -223,7 +223,7 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: b
     # spare the GEMM op its tail handling (a second GEMM on the last n % 8 rows, copies, host time);
     # their gradients are zero, so dx, dW, db are unchanged.
     tokens = x2.shape[0]
-    pad = -tokens % TOKEN_MULTIPLE
+    pad = padded_token_count(tokens) - tokens
     if pad:
         x2 = F.pad(x2, (0, 0, 0, pad))
     y = torch.ops.sparsity.cslt_linear(

@@ -46,7 +46,7 @@ from sparsity.autograd import SemiSparseWeightFunction
 
 from .base import Backend, BackendUnavailable, GemmKey, SparseWeight
 from .cusparselt import CuSparseLtBackend
-from .cusparselt.library import TOKEN_MULTIPLE
+from .cusparselt.library import padded_token_count
 from .dense import DenseBackend, FastDenseBackend, dense_sparsify
 from .settings import BackendSettings
 from .timing import device_only_ms, median_cuda_ms
@@ -54,12 +54,6 @@ from .timing import device_only_ms, median_cuda_ms
 log = logging.getLogger(__name__)
 
 MARGIN = 1.02  # sparse must be faster than dense by this ratio (dense_ms / sparse_ms) to be chosen
-
-
-def compiled_token_count(tokens: int) -> int:
-    """The rows a compiled layer's 2:4 GEMM runs for `tokens` rows of input: the count padded to
-    cuSPARSELt's token multiple (`sparsity.traced` pads the input and slices the output)."""
-    return -(-tokens // TOKEN_MULTIPLE) * TOKEN_MULTIPLE
 
 
 def _timing_generator(device: torch.device) -> torch.Generator:
@@ -214,7 +208,7 @@ class AutoBackend(Backend):
         """The choice for a layer inside a torch.compile trace, called while the graph is traced
         (never inside it): the device-time decision (`choice_graph`; a compiled step keeps the GPU
         busy), timed now on a random weight of the layer's shape if this key is new, at the token
-        count the compiled layer's GEMM runs (`compiled_token_count`)."""
+        count the compiled layer's GEMM runs (`padded_token_count`)."""
         if device.type != "cuda":
             self._not_on_cuda(device, dtype)
             return "dense"
@@ -236,7 +230,7 @@ class AutoBackend(Backend):
                     key,
                     weight,
                     pruning,
-                    compiled_token_count(tokens),
+                    padded_token_count(tokens),  # `sparsity.traced` pads, then one GEMM
                     has_bias,
                     False,
                     mode="compiled",

@@ -58,10 +58,10 @@ def test_auto_unavailable_is_dense_in_both_modes(monkeypatch):
 @pytest.mark.parametrize(
     "tokens, padded", [(30779, 30784), (25216, 25216), (13246, 13248), (1, 8), (8, 8)]
 )
-def test_compiled_token_count_is_the_count_rounded_up_to_eight(tokens, padded):
-    from sparsity.backends.auto import compiled_token_count
+def test_padded_token_count_is_the_count_rounded_up_to_eight(tokens, padded):
+    from sparsity.backends.cusparselt.library import padded_token_count
 
-    assert compiled_token_count(tokens) == padded
+    assert padded_token_count(tokens) == padded
 
 
 def test_a_key_met_while_tracing_is_timed_at_the_rows_the_compiled_gemm_runs(monkeypatch):

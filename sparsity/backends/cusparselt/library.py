@@ -37,6 +37,13 @@ ALIGN = 16  # bytes; every pointer handed to cuSPARSELt must be 16-byte aligned
 STRUCT_MULTIPLE = 16
 TOKEN_MULTIPLE = 8
 
+
+def padded_token_count(tokens: int) -> int:
+    """`tokens` rounded up to the token multiple: the rows a 2:4 GEMM runs for `tokens` rows of
+    input once they are padded."""
+    return -(-tokens // TOKEN_MULTIPLE) * TOKEN_MULTIPLE
+
+
 _cslt = None
 _load_error: str | None = None
 _load_lock = threading.Lock()

@@ -31,6 +31,7 @@ from ..settings import CSLT_SEARCH_MODES
 from .compressor import compress_weight
 from .library import (
     TOKEN_MULTIPLE,
+    padded_token_count,
 )  # cuSPARSELt 0.8 refuses dense operands whose token count is not a multiple of 8
 from .search import get_plan
 from .wgrad import mvue_weight_grad, row_major_aligned
@@ -108,7 +109,7 @@ def _gemm_impl(
             packed, x.t(), False, y, bias, out_features, in_features, transpose, dense_ref, search
         )
         return y
-    n_pad = n + (TOKEN_MULTIPLE - tail) % TOKEN_MULTIPLE  # anything else: a padded row-major copy
+    n_pad = padded_token_count(n)  # anything else: a padded row-major copy
     b = (
         x.new_zeros(n_pad, k_dim)
         if n_pad != n
