@@ -457,6 +457,38 @@ def in_place(dense_row: dict, row: dict) -> dict:
     }
 
 
+def ratio_baseline(rows: list[dict]) -> dict | None:
+    """The row every ratio is against: `compiled-dense`, else the first dense row (`stepgraph-dense`
+    where only that mode ran); None where the run timed no dense row, so that no sparse row is
+    passed off as the baseline."""
+    dense = [r for r in rows if r["row"].endswith("-dense")]
+    return next((r for r in dense if r["row"] == "compiled-dense"), dense[0] if dense else None)
+
+
+def ratio_text(ratio: float | None) -> str:
+    return "–" if ratio is None else f"{ratio:.3f}x"
+
+
+def mode_dense_row(rows: list[dict], row: dict, needs: str) -> dict | None:
+    """The dense row of `row`'s compile mode (`compiled-dense` for `compiled-auto..., ablation`)
+    that holds `needs`, or None where the run timed none."""
+    name = row["row"].split("-")[0] + "-dense"
+    return next((d for d in rows if d["row"] == name and needs in d), None)
+
+
+def attach_gemms_2to4(rows: list[dict]) -> None:
+    """Each profiled sparse row's `gemms_2to4` against its mode's profiled dense row; a run without
+    that dense row (`--rows` of sparse rows alone) keeps its profiles and says why it has none."""
+    for r in rows:
+        if "profile" not in r or not r["sparse"]["student_gemms_2to4"]:
+            continue
+        dense = mode_dense_row(rows, r, "profile")
+        if dense is None:
+            print(f"  {r['row']}: no dense row of its mode in this run, so no in-place GEMM speed-up")
+        else:
+            r["gemms_2to4"] = in_place(dense, r)
+
+
 def merge_rounds(outs: list[dict]) -> dict:
     """One row from its rounds (`--rounds`: the rows take turns, so that each meets the GPU as warm
     as the others): the steps of every round together (median, min, max, times, per-step record),
@@ -527,7 +559,6 @@ def run_row(trainer, batch, row, args, step_gc: StepGc, label=None, extras=True)
             "per_step": step_log.last(len(times)),
             "gpu_state": gpu_state(),
         }
-        extras = extras and label is None
         if args.profile and extras:
             out["profile"] = profile_steps(trainer, batch, args.profile)
         # a replayed graph's kernels name no host op
@@ -602,8 +633,8 @@ def main() -> None:
                     if runs_ablations(row, args.ablate):
                         for name in args.ablations:
                             with _Ablation(trainer, name):
-                                timed(row, label=f"{row}, {name}")
-                            timed(row, label=f"{row} (again)")
+                                timed(row, label=f"{row}, {name}", extras=last)
+                            timed(row, label=f"{row} (again)", extras=False)
         rows += [merge_rounds(outs) for outs in rounds.values()]
         set_row(trainer, "eager-dense")
         step_flop_counts = step_flop_counts or count_step_flops(
@@ -612,10 +643,10 @@ def main() -> None:
         mark_sparse_gemms(trainer, rows[-len(rounds) :])
         del trainer
         torch.cuda.empty_cache()
-    base = next((r for r in rows if r["row"] == "compiled-dense"), rows[0])
+    base = ratio_baseline(rows)
     rate = gemm_rate_tflops(device)  # after the rows: the GPU as warm as they left it
     for r in rows:
-        r["vs_compiled_dense"] = round(base["ms"] / r["ms"], 4)
+        r["vs_compiled_dense"] = round(base["ms"] / r["ms"], 4) if base else None
         changes_work = r["row"].rpartition(", ")[2] in ABLATIONS_CHANGING_WORK
         r["mfu"] = (
             mfu(
@@ -628,9 +659,7 @@ def main() -> None:
             if step_flop_counts and not changes_work
             else None
         )
-        if "profile" in r and "profile" in base and r["sparse"]["student_gemms_2to4"]:
-            dense = next(d for d in rows if d["row"] == r["row"].split("-")[0] + "-dense")
-            r["gemms_2to4"] = in_place(dense, r)
+    attach_gemms_2to4(rows)
     finish_ledgers(rows)
     result = {
         "gpu": torch.cuda.get_device_name(),
@@ -692,10 +721,7 @@ def finish_ledgers(rows: list[dict]) -> None:
         if not r["sparse"]["student_gemms_2to4"]:
             led["projections"] = projections(led)
             continue
-        dense = next(
-            (d for d in rows if d["row"] == r["row"].split("-")[0] + "-dense" and "ledger" in d),
-            None,
-        )
+        dense = mode_dense_row(rows, r, "ledger")
         if dense is not None:
             covered = COVERAGE[1][1] if r["sparse"]["teacher"] else COVERAGE[0][1]
             if r["sparse"].get("weight_grad"):
@@ -741,7 +767,7 @@ def print_table(result: dict) -> None:
         gen2, longest = g.get("collections", {}).get("gen2", 0), g.get("max_ms", 0.0)
         print(
             f"{r['row']:44s}{r['ms']:9.1f}{r['min_ms']:8.1f}{r['max_ms']:8.1f}{r['peak_gib']:6.1f}"
-            f"{r['vs_compiled_dense']:18.3f}x{gen2:>9d}, {longest:7.1f}"
+            f"{ratio_text(r['vs_compiled_dense']):>19s}{gen2:>9d}, {longest:7.1f}"
         )
     for r in result["rows"]:
         if "profile" in r:

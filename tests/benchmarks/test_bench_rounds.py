@@ -315,3 +315,42 @@ def test_graph_ms_in_turns_alternates_the_rows_and_takes_each_ones_upper_median(
     got = timing.graph_ms_in_turns({"a": "step a", "b": "step b"}, sets=2, rounds=4)
     assert [s for s, _ in calls] == ["step a", "step b"] * 4 and {n for _, n in calls} == {2}
     assert got == {"a": 3.0, "b": 30.0}  # a: 1, 2, 3, 4 -> 3; b: 10, 20, 30, 40 -> 30
+
+
+def _profiled(row: str, gemms: float, dense_gemm: float, sparse_gemm: float = 0.0) -> dict:
+    return {
+        "row": row,
+        "ms": 100.0,
+        "sparse": {"student_gemms_2to4": gemms, "teacher": False},
+        "profile": {
+            "by_category_ms": {"dense_gemm": dense_gemm, "sparse_gemm": sparse_gemm},
+            "busy_ms": 90.0,
+        },
+    }
+
+
+def test_sparse_rows_alone_keep_their_profiles_and_get_no_in_place_speedup(capsys):
+    # a run of sparse rows alone (an ablation beside a sparse row) once crashed after all its GPU
+    # work, looking for a dense row it never timed, and wrote nothing
+    rows = [
+        _profiled("compiled-auto", 2, 40.0, 20.0),
+        _profiled("compiled-auto, attention-per-crop", 2, 42.0, 19.0),
+    ]
+    B.attach_gemms_2to4(rows)
+    assert all("gemms_2to4" not in r and "profile" in r for r in rows)
+    assert capsys.readouterr().out.count("no dense row of its mode") == 2
+    assert B.ratio_baseline(rows) is None and B.ratio_text(None) == "–"
+
+
+def test_each_sparse_row_is_compared_with_its_own_modes_dense_row():
+    rows = [
+        _profiled("compiled-dense", 0, 60.0),
+        _profiled("stepgraph-dense", 0, 50.0),
+        _profiled("stepgraph-auto, attention-per-crop", 2, 30.0, 10.0),
+    ]
+    B.attach_gemms_2to4(rows)
+    # (50 - 30) ms of dense GEMMs removed for 10 ms of 2:4 GEMMs: against stepgraph-dense, not the
+    # compiled one (whose 60 ms would give 3.0)
+    assert rows[2]["gemms_2to4"]["in_place_speedup"] == 2.0
+    assert "gemms_2to4" not in rows[0] and B.ratio_baseline(rows)["row"] == "compiled-dense"
+    assert B.ratio_baseline(rows[1:])["row"] == "stepgraph-dense"
