@@ -484,7 +484,9 @@ def attach_gemms_2to4(rows: list[dict]) -> None:
             continue
         dense = mode_dense_row(rows, r, "profile")
         if dense is None:
-            print(f"  {r['row']}: no dense row of its mode in this run, so no in-place GEMM speed-up")
+            print(
+                f"  {r['row']}: no dense row of its mode in this run, so no in-place GEMM speed-up"
+            )
         else:
             r["gemms_2to4"] = in_place(dense, r)
 
