@@ -95,6 +95,7 @@ ABLATIONS = (
     "teacher-centering-eager",
     "pos-embed-interpolate",
     "attention-per-crop",
+    "mlp-per-crop",
 )
 # ablations that change what the step computes: their rows get no MFU (the FLOPs counted are the
 # configured step's)
@@ -310,6 +311,13 @@ class _Ablation:
             for block in m.student.backbone.blocks:
                 block._attn_on_concat = lambda xs, block=block: [block._attn_branch(x) for x in xs]
                 self.undo.append(lambda block=block: block.__dict__.pop("_attn_on_concat"))
+        # the student's norm2, fc1, fc2 and ls2 per crop batch instead of once on the tokens of all
+        # crop batches: what one MLP matrix is worth, in the sparse phase above all (its 2:4 GEMMs
+        # then run at each crop batch's token count)
+        elif self.name == "mlp-per-crop":
+            for block in m.student.backbone.blocks:
+                block._ffn_on_concat = lambda xs, block=block: [block._ffn_branch(x) for x in xs]
+                self.undo.append(lambda block=block: block.__dict__.pop("_ffn_on_concat"))
         else:
             raise ValueError(f"unknown ablation {self.name!r}; choose from {', '.join(ABLATIONS)}")
         self._drop_step_graph()

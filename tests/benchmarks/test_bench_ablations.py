@@ -1,5 +1,5 @@
 """The step benchmark's block ablations (`autograd-gather`, `no-stochastic-depth`,
-`attention-per-crop`) on the CPU: each changes what a compiled block computes while it is on (the
+`attention-per-crop`, `mlp-per-crop`) on the CPU: each changes what a compiled block computes while it is on (the
 block compiled as training compiles it, `dynamic=False`: its code is guarded, not reused stale)
 and puts everything back after."""
 
@@ -153,6 +153,31 @@ def test_attention_per_crop_runs_its_linears_per_crop_batch_under_compile_and_ba
     finally:
         vit_block._rows_of_all = original
     assert "_attn_on_concat" not in block.__dict__
+    for a, b, c in zip(shared, per_crop, again):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+        assert torch.equal(c, a)
+
+
+def test_mlp_per_crop_runs_the_mlp_per_crop_batch_under_compile_and_back():
+    """Under the ablation the compiled block puts only the attention's tokens in one matrix, the MLP
+    sees each crop batch's rows, and the values are the same; afterwards the MLP shares it again."""
+    model = backbone()
+    block = model.blocks[0]
+    compiled = torch.compile(block, backend="eager", fullgraph=True, dynamic=False)
+    mlp_rows = []
+    hook = block.mlp.fc1.register_forward_hook(lambda m, a, out: mlp_rows.append(a[0].shape[0]))
+    try:
+        xs = [torch.randn(4, 5, 16), torch.randn(3, 2, 16)]
+        shared = list_forward(compiled, xs, seed=1)
+        with B._Ablation(trainer_of(model), "mlp-per-crop"):
+            per_crop = list_forward(compiled, xs, seed=1)
+        again = list_forward(compiled, xs, seed=1)
+    finally:
+        hook.remove()
+    # drop-path 0.3 keeps a subset of each crop batch (2 of 4 and 2 of 3 images here): 10 + 4 rows
+    # together, then 10 and 4 apart, then together again
+    assert mlp_rows == [14, 10, 4, 14]
+    assert "_ffn_on_concat" not in block.__dict__
     for a, b, c in zip(shared, per_crop, again):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
         assert torch.equal(c, a)
