@@ -18,12 +18,14 @@ fourth captures, so `--warmup` must be at least 4). Under this step an H100 runs
 and slows as it warms, so rows run later in a fixed order run slower: `--heat-s 60` compiles every
 row first and then runs 60 s of steps, so that the rows start warm, and `--rounds N` lets the rows
 take turns N times (each row's steps of all rounds together); every row records the clock,
-temperature and power it ended at (`gpu_state`, per round in `rounds`). `--ablations` adds,
+temperature and power it ended at (`gpu_state`, per round in `rounds`); `round_stats` gives each
+sparse row's ratio to its mode's dense row and each ablation's saving round by round, with 95%
+intervals over the rounds (`python -m scripts.bench_rounds` pools several runs'). `--ablations` adds,
 beside each compiled mode's dense row (`compiled-dense`, `stepgraph-dense`, ...), that row with one of
 this step's choices undone (heads and losses left eager, foreach instead of fused AdamW, the two-pass
 EMA, the per-step host syncs of the earlier loop, Python's automatic garbage collection, the
 stochastic-depth gather's own backward, the compiled teacher centring, the pos-embed resize as a
-matrix, the student's attention linears per crop batch) or with stochastic depth off,
+matrix, the student's attention linears or its MLP per crop batch) or with stochastic depth off,
 each timed right after the baseline it is compared with (a step graph is captured again for it);
 `--ablate all` adds them beside the sparse compiled rows too. Every row
 runs with the config's train.gc_period, as training does, and records the collections that ran in
@@ -214,6 +216,7 @@ from scripts.benchmarks.ledger import (  # noqa: E402
     projections,
     set_step_time,
 )
+from scripts.benchmarks.round_stats import format_round_stats, round_stats  # noqa: E402
 from scripts.benchmarks.step_profiles import host_profile, profile_steps, stall_profile  # noqa: E402
 from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps  # noqa: E402
 from sparsity.pruning import is_transposable  # noqa: E402
@@ -685,6 +688,7 @@ def main() -> None:
         "heated": heated,
         "sparse_decisions": sparse_decisions(),
     }
+    result["round_stats"] = round_stats([result])
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print_table(result)
@@ -779,6 +783,8 @@ def print_table(result: dict) -> None:
             f"{r['row']:44s}{r['ms']:9.1f}{r['min_ms']:8.1f}{r['max_ms']:8.1f}{r['peak_gib']:6.1f}"
             f"{ratio_text(r['vs_compiled_dense']):>19s}{gen2:>9d}, {longest:7.1f}"
         )
+    if result.get("round_stats"):
+        print("\n".join(format_round_stats(result["round_stats"])))
     for r in result["rows"]:
         if "profile" in r:
             p = r["profile"]
