@@ -187,6 +187,21 @@ def _dense(x2, w, bias, pruning, masked_grad, scale):
     return y if bias is None else y + bias.to(x2.dtype)
 
 
+# cuSPARSELt takes token counts that are multiples of 8. Zero rows appended to x (the compiler fuses
+# the pad into the kernel that produces x, and the slice into the one that consumes y) spare the GEMM
+# op its tail handling (a second GEMM on the last n % 8 rows, copies, host time); their gradients are
+# zero, so dx, dW, db are unchanged. One function each way, so that another padding can be put in
+# and timed on its own (the compiler reads them when it traces).
+
+
+def _pad_rows(x2: torch.Tensor, pad: int) -> torch.Tensor:
+    return F.pad(x2, (0, 0, 0, pad))
+
+
+def _unpad_rows(y: torch.Tensor, tokens: int) -> torch.Tensor:
+    return y[:tokens]
+
+
 def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: bool = False):
     out_f, in_f = w.shape
     rows_pad = -(-out_f // 16) * 16
@@ -218,14 +233,10 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: b
         if library:
             ref = values
     w_grad = w * mask if masked_grad else w
-    # cuSPARSELt takes token counts that are multiples of 8. Zero rows appended here (the compiler
-    # fuses the pad into the kernel that produces x, and the slice into the one that consumes y)
-    # spare the GEMM op its tail handling (a second GEMM on the last n % 8 rows, copies, host time);
-    # their gradients are zero, so dx, dW, db are unchanged.
     tokens = x2.shape[0]
     pad = padded_token_count(tokens) - tokens
     if pad:
-        x2 = F.pad(x2, (0, 0, 0, pad))
+        x2 = _pad_rows(x2, pad)
     y = torch.ops.sparsity.cslt_linear(
         x2,
         w_grad,
@@ -239,7 +250,7 @@ def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: b
         mvue,
     )
     if pad:
-        y = y[:tokens]
+        y = _unpad_rows(y, tokens)
     if scale is None:
         return y
     y = y * scale

@@ -127,3 +127,44 @@ def test_attention_probe_takes_the_steps_shapes_and_the_models_layout():
     assert torch.equal(v[0, h, 2], qkv[0, 2, 2 * HEADS * HEAD_DIM + h * HEAD_DIM :][:HEAD_DIM])
     totals = per_step([{"default": 0.1, "A": 0.05}, {"default": 0.2}], blocks=2)
     assert totals == {"A": None, "default": 0.6, "fastest_each": 0.5}
+
+
+def test_block_rows_probe_pads_by_concatenation_as_f_pad_does_values_and_gradients():
+    from scripts.experiments.probes.probe_block_rows import pad_by_cat, unpad_by_split
+
+    x = torch.arange(6.0).reshape(3, 2).requires_grad_()
+    padded = pad_by_cat(x, 2)
+    assert padded.tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [0.0, 0.0], [0.0, 0.0]]
+    y = (padded.detach() * 10).requires_grad_()
+    kept = unpad_by_split(y, 3)
+    assert kept.tolist() == [[0.0, 10.0], [20.0, 30.0], [40.0, 50.0]]
+    kept.sum().backward()
+    assert y.grad.tolist() == [[1.0, 1.0]] * 3 + [[0.0, 0.0]] * 2  # no gradient into the pad rows
+
+
+def test_block_rows_probe_groupings_compute_the_one_matrix_block_and_padding_is_restored():
+    from models.vit_block import Block
+    from scripts.experiments.probes import probe_block_rows as P
+    from sparsity import traced
+
+    def block():
+        torch.manual_seed(0)
+        return Block(16, 2, init_values=0.5).double()
+
+    xs = [torch.randn(3, 5, 16, dtype=torch.float64), torch.randn(4, 2, 16, dtype=torch.float64)]
+    want = block()(xs)
+    rows = []
+    for grouping in P.GROUPINGS:
+        b = block()
+        b.mlp.fc1.register_forward_hook(lambda m, a, out: rows.append(a[0].shape[0]))
+        P.set_grouping(b, grouping)
+        for got, w in zip(b(xs), want):
+            torch.testing.assert_close(got, w, rtol=1e-12, atol=1e-12)
+    assert rows == [23, 23, 15, 8, 15, 8]  # the MLP on 3x5 + 4x2 rows together, or apart
+    with pytest.raises(ValueError, match="unknown grouping 'per token'"):
+        P.set_grouping(Block(16, 2), "per token")
+    own = traced._pad_rows, traced._unpad_rows
+    with pytest.raises(RuntimeError), P.padding((P.pad_by_cat, P.unpad_by_split)):
+        assert traced._pad_rows is P.pad_by_cat
+        raise RuntimeError
+    assert (traced._pad_rows, traced._unpad_rows) == own
