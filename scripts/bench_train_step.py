@@ -216,7 +216,11 @@ from scripts.benchmarks.ledger import (  # noqa: E402
     projections,
     set_step_time,
 )
-from scripts.benchmarks.round_stats import format_round_stats, round_stats  # noqa: E402
+from scripts.benchmarks.round_stats import (  # noqa: E402
+    again_label,
+    format_round_stats,
+    round_stats,
+)
 from scripts.benchmarks.step_profiles import host_profile, profile_steps, stall_profile  # noqa: E402
 from scripts.benchmarks.timing import MID_TRAINING_STEP, GcLog, StepLog, heat, time_steps  # noqa: E402
 from sparsity.pruning import is_transposable  # noqa: E402
@@ -647,7 +651,7 @@ def main() -> None:
                         for name in args.ablations:
                             with _Ablation(trainer, name):
                                 timed(row, label=f"{row}, {name}", extras=last)
-                            timed(row, label=f"{row} (again)", extras=False)
+                            timed(row, label=again_label(row, name), extras=False)
         rows += [merge_rounds(outs) for outs in rounds.values()]
         set_row(trainer, "eager-dense")
         step_flop_counts = step_flop_counts or count_step_flops(

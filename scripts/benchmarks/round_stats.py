@@ -7,7 +7,8 @@ same clock and heat as its neighbours. Two figures come from them:
   `stepgraph-auto`; an ablation row over the dense row under the same ablation, so that
   `stepgraph-auto, attention-per-crop` is against `stepgraph-dense, attention-per-crop`);
 - an ablation's **saving**: the mean of the rows run just before and just after it (the row itself and
-  `<row> (again)`) minus the ablation row, in ms a step.
+  `<row> (again after <ablation>)`; `<row> (again)` in files of one ablation) minus the ablation row,
+  in ms a step.
 
 Each is summarised as the mean over rounds with Student's t interval, and rounds of several benchmark
 files pool where the same row names recur (one GPU's rounds beside another's)."""
@@ -19,7 +20,13 @@ from collections.abc import Iterable
 
 from reporting.intervals import mean_interval
 
-AGAIN = " (again)"
+AGAIN = " (again"  # "(again after <ablation>)", or "(again)" in files of one ablation
+
+
+def again_label(row: str, ablation: str) -> str:
+    """The label of `row` run again right after `ablation`: one per ablation, so that each round
+    holds one of each."""
+    return f"{row} (again after {ablation})"
 
 
 def round_ms(row: dict) -> list[float]:
@@ -47,7 +54,7 @@ def ratio_rounds(rows: list[dict]) -> dict[str, list[float]]:
     by_name = {r["row"]: round_ms(r) for r in rows}
     out = {}
     for name, ms in by_name.items():
-        if name.endswith(AGAIN):
+        if AGAIN in name:
             continue
         ablated = _ablation_of(name)
         base = ablated[0] if ablated else name
@@ -60,15 +67,17 @@ def ratio_rounds(rows: list[dict]) -> dict[str, list[float]]:
 
 
 def saving_rounds(rows: list[dict]) -> dict[str, list[float]]:
-    """Each ablation row's ms a step saved, round by round: the mean of its row and that row's
-    "(again)" run minus the ablation row (positive: the ablation is faster)."""
+    """Each ablation row's ms a step saved, round by round: the mean of its row and that row's run
+    right after it minus the ablation row (positive: the ablation is faster)."""
     by_name = {r["row"]: round_ms(r) for r in rows}
     out = {}
     for name, ms in by_name.items():
         ablated = _ablation_of(name)
-        if not ablated:
+        if not ablated or AGAIN in name:
             continue
-        before, after = by_name.get(ablated[0]), by_name.get(ablated[0] + AGAIN)
+        base, ablation = ablated
+        before = by_name.get(base)
+        after = by_name.get(again_label(base, ablation), by_name.get(f"{base} (again)"))
         if before and after and len(before) == len(after) == len(ms):
             out[name] = [(b + a) / 2 - x for b, a, x in zip(before, after, ms)]
     return out

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from scripts import bench_rounds
-from scripts.benchmarks.round_stats import ratio_rounds, round_stats, saving_rounds
+from scripts.benchmarks.round_stats import again_label, ratio_rounds, round_stats, saving_rounds
 
 
 def row(name: str, *ms: float) -> dict:
@@ -40,6 +40,24 @@ def test_an_ablation_saves_against_the_mean_of_the_rows_on_either_side():
     # sparse: (190 + 188) / 2 - 187 = 2, (200 + 198) / 2 - 196 = 3
     assert savings["stepgraph-auto, attention-per-crop"] == pytest.approx([2.0, 3.0])
     assert "stepgraph-auto" not in savings
+
+
+def test_two_ablations_each_save_against_the_row_run_again_right_after_it():
+    # the step benchmark's order: row, first ablation, row again, second ablation, row again
+    rows = [
+        row("stepgraph-dense", 200.0),
+        row("stepgraph-dense, attention-per-crop", 199.0),
+        row(again_label("stepgraph-dense", "attention-per-crop"), 204.0),
+        row("stepgraph-dense, mlp-per-crop", 201.0),
+        row(again_label("stepgraph-dense", "mlp-per-crop"), 208.0),
+        row("stepgraph-auto", 190.0),
+    ]
+    savings = saving_rounds(rows)
+    assert savings == {
+        "stepgraph-dense, attention-per-crop": pytest.approx([3.0]),  # (200 + 204) / 2 - 199
+        "stepgraph-dense, mlp-per-crop": pytest.approx([3.0]),  # (200 + 208) / 2 - 201
+    }
+    assert set(ratio_rounds(rows)) == {"stepgraph-auto"}  # no ratio for a row run again
 
 
 def test_rounds_pool_over_files_and_the_interval_is_students_t():
