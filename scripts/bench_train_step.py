@@ -207,6 +207,7 @@ from configs import load_config  # noqa: E402
 from models import vit_block  # noqa: E402
 from models.pos_embed import bicubic_resize  # noqa: E402
 from scripts.benchmarks.batch import synthetic_batch  # noqa: E402
+from scripts.benchmarks.crop_grouping import run_per_crop  # noqa: E402
 from scripts.benchmarks.flops import gemm_rate_tflops, mfu, step_flops  # noqa: E402
 from scripts.benchmarks.gpu_state import gpu_state  # noqa: E402
 from scripts.benchmarks.ledger import (  # noqa: E402
@@ -218,7 +219,9 @@ from scripts.benchmarks.ledger import (  # noqa: E402
 )
 from scripts.benchmarks.round_stats import (  # noqa: E402
     again_label,
+    dense_row_name,
     format_round_stats,
+    is_dense_row,
     round_stats,
 )
 from scripts.benchmarks.step_profiles import host_profile, profile_steps, stall_profile  # noqa: E402
@@ -312,19 +315,14 @@ class _Ablation:
                 self.undo.append(
                     lambda block=block, rate=rate: setattr(block, "sample_drop_ratio", rate)
                 )
-        # the student's norm1, qkv, proj and ls1 per crop batch, as the reference runs them, instead
-        # of once on the tokens of all crop batches
-        elif self.name == "attention-per-crop":
+        # the student's norm1, qkv, proj and ls1 (attention, as the reference runs them) or norm2,
+        # fc1, fc2 and ls2 (mlp) per crop batch instead of once on the tokens of all crop batches:
+        # what one matrix is worth, in the sparse phase above all (its 2:4 GEMMs then run at each
+        # crop batch's token count)
+        elif self.name in ("attention-per-crop", "mlp-per-crop"):
+            branch = self.name.removesuffix("-per-crop")
             for block in m.student.backbone.blocks:
-                block._attn_on_concat = lambda xs, block=block: [block._attn_branch(x) for x in xs]
-                self.undo.append(lambda block=block: block.__dict__.pop("_attn_on_concat"))
-        # the student's norm2, fc1, fc2 and ls2 per crop batch instead of once on the tokens of all
-        # crop batches: what one MLP matrix is worth, in the sparse phase above all (its 2:4 GEMMs
-        # then run at each crop batch's token count)
-        elif self.name == "mlp-per-crop":
-            for block in m.student.backbone.blocks:
-                block._ffn_on_concat = lambda xs, block=block: [block._ffn_branch(x) for x in xs]
-                self.undo.append(lambda block=block: block.__dict__.pop("_ffn_on_concat"))
+                self.undo.append(run_per_crop(block, branch))
         else:
             raise ValueError(f"unknown ablation {self.name!r}; choose from {', '.join(ABLATIONS)}")
         self._drop_step_graph()
@@ -476,7 +474,7 @@ def ratio_baseline(rows: list[dict]) -> dict | None:
     """The row every ratio is against: `compiled-dense`, else the first dense row (`stepgraph-dense`
     where only that mode ran); None where the run timed no dense row, so that no sparse row is
     passed off as the baseline."""
-    dense = [r for r in rows if r["row"].endswith("-dense")]
+    dense = [r for r in rows if is_dense_row(r["row"])]
     return next((r for r in dense if r["row"] == "compiled-dense"), dense[0] if dense else None)
 
 
@@ -487,7 +485,7 @@ def ratio_text(ratio: float | None) -> str:
 def mode_dense_row(rows: list[dict], row: dict, needs: str) -> dict | None:
     """The dense row of `row`'s compile mode (`compiled-dense` for `compiled-auto..., ablation`)
     that holds `needs`, or None where the run timed none."""
-    name = row["row"].split("-")[0] + "-dense"
+    name = dense_row_name(row["row"])
     return next((d for d in rows if d["row"] == name and needs in d), None)
 
 

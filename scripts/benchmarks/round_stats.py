@@ -40,11 +40,13 @@ def _ablation_of(name: str) -> tuple[str, str] | None:
     return (base, ablation) if sep else None
 
 
-def _dense_of(name: str) -> str:
+def dense_row_name(name: str) -> str:
+    """The dense row of `name`'s compile mode: "stepgraph-dense" for "stepgraph-auto+teacher" and
+    for "stepgraph-auto, attention-per-crop"."""
     return name.split("-")[0] + "-dense"
 
 
-def _is_dense(name: str) -> bool:
+def is_dense_row(name: str) -> bool:
     return name.endswith("-dense")
 
 
@@ -58,9 +60,9 @@ def ratio_rounds(rows: list[dict]) -> dict[str, list[float]]:
             continue
         ablated = _ablation_of(name)
         base = ablated[0] if ablated else name
-        if _is_dense(base):
+        if is_dense_row(base):
             continue
-        dense = _dense_of(base) + (f", {ablated[1]}" if ablated else "")
+        dense = dense_row_name(base) + (f", {ablated[1]}" if ablated else "")
         if dense in by_name and len(by_name[dense]) == len(ms):
             out[name] = [d / s for d, s in zip(by_name[dense], ms)]
     return out

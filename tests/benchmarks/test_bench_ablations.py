@@ -1,7 +1,7 @@
 """The step benchmark's block ablations (`autograd-gather`, `no-stochastic-depth`,
-`attention-per-crop`, `mlp-per-crop`) on the CPU: each changes what a compiled block computes while it is on (the
-block compiled as training compiles it, `dynamic=False`: its code is guarded, not reused stale)
-and puts everything back after."""
+`attention-per-crop`, `mlp-per-crop`) on the CPU: each changes what a compiled block computes while
+it is on (the block compiled as training compiles it, `dynamic=False`: its code is guarded, not
+reused stale) and puts everything back after."""
 
 from types import SimpleNamespace
 

@@ -72,14 +72,16 @@ PADDINGS = {
 
 
 def set_grouping(block, grouping: str) -> None:
-    """Run the block's attention linears and/or MLP per crop batch (instance attributes over the
-    class's one-matrix methods, as the step benchmark's ablations do)."""
+    """Run the block's attention linears and/or MLP per crop batch, as the step benchmark's
+    ablations do."""
+    from scripts.benchmarks.crop_grouping import run_per_crop
+
     if grouping not in GROUPINGS:
         raise ValueError(f"unknown grouping {grouping!r}; choose from {', '.join(GROUPINGS)}")
     if grouping in ("attention per crop", "all per crop"):
-        block._attn_on_concat = lambda xs: [block._attn_branch(x) for x in xs]
+        run_per_crop(block, "attention")
     if grouping in ("mlp per crop", "all per crop"):
-        block._ffn_on_concat = lambda xs: [block._ffn_branch(x) for x in xs]
+        run_per_crop(block, "mlp")
 
 
 @contextlib.contextmanager
