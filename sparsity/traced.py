@@ -187,19 +187,23 @@ def _dense(x2, w, bias, pruning, masked_grad, scale):
     return y if bias is None else y + bias.to(x2.dtype)
 
 
-# cuSPARSELt takes token counts that are multiples of 8. Zero rows appended to x (the compiler fuses
-# the pad into the kernel that produces x, and the slice into the one that consumes y) spare the GEMM
-# op its tail handling (a second GEMM on the last n % 8 rows, copies, host time); their gradients are
-# zero, so dx, dW, db are unchanged. One function each way, so that another padding can be put in
-# and timed on its own (the compiler reads them when it traces).
+# cuSPARSELt takes token counts that are multiples of 8. Zero rows appended to x spare the GEMM op its
+# tail handling (a second GEMM on the last n % 8 rows, copies, host time); their gradients are zero,
+# so dx, dW, db are unchanged. Padded by a concatenation and unpadded by a split, not F.pad and a
+# slice: the slice's gradient is a slice_scatter, which the compiler does not fuse with a
+# concatenation, so on a block's one matrix of all crop batches the output gradient (the crop
+# batches' gradients concatenated) was written out and copied again; the split's gradient is a
+# concatenation, and nested concatenations land in one buffer. On one H200, one ViT-L block with
+# its MLP and attention linears on 2:4: 0.22 ms faster a block (results/bench/NOTES.md, "Why one
+# matrix may cost in the sparse phase").
 
 
 def _pad_rows(x2: torch.Tensor, pad: int) -> torch.Tensor:
-    return F.pad(x2, (0, 0, 0, pad))
+    return torch.cat([x2, x2.new_zeros(pad, x2.shape[1])])
 
 
 def _unpad_rows(y: torch.Tensor, tokens: int) -> torch.Tensor:
-    return y[:tokens]
+    return y.split([tokens, y.shape[0] - tokens])[0]
 
 
 def _cusparselt(x2, w, bias, pruning, masked_grad, scale, library: bool, mvue: bool = False):

@@ -129,14 +129,14 @@ def test_attention_probe_takes_the_steps_shapes_and_the_models_layout():
     assert totals == {"A": None, "default": 0.6, "fastest_each": 0.5}
 
 
-def test_block_rows_probe_pads_by_concatenation_as_f_pad_does_values_and_gradients():
-    from scripts.experiments.probes.probe_block_rows import pad_by_cat, unpad_by_split
+def test_block_rows_probe_pads_by_f_pad_and_slice_values_and_gradients():
+    from scripts.experiments.probes.probe_block_rows import pad_by_f_pad, unpad_by_slice
 
     x = torch.arange(6.0).reshape(3, 2).requires_grad_()
-    padded = pad_by_cat(x, 2)
+    padded = pad_by_f_pad(x, 2)
     assert padded.tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [0.0, 0.0], [0.0, 0.0]]
     y = (padded.detach() * 10).requires_grad_()
-    kept = unpad_by_split(y, 3)
+    kept = unpad_by_slice(y, 3)
     assert kept.tolist() == [[0.0, 10.0], [20.0, 30.0], [40.0, 50.0]]
     kept.sum().backward()
     assert y.grad.tolist() == [[1.0, 1.0]] * 3 + [[0.0, 0.0]] * 2  # no gradient into the pad rows
@@ -164,7 +164,7 @@ def test_block_rows_probe_groupings_compute_the_one_matrix_block_and_padding_is_
     with pytest.raises(ValueError, match="unknown grouping 'per token'"):
         P.set_grouping(Block(16, 2), "per token")
     own = traced._pad_rows, traced._unpad_rows
-    with pytest.raises(RuntimeError), P.padding((P.pad_by_cat, P.unpad_by_split)):
-        assert traced._pad_rows is P.pad_by_cat
+    with pytest.raises(RuntimeError), P.padding(P.PADDINGS["F.pad + slice"]):
+        assert traced._pad_rows is P.pad_by_f_pad
         raise RuntimeError
     assert (traced._pad_rows, traced._unpad_rows) == own

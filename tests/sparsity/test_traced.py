@@ -122,3 +122,39 @@ def test_prune_op_equals_the_reference_and_traces():
         lambda t: torch.ops.sparsity.prune(t, "tile_greedy", True), tracing_mode="symbolic"
     )(w)
     assert "sparsity.prune.default" in {str(n.target) for n in gm.graph.nodes}
+
+
+def test_row_padding_appends_zero_rows_and_its_gradient_drops_them_under_symbolic_shapes():
+    """The 2:4 op's row padding (a concatenation, and a split back): hand-computed rows and
+    gradients, eager and traced with a symbolic token count (the compiled step's dynamic shapes)."""
+    from sparsity.traced import _pad_rows, _unpad_rows
+
+    x = torch.arange(6.0).reshape(3, 2).requires_grad_()
+    padded = _pad_rows(x, 5)
+    assert padded.tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]] + [[0.0, 0.0]] * 5
+    (padded * torch.arange(1.0, 9.0)[:, None]).sum().backward()
+    assert x.grad.tolist() == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]  # the zero rows give none back
+    y = torch.arange(16.0).reshape(8, 2).requires_grad_()
+    kept = _unpad_rows(y, 3)
+    assert kept.tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    kept.sum().backward()
+    assert y.grad.tolist() == [[1.0, 1.0]] * 3 + [[0.0, 0.0]] * 5
+
+    def round_trip(t):
+        return _unpad_rows(_pad_rows(t, 8 - t.shape[0] % 8) * 2, t.shape[0])
+
+    gm = make_fx(round_trip, tracing_mode="symbolic")(torch.randn(11, 4))
+    shapes = [n.meta["val"].shape for n in gm.graph.nodes if n.op == "placeholder"]
+    assert isinstance(shapes[0][0], torch.SymInt)
+    t = torch.randn(13, 4)
+    torch.testing.assert_close(gm(t), t * 2, rtol=0, atol=0)
+    # why a split and not a slice: the slice's gradient (slice_backward, a slice_scatter into zeros)
+    # does not fuse with the concatenation that makes a one-matrix block's output gradient; the
+    # split's is a concatenation
+    grad = make_fx(
+        lambda t: torch.autograd.grad(_unpad_rows(t, 5), t, torch.ones(5, 4))[0],
+        tracing_mode="symbolic",
+    )(torch.randn(8, 4, requires_grad=True))
+    ops_used = {str(n.target) for n in grad.graph.nodes if n.op == "call_function"}
+    assert "aten.cat.default" in ops_used, ops_used
+    assert not any("slice_backward" in op or "slice_scatter" in op for op in ops_used), ops_used
