@@ -194,8 +194,8 @@ def _dense(x2, w, bias, pruning, masked_grad, scale):
 # concatenation, so on a block's one matrix of all crop batches the output gradient (the crop
 # batches' gradients concatenated) was written out and copied again; the split's gradient is a
 # concatenation, and nested concatenations land in one buffer. On one H200, one ViT-L block with
-# its MLP and attention linears on 2:4: 0.22 ms faster a block (results/bench/NOTES.md, "Why one
-# matrix may cost in the sparse phase").
+# its MLP and attention linears on 2:4: 0.22 ms faster a block (results/bench/NOTES.md, "The rows
+# padded by concatenation: the probe measured").
 
 
 def _pad_rows(x2: torch.Tensor, pad: int) -> torch.Tensor:
