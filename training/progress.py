@@ -42,17 +42,6 @@ def max_memory_mb(device: torch.device) -> float | None:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def gpu_memory_outside_mb(device: torch.device) -> float | None:
-    """Memory in use on the run's GPU that its PyTorch allocator does not hold: its CUDA context and
-    libraries (about a GB), plus whatever other processes hold. The tables show a run's speed only
-    where this stayed small, the sign that no other job shared the GPU (reporting.speed_columns).
-    None on a CPU."""
-    if device.type != "cuda":
-        return None
-    free, total = torch.cuda.mem_get_info(device)
-    return max(0.0, (total - free - torch.cuda.memory_reserved(device)) / 2**20)
-
-
 def _dtype(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 

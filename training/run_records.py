@@ -17,8 +17,9 @@ from rundir.layout import write_config, write_run_info
 from rundir.metrics import FORMAT_KEY, METRICS_FORMAT, MetricsLog
 from rundir.run_dir import RunDir
 from rundir.status import RUNNING, new_run_id, read_status, resumed_history, write_status
+from sparsity.backends.timing import device_memory_outside_mb
 
-from .progress import gpu_memory_outside_mb, log_run_info, max_memory_mb
+from .progress import log_run_info, max_memory_mb
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,8 @@ def metrics_line(
     """A metrics.jsonl line: `step` counts the steps done (as checkpoints do; see run_dir); `fields`
     (the loss terms, schedule values, gradient norms, the sparse backends' summary) follow the loss
     in the order given."""
-    memory, outside = max_memory_mb(device), gpu_memory_outside_mb(device)
+    # the tables show a run's speed only where this stayed small (reporting.speed_columns)
+    memory, outside = max_memory_mb(device), device_memory_outside_mb(device)
     line = {"step": step, FORMAT_KEY: METRICS_FORMAT, "phase": phase, "loss": loss}
     for values in fields:
         line.update(values)

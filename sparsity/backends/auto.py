@@ -29,6 +29,11 @@ backend, and the reason is recorded and logged (weights off CUDA: once per devic
 `fallbacks`). A key first met inside graph capture or compilation uses dense (no timing is possible
 there) without remembering it, so a later eager call can still decide.
 
+Each timed decision also records the GPU memory held outside this process's allocator while it was
+timed (`memory_outside_mb`); far above a process's own context (SHARED_DEVICE_MB), another process
+shared the GPU, its kernels ran inside the timing, and auto warns: two runs sharing one H200 under MPS
+chose differently from each other and from a run alone.
+
 A key first met while torch.compile traces (`choice_for_trace`) is timed at its token count rounded up
 to cuSPARSELt's multiple (`timed_tokens`): the compiled layer pads its input in the kernel that writes it
 and runs one GEMM, where the eager layer runs the last n % 8 rows as a second, 8-row GEMM. Timing the
@@ -49,11 +54,15 @@ from .cusparselt import CuSparseLtBackend
 from .cusparselt.library import padded_token_count
 from .dense import DenseBackend, FastDenseBackend, dense_sparsify
 from .settings import BackendSettings
-from .timing import device_only_ms, median_cuda_ms
+from .timing import device_memory_outside_mb, device_only_ms, median_cuda_ms
 
 log = logging.getLogger(__name__)
 
 MARGIN = 1.02  # sparse must be faster than dense by this ratio (dense_ms / sparse_ms) to be chosen
+# Memory outside this process's allocator above which another process is taken to share the GPU: a
+# process's own CUDA context and libraries hold about a GB (0.85 GB on one H200), two small training
+# runs on one H200 saw 14 GB each.
+SHARED_DEVICE_MB = 4096.0
 
 
 def _timing_generator(device: torch.device) -> torch.Generator:
@@ -121,6 +130,7 @@ class AutoBackend(Backend):
         # (device type, dtype) -> reason, for weights that cannot go to cuSPARSELt at all
         self.fallbacks: dict = {}
         self._backends: dict = {}
+        self._warned_shared = False
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         return None  # dense always works
@@ -261,6 +271,9 @@ class AutoBackend(Backend):
                 return self.decisions[key]
             choice = "cusparselt" if t_dense / t_sparse > MARGIN else "dense"
             choice_graph = "cusparselt" if g_dense / g_sparse > MARGIN else "dense"
+            outside = device_memory_outside_mb(weight.device)
+            if outside is not None:
+                self._note_shared_device(key, outside)
             self._record(
                 key,
                 choice,
@@ -275,8 +288,28 @@ class AutoBackend(Backend):
                 timed=how,
                 timed_tokens=tokens,
                 first_met=mode,
+                **({} if outside is None else {"memory_outside_mb": round(outside)}),
             )
             return self.decisions[key]
+
+    def _note_shared_device(self, key: GemmKey, outside_mb: float) -> None:
+        """Warn, once a run, where a timing ran while another process seemed to hold the GPU: its
+        kernels were inside the timing, so this run may choose (and compute with) other kernels than
+        the same run alone would."""
+        if outside_mb <= SHARED_DEVICE_MB or self._warned_shared:
+            return
+        self._warned_shared = True
+        log.warning(
+            "auto backend: timed tokens=%d in=%d out=%d while %.1f GB of GPU %d were held outside this "
+            "process's allocator: another process probably shares the GPU, and its kernels ran inside "
+            "the timing. The choices may differ from those of the same run alone; where runs share a "
+            "GPU, set the backend explicitly (sparsity.backend=cusparselt or dense).",
+            key.tokens,
+            key.in_features,
+            key.out_features,
+            outside_mb / 1024,
+            key.device_index,
+        )
 
     def _sparse_unavailable(self, weight: torch.Tensor, tokens: int) -> str | None:
         try:

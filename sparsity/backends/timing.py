@@ -2,7 +2,8 @@
 
 `median_cuda_ms` times calls as they are launched (host time shows when the host is slower than the
 GPU); `device_only_ms` keeps the host ahead of the GPU so that only device time is measured (what a
-CUDA graph replay costs)."""
+CUDA graph replay costs). `device_memory_outside_mb` tells whether anything else holds the GPU while
+it is timed."""
 
 import time
 
@@ -48,3 +49,14 @@ def _timed_median(fn, reps: int) -> float:
     torch.cuda.synchronize()
     times = sorted(start.elapsed_time(end) for start, end in events)
     return times[len(times) // 2]
+
+
+def device_memory_outside_mb(device: torch.device) -> float | None:
+    """Memory in use on `device` that this process's PyTorch allocator does not hold: its CUDA
+    context and libraries (about a GB), plus whatever other processes hold. Far more than that is the
+    sign that another process shares the GPU, and then its kernels run inside any timing taken here.
+    None off CUDA."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return max(0.0, (total - free - torch.cuda.memory_reserved(device)) / 2**20)

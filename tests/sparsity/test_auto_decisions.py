@@ -85,3 +85,53 @@ def test_a_key_met_while_tracing_is_timed_at_the_rows_the_compiled_gemm_runs(mon
         "compiled",
     )
     assert (eager["tokens"], eager["timed_tokens"], eager["first_met"]) == (13246, 13246, "eager")
+
+
+@pytest.mark.parametrize("outside_mb, warns", [(850.0, False), (14_300.0, True)])
+def test_auto_records_the_memory_others_held_and_warns_once_when_the_gpu_was_shared(
+    monkeypatch, caplog, outside_mb, warns
+):
+    """A decision timed while far more memory than a process's own context was held outside its
+    allocator (another process on the GPU) says so in its record and warns once a run, naming the
+    remedy; a GPU of the run's own (0.85 GB outside, as measured alone on one H200) stays silent."""
+    import logging
+
+    import sparsity.backends.auto as auto_module
+
+    auto, _ = _timed_auto(monkeypatch, eager=(0.5, 0.6), graph=(0.5, 0.6))
+    seen = []
+
+    def fake_outside(device):
+        seen.append(device)
+        return outside_mb
+
+    monkeypatch.setattr(auto_module, "device_memory_outside_mb", fake_outside)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    w = torch.zeros(64, 32)
+    with caplog.at_level(logging.WARNING, logger=auto_module.__name__):
+        auto.decide(w, "tile_greedy", 128, True)
+        auto.decide(w, "tile_greedy", 256, True)
+    records = auto.describe()["decisions"]
+    assert [r["memory_outside_mb"] for r in records] == [round(outside_mb)] * 2
+    assert seen == [w.device, w.device]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if warns:
+        (message,) = warnings  # once, not once a shape
+        assert "tokens=128 in=32 out=64" in message and "14.0 GB" in message
+        assert "sparsity.backend=cusparselt or dense" in message
+    else:
+        assert warnings == []
+
+
+def test_device_memory_outside_is_what_the_allocator_does_not_hold(monkeypatch):
+    """Free and total from the driver, less what this process's allocator reserved: 80 GiB total,
+    60 GiB free and 12 GiB reserved leave 8 GiB = 8192 MB outside; never negative; None off CUDA."""
+    from sparsity.backends.timing import device_memory_outside_mb
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (60 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 12 * gib)
+    assert device_memory_outside_mb(torch.device("cuda", 0)) == 8192.0
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 30 * gib)
+    assert device_memory_outside_mb(torch.device("cuda", 0)) == 0.0
+    assert device_memory_outside_mb(torch.device("cpu")) is None
