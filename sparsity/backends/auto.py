@@ -61,7 +61,8 @@ log = logging.getLogger(__name__)
 MARGIN = 1.02  # sparse must be faster than dense by this ratio (dense_ms / sparse_ms) to be chosen
 # Memory outside this process's allocator above which another process is taken to share the GPU: a
 # process's own CUDA context and libraries hold about a GB (0.85 GB on one H200), two small training
-# runs on one H200 saw 14 GB each.
+# runs on one H200 saw 14 GB each. The same bound as reporting.speed_columns.SHARED_GPU_MB (which
+# drops a shared run's speeds; the torch-free reporting cannot import this one).
 SHARED_DEVICE_MB = 4096.0
 
 

@@ -135,3 +135,12 @@ def test_device_memory_outside_is_what_the_allocator_does_not_hold(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 30 * gib)
     assert device_memory_outside_mb(torch.device("cuda", 0)) == 0.0
     assert device_memory_outside_mb(torch.device("cpu")) is None
+
+
+def test_auto_and_the_tables_draw_the_shared_gpu_line_at_one_bound():
+    """auto's warning and the tables' dropped speed columns judge "another process shared the GPU"
+    by the same memory bound (two constants, since the torch-free reporting cannot import sparsity)."""
+    from reporting.speed_columns import SHARED_GPU_MB
+    from sparsity.backends.auto import SHARED_DEVICE_MB
+
+    assert SHARED_DEVICE_MB == SHARED_GPU_MB
