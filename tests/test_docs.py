@@ -23,7 +23,8 @@ PAGES = [README, *sorted(DOCS.glob("*.md"))]
 BENCH = REPO / "results" / "bench"
 STEP_LAUNCHED = BENCH / "rounds_h100" / "train_step_rounds_heated_fp32_h100.json"
 SCALING = BENCH / "scaling_dense" / "scaling_h200.json"  # the compiled step, dense phase
-RECIPE_SUMMARY = REPO / "results" / "cifar10" / "recipe" / "table" / "summary.json"
+# the confirmatory table: the small-model recipe against the tuned dense, seeds 5-7
+RECIPE_SUMMARY = REPO / "results" / "cifar10" / "recipe" / "confirm_lr_table" / "summary.json"
 DIGITS_TABLE = REPO / "results" / "default" / "table.md"
 
 
@@ -191,40 +192,41 @@ README_SCHEDULES = {
 }
 
 
-def _readme_cell(mean: dict | None) -> str:
-    """A README cell of a schedule mean: "70.51 (-1.04 [-1.89, -0.18])", the dense baseline as its
-    mean alone, one seed as "72.06 (+0.51; seed 3 alone, no interval)"."""
+def _fmt(x: float) -> str:
+    return f"{x:+.2f}"
+
+
+def _readme_cell(mean: dict) -> str:
+    """A README cell of a schedule mean: "73.57 (-0.21 [-0.89, +0.48])", the dense baseline as its
+    mean alone."""
     if mean["sparse_fraction"] == 0.0:
         return f"{mean['top1']:.2f}"
     interval = mean["delta_top1_interval"]
-    if interval is None:
-        (seed,) = mean["seeds"]
-        return f"{mean['top1']:.2f} ({mean['delta_top1']:+.2f}; seed {seed} alone, no interval)"
-    return f"{mean['top1']:.2f} ({mean['delta_top1']:+.2f} [{interval['low']:+.2f}, {interval['high']:+.2f}])"
+    assert interval is not None, mean["schedule"]  # one seed resolves nothing: not a table cell
+    return f"{mean['top1']:.2f} ({_fmt(mean['delta_top1'])} [{_fmt(interval['low'])}, {_fmt(interval['high'])}])"
 
 
-def test_readme_table_is_the_published_numbers_and_the_committed_recipe_table():
-    """The README's table: the published numbers, and every CIFAR-10 cell the committed recipe
-    table's mean, Δ and 95% interval against its one dense baseline (three seeds): the published
-    recipe's configuration in one column, the small-model recipe's (its fresh seeds only; the
-    screening runs are kept out of the means) in the other."""
+def _confirmatory_means() -> dict[float, dict]:
+    """The confirmatory table's schedule means by sparse fraction: one configuration each (the
+    recipe, or dense), no screening run among them."""
+    summary = json.loads(RECIPE_SUMMARY.read_text())
+    assert not any(row["screening"] for row in summary["rows"])
+    means = {}
+    for mean in summary["schedule_means"]:
+        assert mean["sparse_fraction"] not in means, mean["schedule"]
+        means[mean["sparse_fraction"]] = mean
+    return means
+
+
+def test_readme_table_is_the_published_numbers_and_the_confirmatory_table():
+    """The README's table: the published numbers, and every CIFAR-10 cell the committed confirmatory
+    table's mean, Δ and 95% interval against its one dense baseline (the tuned dense, three seeds);
+    a schedule the table does not hold yet says "runs next"."""
     readme = table_rows(README.read_text())
-    means = json.loads(RECIPE_SUMMARY.read_text())["schedule_means"]
+    means = _confirmatory_means()
     rows = {row.label: row for row in published.ROWS}
-
-    def mean_of(fraction: float, decay: float) -> dict | None:
-        found = [
-            m
-            for m in means
-            if m["sparse_fraction"] == fraction
-            and m["differing_config"]["sparsity.pruned_decay"] == decay
-            and m["differing_config"]["teacher.momentum_restart_fraction"] == 0.0
-        ]
-        assert len(found) <= 1, found
-        return found[0] if found else None
-
     for ours, name in README_SCHEDULES.items():
-        imagenet_cell, published_recipe_cell, recipe_cell = readme[ours][1:4]
+        imagenet_cell, recipe_cell, seeds_cell = readme[ours][1:4]
         row = rows[name]
         expected = (
             f"{row.top1:.1f}"
@@ -233,21 +235,51 @@ def test_readme_table_is_the_published_numbers_and_the_committed_recipe_table():
         )
         assert imagenet_cell == expected, (ours, imagenet_cell, expected)
         fraction = row.sparse_steps / published.TOTAL_STEPS if name != "40% sparse" else 0.4
-        dense = mean_of(0.0, 0.0)
-        assert published_recipe_cell == _readme_cell(
-            mean_of(fraction, 0.0) if fraction else dense
-        ), ours
-        recipe = mean_of(fraction, 0.005) if fraction else dense
-        if recipe is None:
-            assert recipe_cell.startswith("no fresh seed yet"), (ours, recipe_cell)
+        mean = means.get(round(fraction, 2))
+        if mean is None:
+            assert (recipe_cell, seeds_cell) == ("runs next", ""), (ours, recipe_cell)
         else:
-            assert recipe_cell == _readme_cell(recipe), (ours, recipe_cell)
-    assert (
-        dense["n_seeds"] == 3
-        and f"71.55 (seeds 0-2, 95% interval {dense['top1_interval']['low']:.2f}-"
-        f"{dense['top1_interval']['high']:.2f})"
+            assert recipe_cell == _readme_cell(mean), (ours, recipe_cell)
+            assert seeds_cell == ", ".join(str(seed) for seed in mean["seeds"]), ours
+    dense = means[0.0]
+    interval = dense["top1_interval"]
+    assert dense["n_seeds"] == 3 and (
+        f"({dense['top1']:.2f}, 95% interval {interval['low']:.2f}-{interval['high']:.2f})"
         in README.read_text().replace("\n", " ")
     )
+
+
+def test_the_recipe_page_table_is_the_confirmatory_table():
+    """docs/cifar10-recipe.md's confirmatory table: each schedule's seeds, means with their 95%
+    intervals and Δs (linear and k-NN) as the committed summary has them."""
+    page = table_rows((DOCS / "cifar10-recipe.md").read_text())
+    labels = {0.0: "dense", 0.4: "40%", 0.6: "60%", 0.7: "70%", 0.8: "80%", 0.9: "90%"}
+    labels[1.0] = "100% (the decay alone)"
+    means = _confirmatory_means()
+
+    def ci(interval: dict, signed: bool = False) -> str:
+        f = _fmt if signed else (lambda x: f"{x:.2f}")
+        return f"[{f(interval['low'])}, {f(interval['high'])}]"
+
+    for fraction, label in labels.items():
+        cells = page[label][1:6]
+        mean = means.get(fraction)
+        if mean is None:
+            assert cells[0] == "runs next", label
+            continue
+        seeds = ", ".join(str(seed) for seed in mean["seeds"])
+        expected = [
+            seeds,
+            f"{mean['top1']:.2f} {ci(mean['top1_interval'])}",
+            ""
+            if fraction == 0.0
+            else f"{_fmt(mean['delta_top1'])} {ci(mean['delta_top1_interval'], True)}",
+            f"{mean['knn_top1']:.2f} {ci(mean['knn_top1_interval'])}",
+            ""
+            if fraction == 0.0
+            else f"{_fmt(mean['delta_knn_top1'])} {ci(mean['delta_knn_top1_interval'], True)}",
+        ]
+        assert [cell.strip("*") for cell in cells] == expected, label
 
 
 def test_imagenet_expected_table_is_the_published_one():
