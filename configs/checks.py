@@ -50,6 +50,12 @@ def validate(cfg: Config) -> None:
             f"{cfg.student.patch_size}",
         ),
         (
+            cfg.data.augment_on == "device" or not cfg.data.augment_compile,
+            "data.augment_compile=true compiles the crops made on the training device, but "
+            f"data.augment_on={cfg.data.augment_on}: set data.augment_on=device as well, or "
+            "data.augment_compile=false",
+        ),
+        (
             cfg.dino.loss_weight > 0 or cfg.ibot.loss_weight > 0,
             "dino.loss_weight and ibot.loss_weight are both 0: nothing to train",
         ),

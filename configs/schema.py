@@ -191,6 +191,10 @@ class DataConfig:
     # batch on the training device, data/batched_augment.py: same transforms; small images are
     # otherwise CPU-bound)
     augment_on: str = value("workers", choices=("workers", "device"))
+    # with augment_on=device: the crops made by one compiled graph (torch.compile, fused kernels)
+    # instead of ~1,400 small kernels a 512-image batch, whose launches bound a small model's step;
+    # the same draws, values equal to float rounding; its first batch compiles (about a minute)
+    augment_compile: bool = value(False, execution=True)
 
 
 @dataclass

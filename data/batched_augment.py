@@ -164,45 +164,55 @@ def adjust_hue(x: Tensor, shift: Tensor) -> Tensor:
     return hsv_to_rgb(hsv)
 
 
-def color_jitter(x: Tensor, g: torch.Generator) -> Tensor:
-    """RandomApply(ColorJitter(brightness, contrast, saturation, hue), p) with a random order of the
-    four per image, as torchvision's ColorJitter draws it."""
-    n, device = x.shape[0], x.device
+def draw_color_jitter(n: int, g: torch.Generator, device) -> dict[str, Tensor]:
+    """ColorJitter's random draws for n images (`apply_color_jitter` uses them): whether it applies
+    (p COLOR_JITTER_P), a random order of the four ops per image, and their factors."""
     b, c, s, h = (COLOR_JITTER[k] for k in ("brightness", "contrast", "saturation", "hue"))
     apply = torch.rand(n, generator=g, device=device) < COLOR_JITTER_P
-    order = torch.rand(n, 4, generator=g, device=device).argsort(
-        1
-    )  # a random permutation per image
-    factors = [
-        _uniform(n, 1 - b, 1 + b, g, device),
-        _uniform(n, 1 - c, 1 + c, g, device),
-        _uniform(n, 1 - s, 1 + s, g, device),
-        _uniform(n, -h, h, g, device),
-    ]
-    ops = (
-        adjust_brightness,
-        adjust_contrast,
-        adjust_saturation,
-        adjust_hue,
-    )  # torchvision's fn_idx order
+    order = torch.rand(n, 4, generator=g, device=device).argsort(1)  # a permutation per image
+    factors = torch.stack(
+        [
+            _uniform(n, 1 - b, 1 + b, g, device),
+            _uniform(n, 1 - c, 1 + c, g, device),
+            _uniform(n, 1 - s, 1 + s, g, device),
+            _uniform(n, -h, h, g, device),
+        ],
+        1,
+    )
+    return {"jitter": apply, "jitter_order": order, "jitter_factors": factors}
+
+
+def apply_color_jitter(x: Tensor, apply: Tensor, order: Tensor, factors: Tensor) -> Tensor:
+    ops = (adjust_brightness, adjust_contrast, adjust_saturation, adjust_hue)  # torchvision's order
     for slot in range(4):
-        for op_id, (op, factor) in enumerate(zip(ops, factors)):
+        for op_id, op in enumerate(ops):
             # every op on every image, then a select: no host sync on a device tensor, so the host
             # runs ahead
             chosen = apply & (order[:, slot] == op_id)
-            x = torch.where(chosen.view(-1, 1, 1, 1), op(x, factor), x)
+            x = torch.where(chosen.view(-1, 1, 1, 1), op(x, factors[:, op_id]), x)
     return x
 
 
-def gaussian_blur(x: Tensor, p: float, g: torch.Generator) -> Tensor:
-    """Blur each image with probability p, sigma ~ U(BLUR_SIGMA), as torchvision's tensor
-    `gaussian_blur` (kernel BLUR_KERNEL_SIZE, reflect padding); the others pass through a unit
-    kernel."""
+def color_jitter(x: Tensor, g: torch.Generator) -> Tensor:
+    """RandomApply(ColorJitter(brightness, contrast, saturation, hue), p) with a random order of the
+    four per image, as torchvision's ColorJitter draws it."""
+    d = draw_color_jitter(x.shape[0], g, x.device)
+    return apply_color_jitter(x, d["jitter"], d["jitter_order"], d["jitter_factors"])
+
+
+def draw_blur(n: int, g: torch.Generator, device) -> dict[str, Tensor]:
+    """The blur's draws for n images: a uniform in [0, 1) (blurred where below the crop's p) and
+    sigma ~ U(BLUR_SIGMA); drawn whatever p is, so that the stream after it does not depend on p."""
+    return {
+        "blur_u": torch.rand(n, generator=g, device=device),
+        "blur_sigma": _uniform(n, BLUR_SIGMA[0], BLUR_SIGMA[1], g, device),
+    }
+
+
+def apply_blur(x: Tensor, apply: Tensor, sigma: Tensor) -> Tensor:
+    """Blur image i with sigma[i] where apply[i], as torchvision's tensor `gaussian_blur` (kernel
+    BLUR_KERNEL_SIZE, reflect padding); the others pass through a unit kernel."""
     n, ch, height, width = x.shape
-    apply = torch.rand(n, generator=g, device=x.device) < p
-    sigma = _uniform(n, BLUR_SIGMA[0], BLUR_SIGMA[1], g, x.device)
-    if p <= 0:
-        return x
     half = (BLUR_KERNEL_SIZE - 1) * 0.5
     grid = torch.linspace(-half, half, BLUR_KERNEL_SIZE, device=x.device, dtype=x.dtype)
     kernel = torch.exp(-0.5 * (grid[None] / sigma[:, None].to(x.dtype)) ** 2)
@@ -216,9 +226,18 @@ def gaussian_blur(x: Tensor, p: float, g: torch.Generator) -> Tensor:
     return y.view(n, ch, height, width)
 
 
+def gaussian_blur(x: Tensor, p: float, g: torch.Generator) -> Tensor:
+    """Blur each image with probability p, sigma ~ U(BLUR_SIGMA) (`apply_blur`)."""
+    d = draw_blur(x.shape[0], g, x.device)
+    return apply_blur(x, d["blur_u"] < p, d["blur_sigma"]) if p > 0 else x
+
+
+def apply_solarize(x: Tensor, apply: Tensor) -> Tensor:
+    return torch.where(apply.view(-1, 1, 1, 1) & (x >= SOLARIZE_THRESHOLD / 255.0), 1.0 - x, x)
+
+
 def solarize(x: Tensor, p: float, g: torch.Generator) -> Tensor:
-    apply = (torch.rand(x.shape[0], generator=g, device=x.device) < p).view(-1, 1, 1, 1)
-    return torch.where(apply & (x >= SOLARIZE_THRESHOLD / 255.0), 1.0 - x, x)
+    return apply_solarize(x, torch.rand(x.shape[0], generator=g, device=x.device) < p)
 
 
 @functools.cache
@@ -246,6 +265,8 @@ class BatchedAugmentationDINO:
         local_crops_size: int,
         blur_probabilities: Sequence[float] = (BLUR_P_GLOBAL1, BLUR_P_GLOBAL2, BLUR_P_LOCAL),
         solarize_probability: float = SOLARIZE_P,
+        compile: bool = False,
+        compile_backend: str = "inductor",
     ):
         self.global_crops_scale = tuple(global_crops_scale)
         self.local_crops_scale = tuple(local_crops_scale)
@@ -256,33 +277,81 @@ class BatchedAugmentationDINO:
         )
         self.blur_probabilities = tuple(float(p) for p in blur_probabilities)
         self.solarize_probability = float(solarize_probability)
-
-    def _crops(self, images: Tensor, copies: int, scale, size: int, g: torch.Generator) -> Tensor:
-        n, _, height, width = images.shape
-        source = images.repeat(
-            copies, 1, 1, 1
-        )  # copy c of image i at c * n + i: the collate's order
-        boxes = sample_crop_boxes(copies * n, height, width, scale, g, images.device)
-        flip = torch.rand(copies * n, generator=g, device=images.device) < HFLIP_P
-        return resized_crops(source, boxes, flip, size)
-
-    def _photometric(
-        self, x: Tensor, blur_p: float, solarize_p: float, g: torch.Generator
-    ) -> Tensor:
-        x = color_jitter(x, g)
-        gray = (torch.rand(x.shape[0], generator=g, device=x.device) < GRAYSCALE_P).view(
-            -1, 1, 1, 1
+        # eager, apply launches ~1,400 small kernels a 512-image batch; compiled, a few fused ones
+        self._apply = (
+            torch.compile(self.apply, fullgraph=True, dynamic=False, backend=compile_backend)
+            if compile
+            else self.apply
         )
-        x = torch.where(gray, grayscale(x).expand_as(x), x)
-        x = gaussian_blur(x, blur_p, g)
-        if solarize_p > 0:
-            x = solarize(x, solarize_p, g)
-        return x
+
+    def _draw_crops(self, n, height, width, copies, scale, g, device) -> dict[str, Tensor]:
+        # copy c of image i at c * n + i: the collate's order
+        boxes = sample_crop_boxes(copies * n, height, width, scale, g, device)
+        flip = torch.rand(copies * n, generator=g, device=device) < HFLIP_P
+        return {"boxes": boxes, "flip": flip}
 
     @staticmethod
-    def _normalize(x: Tensor) -> Tensor:
-        mean, std = _mean_std(x.device, x.dtype)
-        return (x - mean) / std
+    def _draw_photometric(n, solarize_p: float, g, device) -> dict[str, Tensor]:
+        draws = draw_color_jitter(n, g, device)
+        draws["gray"] = torch.rand(n, generator=g, device=device) < GRAYSCALE_P
+        draws.update(draw_blur(n, g, device))
+        if solarize_p > 0:
+            draws["solarize"] = torch.rand(n, generator=g, device=device) < solarize_p
+        return draws
+
+    def draw(self, n: int, height: int, width: int, g: torch.Generator, device) -> dict:
+        """Every random draw of a batch of n images, in the generator's order (global crops, the
+        photometric ops of global crop 1, of global crop 2, local crops, theirs): `apply` is then a
+        pure function of the images and these tensors."""
+        draws = {
+            "global": self._draw_crops(n, height, width, 2, self.global_crops_scale, g, device)
+        }
+        draws["first"] = self._draw_photometric(n, 0.0, g, device)
+        draws["second"] = self._draw_photometric(n, self.solarize_probability, g, device)
+        if self.local_crops_number:
+            draws["local_crops"] = self._draw_crops(
+                n, height, width, self.local_crops_number, self.local_crops_scale, g, device
+            )
+            draws["local"] = self._draw_photometric(self.local_crops_number * n, 0.0, g, device)
+        draws["mean"], draws["std"] = _mean_std(device, torch.float32)
+        return draws
+
+    @staticmethod
+    def _photometric(x: Tensor, d: dict[str, Tensor], blur_p: float) -> Tensor:
+        x = apply_color_jitter(x, d["jitter"], d["jitter_order"], d["jitter_factors"])
+        x = torch.where(d["gray"].view(-1, 1, 1, 1), grayscale(x).expand_as(x), x)
+        if blur_p > 0:
+            x = apply_blur(x, d["blur_u"] < blur_p, d["blur_sigma"])
+        if "solarize" in d:
+            x = apply_solarize(x, d["solarize"])
+        return x
+
+    def apply(self, images: Tensor, draws: dict) -> dict[str, Tensor]:
+        """The crops of uint8 `images` under `draws` (`draw`); no randomness and no host
+        synchronisation, so that it compiles to one graph (`compile=True`)."""
+        x = images.float().div_(255.0)
+        n = x.shape[0]
+        p1, p2, p_local = self.blur_probabilities
+        mean, std = draws["mean"], draws["std"]
+        g = draws["global"]
+        globals_ = resized_crops(
+            x.repeat(2, 1, 1, 1), g["boxes"], g["flip"], self.global_crops_size
+        )
+        first = self._photometric(globals_[:n], draws["first"], p1)
+        second = self._photometric(globals_[n:], draws["second"], p2)
+        out = {"global_crops": (torch.cat([first, second]) - mean) / std}
+        if self.local_crops_number:
+            c = draws["local_crops"]
+            local = resized_crops(
+                x.repeat(self.local_crops_number, 1, 1, 1),
+                c["boxes"],
+                c["flip"],
+                self.local_crops_size,
+            )
+            out["local_crops"] = (self._photometric(local, draws["local"], p_local) - mean) / std
+        else:
+            out["local_crops"] = x.new_zeros((0, 3, self.local_crops_size, self.local_crops_size))
+        return out
 
     @torch.no_grad()
     def __call__(self, images: Tensor, generator: torch.Generator) -> dict[str, Tensor]:
@@ -290,18 +359,5 @@ class BatchedAugmentationDINO:
             raise ValueError(
                 f"expected uint8 images (N, 3, H, W), got {images.dtype} {tuple(images.shape)}"
             )
-        x = images.float().div_(255.0)
-        n = x.shape[0]
-        p1, p2, p_local = self.blur_probabilities
-        globals_ = self._crops(x, 2, self.global_crops_scale, self.global_crops_size, generator)
-        first = self._photometric(globals_[:n], p1, 0.0, generator)
-        second = self._photometric(globals_[n:], p2, self.solarize_probability, generator)
-        out = {"global_crops": self._normalize(torch.cat([first, second]))}
-        if self.local_crops_number:
-            local = self._crops(
-                x, self.local_crops_number, self.local_crops_scale, self.local_crops_size, generator
-            )
-            out["local_crops"] = self._normalize(self._photometric(local, p_local, 0.0, generator))
-        else:
-            out["local_crops"] = x.new_zeros((0, 3, self.local_crops_size, self.local_crops_size))
-        return out
+        n, _, height, width = images.shape
+        return self._apply(images, self.draw(n, height, width, generator, images.device))

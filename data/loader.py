@@ -305,6 +305,7 @@ def build_batched_augmentation(cfg) -> BatchedAugmentationDINO:
         crops.local_crops_size,
         blur_probabilities=applied_blur_probabilities(crops),
         solarize_probability=crops.solarize_probability,
+        compile=cfg.data.augment_compile,
     )
 
 

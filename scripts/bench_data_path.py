@@ -6,7 +6,9 @@ one process.
 
 Rows: `loader-workers` (the per-image PIL augmentation in `--workers` data workers, the reference
 path), `loader-device` (the in-memory images augmented per batch on the GPU: `data.in_memory=true
-data.augment_on=device`), each timed as batches/s delivered to the GPU including the host-to-device
+data.augment_on=device`), `augmentation-device` and `augmentation-device-compiled` (that augmentation
+alone, eager and as one compiled graph, `data.augment_compile=true`, with the ratio of their GPU
+times), each timed as batches/s delivered to the GPU including the host-to-device
 copy (and the device augmentation); `step-dense` and `step-sparse` (`Trainer.train_step` on one real
 batch reused: forward, backward, AdamW, EMA, under the config's compile setting; the sparse row with
 `sparsity.backend` as configured). Images/s are per training image (2 global + n local crops each).
@@ -152,6 +154,22 @@ def main() -> None:
         0, 256, (cfg_device.train.batch_size_per_gpu, 3, 32, 32), dtype=torch.uint8, device=device
     )
     rows["augmentation-device"] = time_augmentation(cfg_device, device, images, args.iters)
+    # the same draws through one compiled graph (`data.augment_compile=true`): the first call
+    # compiles, inside the warm-up
+    rows["augmentation-device-compiled"] = time_augmentation(
+        load_config(
+            args.config,
+            base + ["data.in_memory=true", "data.augment_on=device", "data.augment_compile=true"],
+        ),
+        device,
+        images,
+        args.iters,
+    )
+    rows["augmentation-device-compiled"]["vs_eager_gpu_ms"] = round(
+        rows["augmentation-device"]["gpu_ms_per_batch"]
+        / rows["augmentation-device-compiled"]["gpu_ms_per_batch"],
+        3,
+    )
     # the workers' part alone (index the array, stack, draw the iBOT masks): no copy, no
     # augmentation
     rows["loader-device-no-aug"] = time_loader(
@@ -181,6 +199,7 @@ def main() -> None:
     for name in (
         "loader-device",
         "augmentation-device",
+        "augmentation-device-compiled",
         "loader-device-no-aug",
         "loader-workers",
         "step-sparse",

@@ -155,6 +155,11 @@ def test_overrides_apply_and_round_trip_through_yaml(tmp_path):
             r"ibot.mask_sample_probability=2.0 is out of range: must be >= 0 and <= 1",
         ),
         ("train.seed", "not of the form key=value"),
+        (
+            "data.augment_compile=true",
+            "data.augment_compile=true compiles the crops made on the training device, but "
+            "data.augment_on=workers",
+        ),
     ],
 )
 def test_bad_overrides_are_errors_that_name_the_key(override, message):

@@ -103,6 +103,7 @@ def run_info(
         "pruning": s.pruning,
         "sparse_teacher": s.teacher == "sparse",
         "augment_on": cfg.data.augment_on,
+        "augment_compile": cfg.data.augment_compile,
         "start_step": start_step,
         "data_fingerprint": data_fingerprint,
         **(data or {}),
@@ -157,7 +158,8 @@ def log_run_info(info: dict, run_dir=None, data_root: str = "") -> None:
         f"(train.residual_dtype="
         f"{info['residual_dtype_configured']}), grad scaler "
         f"{'on' if info['grad_scaler'] else 'off'}; torch.compile "
-        f"{info['compile']}; augmentation on {info['augment_on']}",
+        f"{info['compile']}; augmentation on {info['augment_on']}"
+        f"{' (compiled)' if info.get('augment_compile') else ''}",
         f"schedule: {info['total_steps']} steps, {sparse}; {start}{stop}",
     ]
     for line in lines:

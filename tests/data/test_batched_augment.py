@@ -200,3 +200,38 @@ def test_statistics_match_the_per_image_pipeline():
         assert abs(float(contrast(a)[n:].mean() - contrast(b)[n:].mean())) < 0.04, name
     a, b = contrast(ours["global_crops"][:n]), contrast(theirs["global_crops"][:n])
     assert abs(float(a.mean() - b.mean())) < 0.045
+
+
+def test_apply_compiles_to_one_graph_with_the_eager_values():
+    """`compile=True` traces `apply` as one graph (fullgraph: a graph break, e.g. a draw moved back
+    into it, fails here) and, under a backend that runs the traced ops as they are (aot_eager), gives
+    the eager path's values bit for bit, from the same draws. Inductor's fused kernels differ by
+    float rounding only (tests/gpu)."""
+    images = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8, generator=gen(2))
+    kw = dict(
+        global_crops_scale=(0.32, 1.0),
+        local_crops_scale=(0.1, 0.32),
+        local_crops_number=3,
+        global_crops_size=32,
+        local_crops_size=16,
+        blur_probabilities=(1.0, 0.1, 0.5),
+        solarize_probability=0.2,
+    )
+    eager = BatchedAugmentationDINO(**kw)(images, gen(5))
+    traced = BatchedAugmentationDINO(**kw, compile=True, compile_backend="aot_eager")
+    compiled = traced(images, gen(5))
+    assert all(torch.equal(eager[k], compiled[k]) for k in eager)
+    assert not torch.equal(traced(images, gen(6))["global_crops"], eager["global_crops"])
+
+
+def test_draws_come_first_and_apply_uses_no_generator():
+    """The draws of a batch are all made before any pixel is touched: `apply` given the same draws
+    twice gives the same crops, and `draw` leaves the generator where `__call__` leaves it."""
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8, generator=gen(3))
+    aug = BatchedAugmentationDINO((0.3, 1.0), (0.1, 0.3), 2, 32, 16)
+    g1, g2 = gen(8), gen(8)
+    draws = aug.draw(4, 32, 32, g1, images.device)
+    aug(images, g2)
+    assert torch.equal(torch.rand(3, generator=g1), torch.rand(3, generator=g2))
+    first, again = aug.apply(images, draws), aug.apply(images, draws)
+    assert all(torch.equal(first[k], again[k]) for k in first)
