@@ -306,6 +306,7 @@ def build_batched_augmentation(cfg) -> BatchedAugmentationDINO:
         blur_probabilities=applied_blur_probabilities(crops),
         solarize_probability=crops.solarize_probability,
         compile=cfg.data.augment_compile,
+        compile_backend=cfg.train.compile_backend,  # aot_eager and eager to debug, as the model's
     )
 
 

@@ -85,3 +85,23 @@ def test_device_augmentation_batches(small_cfg):
     assert not torch.equal(ref[0].global_crops, ref[1].global_crops)
     seed1 = first_batches(small_cfg("data.augment_on=device", "train.seed=8"), 1)[0]
     assert not torch.equal(seed1.global_crops, batch.global_crops)
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compiled_device_augmentation_gives_the_same_batches(small_cfg):
+    """`data.augment_compile=true` (under `train.compile_backend=aot_eager`, which runs the traced
+    ops as they are) gives the loader's batches bit for bit: the same draws from the same (seed,
+    rank, position), through one graph."""
+    eager = small_cfg("data.augment_on=device", "data.in_memory=true")
+    compiled = small_cfg(
+        "data.augment_on=device",
+        "data.in_memory=true",
+        "data.augment_compile=true",
+        "train.compile_backend=aot_eager",
+    )
+    dataset = build_training_dataset(eager)
+    for a, b in zip(
+        first_batches(eager, 2, dataset=dataset), first_batches(compiled, 2, dataset=dataset)
+    ):
+        for k in ("global_crops", "local_crops", "masks"):
+            assert torch.equal(getattr(a, k), getattr(b, k)), k
