@@ -16,6 +16,7 @@ from pathlib import Path
 
 from configs import ConfigError, load_config
 from configs.eval_schema import PROTOCOL_PREFIX, protocol_suffix
+from rundir.json_files import read_json
 from rundir.layout import CONFIG, METRICS, TEACHER, baseline_results, eval_result_name, is_run_dir
 from rundir.run_dir import RunDir
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED
@@ -46,6 +47,11 @@ from .eval_records import (  # noqa: F401  (re-exported: the table's modules rea
 DUPLICATE = "duplicate"
 # total first, then the terms ssl_meta_arch logs; any other "*_loss" key found follows these
 LOSS_TERMS = ("loss", "dino_local_crops_loss", "dino_global_crops_loss", "koleo_loss", "ibot_loss")
+
+
+# what a study's driver records about each run it trained (scripts/experiments/study_runs.sh)
+STUDY_FILE = "study.json"
+STUDY_ROLES = ("screening", "confirmatory")
 
 
 @dataclass(kw_only=True)
@@ -102,9 +108,10 @@ class RunSummary(EvalResults):
         ""  # run_info.json's: which images it trained on ("" where not recorded)
     )
     gpu_mem_outside_mb: float | None = None
-    screening: bool = (
-        False  # named by the table's maker as a run that chose settings: kept out of every mean
-    )
+    # a run that chose settings, kept out of every mean: recorded by the study's driver (STUDY_FILE)
+    # or named by the table's maker (make_table.py --screening)
+    screening: bool = False
+    study_role: str = ""  # STUDY_FILE's role ("" where the run has none)
     final_loss: float | None = None
     loss_terms: dict = field(
         default_factory=dict, repr=False
@@ -185,6 +192,22 @@ def _read_config(run: RunSummary, run_dir: RunDir) -> bool:
     run.device, run.device_name, run.data_fingerprint = (
         info.get(k) or "" for k in ("device", "device_name", "data_fingerprint")
     )
+    return _read_study_role(run, run_dir)
+
+
+def _read_study_role(run: RunSummary, run_dir: RunDir) -> bool:
+    """The role its study gave the run (STUDY_FILE, written by scripts/experiments/study_runs.sh):
+    a screening run is kept out of every mean. A file there that does not say one of STUDY_ROLES
+    makes the run unreadable: a role the table cannot read could let a screening run into a mean."""
+    path = run_dir.path / STUDY_FILE
+    if not os.path.lexists(path):
+        return True
+    role = (read_json(path) or {}).get("role")
+    if role not in STUDY_ROLES:
+        run.train_status = UNREADABLE
+        run.reason = f"{STUDY_FILE}: no role among {', '.join(STUDY_ROLES)}"
+        return False
+    run.study_role, run.screening = role, role == "screening"
     return True
 
 

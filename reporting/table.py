@@ -46,6 +46,7 @@ from .configurations import (
 from .intervals import Interval, difference_interval, mean_interval, wilson_interval
 from .run_logs import (
     COMPLETE,
+    STUDY_FILE,
     RunSummary,
     find_run_dirs,
     mark_duplicates,
@@ -688,6 +689,10 @@ def mark_screening(runs: list[RunSummary], screening_paths: Sequence[Path]) -> N
         run = table.get(Path(path).resolve())
         if run is None:
             raise UsageError(f"--screening {path}: not among the table's runs")
+        if run.study_role == "confirmatory":
+            raise UsageError(
+                f"--screening {path}: its study recorded it as confirmatory ({STUDY_FILE})"
+            )
         run.screening = True
 
 

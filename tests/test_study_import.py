@@ -19,6 +19,7 @@ def _run(root, name, data_root="/scratch/job7/cifar10"):
     )
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
     (run / "status.json").write_text('{"state": "finished"}')
+    (run / "study.json").write_text('{"role": "screening", "plan": "screen_1.txt"}')
     (run / "eval_linear.json").write_text(
         json.dumps({"checkpoint": f"{root}/{name}/teacher_backbone.pth", "top1": 70.0})
     )
@@ -71,6 +72,7 @@ def test_records_are_copied_with_paths_replaced_and_logs_compressed(tmp_path):
         "metrics.jsonl.xz",
         "sparsity_masks.jsonl.xz",
         "status.json",
+        "study.json",
     ]
     assert "root: cifar10\n" in (out / "config.yaml").read_text()
     log = lzma.decompress((out / "log.txt.xz").read_bytes())

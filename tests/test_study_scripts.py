@@ -267,6 +267,25 @@ def test_study_runs_starts_an_after_line_when_the_line_above_has_trained(workdir
     assert "done fourth" in events and events[-1] == "all done"
 
 
+def test_study_runs_records_the_plans_role_in_each_trained_run(workdir):
+    """A plan's "# role:" line becomes study.json in each run it trained (what make_table reads to
+    keep screening runs out of means); a run that failed to train gets none; a plan without the
+    line writes none."""
+    (workdir / "plan.txt").write_text(
+        "# fresh seeds\n#  role: confirmatory (seeds 5-7)\nok_run 0 steps=2 train.seed=0\n"
+        "bad_run 0 fail=1 train.seed=1\n"
+    )
+    result = run_script(workdir, "scripts/experiments/study_runs.sh", "plan.txt", "runs", "data")
+    assert result.returncode == 0, result.stderr
+    record = json.loads((workdir / "runs" / "ok_run" / "study.json").read_text())
+    assert record == {"role": "confirmatory", "plan": "plan.txt"}
+    assert not (workdir / "runs" / "bad_run" / "study.json").exists()
+    (workdir / "plain.txt").write_text("other_run 0 steps=1 train.seed=3\n")
+    result = run_script(workdir, "scripts/experiments/study_runs.sh", "plain.txt", "runs", "data")
+    assert result.returncode == 0, result.stderr
+    assert not (workdir / "runs" / "other_run" / "study.json").exists()
+
+
 def test_study_gpus_runs_each_plan_on_its_gpu_into_its_own_folder(workdir):
     (workdir / "a.txt").write_text("a1 0 steps=1 train.seed=0\na2 after steps=1 train.seed=1\n")
     (workdir / "b.txt").write_text("b1 0 steps=1 train.seed=2\n")
@@ -447,6 +466,7 @@ def test_every_driver_refuses_wrong_arguments_with_its_usage_before_any_work(
             "# c\na 0 x=1\nb soon x=1\n",
             "b: the start delay must be whole seconds or 'after', not 'soon'",
         ),
+        ("# role: pilot\na 0 x=1\n", "role 'pilot' is not screening or confirmatory"),
     ],
 )
 def test_study_runs_refuses_a_plan_line_it_cannot_schedule_before_any_run(tmp_path, plan, says):
@@ -505,3 +525,17 @@ def test_every_committed_plan_line_is_a_valid_run():
         computed = [o for o in overrides if o.split("=", 1)[0] not in RESUMABLE_CHANGES]
         first = seen.setdefault((plan.parent, name), (where, computed))
         assert first[1] == computed, f"{where}: {name} differs from its line at {first[0]}"
+
+
+def test_committed_plans_name_valid_roles_and_the_unrun_ones_name_one():
+    """The role line the driver reads (its first word); the plans not yet run when roles came in
+    carry one, so their runs arrive marked."""
+    import re
+
+    roles = {}
+    for plan in sorted((REPO / "results").rglob("plans/*.txt")):
+        found = re.findall(r"^# *role: *(\S*)", plan.read_text(), re.MULTILINE)
+        if found:
+            roles[plan.name] = found[0]
+    assert set(roles.values()) <= {"screening", "confirmatory"}, roles
+    assert roles["confirm_lr_11.txt"] == "confirmatory" and roles["warmup_2.txt"] == "screening"

@@ -33,6 +33,7 @@ RECORDS = (
     "run_info.json",
     "sparsity_decisions.json",
     "status.json",
+    "study.json",  # what the run was for (study_runs.sh): make_table keeps screening runs out of means
 )
 LOGS = ("log.txt", "metrics.jsonl")  # of RECORDS, the ones kept compressed
 EVAL_RECORDS = "eval_*.json"

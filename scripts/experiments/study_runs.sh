@@ -15,6 +15,11 @@
 # run prints goes to RUNS_DIR/NAME.train.log / NAME.eval*.log; RUNS_DIR/driver.log says when each step started and
 # ended. A finished run is skipped by train.py itself, so rerunning the driver only does what is left.
 #
+# A plan may say what its runs are for in a line "# role: screening" (runs that choose settings) or "# role:
+# confirmatory" (fresh seeds of settings already chosen): each trained run then gets RUNS_DIR/NAME/study.json with
+# the role and the plan's name, which study_import.py keeps and make_table.py reads (a screening run is kept out of
+# every mean).
+#
 # With --check first, the arguments and the plan are checked and nothing runs (exit 0 if both are good): what
 # study_gpus.sh asks of every plan before it starts any.
 . "$(dirname "$0")/arguments.sh"  # usage, die, is_count; -h/--help prints the comment above
@@ -41,6 +46,9 @@ one_run() {
     say "FAILED training $name"
     touch "$runs/$name.trained"  # a run waiting for this one starts all the same
     return
+  fi
+  if [ -n "$role" ]; then
+    printf '{"role": "%s", "plan": "%s"}\n' "$role" "$(basename "$plan")" >"$runs/$name/study.json"
   fi
   touch "$runs/$name.trained"
   say "trained $name"
@@ -72,6 +80,11 @@ print("false" if i["sparse_steps"] >= i["total_steps"] else "true")' "$runs/$nam
 }
 
 # the whole plan checked before any run starts
+role=$(sed -n 's/^# *role: *\([^ ]*\).*$/\1/p' "$plan" | head -n 1)
+case "$role" in
+  '' | screening | confirmatory) ;;
+  *) die "PLAN $plan: role '$role' is not screening or confirmatory" ;;
+esac
 prev=""
 while read -r name delay _; do
   case "$name" in '' | '#'*) continue ;; esac

@@ -77,3 +77,44 @@ def test_a_screening_run_outside_the_table_is_refused_before_anything_is_written
         and "not among the table's runs" in result.stderr
     )
     assert not out.exists()
+
+
+def _record_role(run, text: str) -> None:
+    (run / "study.json").write_text(text)
+
+
+def test_a_role_recorded_by_the_study_keeps_a_screening_run_out_without_the_flag(study, tmp_path):
+    """study.json (written by study_runs.sh from the plan's "# role:") marks the run as the flag
+    would: the same means, with no --screening on the command line."""
+    _record_role(study / "sparse70_s0", '{"role": "screening", "plan": "screen_1.txt"}')
+    for seed in (1, 2):
+        _record_role(study / f"sparse70_s{seed}", '{"role": "confirmatory", "plan": "c.txt"}')
+    out = tmp_path / "out"
+    make_table([study], out, plots=False)
+    with open(out / "table.csv") as f:
+        lines = list(csv.DictReader(f))
+    runs = {r["run"]: r for r in lines if r["kind"] == "run"}
+    assert runs["sparse70_s0"]["screening"] == "True"
+    assert runs["sparse70_s1"]["screening"] == "False"
+    means = {r["sparse_fraction"]: r for r in lines if r["kind"] == "schedule mean"}
+    assert means["0.7"]["seed"] == "1 2" and float(means["0.7"]["top1"]) == pytest.approx(79.25)
+
+
+def test_a_confirmatory_run_named_as_screening_is_refused(study, tmp_path):
+    _record_role(study / "sparse70_s1", '{"role": "confirmatory", "plan": "c.txt"}')
+    with pytest.raises(Exception, match="recorded it as confirmatory"):
+        make_table([study], tmp_path / "out", plots=False, screening=[study / "sparse70_s1"])
+
+
+@pytest.mark.parametrize("text", ['{"role": "pilot"}', "{not json", '["screening"]'])
+def test_an_unreadable_role_makes_the_run_unreadable_not_confirmatory(study, tmp_path, text):
+    """A study.json the table cannot read as a role leaves the run out of everything, with the
+    reason, rather than letting a possibly screening run into a mean."""
+    _record_role(study / "sparse70_s0", text)
+    out = tmp_path / "out"
+    make_table([study], out, plots=False)
+    summary = json.loads((out / "summary.json").read_text())
+    row = next(r for r in summary["rows"] if r["run"] == "sparse70_s0")
+    assert row["status"] != "complete"
+    means = {m["sparse_fraction"]: m for m in summary["schedule_means"]}
+    assert means[0.7]["seeds"] == [1, 2]
