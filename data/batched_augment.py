@@ -193,13 +193,6 @@ def apply_color_jitter(x: Tensor, apply: Tensor, order: Tensor, factors: Tensor)
     return x
 
 
-def color_jitter(x: Tensor, g: torch.Generator) -> Tensor:
-    """RandomApply(ColorJitter(brightness, contrast, saturation, hue), p) with a random order of the
-    four per image, as torchvision's ColorJitter draws it."""
-    d = draw_color_jitter(x.shape[0], g, x.device)
-    return apply_color_jitter(x, d["jitter"], d["jitter_order"], d["jitter_factors"])
-
-
 def draw_blur(n: int, g: torch.Generator, device) -> dict[str, Tensor]:
     """The blur's draws for n images: a uniform in [0, 1) (blurred where below the crop's p) and
     sigma ~ U(BLUR_SIGMA); drawn whatever p is, so that the stream after it does not depend on p."""
@@ -234,10 +227,6 @@ def gaussian_blur(x: Tensor, p: float, g: torch.Generator) -> Tensor:
 
 def apply_solarize(x: Tensor, apply: Tensor) -> Tensor:
     return torch.where(apply.view(-1, 1, 1, 1) & (x >= SOLARIZE_THRESHOLD / 255.0), 1.0 - x, x)
-
-
-def solarize(x: Tensor, p: float, g: torch.Generator) -> Tensor:
-    return apply_solarize(x, torch.rand(x.shape[0], generator=g, device=x.device) < p)
 
 
 @functools.cache

@@ -144,7 +144,8 @@ def main() -> None:
     cfg_workers = load_config(
         args.config, base + ["data.in_memory=false", "data.augment_on=workers"]
     )
-    cfg_device = load_config(args.config, base + ["data.in_memory=true", "data.augment_on=device"])
+    on_device = ["data.in_memory=true", "data.augment_on=device"]
+    cfg_device = load_config(args.config, base + on_device)
     rows = {}
     rows["loader-device"] = time_loader(
         cfg_device, device, args.batches, 5, cfg_device.train.num_workers
@@ -157,10 +158,7 @@ def main() -> None:
     # the same draws through one compiled graph (`data.augment_compile=true`): the first call
     # compiles, inside the warm-up
     rows["augmentation-device-compiled"] = time_augmentation(
-        load_config(
-            args.config,
-            base + ["data.in_memory=true", "data.augment_on=device", "data.augment_compile=true"],
-        ),
+        load_config(args.config, base + on_device + ["data.augment_compile=true"]),
         device,
         images,
         args.iters,
