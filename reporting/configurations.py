@@ -9,7 +9,9 @@ switch), of its seed if there is one, else of the lowest seed. A run whose teach
 at its switch (fraction f) has a second one where the runs hold it: the dense run whose momentum
 restarts at f (`teacher.momentum_restart_fraction`), whose teacher follows the same schedule step
 for step, so that the difference between the two is what the sparse phase costs and not what the
-faster teacher gives.
+faster teacher gives. A learning-rate restart at the switch (`optim.lr_restart_at_switch`) is
+compared as the restart at the switch's fraction of the steps (`optim.lr_restart_fraction`): both
+start the cosine again at round(fraction x steps), one schedule under two spellings.
 """
 
 from collections import Counter
@@ -30,6 +32,8 @@ RESTART_FRACTION_KEY = (
 GLOBAL_BATCH_KEY = (
     "train.global_batch"  # processes x per-GPU batch: compared instead of train.batch_size_per_gpu
 )
+LR_RESTART_AT_SWITCH_KEY = "optim.lr_restart_at_switch"
+LR_RESTART_FRACTION_KEY = "optim.lr_restart_fraction"
 NOT_COMPARED = (SEED_KEY, *RESUMABLE_CHANGES)  # seeds of one configuration may differ in these
 
 
@@ -121,7 +125,20 @@ def compared_config(run: RunSummary) -> dict | None:
         return None
     compared = {key: value for key, value in run.config.items() if key not in NOT_COMPARED}
     compared[GLOBAL_BATCH_KEY] = run.global_batch
-    return compared
+    return _lr_restart_as_fraction(compared)
+
+
+def _lr_restart_as_fraction(compared: dict) -> dict:
+    """A learning-rate restart at the switch written as the restart at the switch's fraction, so
+    that a run spelled either way is a seed of one configuration and meets the dense runs restarted
+    at that fraction (the config checks refuse both keys set at once)."""
+    if not compared.get(LR_RESTART_AT_SWITCH_KEY):
+        return compared
+    return {
+        **compared,
+        LR_RESTART_AT_SWITCH_KEY: False,
+        LR_RESTART_FRACTION_KEY: compared[SCHEDULE_KEY],
+    }
 
 
 def hashable_value(value):

@@ -123,3 +123,28 @@ def test_a_dense_warm_up_is_dense_time_and_named_in_the_steps_column(tmp_path):
     out = tmp_path / "out"
     make_table([runs], out, plots=False)
     assert "| 30 dense, then 120 → 150 |" in (out / "table.md").read_text()
+
+
+def test_a_learning_rate_restart_at_the_switch_is_the_restart_at_the_switchs_fraction(tmp_path):
+    """optim.lr_restart_at_switch=true in a 70% run restarts the cosine at round(0.7 x steps), as
+    optim.lr_restart_fraction=0.7 does in any run: the two spellings are seeds of one configuration,
+    and their dense reference is the dense run restarted at 0.7, not the one without a restart."""
+    runs = tmp_path / "runs"
+    at_70 = ["optim.lr_restart_fraction=0.7"]
+    make_run(runs, "dense_s0", 0.0, top1=78.0)
+    make_run(runs, "dense_lr70_s0", 0.0, top1=80.0, overrides=at_70)
+    make_run(runs, "dense_lr70_s1", 0.0, seed=1, top1=81.0, overrides=at_70)
+    make_run(runs, "s70_at_switch_s0", 0.7, top1=79.0, overrides=["optim.lr_restart_at_switch=true"])
+    make_run(runs, "s70_fraction_s1", 0.7, seed=1, top1=77.0, overrides=at_70)
+    # restarted at its own switch, 0.4: no dense run restarts there
+    make_run(runs, "s40_at_switch_s0", 0.4, top1=76.0, overrides=["optim.lr_restart_at_switch=true"])
+    rows = _rows(runs)
+    # 79 - 80 (against the unrestarted dense it would be 79 - 78 = +1); 77 - 81
+    assert rows["s70_at_switch_s0"].delta_top1 == pytest.approx(-1.0)
+    assert rows["s70_fraction_s1"].delta_top1 == pytest.approx(-4.0)
+    assert rows["s40_at_switch_s0"].delta_top1 is None
+    means = schedule_means(build_rows([read_run(p) for p in sorted(runs.iterdir())]))
+    seventy = [m for m in means if m.sparse_fraction == 0.7]
+    assert len(seventy) == 1 and seventy[0].seeds == [0, 1]
+    # 78 - 80.5, the same as the mean of the pairs by seed, (-1 - 4) / 2
+    assert seventy[0].delta_top1 == pytest.approx(-2.5)
