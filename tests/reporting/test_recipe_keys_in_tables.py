@@ -131,13 +131,14 @@ def test_a_learning_rate_restart_at_the_switch_is_the_restart_at_the_switchs_fra
     and their dense reference is the dense run restarted at 0.7, not the one without a restart."""
     runs = tmp_path / "runs"
     at_70 = ["optim.lr_restart_fraction=0.7"]
+    at_switch = ["optim.lr_restart_at_switch=true"]
     make_run(runs, "dense_s0", 0.0, top1=78.0)
     make_run(runs, "dense_lr70_s0", 0.0, top1=80.0, overrides=at_70)
     make_run(runs, "dense_lr70_s1", 0.0, seed=1, top1=81.0, overrides=at_70)
-    make_run(runs, "s70_at_switch_s0", 0.7, top1=79.0, overrides=["optim.lr_restart_at_switch=true"])
+    make_run(runs, "s70_at_switch_s0", 0.7, top1=79.0, overrides=at_switch)
     make_run(runs, "s70_fraction_s1", 0.7, seed=1, top1=77.0, overrides=at_70)
     # restarted at its own switch, 0.4: no dense run restarts there
-    make_run(runs, "s40_at_switch_s0", 0.4, top1=76.0, overrides=["optim.lr_restart_at_switch=true"])
+    make_run(runs, "s40_at_switch_s0", 0.4, top1=76.0, overrides=at_switch)
     rows = _rows(runs)
     # 79 - 80 (against the unrestarted dense it would be 79 - 78 = +1); 77 - 81
     assert rows["s70_at_switch_s0"].delta_top1 == pytest.approx(-1.0)
