@@ -16,6 +16,7 @@ from pathlib import Path
 
 from configs import ConfigError, load_config
 from configs.eval_schema import PROTOCOL_PREFIX, protocol_suffix
+from evaluation.mlp_pruning import PRUNED_SUFFIX
 from rundir.json_files import read_json
 from rundir.layout import CONFIG, METRICS, TEACHER, baseline_results, eval_result_name, is_run_dir
 from rundir.run_dir import RunDir
@@ -121,6 +122,9 @@ class RunSummary(EvalResults):
     baselines: dict = field(
         default_factory=dict
     )  # {"random_init" | "pixels": EvalRecord}, those found
+    # the final teacher probed with its MLPs pruned 2:4 (eval_linear.py prune_mlp=true), complete and
+    # of the current teacher, else None: for a dense run, its one-shot floor (reporting/floor.py)
+    pruned_once: EvalRecord | None = None
 
     @property
     def loss_curve(self) -> list:
@@ -389,6 +393,17 @@ def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=Non
             if record.status == COMPLETE:
                 run.baselines[key] = record
                 break
+    if probe is None and not eval_label:
+        run.pruned_once = _pruned_once(run_dir)
+
+
+def _pruned_once(run_dir: RunDir) -> EvalRecord | None:
+    """The record of the final teacher probed with its MLPs pruned 2:4 under the default protocol,
+    if complete and of the current teacher."""
+    record = read_eval_record(run_dir.eval_result(suffix=PRUNED_SUFFIX))
+    if record.status != COMPLETE or stale_reason(record, run_dir.path):
+        return None
+    return record
 
 
 def read_run(

@@ -43,6 +43,7 @@ from .configurations import (
     same_teacher_key,
     same_teacher_reference,
 )
+from .floor import floor_means
 from .intervals import Interval, difference_interval, mean_interval, wilson_interval
 from .run_logs import (
     COMPLETE,
@@ -133,6 +134,10 @@ class TableRow:
     dense_warmup_steps: int = (
         0  # dense steps before the sparse ones (sparse_steps counts both: it is the switch)
     )
+    # a dense run's final teacher with its MLPs pruned 2:4 once, no fine-tuning (reporting/floor.py);
+    # None for other runs and where the probe is missing
+    pruned_top1: float | None = None
+    pruned_knn_top1: float | None = None
     screening: bool = False  # a screening run: shown, never in a mean (RunSummary.screening)
 
     @property
@@ -269,6 +274,7 @@ def build_rows(runs: list[RunSummary], folder: Path | None = None) -> list[Table
                 ),
                 dense_warmup_steps=run.dense_warmup_steps,
                 screening=run.screening,
+                **_one_shot_floor(run),
             )
         )
     _name_layouts(list(zip(rows, runs)))  # rows are still in the runs' order
@@ -390,6 +396,13 @@ def _delta(value: float | None, group: list[TableRow], reference, field_name: st
         _difference(value, getattr(mean, field_name)),
         difference_interval(by_seed(group), by_seed(reference_rows)),
     )
+
+
+def _one_shot_floor(run: RunSummary) -> dict:
+    """A dense run's pruned probe as TableRow's pruned_top1 / pruned_knn_top1 (empty otherwise)."""
+    if run.sparse_fraction != 0.0 or run.pruned_once is None:
+        return {}
+    return {"pruned_top1": run.pruned_once.top1, "pruned_knn_top1": run.pruned_once.knn_top1}
 
 
 def baseline_rows(runs: list[RunSummary], folder: Path | None = None) -> list[BaselineRow]:
@@ -791,13 +804,16 @@ def _write_table(
         means if any(len(m.runs) > 1 for m in means) else []
     )  # one seed each: the rows say it all
     baselines = baseline_rows(runs, folder)
+    floors = floor_means(rows, means)
     notes = table_notes(runs, rows, means, speed) + list(extra_notes)
     atomic_write_text(
         out / "table.md",
         "# Sparse-then-dense schedules\n\n"
-        + markdown(rows, shown_means, baselines, notes, speeds=speed.gpu is not None),
+        + markdown(
+            rows, shown_means, baselines, notes, speeds=speed.gpu is not None, floors=floors
+        ),
     )
-    write_csv(rows, shown_means, baselines, out / "table.csv")
+    write_csv(rows, shown_means, baselines, out / "table.csv", floors=floors)
     if plots:
         from .table_figures import draw_figures  # matplotlib only when plotting
 
@@ -812,6 +828,7 @@ def _write_table(
         "rows": [asdict(r) for r in rows],
         "schedule_means": [asdict(m) for m in shown_means],
         "baselines": [asdict(b) for b in baselines],
+        "one_shot_floor": [asdict(f) for f in floors],
         "notes": notes,
         "speeds": {"gpu": speed.gpu, "left_out": speed.why_not},
     }

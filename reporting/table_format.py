@@ -175,7 +175,7 @@ def _table_lines(columns: list[Column], body: list[list[str]], speeds: bool) -> 
     return lines + ["| " + " | ".join(_cell(cells[i]) for i in keep) + " |" for cells in body]
 
 
-def markdown(rows, means, baselines, notes: list[str], speeds: bool = True) -> str:
+def markdown(rows, means, baselines, notes: list[str], speeds: bool = True, floors=()) -> str:
     knn_header, name_k = _knn_header([*rows, *means, *baselines])
     columns = _run_columns(rows, knn_header, name_k)
     body = [[column.cell(r) for column in columns] for r in rows]
@@ -183,6 +183,8 @@ def markdown(rows, means, baselines, notes: list[str], speeds: bool = True) -> s
     text = "\n".join(_table_lines(columns, body, speeds)) + "\n\n"
     if means:
         text += means_markdown(means, knn_header, name_k, speeds) + "\n\n"
+    if floors:
+        text += floor_markdown(floors) + "\n\n"
     text += "\n".join(f"- {n}" for n in notes) + "\n\n## Runs\n\n" + details_markdown(rows, speeds)
     return text + "\n"
 
@@ -237,6 +239,42 @@ def means_markdown(means, knn_header: str, name_k: bool, speeds: bool = True) ->
 
 def _delta(value: float | None, interval) -> str:
     return _with_interval(_number(value, "+.2f"), interval, "+.2f")
+
+
+FLOOR_TITLE = "## The one-shot 2:4 floor: dense runs pruned once after training, no fine-tuning"
+
+
+def floor_markdown(floors) -> str:
+    """The dense configurations' one-shot floors (reporting/floor.py): mean [95% interval], Δ
+    against the same runs unpruned, paired by seed."""
+
+    def mean_cell(value, interval) -> str:
+        return _with_interval(_number(value, ".2f"), interval, ".2f")
+
+    columns = [
+        Column("Dense configuration", lambda f: f.schedule),
+        Column("Seeds", lambda f: ", ".join("–" if s is None else str(s) for s in f.seeds)),
+        Column("Linear top-1, dense (%)", lambda f: _number(f.dense_top1, ".2f")),
+        Column("Linear top-1, MLPs pruned 2:4 (%)", lambda f: mean_cell(f.top1, f.top1_interval)),
+        Column("Δ top-1 (pp)", lambda f: _delta(f.delta_top1, f.delta_top1_interval)),
+        Column(
+            "k-NN top-1, MLPs pruned 2:4 (%)", lambda f: mean_cell(f.knn_top1, f.knn_top1_interval)
+        ),
+        Column("Δ k-NN (pp)", lambda f: _delta(f.delta_knn_top1, f.delta_knn_top1_interval)),
+    ]
+    body = [[column.cell(f) for column in columns] for f in floors]
+    return "\n".join(
+        [
+            FLOOR_TITLE,
+            "",
+            *_table_lines(columns, body, speeds=False),
+            "",
+            "What 2:4 MLPs cost a network trained dense, with no 2:4 training at all: the bound a fully "
+            "sparse row is read against, since no dense phase follows its sparse one. Each dense run's "
+            "final teacher probed with its MLPs pruned 2:4 (eval_linear.py prune_mlp=true, "
+            "eval_linear_pruned_mlp.json); Δ: against the same runs unpruned, paired by seed.",
+        ]
+    )
 
 
 def details_markdown(rows, speeds: bool = True) -> str:
@@ -311,9 +349,10 @@ CSV_FIELDS = [
 ]
 
 
-def write_csv(rows, means, baselines, path: Path) -> None:
+def write_csv(rows, means, baselines, path: Path, floors=()) -> None:
     """One line per run, then per schedule mean (spread: half the range over seeds; _low/_high: the
-    95% interval), then per baseline."""
+    95% interval), then per baseline, then per one-shot floor (top1, knn_top1: the pruned probe;
+    delta_*: against the same runs unpruned)."""
     knn_ks = sorted({k for item in [*rows, *baselines] for k in item.knn})
     config_keys = list(
         dict.fromkeys(key for item in [*rows, *means] for key in item.differing_config)
@@ -343,6 +382,17 @@ def write_csv(rows, means, baselines, path: Path) -> None:
                 **{f"knn_top1_k{k}": b.knn.get(k) for k in knn_ks},
             }
         )
+    for f in floors:
+        lines.append(
+            {
+                **vars(f),
+                **_floor_interval_columns(f),
+                "kind": "one-shot floor",
+                "run": ", ".join(f.runs),
+                "seed": " ".join("–" if s is None else str(s) for s in f.seeds),
+                "n_seeds": len(f.seeds),
+            }
+        )
     at = CSV_FIELDS.index("schedule") + 1
     fields = CSV_FIELDS[:at] + config_keys + CSV_FIELDS[at:] + [f"knn_top1_k{k}" for k in knn_ks]
     text = io.StringIO(newline="")
@@ -357,6 +407,18 @@ def write_csv(rows, means, baselines, path: Path) -> None:
             }
         )
     atomic_write_text(path, text.getvalue())
+
+
+def _floor_interval_columns(floor) -> dict:
+    columns = {}
+    for name in ("top1", "knn_top1", "delta_top1", "delta_knn_top1"):
+        interval = getattr(floor, f"{name}_interval")
+        columns[f"{name}_low"] = interval.low if interval else None
+        columns[f"{name}_high"] = interval.high if interval else None
+    columns["delta_top1_interval"] = (
+        floor.delta_top1_interval.method if floor.delta_top1_interval else None
+    )
+    return columns
 
 
 def _interval_columns(mean) -> dict:

@@ -282,6 +282,23 @@ def test_the_recipe_page_table_is_the_confirmatory_table():
         assert [cell.strip("*") for cell in cells] == expected, label
 
 
+def test_the_recipe_page_floor_is_the_confirmatory_tables():
+    """The one-shot floor the recipe page reads the 100% row against: the confirmatory table's dense
+    runs pruned once (its summary's `one_shot_floor`), as losses with their 95% intervals."""
+    [floor] = json.loads(RECIPE_SUMMARY.read_text())["one_shot_floor"]
+    page = " ".join((DOCS / "cifar10-recipe.md").read_text().split())
+
+    def loss(delta: float, interval: dict) -> str:
+        return f"{-delta:.2f} [{-interval['high']:.2f}, {-interval['low']:.2f}]"
+
+    expected = (
+        f"lose {loss(floor['delta_top1'], floor['delta_top1_interval'])} linear and "
+        f"{loss(floor['delta_knn_top1'], floor['delta_knn_top1_interval'])} k-NN "
+        f"({floor['top1']:.2f} and {floor['knn_top1']:.2f})"
+    )
+    assert floor["seeds"] == _confirmatory_means()[0.0]["seeds"] and expected in page
+
+
 def test_imagenet_expected_table_is_the_published_one():
     rows = table_rows((DOCS / "imagenet.md").read_text())
     for row in published.ROWS:
