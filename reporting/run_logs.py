@@ -113,6 +113,8 @@ class RunSummary(EvalResults):
     # or named by the table's maker (make_table.py --screening)
     screening: bool = False
     study_role: str = ""  # STUDY_FILE's role ("" where the run has none)
+    # the sparse recipe the table's other sparse runs are read against (make_table.py --reference)
+    reference: bool = False
     final_loss: float | None = None
     loss_terms: dict = field(
         default_factory=dict, repr=False

@@ -45,6 +45,7 @@ from .configurations import (
 )
 from .floor import floor_means
 from .intervals import Interval, difference_interval, mean_interval, wilson_interval
+from .reference import mark_reference, reference_deltas, reference_mean_deltas
 from .run_logs import (
     COMPLETE,
     STUDY_FILE,
@@ -139,6 +140,11 @@ class TableRow:
     pruned_top1: float | None = None
     pruned_knn_top1: float | None = None
     screening: bool = False  # a screening run: shown, never in a mean (RunSummary.screening)
+    # the reference runs (make_table.py --reference) and each other sparse run's Δ against the
+    # reference run of its schedule and seed (reporting/reference.py); None where there is none
+    reference: bool = False
+    delta_top1_reference: float | None = None
+    delta_knn_top1_reference: float | None = None
 
     @property
     def config_label(self) -> str:
@@ -178,6 +184,11 @@ class ScheduleMean:
     delta_knn_top1_interval: Interval | None = None
     delta_top1_same_teacher_interval: Interval | None = None
     delta_knn_top1_same_teacher_interval: Interval | None = None
+    # mean minus the reference configuration's at this schedule (reporting/reference.py)
+    delta_top1_reference: float | None = None
+    delta_top1_reference_interval: Interval | None = None
+    delta_knn_top1_reference: float | None = None
+    delta_knn_top1_reference_interval: Interval | None = None
 
     @property
     def config_label(self) -> str:
@@ -274,10 +285,12 @@ def build_rows(runs: list[RunSummary], folder: Path | None = None) -> list[Table
                 ),
                 dense_warmup_steps=run.dense_warmup_steps,
                 screening=run.screening,
+                reference=run.reference,
                 **_one_shot_floor(run),
             )
         )
     _name_layouts(list(zip(rows, runs)))  # rows are still in the runs' order
+    reference_deltas(rows)
     return sorted(
         rows,
         key=lambda r: (
@@ -354,6 +367,7 @@ def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
         m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval = _delta(
             m.knn_top1, group, same, "knn_top1"
         )
+    reference_mean_deltas(means, rows)
     return means
 
 
@@ -509,6 +523,16 @@ def table_notes(
             "fraction), of its seed, else of the lowest seed; the two teachers follow one schedule "
             "step for "
             "step, so this Δ leaves out what the faster late teacher also gives a dense run."
+        )
+    reference = [r for r in rows if r.reference]
+    if reference:
+        labels = ", ".join(dict.fromkeys(r.schedule for r in reference))
+        notes.append(
+            f"Δ vs the reference: against the run of the reference configuration ({labels}; "
+            "make_table.py --reference) at the same schedule and seed; a configuration's, its mean "
+            "minus the reference's over the same seeds where the reference ran them all (paired), "
+            "else over all its seeds (Welch's). The gain (or loss) of an option over the recipe it "
+            "modifies."
         )
     if any(r.published_top1 is not None for r in rows):
         notes.append(
@@ -734,10 +758,12 @@ def make_table(
     screening: Sequence[Path] = (),
     eval_label: str = "",
     probe=None,
+    reference: Sequence[Path] = (),
 ) -> list[Path]:
     """Read the runs under `run_paths` and write the table, CSV, JSON summary and (unless `plots` is
     False) the plots into `out`; returns the paths written. `extra_notes` are added to the table's
-    notes; the runs under `screening` are marked as screening runs and kept out of every mean;
+    notes; the runs under `screening` are marked as screening runs and kept out of every mean; those
+    under `reference` are the recipe the other sparse runs are also read against (reference.py);
     `eval_label` tabulates the probes on other data of that label (`eval_linear_data_<label>.json`)
     instead of the runs' own; `probe` (an `EvalConfig`) the record of the probe run with those
     settings (`eval_records.find_probe`: what the launcher's probe jobs with the same --eval-arg
@@ -765,6 +791,7 @@ def make_table(
             *extra_notes,
         ]
     mark_screening(runs, screening)
+    mark_reference(runs, reference)
     marked = [note for note in (mark_data_sets(runs), mark_protocols(runs)) if note]
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".make_table-", dir=out))

@@ -81,6 +81,7 @@ def _knn_cell(item, value: str, name_k: bool) -> str:
 
 
 SAME_TEACHER_HEADER = "Δ top-1 vs dense with the same teacher momentum (pp)"
+REFERENCE_HEADER = "Δ top-1 vs the reference (pp)"
 
 
 def _has_same_teacher(items) -> bool:
@@ -125,6 +126,7 @@ def _run_columns(rows, knn_header: str, name_k: bool) -> list[Column]:
     same_teacher = [
         Column(SAME_TEACHER_HEADER, lambda r: _number(r.delta_top1_same_teacher, "+.1f"))
     ]
+    reference = [Column(REFERENCE_HEADER, lambda r: _number(r.delta_top1_reference, "+.1f"))]
 
     def knn(item) -> str:
         return _knn_cell(item, _number(item.knn_top1, ".1f"), name_k)
@@ -139,6 +141,7 @@ def _run_columns(rows, knn_header: str, name_k: bool) -> list[Column]:
         Column("Δ top-1 (pp)", lambda r: _number(r.delta_top1, "+.1f")),
         *(published if any(r.published_top1 is not None for r in rows) else []),
         *(same_teacher if _has_same_teacher(rows) else []),
+        *(reference if any(r.reference for r in rows) else []),
         Column(knn_header, knn, knn),
         Column("Images/s, sparse phase", lambda r: _rate(r.sparse_images_per_s)),
         Column("Images/s, dense phase", lambda r: _rate(r.dense_images_per_s)),
@@ -147,7 +150,10 @@ def _run_columns(rows, knn_header: str, name_k: bool) -> list[Column]:
         Column("Speed-up", lambda r: _number(r.speedup, ".2f", "×")),
         Column(
             "Status",
-            lambda r: f"{r.status}, screening" if r.screening else r.status,
+            lambda r: (
+                ", ".join([r.status, *(["screening"] if r.screening else [])])
+                + (", reference" if r.reference else "")
+            ),
             lambda b: f"baseline, evaluated in {b.run}",
         ),
     ]
@@ -205,6 +211,14 @@ def _mean_columns(means, knn_header: str, name_k: bool) -> list[Column]:
     same_teacher = [
         Column("Δ top-1 / k-NN vs dense with the same teacher momentum (pp)", same_teacher_deltas)
     ]
+
+    def reference_deltas(m) -> str:
+        return (
+            f"{_delta(m.delta_top1_reference, m.delta_top1_reference_interval)} / "
+            f"{_delta(m.delta_knn_top1_reference, m.delta_knn_top1_reference_interval)}"
+        )
+
+    reference = [Column("Δ top-1 / k-NN vs the reference (pp)", reference_deltas)]
     return [
         Column("Schedule", lambda m: m.schedule),
         Column("Seeds", lambda m: ", ".join("–" if s is None else str(s) for s in m.seeds)),
@@ -219,6 +233,7 @@ def _mean_columns(means, knn_header: str, name_k: bool) -> list[Column]:
         ),
         Column("Δ k-NN (pp)", lambda m: _delta(m.delta_knn_top1, m.delta_knn_top1_interval)),
         *(same_teacher if _has_same_teacher(means) else []),
+        *(reference if any(m.delta_top1_reference is not None for m in means) else []),
         Column("Images/s, sparse phase", lambda m: _rate(m.sparse_images_per_s)),
         Column("Images/s, dense phase", lambda m: _rate(m.dense_images_per_s)),
         Column("Final loss", lambda m: _number(m.final_loss, ".3f")),
@@ -332,6 +347,13 @@ CSV_FIELDS = [
     "delta_top1_same_teacher_low",
     "delta_top1_same_teacher_high",
     "delta_knn_top1_same_teacher",
+    "reference",
+    "delta_top1_reference",
+    "delta_top1_reference_low",
+    "delta_top1_reference_high",
+    "delta_knn_top1_reference",
+    "delta_knn_top1_reference_low",
+    "delta_knn_top1_reference_high",
     "time_s",
     "sparse_time_s",
     "dense_time_s",
@@ -425,7 +447,15 @@ def _interval_columns(mean) -> dict:
     """<name>_low / <name>_high of each 95% interval of a schedule mean (blank where it has none),
     and how the Δ's interval was taken (paired t, Welch t)."""
     columns = {}
-    for name in ("top1", "knn_top1", "delta_top1", "delta_knn_top1", "delta_top1_same_teacher"):
+    for name in (
+        "top1",
+        "knn_top1",
+        "delta_top1",
+        "delta_knn_top1",
+        "delta_top1_same_teacher",
+        "delta_top1_reference",
+        "delta_knn_top1_reference",
+    ):
         interval = getattr(mean, f"{name}_interval")
         columns[f"{name}_low"] = interval.low if interval else None
         columns[f"{name}_high"] = interval.high if interval else None

@@ -68,6 +68,16 @@ def main(argv=None) -> int:
         "kept out of every mean and interval",
     )
     parser.add_argument(
+        "--reference",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="RUN",
+        help="runs (or folders of runs) among the table's of the sparse recipe the other sparse "
+        "runs modify (one a schedule and seed): each other sparse run and configuration is also "
+        "read against it, seed by seed at the same schedule (an ablation's gain over its recipe)",
+    )
+    parser.add_argument(
         "--eval",
         default="",
         metavar="LABEL",
@@ -131,6 +141,7 @@ def main(argv=None) -> int:
             plots=not args.no_plots,
             extra_notes=args.note,
             screening=args.screening,
+            reference=args.reference,
             eval_label=args.eval,
             probe=probe,
         )
