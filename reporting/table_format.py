@@ -408,7 +408,7 @@ def write_csv(rows, means, baselines, path: Path, floors=()) -> None:
         lines.append(
             {
                 **vars(f),
-                **_floor_interval_columns(f),
+                **_interval_columns(f, FLOOR_INTERVALS),
                 "kind": "one-shot floor",
                 "run": ", ".join(f.runs),
                 "seed": " ".join("–" if s is None else str(s) for s in f.seeds),
@@ -431,36 +431,29 @@ def write_csv(rows, means, baselines, path: Path, floors=()) -> None:
     atomic_write_text(path, text.getvalue())
 
 
-def _floor_interval_columns(floor) -> dict:
+# the 95% intervals a schedule mean carries, and those of a one-shot floor
+MEAN_INTERVALS = (
+    "top1",
+    "knn_top1",
+    "delta_top1",
+    "delta_knn_top1",
+    "delta_top1_same_teacher",
+    "delta_top1_reference",
+    "delta_knn_top1_reference",
+)
+FLOOR_INTERVALS = ("top1", "knn_top1", "delta_top1", "delta_knn_top1")
+
+
+def _interval_columns(item, names=MEAN_INTERVALS) -> dict:
+    """<name>_low / <name>_high of each 95% interval `names` of a schedule mean or floor (blank where
+    it has none), and how the Δ's interval was taken (paired t, Welch t)."""
     columns = {}
-    for name in ("top1", "knn_top1", "delta_top1", "delta_knn_top1"):
-        interval = getattr(floor, f"{name}_interval")
+    for name in names:
+        interval = getattr(item, f"{name}_interval")
         columns[f"{name}_low"] = interval.low if interval else None
         columns[f"{name}_high"] = interval.high if interval else None
     columns["delta_top1_interval"] = (
-        floor.delta_top1_interval.method if floor.delta_top1_interval else None
-    )
-    return columns
-
-
-def _interval_columns(mean) -> dict:
-    """<name>_low / <name>_high of each 95% interval of a schedule mean (blank where it has none),
-    and how the Δ's interval was taken (paired t, Welch t)."""
-    columns = {}
-    for name in (
-        "top1",
-        "knn_top1",
-        "delta_top1",
-        "delta_knn_top1",
-        "delta_top1_same_teacher",
-        "delta_top1_reference",
-        "delta_knn_top1_reference",
-    ):
-        interval = getattr(mean, f"{name}_interval")
-        columns[f"{name}_low"] = interval.low if interval else None
-        columns[f"{name}_high"] = interval.high if interval else None
-    columns["delta_top1_interval"] = (
-        mean.delta_top1_interval.method if mean.delta_top1_interval else None
+        item.delta_top1_interval.method if item.delta_top1_interval else None
     )
     return columns
 
