@@ -33,7 +33,7 @@ PUBLISHED_NAME = "ViT-L/16, ImageNet-1k (published)"
 OPTION_PHRASES = {
     "sparsity.teacher": {"sparse": "2:4-sparse teacher", "dense": "dense teacher"},
     "sparsity.switch_weights": {
-        "pruned": "pruned weights kept at the switch",
+        "pruned": "pruned entries zeroed at the switch",
         "dense": "dense weights restored at the switch",
     },
     "sparsity.pruning": {

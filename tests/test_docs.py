@@ -299,6 +299,108 @@ def test_the_recipe_page_floor_is_the_confirmatory_tables():
     assert floor["seeds"] == _confirmatory_means()[0.0]["seeds"] and expected in page
 
 
+ABLATIONS_SUMMARY = REPO / "results" / "cifar10" / "ablations" / "summary.json"
+PUBLISHED_RECIPE_SUMMARY = REPO / "results" / "cifar10" / "published_recipe_table" / "summary.json"
+_TI40 = {"student.arch": "vit_tiny", "optim.epochs": 40}
+_S40 = {"student.arch": "vit_small", "optim.epochs": 40}
+# docs/cifar10.md's rows: (summary, sparse fraction, the configuration's differing keys)
+CIFAR10_PAGE_ROWS = {
+    "ViT-Ti/4, 40 epochs: dense": (ABLATIONS_SUMMARY, 0.0, _TI40),
+    "ViT-Ti/4, 40 epochs: 70% sparse (teacher dense, the default)": (
+        ABLATIONS_SUMMARY,
+        0.7,
+        {**_TI40, "sparsity.teacher": "dense", "sparsity.pruning": "tile_greedy"},
+    ),
+    "ViT-Ti/4, 40 epochs: 70% sparse, `sparsity.teacher=sparse`": (
+        ABLATIONS_SUMMARY,
+        0.7,
+        {**_TI40, "sparsity.teacher": "sparse"},
+    ),
+    "ViT-Ti/4, 40 epochs: 70% sparse, `sparsity.pruning=tile_greedy_signed`": (
+        ABLATIONS_SUMMARY,
+        0.7,
+        {**_TI40, "sparsity.pruning": "tile_greedy_signed"},
+    ),
+    "ViT-S/4, 40 epochs: dense": (ABLATIONS_SUMMARY, 0.0, _S40),
+    "ViT-S/4, 40 epochs: 70% sparse": (ABLATIONS_SUMMARY, 0.7, _S40),
+    "ViT-S/4, 40 epochs: 100% sparse (MLPs probed 2:4-pruned)": (ABLATIONS_SUMMARY, 1.0, _S40),
+    **{
+        f"ViT-Ti/4, 80 epochs: {label}": (PUBLISHED_RECIPE_SUMMARY, fraction, {})
+        for label, fraction in (
+            ("dense (seeds 0-2)", 0.0),
+            ("40% sparse", 0.4),
+            ("60% sparse", 0.6),
+            ("70% sparse", 0.7),
+            ("80% sparse", 0.8),
+            ("90% sparse", 0.9),
+            ("100% sparse (MLPs probed 2:4-pruned)", 1.0),
+        )
+    },
+    **{
+        f"ViT-Ti/4, 80 epochs: {percent}% sparse, `sparsity.switch_weights=pruned`": (
+            PUBLISHED_RECIPE_SUMMARY,
+            percent / 100,
+            {"sparsity.switch_weights": "pruned"},
+        )
+        for percent in (70, 90)
+    },
+}
+
+
+def _summary_mean(summary: Path, fraction: float, keys: dict) -> dict:
+    """The one schedule mean of `summary` at `fraction` whose differing keys include `keys`
+    (switch_weights=dense where `keys` leave it out)."""
+    keys = {"sparsity.switch_weights": "dense", **keys}
+    found = [
+        m
+        for m in json.loads(summary.read_text())["schedule_means"]
+        if m["sparse_fraction"] == fraction
+        and all(m["differing_config"].get(k, v) == v for k, v in keys.items())
+    ]
+    assert len(found) == 1, (summary, fraction, keys, len(found))
+    return found[0]
+
+
+def cifar10_page_cells(mean: dict) -> list[str]:
+    """A docs/cifar10.md row after its label: seeds; linear mean ± half the range [95% interval];
+    its Δ [95% interval] (blank for dense); the same for k-NN."""
+
+    def value(name: str) -> str:
+        interval = mean[f"{name}_interval"]
+        return (
+            f"{mean[name]:.2f} ± {mean[f'{name}_spread']:.2f} "
+            f"[{interval['low']:.2f}, {interval['high']:.2f}]"
+        )
+
+    def delta(name: str) -> str:
+        if mean["sparse_fraction"] == 0.0:
+            return ""
+        interval = mean[f"delta_{name}_interval"]
+        return f"{_fmt(mean[f'delta_{name}'])} [{_fmt(interval['low'])}, {_fmt(interval['high'])}]"
+
+    seeds = ", ".join(str(seed) for seed in mean["seeds"])
+    return [seeds, value("top1"), delta("top1"), value("knn_top1"), delta("knn_top1")]
+
+
+def test_the_cifar10_page_tables_are_the_committed_summaries():
+    """docs/cifar10.md's three tables (the published recipe at small scale): every row's seeds,
+    means with half range and 95% interval, and Δs with theirs, as the committed summaries have
+    them; the baselines' row as the 80-epoch table's."""
+    page = table_rows((DOCS / "cifar10.md").read_text())
+    for label, (summary, fraction, keys) in CIFAR10_PAGE_ROWS.items():
+        expected = cifar10_page_cells(_summary_mean(summary, fraction, keys))
+        assert page[label][1:6] == expected, label
+    baselines = {b["key"]: b for b in json.loads(PUBLISHED_RECIPE_SUMMARY.read_text())["baselines"]}
+    untrained, pixels = baselines["random_init"], baselines["pixels"]
+    assert page["untrained ViT-Ti/4 / raw pixels"][1:6] == [
+        "–",
+        f"{untrained['top1']:.2f} / {pixels['top1']:.2f}",
+        "",
+        f"{untrained['knn_top1']:.2f} / {pixels['knn_top1']:.2f}",
+        "",
+    ]
+
+
 def test_imagenet_expected_table_is_the_published_one():
     rows = table_rows((DOCS / "imagenet.md").read_text())
     for row in published.ROWS:
