@@ -283,8 +283,9 @@ def test_the_recipe_page_table_is_the_confirmatory_table():
 
 
 def test_the_recipe_page_floor_is_the_confirmatory_tables():
-    """The one-shot floor the recipe page reads the 100% row against: the confirmatory table's dense
-    runs pruned once (its summary's `one_shot_floor`), as losses with their 95% intervals."""
+    """The one-shot floor the recipe page and the README read the 100% row against: the
+    confirmatory table's dense runs pruned once (its summary's `one_shot_floor`), as losses with
+    their 95% intervals."""
     [floor] = json.loads(RECIPE_SUMMARY.read_text())["one_shot_floor"]
     page = " ".join((DOCS / "cifar10-recipe.md").read_text().split())
 
@@ -297,6 +298,8 @@ def test_the_recipe_page_floor_is_the_confirmatory_tables():
         f"({floor['top1']:.2f} and {floor['knn_top1']:.2f})"
     )
     assert floor["seeds"] == _confirmatory_means()[0.0]["seeds"] and expected in page
+    readme = " ".join(README.read_text().split())
+    assert f"pruning the finished dense network once ({-floor['delta_top1']:.2f})" in readme
 
 
 ABLATIONS_SUMMARY = REPO / "results" / "cifar10" / "ablations" / "summary.json"
