@@ -404,6 +404,58 @@ def test_the_cifar10_page_tables_are_the_committed_summaries():
     ]
 
 
+DENSE_TUNE_SUMMARY = REPO / "results" / "cifar10" / "recipe" / "dense_tune_table" / "summary.json"
+_M992, _M980 = {"teacher.momentum_teacher": 0.992}, {"teacher.momentum_teacher": 0.98}
+# the recipe page's tuned-dense search: each row's dense configuration in dense_tune_table
+DENSE_TUNE_ROWS = {
+    "dinov2's teacher-momentum cosine from 0.992 (the published config)": _M992,
+    "the same, momentum restarted at 40% of the steps": {
+        **_M992,
+        "teacher.momentum_restart_fraction": 0.4,
+    },
+    "the same, momentum restarted at 70% of the steps": {
+        **_M992,
+        "teacher.momentum_restart_fraction": 0.7,
+    },
+    "momentum cosine from 0.98": _M980,
+    "momentum cosine from 0.98, a second learning-rate cosine from half the peak at 70% "
+    "(**the default**)": {**_M980, "optim.lr_restart_fraction": 0.7},
+}
+
+
+def test_the_recipe_page_dense_search_is_the_dense_tune_table():
+    """docs/cifar10-recipe.md's tuned-dense table: seeds, linear mean with its 95% interval (one
+    seed: the value alone) and k-NN as dense_tune_table has them; its last row, the default on
+    fresh seeds, as the confirmatory table's dense."""
+    page = table_rows((DOCS / "cifar10-recipe.md").read_text())
+    defaults = {
+        "teacher.momentum_restart_fraction": 0.0,
+        "optim.lr_restart_fraction": 0.0,
+    }
+
+    def cells(mean: dict) -> list[str]:
+        interval = mean["top1_interval"]
+        top1 = f"{mean['top1']:.2f}"
+        if interval is not None:
+            top1 += f" [{interval['low']:.2f}, {interval['high']:.2f}]"
+        seeds = ", ".join(str(seed) for seed in mean["seeds"])
+        return [seeds, top1, f"{mean['knn_top1']:.2f}"]
+
+    means = json.loads(DENSE_TUNE_SUMMARY.read_text())["schedule_means"]
+    for label, keys in DENSE_TUNE_ROWS.items():
+        want = {**defaults, **keys}
+        [mean] = [
+            m
+            for m in means
+            if m["sparse_fraction"] == 0.0
+            and all(m["differing_config"][k] == v for k, v in want.items())
+        ]
+        assert page[label][1:4] == cells(mean), label
+    assert page["the default, fresh seeds (the table above)"][1:4] == cells(
+        _confirmatory_means()[0.0]
+    )
+
+
 def test_imagenet_expected_table_is_the_published_one():
     rows = table_rows((DOCS / "imagenet.md").read_text())
     for row in published.ROWS:
