@@ -456,6 +456,31 @@ def test_the_recipe_page_dense_search_is_the_dense_tune_table():
     )
 
 
+CONFIRM_RUNS = REPO / "results" / "cifar10" / "recipe" / "confirm_lr"
+
+
+def test_the_recipe_page_gap_table_is_the_runs_probes():
+    """docs/cifar10-recipe.md's "where the gap opens": per seed, the k-NN (k=20) of the teacher
+    exported at the switch's step (dense MLPs) and of the final teacher, dense run and 70% recipe,
+    from the runs' own probe records, and the gaps between them."""
+    page = table_rows((DOCS / "cifar10-recipe.md").read_text())
+
+    def knn(run: str, name: str) -> float:
+        return json.loads((CONFIRM_RUNS / run / name).read_text())["knn"]["20"]["top1"]
+
+    for seed in (5, 6, 7):
+        dense = f"dense_lr05restart70_m0980_s{seed}"
+        recipe = f"sparse70_decay0005_restart_lr05restart70_m0980_s{seed}"
+        switch = [knn(run, "eval_knn_step_00005432.json") for run in (dense, recipe)]
+        end = [knn(run, "eval_linear.json") for run in (dense, recipe)]
+        assert page[str(seed)][1:5] == [
+            f"{switch[0]:.2f} / {switch[1]:.2f}",
+            f"{switch[1] - switch[0]:.2f}",
+            f"{end[0]:.2f} / {end[1]:.2f}",
+            f"{end[1] - end[0]:.2f}",
+        ], seed
+
+
 def test_imagenet_expected_table_is_the_published_one():
     rows = table_rows((DOCS / "imagenet.md").read_text())
     for row in published.ROWS:
