@@ -26,6 +26,7 @@ from .tree import SHOWN, DataNotes, printable
 logger = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0
+CHUNK = 256  # images a decoding task
 
 
 class InMemoryImages:
@@ -66,17 +67,21 @@ class InMemoryImages:
             self.array[i] = pixels
             return label, skipped
 
-        with ThreadPoolExecutor(max(1, threads)) as pool:  # PIL releases the GIL while decoding
-            for i, (label, skipped) in enumerate(
-                pool.map(decode, range(1, n), chunksize=256), start=1
-            ):
-                self.targets[i] = (
-                    label  # a skipped file's slot holds its replacement's image and label
-                )
-                self.replaced[i] = skipped
+        def decode_chunk(start: int) -> list[tuple[int, int]]:
+            return [decode(i) for i in range(start, min(start + CHUNK, n))]
+
+        # PIL releases the GIL while decoding; a task decodes a chunk of images, since a future
+        # per 32 px image costs the pool more than the decoding
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            starts = range(1, n, CHUNK)
+            for start, results in zip(starts, pool.map(decode_chunk, starts)):
+                for i, (label, skipped) in enumerate(results, start=start):
+                    # a skipped file's slot holds its replacement's image and label
+                    self.targets[i] = label
+                    self.replaced[i] = skipped
                 now = time.perf_counter()
                 if now - last_log > LOG_EVERY_S:
-                    logger.info("decoding into memory: %d/%d images", i + 1, n)
+                    logger.info("decoding into memory: %d/%d images", start + len(results), n)
                     last_log = now
         bad = np.flatnonzero(self.replaced)
         self.corrupt_skipped = len(bad)  # distinct unreadable files (each slot's own file)

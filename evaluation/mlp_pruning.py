@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from rundir.layout import DENSE_MLP_SUFFIX, PRUNED_MLP_SUFFIX
 from rundir.status import last_step
 from sparsity import SparseThenDense
 from sparsity.converter import SPARSE
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 EVAL_BACKEND = "dense"
 DENSE = "dense"
-PRUNED_SUFFIX, DENSE_SUFFIX = "_pruned_mlp", "_dense_mlp"
+PRUNED_SUFFIX, DENSE_SUFFIX = PRUNED_MLP_SUFFIX, DENSE_MLP_SUFFIX
 
 
 @dataclass(frozen=True)

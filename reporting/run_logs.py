@@ -16,9 +16,16 @@ from pathlib import Path
 
 from configs import ConfigError, load_config
 from configs.eval_schema import PROTOCOL_PREFIX, protocol_suffix
-from evaluation.mlp_pruning import PRUNED_SUFFIX
 from rundir.json_files import read_json
-from rundir.layout import CONFIG, METRICS, TEACHER, baseline_results, eval_result_name, is_run_dir
+from rundir.layout import (
+    CONFIG,
+    METRICS,
+    PRUNED_MLP_SUFFIX,
+    TEACHER,
+    baseline_results,
+    eval_result_name,
+    is_run_dir,
+)
 from rundir.run_dir import RunDir
 from rundir.status import FAILED as RUN_FAILED, FINISHED as RUN_FINISHED, PREEMPTED
 
@@ -402,7 +409,7 @@ def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=Non
 def _pruned_once(run_dir: RunDir) -> EvalRecord | None:
     """The record of the final teacher probed with its MLPs pruned 2:4 under the default protocol,
     if complete and of the current teacher."""
-    record = read_eval_record(run_dir.eval_result(suffix=PRUNED_SUFFIX))
+    record = read_eval_record(run_dir.eval_result(suffix=PRUNED_MLP_SUFFIX))
     if record.status != COMPLETE or stale_reason(record, run_dir.path):
         return None
     return record

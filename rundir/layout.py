@@ -77,6 +77,9 @@ def is_eval_result_name(name: str) -> bool:
 
 
 EVAL_RESULT = eval_result_name()  # the final teacher's linear probe: what the tables read
+# the suffixes of a probe with the MLPs the other way than the run's last step ran them
+# (evaluation/mlp_pruning.py): pruned 2:4 after a dense end, dense after a sparse one
+PRUNED_MLP_SUFFIX, DENSE_MLP_SUFFIX = "_pruned_mlp", "_dense_mlp"
 BASELINE_SUFFIXES = {
     "random_init": "_random_init",
     "pixels": "_pixels",
