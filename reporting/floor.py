@@ -1,7 +1,7 @@
 """The one-shot 2:4 floor of a table's dense runs: each dense run's final teacher probed with its MLPs
 pruned 2:4 once, with no 2:4 training and no fine-tuning (`eval_linear.py ... prune_mlp=true`, the
 record `eval_linear_pruned_mlp.json`, which the study's driver writes for every run that ended
-dense).
+dense; where only a k-NN probe was run, `eval_knn_pruned_mlp.json`, which gives the k-NN columns).
 
 It is what 2:4 MLPs cost a network trained dense, read as the bound of a fully sparse row: that run
 has no dense phase to recover in, so it is judged against the dense network pruned, as well as
@@ -22,10 +22,12 @@ class FloorMean:
     schedule: str  # the dense configuration's label
     seeds: list
     runs: list
-    dense_top1: float  # the same runs unpruned
-    top1: float
+    # linear top-1 over the runs with a pruned linear probe (None where only k-NN was probed), the
+    # same runs unpruned; k-NN over the runs with a pruned k-NN
+    dense_top1: float | None
+    top1: float | None
     top1_interval: Interval | None  # None with fewer than two seeds
-    delta_top1: float  # pruned minus unpruned, mean over seeds
+    delta_top1: float | None  # pruned minus unpruned, mean over seeds
     delta_top1_interval: Interval | None
     knn_top1: float | None
     knn_top1_interval: Interval | None
@@ -35,41 +37,56 @@ class FloorMean:
 
 def floor_means(rows: list, means: list) -> list[FloorMean]:
     """A FloorMean per dense configuration among `means` (the table's `ScheduleMean`s) whose runs
-    (`TableRow`s among `rows`) have the pruned probe; only the runs with it count, so its mean and
-    the unpruned one are over the same seeds."""
+    (`TableRow`s among `rows`) have the pruned probe; only the runs with it count, so each pruned
+    mean and its unpruned one are over the same seeds."""
     floors = []
     for mean in means:
         if mean.sparse_fraction != 0.0:
             continue
         group = [
-            r
-            for r in rows
-            if r.run in mean.runs and r.pruned_top1 is not None and r.top1 is not None
+            r for r in rows if r.run in mean.runs and (_probed(r, "top1") or _probed(r, "knn_top1"))
         ]
         if group:
             floors.append(_floor_of(mean.schedule, group))
     return floors
 
 
-def _floor_of(schedule: str, group: list) -> FloorMean:
-    def by_seed(name: str) -> dict:
-        return {r.seed: getattr(r, name) for r in group}
+def _probed(row, name: str) -> bool:
+    return getattr(row, f"pruned_{name}") is not None and getattr(row, name) is not None
 
-    with_knn = [r for r in group if r.pruned_knn_top1 is not None and r.knn_top1 is not None]
-    knn_deltas = [r.pruned_knn_top1 - r.knn_top1 for r in with_knn]
+
+def _floor_of(schedule: str, group: list) -> FloorMean:
+    linear = [r for r in group if _probed(r, "top1")]
+    knn = [r for r in group if _probed(r, "knn_top1")]
+    top1, delta_top1 = _means(linear, "top1")
+    knn_top1, delta_knn_top1 = _means(knn, "knn_top1")
     return FloorMean(
         schedule=schedule,
         seeds=[r.seed for r in group],
         runs=[r.run for r in group],
-        dense_top1=statistics.fmean(r.top1 for r in group),
-        top1=statistics.fmean(r.pruned_top1 for r in group),
-        top1_interval=mean_interval([r.pruned_top1 for r in group]),
-        delta_top1=statistics.fmean(r.pruned_top1 - r.top1 for r in group),
-        delta_top1_interval=difference_interval(by_seed("pruned_top1"), by_seed("top1")),
-        knn_top1=statistics.fmean(r.pruned_knn_top1 for r in with_knn) if with_knn else None,
-        knn_top1_interval=mean_interval([r.pruned_knn_top1 for r in with_knn]),
-        delta_knn_top1=statistics.fmean(knn_deltas) if knn_deltas else None,
-        delta_knn_top1_interval=difference_interval(
-            {r.seed: r.pruned_knn_top1 for r in with_knn}, {r.seed: r.knn_top1 for r in with_knn}
-        ),
+        dense_top1=statistics.fmean(r.top1 for r in linear) if linear else None,
+        top1=top1,
+        top1_interval=mean_interval([r.pruned_top1 for r in linear]),
+        delta_top1=delta_top1,
+        delta_top1_interval=_paired(linear, "top1"),
+        knn_top1=knn_top1,
+        knn_top1_interval=mean_interval([r.pruned_knn_top1 for r in knn]),
+        delta_knn_top1=delta_knn_top1,
+        delta_knn_top1_interval=_paired(knn, "knn_top1"),
+    )
+
+
+def _means(rows: list, name: str) -> tuple[float | None, float | None]:
+    """(mean of the pruned values, mean of pruned minus unpruned) over `rows`; None, None for none."""
+    if not rows:
+        return None, None
+    pruned = [getattr(r, f"pruned_{name}") for r in rows]
+    deltas = [p - getattr(r, name) for p, r in zip(pruned, rows)]
+    return statistics.fmean(pruned), statistics.fmean(deltas)
+
+
+def _paired(rows: list, name: str) -> Interval | None:
+    return difference_interval(
+        {r.seed: getattr(r, f"pruned_{name}") for r in rows},
+        {r.seed: getattr(r, name) for r in rows},
     )

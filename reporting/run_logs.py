@@ -408,11 +408,13 @@ def _read_eval(run: RunSummary, run_dir: RunDir, eval_label: str = "", probe=Non
 
 def _pruned_once(run_dir: RunDir) -> EvalRecord | None:
     """The record of the final teacher probed with its MLPs pruned 2:4 under the default protocol,
-    if complete and of the current teacher."""
-    record = read_eval_record(run_dir.eval_result(suffix=PRUNED_MLP_SUFFIX))
-    if record.status != COMPLETE or stale_reason(record, run_dir.path):
-        return None
-    return record
+    complete and of the current teacher: the linear probe's (with its k-NN), else a k-NN-only
+    probe's (top-1 None); None where neither is there."""
+    for knn_only in (False, True):
+        record = read_eval_record(run_dir.eval_result(knn_only, suffix=PRUNED_MLP_SUFFIX))
+        if record.status == COMPLETE and not stale_reason(record, run_dir.path):
+            return record
+    return None
 
 
 def read_run(

@@ -100,3 +100,29 @@ def test_an_unreadable_or_stale_probe_is_no_floor(tmp_path):
     (stale / "teacher_backbone.pth.sha256").write_text(f"{'b' * 64}  teacher_backbone.pth\n")
     rows = build_rows([read_run(p) for p in sorted(runs.iterdir())])
     assert [r.pruned_top1 for r in rows] == [None, None]
+
+
+def test_a_knn_only_probe_gives_the_knn_columns(tmp_path):
+    """Runs probed pruned with k-NN alone (eval_knn_pruned_mlp.json, as older studies did): the
+    floor has k-NN, and no linear numbers rather than wrong ones; a linear record, where there is
+    one, is preferred."""
+    from reporting.floor import floor_means
+
+    runs = tmp_path / "runs"
+    knn_only = {"top1": None, "knn": {"20": {"top1": 66.0, "top5": 99.0}}, "n_val": 360}
+    make_run(runs, "dense_s0", 0.0, top1=80.0, knn20=68.0)
+    (runs / "dense_s0" / "eval_knn_pruned_mlp.json").write_text(json.dumps(knn_only))
+    make_run(runs, "dense_s1", 0.0, seed=1, top1=81.0, knn20=69.0)
+    (runs / "dense_s1" / "eval_knn_pruned_mlp.json").write_text(
+        json.dumps(knn_only | {"knn": {"20": {"top1": 68.0, "top5": 99.0}}})
+    )
+    rows = build_rows([read_run(p) for p in sorted(runs.iterdir())])
+    [floor] = floor_means(rows, schedule_means(rows))
+    assert floor.top1 is None and floor.delta_top1 is None and floor.dense_top1 is None
+    # 66 - 68 and 68 - 69
+    assert floor.knn_top1 == pytest.approx(67.0)
+    assert floor.delta_knn_top1 == pytest.approx(-1.5)
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    row = (out / "table.md").read_text().split(FLOOR_TITLE)[1].splitlines()[4]
+    assert [c.strip() for c in row.strip("|").split("|")][2:5] == ["–", "–", "–"]
