@@ -14,19 +14,17 @@ warning logged after decoding).
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from PIL import Image
 
 from .corrupt import load_image
-from .datasets import DatasetError
+from .decode_pool import decode_chunks, default_workers
 from .tree import SHOWN, DataNotes, printable
 
 logger = logging.getLogger(__name__)
 
 LOG_EVERY_S = 10.0
-CHUNK = 256  # images a decoding task
 
 
 class InMemoryImages:
@@ -34,7 +32,10 @@ class InMemoryImages:
     `__getitem__` -> (PIL RGB image, label) as the dataset it was built from, plus `pixels(i)` (the
     array row)."""
 
-    def __init__(self, dataset, on_corrupt: str = "skip", threads: int = 8):
+    def __init__(self, dataset, on_corrupt: str = "skip", workers: int | None = None):
+        """`workers`: processes (Linux) or threads decoding at once (`decode_pool.py`); default
+        the CPUs this process may use, at most 8."""
+        workers = default_workers() if workers is None else workers
         n = len(dataset)
         self.classes = list(getattr(dataset, "classes", []))
         self.targets = np.asarray(dataset.targets, dtype=np.int64).copy()
@@ -54,35 +55,18 @@ class InMemoryImages:
         self.array = np.empty((n, *shape), dtype=np.uint8)
         self.array[0] = np.asarray(first)
 
-        def decode(i: int) -> tuple[int, int]:
-            image, label, skipped = load_image(dataset, i, on_corrupt)
-            pixels = np.asarray(image)
-            if pixels.shape != shape:
-                raise DatasetError(
-                    f"data.in_memory=true needs images of one size: "
-                    f"{printable(dataset.describe(i))} is "
-                    f"{pixels.shape[1]}x{pixels.shape[0]}, {printable(dataset.describe(0))} is "
-                    f"{shape[1]}x{shape[0]} (set data.in_memory=false for this dataset)"
-                )
-            self.array[i] = pixels
-            return label, skipped
-
-        def decode_chunk(start: int) -> list[tuple[int, int]]:
-            return [decode(i) for i in range(start, min(start + CHUNK, n))]
-
-        # PIL releases the GIL while decoding; a task decodes a chunk of images, since a future
-        # per 32 px image costs the pool more than the decoding
-        with ThreadPoolExecutor(max(1, threads)) as pool:
-            starts = range(1, n, CHUNK)
-            for start, results in zip(starts, pool.map(decode_chunk, starts)):
-                for i, (label, skipped) in enumerate(results, start=start):
-                    # a skipped file's slot holds its replacement's image and label
-                    self.targets[i] = label
-                    self.replaced[i] = skipped
-                now = time.perf_counter()
-                if now - last_log > LOG_EVERY_S:
-                    logger.info("decoding into memory: %d/%d images", start + len(results), n)
-                    last_log = now
+        for first_index, pixels, labels, skipped in decode_chunks(
+            dataset, on_corrupt, shape, workers
+        ):
+            stop = first_index + len(labels)
+            self.array[first_index:stop] = pixels
+            # a skipped file's slot holds its replacement's image and label
+            self.targets[first_index:stop] = labels
+            self.replaced[first_index:stop] = skipped
+            now = time.perf_counter()
+            if now - last_log > LOG_EVERY_S:
+                logger.info("decoding into memory: %d/%d images", stop, n)
+                last_log = now
         bad = np.flatnonzero(self.replaced)
         self.corrupt_skipped = len(bad)  # distinct unreadable files (each slot's own file)
         if len(bad):
