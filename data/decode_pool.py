@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 
@@ -51,16 +52,12 @@ def decode_chunks(
         yield from _in_processes(job, starts, workers)
         return
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        yield from (
-            (start, *result) for start, result in zip(starts, pool.map(_chunk_of(job), starts))
-        )
-
-
-def _chunk_of(job: tuple):
-    return lambda start: decode_range(job, start)
+        for start, result in zip(starts, pool.map(partial(decode_range, job), starts)):
+            yield (start, *result)
 
 
 def decode_range(job: tuple, start: int) -> tuple[np.ndarray, list[int], list[int]]:
+    """The chunk of `job` (dataset, on_corrupt, shape, n, chunk) that begins at `start`."""
     dataset, on_corrupt, shape, n, chunk = job
     stop = min(start + chunk, n)
     pixels = np.empty((stop - start, *shape), dtype=np.uint8)
