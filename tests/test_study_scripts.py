@@ -507,7 +507,8 @@ def test_every_committed_plan_line_is_a_valid_run():
     # configs/cifar10.yaml (the driver's default config), its name end in its seed, and a name
     # planned twice in one folder (a re-run) mean the same run (settings of how it executes, like
     # the step's CUDA graph, may differ, as on a resume)
-    from configs import load_config
+    from cifar_config import cifar_config
+
     from configs.load import RESUMABLE_CHANGES
 
     lines = list(_plan_lines())
@@ -518,7 +519,7 @@ def test_every_committed_plan_line_is_a_valid_run():
         assert delay.isdigit() or (delay == "after" and previous_plan == plan), where
         previous_plan = plan
         assert all("=" in o for o in overrides), where
-        cfg = load_config(REPO / "configs/cifar10.yaml", ["data.root=cifar10", *overrides])
+        cfg = cifar_config(*overrides)
         assert name.rsplit("_s", 1)[-1] == str(cfg.train.seed), (
             f"{where}: {name} is not train.seed={cfg.train.seed}"
         )
