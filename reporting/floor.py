@@ -14,7 +14,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from .configurations import config_key, config_order
 from .intervals import Interval, difference_interval, mean_interval
+from .run_logs import COMPLETE
 
 
 @dataclass
@@ -35,20 +37,21 @@ class FloorMean:
     delta_knn_top1_interval: Interval | None
 
 
-def floor_means(rows: list, means: list) -> list[FloorMean]:
-    """A FloorMean per dense configuration among `means` (the table's `ScheduleMean`s) whose runs
-    (`TableRow`s among `rows`) have the pruned probe; only the runs with it count, so each pruned
-    mean and its unpruned one are over the same seeds."""
-    floors = []
-    for mean in means:
-        if mean.sparse_fraction != 0.0:
-            continue
-        group = [
-            r for r in rows if r.run in mean.runs and (_probed(r, "top1") or _probed(r, "knn_top1"))
-        ]
-        if group:
-            floors.append(_floor_of(mean.schedule, group))
-    return floors
+def floor_means(rows: list) -> list[FloorMean]:
+    """A FloorMean per dense configuration among the table's complete, non-screening `TableRow`s
+    (grouped as its schedule means are), over its runs with the pruned probe: each pruned mean and
+    its unpruned one are over the same seeds."""
+    groups: dict[tuple, list] = {}
+    for row in rows:
+        if (
+            row.sparse_fraction == 0.0
+            and row.status == COMPLETE
+            and not row.screening
+            and (_probed(row, "top1") or _probed(row, "knn_top1"))
+        ):
+            groups.setdefault(config_key(row.differing_config), []).append(row)
+    ordered = sorted(groups.values(), key=lambda g: config_order(g[0].differing_config))
+    return [_floor_of(group[0].schedule, group) for group in ordered]
 
 
 def _probed(row, name: str) -> bool:

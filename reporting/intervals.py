@@ -49,6 +49,11 @@ def _finite(values: Sequence[float | None]) -> list[float]:
     return [v for v in values if v is not None and math.isfinite(v)]
 
 
+def difference(value: float | None, reference: float | None) -> float | None:
+    """value - reference; None where either is missing."""
+    return None if value is None or reference is None else value - reference
+
+
 def mean_interval(values: Sequence[float | None]) -> Interval | None:
     """Student's t interval of the mean of the seeds' values; None with fewer than two."""
     values = _finite(values)

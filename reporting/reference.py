@@ -18,7 +18,7 @@ from pathlib import Path
 from rundir.errors import UsageError
 
 from .configurations import differing_config, differing_keys
-from .intervals import difference_interval
+from .intervals import difference, difference_interval
 from .run_logs import COMPLETE, RunSummary, find_run_dirs
 
 
@@ -75,15 +75,15 @@ def reference_deltas(rows: list) -> None:
         reference = references.get((row.sparse_fraction, row.seed))
         if row.reference or not row.sparse_fraction or reference is None:
             continue
-        row.delta_top1_reference = _difference(row.top1, reference.top1)
-        row.delta_knn_top1_reference = _difference(row.knn_top1, reference.knn_top1)
+        row.delta_top1_reference = difference(row.top1, reference.top1)
+        row.delta_knn_top1_reference = difference(row.knn_top1, reference.knn_top1)
 
 
-def reference_mean_deltas(means: list, rows: list) -> None:
+def reference_mean_deltas(groups: list, rows: list) -> None:
     """Set each sparse, non-reference ScheduleMean's Δs vs the reference at its schedule, with their
-    intervals, from the complete reference rows of that schedule."""
-    for mean in means:
-        group = [r for r in rows if r.run in mean.runs]
+    intervals; `groups`: (mean, its TableRows) as `schedule_means` grouped them; the reference's
+    values are its complete rows of that schedule among `rows`."""
+    for mean, group in groups:
         if not mean.sparse_fraction or any(r.reference for r in group):
             continue
         reference = [
@@ -99,10 +99,6 @@ def reference_mean_deltas(means: list, rows: list) -> None:
             if ours.keys() <= theirs.keys():  # paired: the reference's runs of the same seeds
                 theirs = {seed: theirs[seed] for seed in ours}
             values = [v for v in theirs.values() if v is not None]
-            delta = _difference(getattr(mean, name), sum(values) / len(values) if values else None)
+            delta = difference(getattr(mean, name), sum(values) / len(values) if values else None)
             setattr(mean, f"delta_{name}_reference", delta)
             setattr(mean, f"delta_{name}_reference_interval", difference_interval(ours, theirs))
-
-
-def _difference(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b

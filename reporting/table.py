@@ -44,7 +44,7 @@ from .configurations import (
     same_teacher_reference,
 )
 from .floor import floor_means
-from .intervals import Interval, difference_interval, mean_interval, wilson_interval
+from .intervals import Interval, difference, difference_interval, mean_interval, wilson_interval
 from .reference import mark_reference, reference_deltas, reference_mean_deltas
 from .run_logs import (
     COMPLETE,
@@ -212,10 +212,6 @@ class BaselineRow:
     path: str = ""  # relative to the folder holding the runs
 
 
-def _difference(value: float | None, reference: float | None) -> float | None:
-    return None if value is None or reference is None else value - reference
-
-
 def runs_folder(runs: list[RunSummary]) -> Path:
     """The deepest folder holding every run: what the table's paths are relative to."""
     parents = [os.path.dirname(os.path.abspath(run.path)) for run in runs]
@@ -255,8 +251,8 @@ def build_rows(runs: list[RunSummary], folder: Path | None = None) -> list[Table
                 top5=run.top5,
                 knn_top1=run.knn_top1,
                 knn_k=run.knn_k,
-                delta_top1=_difference(run.top1, dense.top1 if dense else None),
-                delta_knn_top1=_difference(run.knn_top1, dense.knn_top1 if dense else None),
+                delta_top1=difference(run.top1, dense.top1 if dense else None),
+                delta_knn_top1=difference(run.knn_top1, dense.knn_top1 if dense else None),
                 time_s=run.time_s,
                 sparse_time_s=run.sparse_time_s,
                 dense_time_s=run.dense_time_s,
@@ -277,10 +273,10 @@ def build_rows(runs: list[RunSummary], folder: Path | None = None) -> list[Table
                 path=relative_path(run.path, folder),
                 n_val=run.n_val,
                 differing_config=differing,
-                delta_top1_same_teacher=_difference(
+                delta_top1_same_teacher=difference(
                     run.top1, same_teacher.top1 if same_teacher else None
                 ),
-                delta_knn_top1_same_teacher=_difference(
+                delta_knn_top1_same_teacher=difference(
                     run.knn_top1, same_teacher.knn_top1 if same_teacher else None
                 ),
                 dense_warmup_steps=run.dense_warmup_steps,
@@ -367,7 +363,7 @@ def schedule_means(rows: list[TableRow]) -> list[ScheduleMean]:
         m.delta_knn_top1_same_teacher, m.delta_knn_top1_same_teacher_interval = _delta(
             m.knn_top1, group, same, "knn_top1"
         )
-    reference_mean_deltas(means, rows)
+    reference_mean_deltas(list(zip(means, ordered)), rows)
     return means
 
 
@@ -407,7 +403,7 @@ def _delta(value: float | None, group: list[TableRow], reference, field_name: st
         return 0.0, None
     by_seed = lambda rows: {r.seed: getattr(r, field_name) for r in rows}  # noqa: E731
     return (
-        _difference(value, getattr(mean, field_name)),
+        difference(value, getattr(mean, field_name)),
         difference_interval(by_seed(group), by_seed(reference_rows)),
     )
 
@@ -831,7 +827,7 @@ def _write_table(
         means if any(len(m.runs) > 1 for m in means) else []
     )  # one seed each: the rows say it all
     baselines = baseline_rows(runs, folder)
-    floors = floor_means(rows, means)
+    floors = floor_means(rows)
     notes = table_notes(runs, rows, means, speed) + list(extra_notes)
     atomic_write_text(
         out / "table.md",

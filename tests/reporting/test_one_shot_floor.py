@@ -8,7 +8,7 @@ import pytest
 from reporting_runs import eval_result, make_run
 
 from reporting.run_logs import read_run
-from reporting.table import build_rows, make_table, schedule_means
+from reporting.table import build_rows, make_table
 from reporting.table_format import FLOOR_TITLE
 
 PRUNED = "eval_linear_pruned_mlp.json"
@@ -40,7 +40,7 @@ def test_each_dense_configuration_gets_its_floor_over_the_seeds_with_the_probe(s
     assert (by_run["dense_s0"].pruned_top1, by_run["dense_s0"].pruned_knn_top1) == (78.5, 67.0)
     assert by_run["dense_s2"].pruned_top1 is None
     assert by_run["s70_s0"].pruned_top1 is None and by_run["s100_s0"].pruned_top1 is None
-    [floor] = floor_means(rows, schedule_means(rows))
+    [floor] = floor_means(rows)
     assert floor.seeds == [0, 1] and floor.runs == ["dense_s0", "dense_s1"]
     # over seeds 0 and 1 only, pruned and unpruned alike: (80 + 81) / 2, (78.5 + 79) / 2
     assert floor.dense_top1 == pytest.approx(80.5) and floor.top1 == pytest.approx(78.75)
@@ -117,7 +117,7 @@ def test_a_knn_only_probe_gives_the_knn_columns(tmp_path):
         json.dumps(knn_only | {"knn": {"20": {"top1": 68.0, "top5": 99.0}}})
     )
     rows = build_rows([read_run(p) for p in sorted(runs.iterdir())])
-    [floor] = floor_means(rows, schedule_means(rows))
+    [floor] = floor_means(rows)
     assert floor.top1 is None and floor.delta_top1 is None and floor.dense_top1 is None
     # 66 - 68 and 68 - 69
     assert floor.knn_top1 == pytest.approx(67.0)
