@@ -219,12 +219,6 @@ def apply_blur(x: Tensor, apply: Tensor, sigma: Tensor) -> Tensor:
     return y.view(n, ch, height, width)
 
 
-def gaussian_blur(x: Tensor, p: float, g: torch.Generator) -> Tensor:
-    """Blur each image with probability p, sigma ~ U(BLUR_SIGMA) (`apply_blur`)."""
-    d = draw_blur(x.shape[0], g, x.device)
-    return apply_blur(x, d["blur_u"] < p, d["blur_sigma"]) if p > 0 else x
-
-
 def apply_solarize(x: Tensor, apply: Tensor) -> Tensor:
     return torch.where(apply.view(-1, 1, 1, 1) & (x >= SOLARIZE_THRESHOLD / 255.0), 1.0 - x, x)
 

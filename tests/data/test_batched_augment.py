@@ -19,7 +19,8 @@ from data.batched_augment import (
     adjust_contrast,
     adjust_hue,
     adjust_saturation,
-    gaussian_blur,
+    apply_blur,
+    draw_blur,
     grayscale,
     resized_crops,
     sample_crop_boxes,
@@ -128,8 +129,8 @@ def test_grayscale_against_pil():
 
 def test_blur_against_torchvision_per_image():
     x = torch.rand(5, 3, 16, 16, generator=gen(4))
-    g = gen(9)
-    out = gaussian_blur(x, 0.6, g)
+    d = draw_blur(5, gen(9), x.device)
+    out = apply_blur(x, d["blur_u"] < 0.6, d["blur_sigma"])
     g = gen(9)  # replay the draws to know which images were blurred and with which sigma
     apply = torch.rand(5, generator=g) < 0.6
     sigma = torch.rand(5, generator=g) * 1.9 + 0.1
