@@ -202,7 +202,9 @@ def _readme_cell(mean: dict) -> str:
     if mean["sparse_fraction"] == 0.0:
         return f"{mean['top1']:.2f}"
     interval = mean["delta_top1_interval"]
-    assert interval is not None, mean["schedule"]  # one seed resolves nothing: not a table cell
+    if interval is None:  # one seed resolves nothing: the cell must say so
+        assert mean["n_seeds"] == 1, mean["schedule"]
+        return f"{mean['top1']:.2f} ({_fmt(mean['delta_top1'])}, one seed)"
     return f"{mean['top1']:.2f} ({_fmt(mean['delta_top1'])} [{_fmt(interval['low'])}, {_fmt(interval['high'])}])"
 
 
@@ -257,9 +259,14 @@ def test_the_recipe_page_table_is_the_confirmatory_table():
     labels[1.0] = "100% (the decay alone)"
     means = _confirmatory_means()
 
-    def ci(interval: dict, signed: bool = False) -> str:
+    def ci(interval: dict | None, signed: bool = False) -> str:
+        if interval is None:  # one seed: no interval, and the Δ says it has one seed
+            return "(one seed)" if signed else ""
         f = _fmt if signed else (lambda x: f"{x:.2f}")
         return f"[{f(interval['low'])}, {f(interval['high'])}]"
+
+    def cell(value: str, interval: str) -> str:
+        return f"{value} {interval}".strip()
 
     for fraction, label in labels.items():
         cells = page[label][1:6]
@@ -268,16 +275,17 @@ def test_the_recipe_page_table_is_the_confirmatory_table():
             assert cells[0] == "runs next", label
             continue
         seeds = ", ".join(str(seed) for seed in mean["seeds"])
+        assert mean["top1_interval"] is not None or mean["n_seeds"] == 1, label
         expected = [
             seeds,
-            f"{mean['top1']:.2f} {ci(mean['top1_interval'])}",
+            cell(f"{mean['top1']:.2f}", ci(mean["top1_interval"])),
             ""
             if fraction == 0.0
-            else f"{_fmt(mean['delta_top1'])} {ci(mean['delta_top1_interval'], True)}",
-            f"{mean['knn_top1']:.2f} {ci(mean['knn_top1_interval'])}",
+            else cell(_fmt(mean["delta_top1"]), ci(mean["delta_top1_interval"], True)),
+            cell(f"{mean['knn_top1']:.2f}", ci(mean["knn_top1_interval"])),
             ""
             if fraction == 0.0
-            else f"{_fmt(mean['delta_knn_top1'])} {ci(mean['delta_knn_top1_interval'], True)}",
+            else cell(_fmt(mean["delta_knn_top1"]), ci(mean["delta_knn_top1_interval"], True)),
         ]
         assert [cell.strip("*") for cell in cells] == expected, label
 
