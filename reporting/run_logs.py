@@ -148,8 +148,27 @@ class RunSummary(EvalResults):
         return self.total_steps - self.sparse_steps
 
     @property
-    def seconds_per_step(self) -> float | None:
-        return self.time_s / self.timed_steps if self.time_s and self.timed_steps else None
+    def steady_seconds_per_step(self) -> float | None:
+        """Seconds a step at each phase's steady speed (its median images/s), weighted by the steps
+        done in each phase. The summed window times also hold compilation, whose length depends on
+        what the compiler's cache held at the start, not on the schedule: a run with a warm cache
+        would look faster than its dense reference by a minute of compilation. None where a phase
+        with steps done has no steady speed."""
+        if not self.steps_done or not self.global_batch:
+            return None
+        sparse = 0
+        if self.sparse_steps is not None:
+            sparse = max(0, min(self.steps_done, self.sparse_steps) - self.dense_warmup_steps)
+        seconds = 0.0
+        for steps, rate in (
+            (sparse, self.sparse_images_per_s),
+            (self.steps_done - sparse, self.dense_images_per_s),
+        ):
+            if steps:
+                if not rate:
+                    return None
+                seconds += steps * self.global_batch / rate
+        return seconds / self.steps_done
 
     @property
     def status(self) -> str:

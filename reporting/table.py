@@ -111,7 +111,7 @@ class TableRow:
     images_per_s: float | None  # all timed steps
     sparse_images_per_s: float | None  # median of the phase's windows, its first window left out
     dense_images_per_s: float | None
-    speedup: float | None  # dense seconds per step / this run's seconds per step
+    speedup: float | None  # dense / this run's seconds per step, at the phases' steady speeds
     final_loss: float | None
     best_C: float | None
     eval_seconds: float | None
@@ -233,8 +233,9 @@ def build_rows(runs: list[RunSummary], folder: Path | None = None) -> list[Table
         dense = dense_reference(run, references, keys)
         same_teacher = same_teacher_reference(run, references, keys)
         differing = differing_config(run, keys)
-        dense_rate = dense.seconds_per_step if dense else None
-        speedup = dense_rate / run.seconds_per_step if dense_rate and run.seconds_per_step else None
+        dense_rate = dense.steady_seconds_per_step if dense else None
+        own_rate = run.steady_seconds_per_step
+        speedup = dense_rate / own_rate if dense_rate and own_rate else None
         pub = published_row_for(run)
         rows.append(
             TableRow(
@@ -465,9 +466,10 @@ def table_notes(
             "which hold "
             "compilation and warm-up. Training time: summed step time from metrics.jsonl, all "
             "windows, "
-            "without start-up and evaluation; speed-up = dense seconds per step / this run's "
-            "seconds per "
-            "step."
+            "without start-up and evaluation. Speed-up: the dense run's seconds per step over "
+            "this run's, each at its phases' steady speeds (the medians above, weighted by the "
+            "steps in each phase), so compilation, which takes as long as the compiler's cache "
+            "makes it, does not count."
         )
     elif speed.why_not:
         notes.append(

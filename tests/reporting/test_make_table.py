@@ -107,6 +107,47 @@ def test_delta_and_speedup_arithmetic(study, tmp_path):
     assert "published" not in summary  # the embedded default's runs: not the published setting
 
 
+def _slow_first_window(run_dir, factor):
+    """The run's first logged window `factor` times slower: compilation with a cold cache."""
+    path = run_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records[0]["images_per_s"] /= factor
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_speedup_leaves_compilation_out(tmp_path):
+    """A dense reference that compiled for a long time (cold cache) does not make a sparse run with
+    the same steady speeds look faster: the speed-up is at the phases' steady speeds, while the
+    training time keeps every window."""
+    runs = tmp_path / "runs"
+    dense = make_run(runs, "dense", 0.0, sparse_images_per_s=32.0, dense_images_per_s=32.0)
+    make_run(runs, "s70", 0.7, sparse_images_per_s=32.0, dense_images_per_s=32.0)
+    _slow_first_window(dense, factor=41.0)  # 5 steps of 32 images: 5 s become 205 s
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    rows = _csv_rows(out)
+    assert float(rows["dense"]["time_s"]) == pytest.approx(300.0 + 200.0)
+    assert float(rows["s70"]["time_s"]) == pytest.approx(300.0)
+    assert float(rows["s70"]["speedup"]) == pytest.approx(1.0)
+    assert (
+        "so compilation, which takes as long as the compiler's cache makes it, does not count"
+        in (" ".join((out / "table.md").read_text().split()))
+    )
+
+
+def test_no_speedup_where_a_phase_has_no_steady_speed(tmp_path):
+    """A phase with steps done but only its first window logged has no steady speed: no speed-up
+    rather than one that holds its compilation."""
+    runs = tmp_path / "runs"
+    make_run(runs, "dense", 0.0)
+    make_run(runs, "s90", 0.9, log_period=30)  # the dense phase's 30 steps: one window
+    out = tmp_path / "out"
+    make_table([runs], out, plots=False)
+    rows = _csv_rows(out)
+    assert rows["s90"]["dense_images_per_s"] == "" and rows["s90"]["speedup"] == ""
+    assert float(rows["s90"]["time_s"]) > 0
+
+
 def test_window_straddling_the_switch_is_split_by_steps(tmp_path):
     # log every 7 steps: the window of steps 203..209 is sparse, 210 onwards dense (switch at 210)
     run = read_run(make_run(tmp_path, "r", 0.7, log_period=7, result=None, finished=False))
