@@ -1,6 +1,12 @@
-"""The committed results stay within a budget: 25 MB in all, no figure over 250 KB, and the runs'
+"""The committed results stay within a budget: 30 MB in all, no figure over 250 KB, and the runs'
 logs compressed (`rundir.compressed`: metrics.jsonl, log.txt and sparsity_masks.jsonl as .xz, which
-every reader takes)."""
+every reader takes).
+
+An 80-epoch ViT-Ti/4 run commits about 160 KB (its logs compressed, its probes' records), a table
+about 400 KB with its figures. The first budget, 25 MB, held the 107 runs of 2026-11-29 (23.3 MB);
+30 MB holds the CIFAR-10 study's planned remainder (about 20 runs and their tables, ~4 MB) on top of
+the 25.1 MB of 2026-12-01, and no more: a study beyond it has to make room (older runs' probes or
+figures) rather than raise the figure again."""
 
 import subprocess
 from pathlib import Path
@@ -8,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET_BYTES = 25_000_000
+BUDGET_BYTES = 30_000_000
 FIGURE_BYTES = 250_000
 PLAIN_LOGS = (
     "metrics.jsonl",
